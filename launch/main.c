@@ -15,6 +15,7 @@ typedef struct {
 
 static const subcommand_t subcommands[] = {
     {"config", mt_cmd_config, "print the effective configuration, or every error in it"},
+    {"export", mt_cmd_export, "write the configured GPT-2 weights as an llm.c checkpoint (--llmc OUT.bin)"},
     {"version", mt_cmd_version, "print version, git commit and the components this build has"},
 };
 
