@@ -337,8 +337,11 @@ static void test_init(void) {
     struct {
         const char *name;
         double std, mean;
-    } want[] = {{"wte", 0.02, 0}, {"h.0.attn.qkv.weight", 0.02, 0}, {"h.1.attn.qkv.weight", 0.02, 0},
-                {"h.1.attn.proj.weight", 0.02 / sqrt(8.0), 0}, {"h.3.mlp.proj.weight", 0.02 / sqrt(8.0), 0},
+    } want[] = {{"wte", 0.02, 0},
+                {"h.0.attn.qkv.weight", 0.02, 0},
+                {"h.1.attn.qkv.weight", 0.02, 0},
+                {"h.1.attn.proj.weight", 0.02 / sqrt(8.0), 0},
+                {"h.3.mlp.proj.weight", 0.02 / sqrt(8.0), 0},
                 {"h.2.mlp.fc.weight", 0.02, 0}};
     for (size_t w = 0; w < MT_ARRAY_LEN(want); w++) {
         mt_param_t *p = mt_model_param(m, mt_model_find_param(m, want[w].name));
@@ -384,7 +387,8 @@ static void test_init(void) {
     mt_param_t *tpr = mt_model_param(t, mt_model_find_param(t, "h.2.mlp.proj.weight"));
     int proj_ok = tpr->shape[1] == 2 * C;
     for (int r = 0; r < C && proj_ok; r++) {
-        proj_ok = memcmp(tpr->data + (size_t)r * 2 * C, pr->data + (size_t)r * 4 * C + 2 * C, 2 * C * sizeof(float)) == 0;
+        proj_ok =
+            memcmp(tpr->data + (size_t)r * 2 * C, pr->data + (size_t)r * 4 * C + 2 * C, 2 * C * sizeof(float)) == 0;
     }
     CHECK(proj_ok, "tp rank 1's mlp.proj columns equal the serial model's");
     mt_acts_t ta;

@@ -118,8 +118,8 @@ int main(void) {
     mt_model_config_t c3 = cfg_small(1);
     c3.n_embd = 16;
     mt_model_t m3 = tm_build(&c3);
-    CHECK(mt_llmc_load(m3, path) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "n_embd"),
-          "shape mismatch: %s", mt_last_error_msg());
+    CHECK(mt_llmc_load(m3, path) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "n_embd"), "shape mismatch: %s",
+          mt_last_error_msg());
     mt_model_free(m3);
     /* malformed files */
     int32_t *bad = malloc(n);

@@ -15,8 +15,9 @@ static mt_config_t *load(int n, char **over) {
 }
 
 int main(void) {
-    char *o1[] = {"--model.kind=mlp", "--model.n_layer=3", "--model.n_embd=32", "--model.recompute=block",
-                  "--model.attn_recompute=true", "--train.seed=77", "--model.vocab_size=50"};
+    char *o1[] = {"--model.kind=mlp",        "--model.n_layer=3",           "--model.n_embd=32",
+                  "--model.recompute=block", "--model.attn_recompute=true", "--train.seed=77",
+                  "--model.vocab_size=50"};
     mt_config_t *c = load(7, o1);
     mt_model_config_t mc;
     CHECK_OK(mt_model_config_from(c, &mc));
