@@ -23,6 +23,7 @@ typedef struct {
     float *attn_scratch;
     size_t rows; /* N the workspace fits */
     int T;       /* T the attention scratch fits */
+    size_t attn_floats; /* attention scratch size (per-thread rows: grows with the OpenMP thread count) */
 } gpt2_impl_t;
 
 /* Saved activations of one block. */
@@ -136,9 +137,13 @@ static mt_status_t gpt2_ensure_workspace(mt_model_t m, int B, int T) {
             MT_CHECK(mt_model_realloc_scratch(&g->recomp, need, "gpt2 recompute scratch"));
         }
         MT_CHECK(mt_model_realloc_scratch(&g->gscratch, 10 * rows * c->n_embd, "gpt2 backward scratch"));
-        MT_CHECK(mt_model_realloc_scratch(&g->attn_scratch, mt_attention_scratch_floats(tt), "attention scratch"));
         g->rows = rows;
         g->T = tt;
+    }
+    size_t af = mt_attention_scratch_floats(g->T); /* re-checked: the thread count may have grown since */
+    if (af > g->attn_floats) {
+        MT_CHECK(mt_model_realloc_scratch(&g->attn_scratch, af, "attention scratch"));
+        g->attn_floats = af;
     }
     return MT_OK;
 }
