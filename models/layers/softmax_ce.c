@@ -10,9 +10,7 @@
 /* lse = max + log sum_v exp(l_v - max);  loss = lse - l_target. */
 static int mt_softmax_ce_forward_impl(float *losses, float *lse, float *mean_loss, const float *logits,
                                       const int32_t *targets, int N, int V, int Vp) {
-    double total = 0.0;
-    int n_valid = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total, n_valid)
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *l = logits + (size_t)n * Vp;
         float mx = -INFINITY;
@@ -27,12 +25,15 @@ static int mt_softmax_ce_forward_impl(float *losses, float *lse, float *mean_los
         }
         float z = mx + logf(s);
         lse[n] = z;
+        losses[n] = targets[n] >= 0 ? z - l[targets[n]] : 0.0f;
+    }
+    /* summed in row order, so the loss is bit-identical whatever the thread count */
+    double total = 0.0;
+    int n_valid = 0;
+    for (int n = 0; n < N; n++) {
         if (targets[n] >= 0) {
-            losses[n] = z - l[targets[n]];
             total += losses[n];
             n_valid++;
-        } else {
-            losses[n] = 0.0f;
         }
     }
     *mean_loss = n_valid > 0 ? (float)(total / n_valid) : 0.0f;

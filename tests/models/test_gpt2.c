@@ -4,6 +4,7 @@
  * padded vocabulary, layout-independent initialisation, and argument errors.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
+#include <omp.h>
 
 #include "model_testutil.h"
 #include "models/layers/layers_ref.h"
@@ -446,11 +447,37 @@ static void test_init(void) {
     mt_model_free(bad);
 }
 
+/* Same seed and data: bit-identical loss and gradients across runs and OpenMP thread counts. */
+static void test_determinism(void) {
+    float *g[3];
+    float l[3];
+    int64_t peak;
+    int threads[3] = {1, 3, 2};
+    size_t n = 0;
+    for (int r = 0; r < 3; r++) {
+        omp_set_num_threads(threads[r]);
+        l[r] = run_variant(MT_RECOMPUTE_NONE, r == 2, &g[r], &peak, 2, 16);
+    }
+    {
+        mt_model_config_t cfg = tiny();
+        cfg.seq_len = 16;
+        mt_model_t m = tm_build(&cfg);
+        n = mt_model_numel(m);
+        mt_model_free(m);
+    }
+    CHECK(l[0] == l[1] && memcmp(g[0], g[1], n * sizeof(float)) == 0, "1 vs 3 threads: identical loss and grads");
+    CHECK(l[0] == l[2], "attention recompute with 2 threads: same loss");
+    for (int r = 0; r < 3; r++) {
+        free(g[r]);
+    }
+}
+
 int main(void) {
     test_reference_and_grads();
     test_recompute();
     test_module_ranges();
     test_hooks();
     test_init();
+    test_determinism();
     return mt_test_finish("test_gpt2");
 }
