@@ -290,7 +290,7 @@ static void print_report(FILE *f, const topo_opts_t *o, const mt_topo_t *topo, c
         if (first < 0) {
             continue;
         }
-        int n_pus = o->dry_run ? topo->n_pus : mt_cpuset_count(&uni);
+        int n_pus = topo->n_pus; /* of rank 0's node type */
         const char *sharing = over ? "oversubscribed: ranks share cores" : overlap ? "ranks overlap" : "exclusive";
         if (o->json) {
             fprintf(f, "    {\"node\": %d, \"host\": ", node);
@@ -383,13 +383,9 @@ static int run_dry(const topo_opts_t *o, const mt_config_t *cfg, int rank) {
         rc = 1;
         goto fail;
     }
-    mt_topo_device_t devs[MT_TOPO_MAX_GPUS + 1];
     for (int i = 0; i < rpn; i++) {
         mt_topo_device_t d;
         mt_topo_choose_device(topo, i, visible, nv, NULL, &d);
-        if (i < (int)MT_ARRAY_LEN(devs)) {
-            devs[i] = d;
-        }
         gol[i] = d.gpu;
     }
     bool over = mt_topo_plan_node(topo, rpn, gol, places);
@@ -450,7 +446,6 @@ fail:
     if (rc != 0 && rank == 0) {
         fprintf(stderr, "meshtrain topo: %s\n", mt_last_error_msg());
     }
-    (void)devs;
     free(gol);
     free(numa_of_local);
     free(places);
@@ -476,48 +471,28 @@ static int run_live(const topo_opts_t *o, const mt_config_t *cfg) {
     mt_topo_report_t rep;
     rank_rec_t rec, *recs = NULL;
     char why[512] = "", warn[512] = "", err[512] = "";
-    int *numa_of_local = NULL;
     int rc = 1;
     mt_status_t st = layout_from_config(cfg, &l);
-    if (st == MT_OK) {
-        st = mt_topo_load(o->topo_file, &topo);
+    if (st == MT_OK && !o->topo_file) {
+        st = mt_topo_startup(cfg, &topo, &rep); /* what training does */
+    } else if (st == MT_OK) {
+        /* Another machine's topology: planned on this one, not applied. */
+        st = agree(w->comm, mt_topo_load(o->topo_file, &topo));
+        if (st == MT_OK) {
+            st = agree(w->comm, mt_topo_bind(topo, w->local_comm, l.bind, l.nic_auto, l.use_gpus, &rep));
+        }
     }
-    if ((st = agree(w->comm, st)) != MT_OK) {
+    if (st != MT_OK) {
         snprintf(err, sizeof(err), "%s", mt_last_error_msg());
         rc = st == MT_ERR_IO || st == MT_ERR_INVALID_ARG ? 2 : 1;
         goto out;
     }
-    st = mt_topo_bind(topo, w->local_comm, l.bind, l.nic_auto, l.use_gpus, &rep);
-    if ((st = agree(w->comm, st)) != MT_OK) {
-        snprintf(err, sizeof(err), "binding failed: %s", mt_last_error_msg());
-        rc = st == MT_ERR_INVALID_ARG ? 2 : 1;
-        goto out;
+    char order[16];
+    st = mt_topo_resolve_order(topo, &rep, l.order, l.tp, l.pp, l.dp, l.use_gpus, order, why, sizeof(why), warn,
+                               sizeof(warn));
+    if (st == MT_OK) {
+        st = mt_mesh_create(w->size, l.tp, l.pp, l.dp, order, &m);
     }
-    /* Auto order from rank 0's node (ranks assumed placed on nodes in blocks; checked). */
-    numa_of_local = malloc(sizeof(int) * (size_t)w->local_size);
-    MPI_Allgather(&rep.plan.numa, 1, MPI_INT, numa_of_local, 1, MPI_INT, w->local_comm);
-    int sizes[2] = {w->local_size, -w->local_size}, ext[2];
-    MPI_Allreduce(sizes, ext, 2, MPI_INT, MPI_MIN, w->comm);
-    int blocked = w->rank == w->node_id * w->local_size + w->local_rank, all_blocked = 0;
-    MPI_Allreduce(&blocked, &all_blocked, 1, MPI_INT, MPI_LAND, w->comm);
-    if (!strcmp(l.order, "auto")) {
-        if (w->rank == 0) {
-            st = resolve_order(topo, &l, w->size, w->local_size, numa_of_local, why, sizeof(why), warn, sizeof(warn));
-            if (st == MT_OK && (ext[0] != -ext[1] || !all_blocked)) {
-                snprintf(warn + strlen(warn), sizeof(warn) - strlen(warn),
-                         "%sranks are not placed on nodes in equal consecutive blocks (%d to %d per node): order = auto "
-                         "assumes they are; launch with --map-by slot (Open MPI) or --distribution=block (Slurm)",
-                         warn[0] ? "; " : "", ext[0], -ext[1]);
-            }
-        }
-        MPI_Bcast(l.order, sizeof(l.order), MPI_CHAR, 0, w->comm);
-        if ((st = agree(w->comm, st)) != MT_OK) {
-            snprintf(err, sizeof(err), "%s", mt_last_error_msg());
-            rc = 2;
-            goto out;
-        }
-    }
-    st = mt_mesh_create(w->size, l.tp, l.pp, l.dp, l.order, &m);
     if ((st = agree(w->comm, st)) != MT_OK) {
         snprintf(err, sizeof(err), "%s", mt_last_error_msg());
         rc = 2;
@@ -530,7 +505,7 @@ static int run_live(const topo_opts_t *o, const mt_config_t *cfg) {
     rec.local_size = w->local_size;
     mt_mesh_coords(m, w->rank, rec.coords);
     snprintf(rec.host, sizeof(rec.host), "%s", w->hostname);
-    rec.cpus = rep.bound;
+    rec.cpus = rep.action == MT_BIND_NOT_THIS_SYSTEM ? rep.plan.cpus : rep.bound;
     rec.numa_os = rep.numa_os;
     rec.n_threads = rep.n_threads;
     rec.oversubscribed = rep.oversubscribed;
@@ -554,7 +529,6 @@ out:
         fprintf(stderr, "meshtrain topo: %s\n", err[0] ? err : "failed (see the messages above)");
     }
     free(recs);
-    free(numa_of_local);
     mt_mesh_free(m);
     mt_topo_free(topo);
     return rc;

@@ -203,6 +203,25 @@ typedef struct {
 mt_status_t mt_topo_bind(const mt_topo_t *topo, MPI_Comm local_comm, mt_bind_mode_t mode, bool nic_auto,
                          bool use_gpus, mt_topo_report_t *report);
 
+/* ---- start-up in one call (collective over the world, after mt_rt_init) ------------------------ */
+
+struct mt_config;
+
+/* What the trainer calls at start-up: loads the topology (MESHTRAIN_TOPO_FILE, else the probe; written
+ * to MESHTRAIN_TOPO_DUMP_FILE when set), then mt_topo_bind with runtime.bind, runtime.nic and
+ * runtime.device from cfg over mt_rt_world()->local_comm. Every rank returns the same status (the
+ * worst); this rank's message stays in mt_last_error_msg. *topo is the caller's (mt_topo_free). */
+mt_status_t mt_topo_startup(const struct mt_config *cfg, mt_topo_t **topo, mt_topo_report_t *report);
+
+/* Resolves parallel.order for the running job: an explicit order is copied; "auto" is chosen on rank
+ * 0 from its node (ranks per node = its local size, domains = the NUMA nodes of the local ranks'
+ * plans) and broadcast. warn (may be NULL) gets rank 0's warnings: tp above the node's devices, or
+ * ranks not placed on nodes in equal consecutive blocks (which auto assumes). Collective over the
+ * world; every rank gets the same order and status. */
+mt_status_t mt_topo_resolve_order(const mt_topo_t *topo, const mt_topo_report_t *report, const char *order, int tp,
+                                  int pp, int dp, bool use_gpus, char out[16], char *why, size_t why_len, char *warn,
+                                  size_t warn_len);
+
 /* ---- mesh order that follows the hardware ------------------------------------------------------ */
 
 /* The shape of one node as the placement sees it: local rank i sits in domain domain_of_local[i]
