@@ -153,7 +153,7 @@ bool mt_topo_plan_node(const mt_topo_t *topo, int local_size, const int *gpu_of_
         int g = gpu_of_local ? gpu_of_local[r] : -1;
         p->numa = mt_topo_numa_of(topo, &p->cpus);
         p->nic = (g >= 0 && g < topo->n_gpus) ? mt_topo_nearest_nic(topo, &topo->gpus[g], NULL)
-                                             : mt_topo_nearest_nic(topo, NULL, &p->cpus);
+                                              : mt_topo_nearest_nic(topo, NULL, &p->cpus);
     }
     free(taken);
     free(by_size);
@@ -169,9 +169,8 @@ static int cmp_int64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-void mt_topo_mesh_crossings(const mt_topo_node_shape_t *shape, int world, int ranks_per_node, int tp, int pp,
-                            int dp, const char *order, unsigned axes_mask, int64_t *node_crossings,
-                            int64_t *domain_crossings) {
+void mt_topo_mesh_crossings(const mt_topo_node_shape_t *shape, int world, int ranks_per_node, int tp, int pp, int dp,
+                            const char *order, unsigned axes_mask, int64_t *node_crossings, int64_t *domain_crossings) {
     *node_crossings = 0;
     *domain_crossings = 0;
     mt_mesh_t *m = NULL;
@@ -218,8 +217,8 @@ void mt_topo_mesh_crossings(const mt_topo_node_shape_t *shape, int world, int ra
 /* Preference among equally good orders: the default first, then tp fastest, then pp slowest. */
 static const char *const orders_pref[6] = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "pp-tp-dp", "dp-pp-tp", "pp-dp-tp"};
 
-mt_status_t mt_topo_auto_order(const mt_topo_node_shape_t *shape, int world, int ranks_per_node, int tp, int pp,
-                               int dp, char order[16], char *why, size_t why_len, char *warn, size_t warn_len) {
+mt_status_t mt_topo_auto_order(const mt_topo_node_shape_t *shape, int world, int ranks_per_node, int tp, int pp, int dp,
+                               char order[16], char *why, size_t why_len, char *warn, size_t warn_len) {
     if (warn && warn_len) {
         warn[0] = '\0';
     }
@@ -238,7 +237,8 @@ mt_status_t mt_topo_auto_order(const mt_topo_node_shape_t *shape, int world, int
                                &s[1]);
         mt_topo_mesh_crossings(shape, world, ranks_per_node, tp, pp, dp, orders_pref[i], MT_AXIS_BIT(MT_AXIS_DP), &s[2],
                                &unused);
-        if (best_i < 0 || s[0] < best[0] || (s[0] == best[0] && (s[1] < best[1] || (s[1] == best[1] && s[2] < best[2])))) {
+        if (best_i < 0 || s[0] < best[0] ||
+            (s[0] == best[0] && (s[1] < best[1] || (s[1] == best[1] && s[2] < best[2])))) {
             best_i = i;
             memcpy(best, s, sizeof(best));
         }
