@@ -342,21 +342,29 @@ static mt_status_t layout_from_config(const mt_config_t *cfg, layout_t *l) {
     return mt_topo_bind_mode_parse(mt_config_str(cfg, "runtime.bind"), &l->bind);
 }
 
-/* Resolves "auto" for a node of ranks_per_node ranks placed as in places. */
+/* Resolves "auto" for a hypothetical node of rpn ranks on GPUs gpu_of_local placed on numa_of_local. */
 static mt_status_t resolve_order(const mt_topo_t *topo, layout_t *l, int world, int rpn, const int *numa_of_local,
-                                 char *why, size_t why_len, char *warn, size_t warn_len) {
+                                 const int *gpu_of_local, char *why, size_t why_len, char *warn, size_t warn_len) {
     why[0] = warn[0] = '\0';
     if (strcmp(l->order, "auto") != 0) {
         return MT_OK;
     }
-    int *dom = malloc(sizeof(int) * (size_t)rpn);
+    int *dom = malloc(sizeof(int) * (size_t)rpn), *sw = malloc(sizeof(int) * (size_t)rpn);
+    if (!dom || !sw) {
+        free(dom);
+        free(sw);
+        return mt_error(MT_ERR_OOM, "out of memory");
+    }
     for (int i = 0; i < rpn; i++) {
         dom[i] = numa_of_local[i] >= 0 ? numa_of_local[i] : topo->n_numa; /* spanning: a domain of its own */
     }
-    mt_topo_node_shape_t shape = {l->use_gpus ? topo->n_gpus : 0, dom};
+    mt_topo_switch_ids(topo, rpn, gpu_of_local, sw);
+    mt_topo_node_shape_t shape = {
+        .n_devices = l->use_gpus ? topo->n_gpus : 0, .domain_of_local = dom, .switch_of_local = sw};
     mt_status_t st =
         mt_topo_auto_order(&shape, world, rpn, l->tp, l->pp, l->dp, l->order, why, why_len, warn, warn_len);
     free(dom);
+    free(sw);
     return st;
 }
 
@@ -404,7 +412,7 @@ static int run_dry(const topo_opts_t *o, const mt_config_t *cfg, int rank) {
     for (int i = 0; i < rpn; i++) {
         numa_of_local[i] = places[i].numa;
     }
-    if (resolve_order(topo, &l, n, rpn, numa_of_local, why, sizeof(why), warn, sizeof(warn)) != MT_OK) {
+    if (resolve_order(topo, &l, n, rpn, numa_of_local, gol, why, sizeof(why), warn, sizeof(warn)) != MT_OK) {
         goto fail;
     }
     if (mt_mesh_create(n, l.tp, l.pp, l.dp, l.order, &m) != MT_OK) {

@@ -224,29 +224,36 @@ mt_status_t mt_topo_resolve_order(const mt_topo_t *topo, const mt_topo_report_t 
 
 /* ---- mesh order that follows the hardware ------------------------------------------------------ */
 
-/* The shape of one node as the placement sees it: local rank i sits in domain domain_of_local[i]
- * (a NUMA node or set of GPUs sharing one; NULL = one domain per node), and n_devices GPUs (0 on
- * CPU-only nodes, where the devices are the local ranks). */
+/* The shape of one node as the placement sees it, for ranks_per_node local ranks: local rank i sits
+ * in NUMA domain domain_of_local[i] and behind PCIe switch switch_of_local[i] (small ids; either array
+ * NULL = one domain / one switch per node), and the node has n_devices GPUs (0 on CPU-only nodes, where
+ * the devices are the local ranks). */
 typedef struct {
     int n_devices;
-    const int *domain_of_local; /* ranks_per_node entries, or NULL */
+    const int *domain_of_local;
+    const int *switch_of_local;
 } mt_topo_node_shape_t;
+
+/* Small ids of the PCIe switch (outermost PCI-to-PCI bridge, else the root complex) of each local
+ * rank's GPU (gpu_of_local[i], index into topo->gpus; -1 = CPU rank, id 0), for switch_of_local. */
+void mt_topo_switch_ids(const mt_topo_t *topo, int n, const int *gpu_of_local, int *out);
 
 /* Resolves parallel.order = "auto": ranks are placed on nodes in blocks of ranks_per_node (rank r on
  * node r / ranks_per_node, local rank r mod ranks_per_node). Scores each of the 6 orders by, in turn:
- * tp groups' node crossings, tp groups' domain crossings, dp groups' node crossings (so pipeline
- * stages take the links between nodes and data parallel fills the rest), then the default order
- * first. Writes the winner (e.g. "tp-dp-pp") to order and the reason to why; warn (may be NULL) gets
- * a warning when tp exceeds the devices of a node (tp groups must cross nodes). Fails with
- * MT_ERR_INVALID_ARG when the sizes do not multiply to world. Pure. */
+ * tp groups' node crossings, tp groups' NUMA-domain crossings, tp groups' PCIe-switch crossings, dp
+ * groups' node crossings (so pipeline stages take the links between nodes and data parallel fills the
+ * rest), then the default order first. Writes the winner (e.g. "tp-dp-pp") to order and the reason to
+ * why; warn (may be NULL) gets a warning when tp exceeds the devices of a node (tp groups must cross
+ * nodes). Fails with MT_ERR_INVALID_ARG when the sizes do not multiply to world. Pure. */
 mt_status_t mt_topo_auto_order(const mt_topo_node_shape_t *shape, int world, int ranks_per_node, int tp, int pp, int dp,
                                char order[16], char *why, size_t why_len, char *warn, size_t warn_len);
 
-/* Node and domain crossings of every group along axes_mask of a mesh under block placement, the
- * measure auto order minimises: sum over groups of (distinct nodes - 1), and of (distinct domains -
- * 1). Exposed for tests and the dry-run report. */
+/* Crossings of every group along axes_mask of a mesh under block placement, the measure auto order
+ * minimises: sum over groups of (distinct nodes - 1), of (distinct NUMA domains - 1) and of (distinct
+ * switches - 1); switch_crossings may be NULL. Exposed for tests and reports. */
 void mt_topo_mesh_crossings(const mt_topo_node_shape_t *shape, int world, int ranks_per_node, int tp, int pp, int dp,
-                            const char *order, unsigned axes_mask, int64_t *node_crossings, int64_t *domain_crossings);
+                            const char *order, unsigned axes_mask, int64_t *node_crossings, int64_t *domain_crossings,
+                            int64_t *switch_crossings);
 
 #ifdef __cplusplus
 }

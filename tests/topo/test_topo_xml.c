@@ -210,7 +210,10 @@ static void test_1s4g(void) {
         int n = mt_topo_nearest_nic(t, &t->gpus[g], NULL);
         CHECK(n == (g < 2 ? mlx0 : mlx1), "GPU %d: nearest %s", g, n >= 0 ? t->nics[n].name : "none");
     }
-    int gol[4] = {0, 1, 2, 3};
+    int gol[4] = {0, 1, 2, 3}, sw[4];
+    mt_topo_switch_ids(t, 4, gol, sw);
+    CHECK(sw[0] == sw[1] && sw[2] == sw[3] && sw[0] != sw[2] && sw[0] > 0, "switch ids %d %d %d %d", sw[0], sw[1],
+          sw[2], sw[3]);
     mt_topo_place_t p[4];
     bool sh = mt_topo_plan_node(t, 4, gol, p);
     check_plan(t, 4, gol, p, sh, true, "1s4g, 4 ranks");
@@ -302,7 +305,7 @@ static int tp_groups_off_node(const char *order, int world, int rpn, int tp, int
 static void test_auto_order(void) {
     char order[16], why[512], warn[256];
     int dom8[8] = {0, 0, 0, 0, 1, 1, 1, 1};
-    mt_topo_node_shape_t shape = {8, dom8};
+    mt_topo_node_shape_t shape = {.n_devices = 8, .domain_of_local = dom8};
     CHECK_OK(mt_topo_auto_order(&shape, 32, 8, 4, 2, 0, order, why, sizeof(why), warn, sizeof(warn)));
     CHECK(!strcmp(order, "tp-dp-pp") && warn[0] == '\0', "8 GPUs/node, tp 4 pp 2: %s (%s)", order, why);
     CHECK(tp_groups_off_node(order, 32, 8, 4, 2, dom8) == 0, "tp groups stay in one node and NUMA node");
@@ -310,17 +313,29 @@ static void test_auto_order(void) {
      * GPUs of different sockets. With dp=4 fastest, tp pairs local ranks {r, r+4} (same NUMA node) and
      * dp groups {0,1,2,3} stay in the node, beating pp-tp-dp whose dp groups cross nodes. */
     int inter[8] = {0, 1, 0, 1, 0, 1, 0, 1};
-    mt_topo_node_shape_t ishape = {8, inter};
+    mt_topo_node_shape_t ishape = {.n_devices = 8, .domain_of_local = inter};
     CHECK_OK(mt_topo_auto_order(&ishape, 16, 8, 2, 2, 0, order, why, sizeof(why), warn, sizeof(warn)));
     CHECK(!strcmp(order, "dp-tp-pp"), "interleaved NUMA: %s (%s)", order, why);
     CHECK(tp_groups_off_node(order, 16, 8, 2, 2, inter) == 0, "interleaved: tp groups inside one NUMA node");
     CHECK(tp_groups_off_node("tp-dp-pp", 16, 8, 2, 2, inter) > 0, "the default order would cross NUMA nodes");
+    /* GPUs of one NUMA node behind two PCIe switches, alternating (GPUs 0 and 2 on one switch): tp pairs
+     * should share a switch. */
+    int sw4[4] = {1, 2, 1, 2};
+    mt_topo_node_shape_t swshape = {.n_devices = 4, .switch_of_local = sw4};
+    CHECK_OK(mt_topo_auto_order(&swshape, 8, 4, 2, 2, 0, order, why, sizeof(why), warn, sizeof(warn)));
+    int64_t tn = -1, td = -1, ts = -1;
+    mt_topo_mesh_crossings(&swshape, 8, 4, 2, 2, 2, order, MT_AXIS_BIT(MT_AXIS_TP), &tn, &td, &ts);
+    CHECK(!strcmp(order, "dp-tp-pp") && tn == 0 && ts == 0, "switch-aware order %s: %lld node, %lld switch crossings",
+          order, (long long)tn, (long long)ts);
+    CHECK(tp_groups_off_node(order, 8, 4, 2, 2, sw4) == 0, "tp pairs share a switch");
+    mt_topo_mesh_crossings(&swshape, 8, 4, 2, 2, 2, "tp-dp-pp", MT_AXIS_BIT(MT_AXIS_TP), &tn, &td, &ts);
+    CHECK(ts == 4, "the default order pairs GPUs across switches in all 4 tp groups: %lld", (long long)ts);
     /* pp takes the links between nodes: 2 nodes of 4, tp 2, pp 2, dp 2 -> dp inside nodes. */
     CHECK_OK(mt_topo_auto_order(NULL, 8, 4, 2, 2, 0, order, why, sizeof(why), warn, sizeof(warn)));
     int64_t nc = -1, dc = -1;
-    mt_topo_mesh_crossings(NULL, 8, 4, 2, 2, 2, order, MT_AXIS_BIT(MT_AXIS_DP), &nc, &dc);
+    mt_topo_mesh_crossings(NULL, 8, 4, 2, 2, 2, order, MT_AXIS_BIT(MT_AXIS_DP), &nc, &dc, NULL);
     CHECK(nc == 0, "dp crosses nodes %lld times with %s", (long long)nc, order);
-    mt_topo_mesh_crossings(NULL, 8, 4, 2, 2, 2, order, MT_AXIS_BIT(MT_AXIS_PP), &nc, &dc);
+    mt_topo_mesh_crossings(NULL, 8, 4, 2, 2, 2, order, MT_AXIS_BIT(MT_AXIS_PP), &nc, &dc, NULL);
     CHECK(nc == 4, "pp groups span both nodes: %lld crossings with %s", (long long)nc, order);
     /* Sweep: whenever tp <= devices per node and divides it, every tp group stays on one node. */
     int cases = 0;
@@ -332,7 +347,7 @@ static void test_auto_order(void) {
                     if (rpn % tp || world % (tp * pp)) {
                         continue;
                     }
-                    mt_topo_node_shape_t s = {rpn, NULL};
+                    mt_topo_node_shape_t s = {.n_devices = rpn};
                     CHECK_OK(
                         mt_topo_auto_order(&s, world, rpn, tp, pp, 0, order, why, sizeof(why), warn, sizeof(warn)));
                     CHECK(tp_groups_off_node(order, world, rpn, tp, pp, NULL) == 0, "world %d rpn %d tp %d pp %d: %s",
