@@ -24,6 +24,7 @@ typedef struct {
     const mt_config_t *cfg;
     mt_model_t model;            /* built, no storage bound yet: the engine binds p->data / p->grad */
     mt_optim_params_t optim;     /* from optimizer.* */
+    const char *init_llmc;       /* model.init = "llmc:PATH": PATH, loaded after the random init; else NULL */
     int64_t global_batch;        /* sequences per step over all dp ranks */
     int64_t micro_batch;         /* sequences per micro-batch on this rank */
     int64_t grad_accum;          /* micro-batches per step on this rank */
@@ -39,7 +40,7 @@ typedef struct {
 typedef struct {
     const char *name;
     /* Binds p->data and p->grad of every parameter (storage the engine owns), writes the initial weights
-     * (mt_model_init_weights / mt_model_param_init_values), creates its optimizer over what this rank
+     * (mt_model_init_weights / mt_model_param_init_values, then the checkpoint info->init_llmc), creates its optimizer over what this rank
      * owns, and installs its hooks with mt_model_set_hooks. *ctx is passed to everything below. */
     mt_status_t (*init)(const mt_job_info_t *info, void **ctx);
     /* Zeroes the gradients this rank accumulates into before the first micro-batch of a step. */
