@@ -325,9 +325,16 @@ static mt_status_t setup(job_t *j) {
     info->grad_accum = mt_config_int(cfg, "train.grad_accum");
     info->seq_len = mt_model_config(j->model)->seq_len; /* the checkpoint's when model.init = llmc:PATH */
     info->comm = mt_rt_world()->comm;
-    int64_t dp = mt_config_int(cfg, "parallel.dp");
-    info->dp_size = (int)(dp > 0 ? dp : 1);
-    info->dp_rank = j->rank % info->dp_size;
+    if (j->opts->dp_size > 0) {
+        info->dp_size = j->opts->dp_size;
+        info->dp_rank = j->opts->dp_rank;
+    } else {
+        info->dp_size = mt_rt_world()->size;
+        info->dp_rank = j->rank;
+    }
+    if (info->dp_rank < 0 || info->dp_rank >= info->dp_size) {
+        return mt_error(MT_ERR_INVALID_ARG, "data-parallel rank %d outside [0, %d)", info->dp_rank, info->dp_size);
+    }
     if (info->micro_batch * info->grad_accum * info->dp_size != info->global_batch) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "train.global_batch = %lld but micro_batch x grad_accum x dp = %lld x %lld x %d: make them "

@@ -68,9 +68,15 @@ typedef struct {
     const mt_job_engine_t *engine; /* NULL: mt_job_engine_local() (requires a world of one rank) */
     FILE *progress;               /* progress lines on rank 0; NULL: none (stdout in `meshtrain train`) */
     bool prefetch;                /* background data loading (default true) */
+    int dp_rank, dp_size;         /* this rank's data-parallel coordinate, from the caller's device mesh;
+                                   * dp_size 0: dp = world size and dp_rank = world rank (tp = pp = 1) */
 } mt_job_opts_t;
 
-#define MT_JOB_OPTS_INIT {.size = sizeof(mt_job_opts_t), .engine = NULL, .progress = NULL, .prefetch = true}
+#define MT_JOB_OPTS_INIT                                                                                     \
+    {                                                                                                        \
+        .size = sizeof(mt_job_opts_t), .engine = NULL, .progress = NULL, .prefetch = true, .dp_rank = 0,     \
+        .dp_size = 0                                                                                         \
+    }
 
 typedef struct {
     int64_t n_steps;     /* steps run (== train.steps unless stopped early) */
