@@ -126,26 +126,33 @@ static void test_determinism(void) {
 static void test_grad_accum(const char *opt, double tol) {
     char kind[64];
     snprintf(kind, sizeof(kind), "--optimizer.kind=%s", opt);
-    const char *one[] = {"--train.steps=10", kind, "--optimizer.momentum=0.9", "--train.micro_batch=8"};
-    const char *two[] = {"--train.steps=10", kind, "--optimizer.momentum=0.9", "--train.micro_batch=4"};
-    const char *eight[] = {"--train.steps=10", kind, "--optimizer.momentum=0.9", "--train.micro_batch=1"};
+    /* no clipping: it would hide a wrongly scaled accumulated gradient */
+    const char *one[] = {"--train.steps=10", kind, "--optimizer.momentum=0.9", "--optimizer.grad_clip=0",
+                         "--train.micro_batch=8"};
+    const char *two[] = {"--train.steps=10", kind, "--optimizer.momentum=0.9", "--optimizer.grad_clip=0",
+                         "--train.micro_batch=4"};
+    const char *eight[] = {"--train.steps=10", kind, "--optimizer.momentum=0.9", "--optimizer.grad_clip=0",
+                           "--train.micro_batch=1"};
     mt_job_result_t a, b, c;
-    CHECK_OK(run(4, one, true, NULL, &a));
-    CHECK_OK(run(4, two, true, NULL, &b));
-    CHECK_OK(run(4, eight, true, NULL, &c));
+    CHECK_OK(run(5, one, true, NULL, &a));
+    CHECK_OK(run(5, two, true, NULL, &b));
+    CHECK_OK(run(5, eight, true, NULL, &c));
     double worst = 0;
     if (a.n_steps == 10 && b.n_steps == 10 && c.n_steps == 10) {
         for (int i = 0; i < 10; i++) {
             worst = fmax(worst, fabs(b.loss[i] - a.loss[i]) / a.loss[i]);
             worst = fmax(worst, fabs(c.loss[i] - a.loss[i]) / a.loss[i]);
+            /* the accumulated gradient itself, through its norm */
+            worst = fmax(worst, fabs(b.grad_norm[i] - a.grad_norm[i]) / a.grad_norm[i]);
+            worst = fmax(worst, fabs(c.grad_norm[i] - a.grad_norm[i]) / a.grad_norm[i]);
         }
-        CHECK(worst <= tol, "%s: grad accumulation vs one batch: max relative loss difference %.3g > %.1g", opt,
+        CHECK(worst <= tol, "%s: grad accumulation vs one batch: max relative loss/norm difference %.3g > %.1g", opt,
               worst, tol);
         CHECK(a.loss[9] < a.loss[0], "%s: it trains", opt);
     } else {
         CHECK(0, "%s: runs incomplete", opt);
     }
-    printf("grad accumulation (%s): max relative loss difference over 10 steps %.3g (tolerance %.1g)\n", opt, worst,
+    printf("grad accumulation (%s): max relative loss/gradient-norm difference over 10 steps %.3g (tolerance %.1g)\n", opt, worst,
            tol);
     mt_job_result_free(&a);
     mt_job_result_free(&b);
