@@ -6,6 +6,7 @@
 
 int mt_cmd_config(int argc, char **argv);
 int mt_cmd_topo(int argc, char **argv);
+int mt_cmd_train(int argc, char **argv);
 int mt_cmd_version(int argc, char **argv);
 
 #endif
