@@ -60,10 +60,11 @@ static __global__ void check_finite_kernel(int *flag, const T *x, size_t n) {
     }
 }
 
-enum { SUMSQ_BLOCKS = 512, SUMSQ_THREADS = 256 };
+enum { SUMSQ_BLOCKS = 512, SUMSQ_THREADS = 256, SUMSQ_PER_THREAD = 8 };
 
 /* Stage 1: block b sums x^2 over its grid-stride elements in double into partial[b]. Stage 2: one block sums
- * the partials in index order. Same grid every call, so the result is bit-identical run to run. */
+ * the partials in index order. The grid depends only on n (at most SUMSQ_BLOCKS blocks, at least
+ * SUMSQ_PER_THREAD elements per thread), so the result is bit-identical run to run. */
 static __global__ void sumsq_partial_kernel(double *partial, const float *x, size_t n) {
     __shared__ double shm[SUMSQ_THREADS];
     double s = 0.0;
@@ -84,10 +85,10 @@ static __global__ void sumsq_partial_kernel(double *partial, const float *x, siz
     }
 }
 
-static __global__ void sumsq_final_kernel(double *out, const double *partial) {
+static __global__ void sumsq_final_kernel(double *out, const double *partial, int n_partial) {
     __shared__ double shm[SUMSQ_THREADS];
     double s = 0.0;
-    for (int i = threadIdx.x; i < SUMSQ_BLOCKS; i += SUMSQ_THREADS) {
+    for (int i = threadIdx.x; i < n_partial; i += SUMSQ_THREADS) {
         s += partial[i];
     }
     shm[threadIdx.x] = s;
@@ -185,8 +186,9 @@ extern "C" size_t mt_cuda_sumsq_scratch_doubles(void) {
 extern "C" cudaError_t mt_cuda_sumsq(double *out, const float *x, size_t n, double *scratch, void *stream) {
     MT_CU_CHECK_SHAPE(out && x && scratch);
     cudaStream_t s = (cudaStream_t)stream;
-    sumsq_partial_kernel<<<SUMSQ_BLOCKS, SUMSQ_THREADS, 0, s>>>(scratch, x, n);
-    sumsq_final_kernel<<<1, SUMSQ_THREADS, 0, s>>>(out, scratch);
+    unsigned blocks = mt_cu_blocks(n, SUMSQ_THREADS * SUMSQ_PER_THREAD, SUMSQ_BLOCKS);
+    sumsq_partial_kernel<<<blocks, SUMSQ_THREADS, 0, s>>>(scratch, x, n);
+    sumsq_final_kernel<<<1, SUMSQ_THREADS, 0, s>>>(out, scratch, (int)blocks);
     return cudaGetLastError();
 }
 
