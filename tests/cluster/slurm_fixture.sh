@@ -59,11 +59,16 @@ chmod 755 "$D" # munged insists that every directory above its socket is searcha
 export MT_CLUSTER_TAG=$D # in the environment of everything this run starts: found and reaped at the end
 MUNGED_PID= SLURMCTLD_PID= SLURMD_PID=
 RC=0
+CHECK_PID= # the running check: a background subshell, so that signals interrupt `wait` at once
 
 cleanup() {
     local rc=$? leftover=0
     trap - EXIT INT TERM HUP
     [ $RC -ne 0 ] && rc=$RC
+    if [ -n "$CHECK_PID" ] && kill -0 "$CHECK_PID" 2>/dev/null; then
+        pkill -TERM -P "$CHECK_PID" 2>/dev/null # its command (srun, mpirun, timeout) ends its step or job
+        kill -TERM "$CHECK_PID" 2>/dev/null
+    fi
     if [ -n "$SLURMCTLD_PID" ] && kill -0 "$SLURMCTLD_PID" 2>/dev/null; then
         timeout 10 scancel --quiet --user="$(id -un)" 2>/dev/null # our private cluster's jobs only
         local i
@@ -113,7 +118,7 @@ echo "$HW" | grep -q 'CPUs=[0-9]' || mt_fail "slurmd -C did not describe this ma
 # the gres check skips; everything else runs without GPUs.
 GRES_NODE=
 N_GPUS=4
-if for i in $(seq 0 $((N_GPUS - 1))); do mknod "$D/dev/nvidia$i" c 195 "$i" 2>/dev/null || exit 1; done; then
+if (for i in $(seq 0 $((N_GPUS - 1))); do mknod "$D/dev/nvidia$i" c 195 "$i" 2>/dev/null || exit 1; done); then
     GRES_NODE="Gres=gpu:$N_GPUS"
     cat >"$D/etc/gres.conf" <<EOF
 AutoDetect=off
@@ -298,13 +303,17 @@ while [ $# -gt 0 ]; do
     if [ "$name" = run ]; then
         [ $# -gt 0 ] || usage
         mt_log "check run: $*"
-        check_run "$@"
+        check_run "$@" &
+        CHECK_PID=$!
+        wait $CHECK_PID
         rc=$?
         set --
     else
         declare -F "check_$name" >/dev/null || { echo "unknown check '$name'" >&2; usage; }
         mt_log "check $name"
-        "check_$name"
+        "check_$name" &
+        CHECK_PID=$!
+        wait $CHECK_PID
         rc=$?
     fi
     if [ $rc -eq 77 ]; then
