@@ -45,8 +45,8 @@ RT_WORLD=$BUILD/tests/runtime/test_rt_world
 BUDGET=${MT_CLUSTER_BUDGET:-150}
 NP=$((NNODES * PPN))
 
-for b in ip unshare mpirun hostname; do
-    command -v "$b" >/dev/null || mt_skip "$b not found (ip: iproute2, unshare: util-linux, mpirun: openmpi-bin)"
+for b in ip unshare mpirun hostname python3; do
+    command -v "$b" >/dev/null || mt_skip "$b not found (ip: iproute2, unshare: util-linux, mpirun: openmpi-bin, python3)"
 done
 mpirun --version 2>&1 | grep -q "Open MPI" || mt_skip "mpirun is not Open MPI (the fixture drives Open MPI's rsh launcher)"
 
@@ -95,6 +95,16 @@ cleanup() {
     rm -rf "$D"
     exit $rc
 }
+# Namespaces of earlier runs that were killed outright (SIGKILL leaves no chance to clean up): named after
+# a PID that no longer exists.
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^mt[0-9]+[hn][0-9]*$'); do
+    pid=$(echo "$ns" | sed -E 's/^mt([0-9]+)[hn][0-9]*$/\1/')
+    if ! kill -0 "$pid" 2>/dev/null; then
+        mt_log "removing namespace $ns left by an earlier run (pid $pid is gone)"
+        ip -n "$ns" link del br0 2>/dev/null
+        ip netns del "$ns" 2>/dev/null
+    fi
+done
 trap cleanup EXIT
 trap 'mt_log "interrupted"; RC=130; exit 130' INT HUP
 trap 'mt_log "terminated"; RC=143; exit 143' TERM

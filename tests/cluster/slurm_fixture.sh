@@ -167,6 +167,10 @@ InactiveLimit=0
 # scancel: SIGTERM, then SIGKILL after KillWait seconds.
 KillWait=10
 MinJobAge=300
+# Job ids of their own: Slurm's PMIx plugin and Open MPI name files after job ids, and another run of this
+# fixture may be up at the same time.
+FirstJobId=$((1000 + RANDOM * 10))
+TmpFS=$D/tmp
 SlurmctldTimeout=30
 SlurmdTimeout=30
 MessageTimeout=20
@@ -174,6 +178,9 @@ GresTypes=gpu
 NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=$(hostname) $HW $GRES_NODE State=UNKNOWN
 PartitionName=mt Nodes=$NODE Default=YES MaxTime=10 State=UP
 EOF
+# Slurm's PMIx plugin keeps its client directories here instead of /tmp.
+mkdir -p "$D/tmp" "$D/pmix"
+echo "PMIxCliTmpDirBase=$D/pmix" >"$D/etc/mpi.conf"
 export SLURM_CONF=$D/etc/slurm.conf
 
 # ---- daemons ----------------------------------------------------------------------------------------------
