@@ -71,9 +71,11 @@ mt_need_packages() {
     fi
     mt_log "installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    timeout 300 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
-        { timeout 120 apt-get update -qq && timeout 300 apt-get install -y -qq --no-install-recommends "${missing[@]}" \
-            >/dev/null; } || mt_fail "apt-get install ${missing[*]} failed"
+    # Bounded: 60 s for another apt/dpkg to release its lock, 120 s per step.
+    local apt=(apt-get -o DPkg::Lock::Timeout=60 -y -qq)
+    timeout 120 "${apt[@]}" install --no-install-recommends "${missing[@]}" >/dev/null ||
+        { timeout 120 "${apt[@]}" update && timeout 120 "${apt[@]}" install --no-install-recommends "${missing[@]}" \
+            >/dev/null; } || mt_fail "apt-get install ${missing[*]} failed (see above)"
 }
 
 # mt_free_port: prints a TCP port nobody listens on (another fixture run may be active on this machine).
