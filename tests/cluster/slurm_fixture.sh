@@ -21,6 +21,9 @@ checks:
   sbatch        launch/slurm/train.sbatch submitted with sbatch completes; its output is checked
   scancel       a running train.sbatch job cancelled with scancel: every task gets SIGTERM and exits cleanly
   gres          --gpus-per-task=1 over fake GPUs (mknod): CUDA_VISIBLE_DEVICES/SLURM_STEP_GPUS per task
+  sbatch_train ARGS...
+                train.sbatch as users submit it (payload: meshtrain train ARGS) must complete with exit 0;
+                paths in ARGS must be absolute (the job runs in the fixture's directory)
   run CMD...    any command inside the cluster (SLURM_CONF set); @MESHTRAIN@ and @BUILD@ are substituted
 Environment: MT_CLUSTER_BUDGET (seconds for the whole run, default 150), MT_SLURM_NP (tasks, default 4).
 EOF
@@ -86,8 +89,8 @@ cleanup() {
     fi
     if [ $rc -ne 0 ] && [ $rc -ne 77 ]; then
         mt_log "failed (exit $rc); daemon logs follow"
-        for f in "$D"/log/*.log; do
-            [ -f "$f" ] && { echo "---- $f (last 30 lines)" >&2; tail -30 "$f" >&2; }
+        for f in "$D"/log/*; do
+            [ -s "$f" ] && { echo "---- $f (last 30 lines)" >&2; tail -30 "$f" >&2; }
         done
     fi
     if [ $leftover -ne 0 ]; then
@@ -231,12 +234,15 @@ BNP=$((NP < CPUS ? NP : CPUS))
 
 # sbatch_train JOBNAME PAYLOAD: submits launch/slurm/train.sbatch with its payload replaced; prints the job id.
 # The script asks for a real cluster's shape; the options here shrink it to this one node.
+# An empty PAYLOAD keeps the script's own (meshtrain train); further arguments go to the script.
 sbatch_train() {
-    local gpus=()
+    local name=$1 payload=$2 gpus=() env=(MESHTRAIN="$MESHTRAIN")
+    shift 2
     [ -n "$GRES_NODE" ] && gpus=(--gpus-per-task=1)
-    MT_TRAIN_CMD=$2 timeout 20 sbatch --parsable --job-name="$1" --nodes=1 --ntasks-per-node="$BNP" \
+    [ -n "$payload" ] && env+=(MT_TRAIN_CMD="$payload")
+    env "${env[@]}" timeout 20 sbatch --parsable --job-name="$name" --nodes=1 --ntasks-per-node="$BNP" \
         --cpus-per-task=1 --overcommit --time=5 "${gpus[@]}" --output="$D/out/%x-%j.out" --chdir="$D/out" \
-        "$SRC/launch/slurm/train.sbatch"
+        "$SRC/launch/slurm/train.sbatch" "$@"
 }
 
 check_srun_world() {
@@ -255,7 +261,9 @@ check_srun_version() {
 
 check_sbatch() {
     local job out
-    job=$(sbatch_train mt-train "$NODECHECK --nodes 1 --local-size $BNP --launcher slurm") || return 1
+    local gpus=
+    [ -n "$GRES_NODE" ] && gpus="--gpus-per-task 1"
+    job=$(sbatch_train mt-train "$NODECHECK --nodes 1 --local-size $BNP --launcher slurm $gpus") || return 1
     mt_log "submitted train.sbatch as job $job"
     wait_job 60 "$job" || return 1
     out=$D/out/mt-train-$job.out
@@ -287,6 +295,17 @@ check_scancel() {
     grep -q "train.sbatch: SIGTERM" "$out" || { echo "the batch script did not see SIGTERM"; return 1; }
 }
 
+check_sbatch_train() {
+    local job out
+    job=$(sbatch_train mt-train "" "$@") || return 1
+    mt_log "submitted train.sbatch $* as job $job"
+    wait_job 90 "$job" || return 1
+    out=$D/out/mt-train-$job.out
+    cat "$out"
+    [ "$(job_state "$job")" = COMPLETED ] || { echo "job $job ended $(job_state "$job"), expected COMPLETED"; return 1; }
+    grep -q "^train.sbatch: job step ended with exit code 0" "$out" || { echo "the job step failed"; return 1; }
+}
+
 check_gres() {
     [ -n "$GRES_NODE" ] || { echo "skipped: mknod of character devices is refused here, so Slurm has no GPUs to hand out"; return 77; }
     "${SRUN[@]}" -n "$NP" --gpus-per-task=1 "$NODECHECK" --launcher slurm --gpus-per-task 1 >"$D/out/gres.out" ||
@@ -307,10 +326,10 @@ check_run() {
 while [ $# -gt 0 ]; do
     name=$1
     shift
-    if [ "$name" = run ]; then
-        [ $# -gt 0 ] || usage
-        mt_log "check run: $*"
-        check_run "$@" &
+    if [ "$name" = run ] || [ "$name" = sbatch_train ]; then # these take the rest of the arguments
+        [ "$name" = sbatch_train ] || [ $# -gt 0 ] || usage
+        mt_log "check $name: $*"
+        "check_$name" "$@" &
         CHECK_PID=$!
         wait $CHECK_PID
         rc=$?
