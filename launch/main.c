@@ -15,6 +15,7 @@ typedef struct {
 
 static const subcommand_t subcommands[] = {
     {"config", mt_cmd_config, "print the effective configuration, or every error in it"},
+    {"topo", mt_cmd_topo, "show where every rank runs (cores, NUMA, device, NIC, mesh groups), or plan a world"},
     {"version", mt_cmd_version, "print version, git commit and the components this build has"},
 };
 
