@@ -19,6 +19,9 @@ usage: $0 --build BUILD_DIR [--nodes N] CHECK... | run CMD...
 checks:
   world        test_rt_world and mt_nodecheck on N nodes x 2 ranks: n_nodes = N, local size 2, local ranks
                equal Open MPI's, hostnames equal within a node and distinct across nodes
+  topo_auto    meshtrain topo --json with tp=2, parallel.order=auto: nodes, hosts, local ranks per node, and
+               every tp group inside one node (tests/cluster/check_topo_json.py)
+  topo_cross   the same with order dp-tp-pp: tp groups must span nodes (the checker sees a bad layout)
   run CMD...   any command; @MPIRUN@ becomes the full mpirun prefix (hostfile, agent, interfaces, binding),
                @MESHTRAIN@ the meshtrain binary, @BUILD@ the build directory; \$MT_NETNS_MPIRUN holds the prefix too
 Environment: MT_CLUSTER_BUDGET (seconds for the whole run, default 150).
@@ -192,6 +195,26 @@ check_world() {
         [ "$(grep -c "host mt-node$i " "$D/nodecheck.out")" -eq "$PPN" ] ||
             { echo "expected $PPN ranks on mt-node$i"; return 1; }
     done
+}
+
+# topo_json FILE ARGS...: meshtrain topo --json on every rank of every node (rank 0 writes the JSON).
+topo_json() {
+    local file=$1
+    shift
+    "${MPIRUN[@]}" -np "$NP" "$MESHTRAIN" topo --json "$@" >"$file" || { cat "$file"; return 1; }
+}
+
+check_topo_auto() {
+    topo_json "$D/topo_auto.json" --parallel.tp=$PPN --parallel.order=auto || return 1
+    python3 "$HERE/check_topo_json.py" "$D/topo_auto.json" --nodes "$NNODES" --ranks-per-node "$PPN" --tp "$PPN" \
+        --tp-in-node
+}
+
+# The opposite layout (dp fastest) must put tp partners on different nodes, and the checker must see it.
+check_topo_cross() {
+    topo_json "$D/topo_cross.json" --parallel.tp=$PPN --parallel.order=dp-tp-pp || return 1
+    python3 "$HERE/check_topo_json.py" "$D/topo_cross.json" --nodes "$NNODES" --ranks-per-node "$PPN" --tp "$PPN" \
+        --expect-tp-cross
 }
 
 check_run() {

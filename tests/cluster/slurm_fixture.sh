@@ -21,6 +21,7 @@ checks:
   sbatch        launch/slurm/train.sbatch submitted with sbatch completes; its output is checked
   scancel       a running train.sbatch job cancelled with scancel: every task gets SIGTERM and exits cleanly
   gres          --gpus-per-task=1 over fake GPUs (mknod): CUDA_VISIBLE_DEVICES/SLURM_STEP_GPUS per task
+  topo          srun -n 4 meshtrain topo --json (tp=2, order=auto): 1 node, 4 local ranks, tp groups inside it
   sbatch_train ARGS...
                 train.sbatch as users submit it (payload: meshtrain train ARGS) must complete with exit 0;
                 paths in ARGS must be absolute (the job runs in the fixture's directory)
@@ -293,6 +294,12 @@ check_scancel() {
     done
     if ls "$marks" | grep -q '^timeout\.'; then echo "a task was never signalled"; return 1; fi
     grep -q "train.sbatch: SIGTERM" "$out" || { echo "the batch script did not see SIGTERM"; return 1; }
+}
+
+check_topo() {
+    "${SRUN[@]}" -n "$NP" --cpu-bind=none "$MESHTRAIN" topo --json --parallel.tp=2 --parallel.order=auto \
+        >"$D/out/topo.json" || { cat "$D/out/topo.json"; return 1; }
+    python3 "$HERE/check_topo_json.py" "$D/out/topo.json" --nodes 1 --ranks-per-node "$NP" --tp 2 --tp-in-node
 }
 
 check_sbatch_train() {
