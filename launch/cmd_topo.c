@@ -67,10 +67,18 @@ static int parse_opts(int argc, char **argv, topo_opts_t *o, bool *help) {
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         char *end = NULL;
         switch (c) {
-        case 'd': o->dry_run = true; break;
-        case 'j': o->json = true; break;
-        case 'h': *help = true; break;
-        case 't': o->topo_file = optarg; break;
+        case 'd':
+            o->dry_run = true;
+            break;
+        case 'j':
+            o->json = true;
+            break;
+        case 'h':
+            *help = true;
+            break;
+        case 't':
+            o->topo_file = optarg;
+            break;
         case 'w':
         case 'r': {
             long v = strtol(optarg, &end, 10);
@@ -231,8 +239,9 @@ static void print_report(FILE *f, const topo_opts_t *o, const mt_topo_t *topo, c
         }
         fprintf(f, "  ],\n  \"node_summary\": [\n");
     } else {
-        fprintf(f, "meshtrain topo: %d ranks on %d node%s%s; node topology %s: %d packages, %d NUMA nodes, %d cores, %d "
-                   "PUs, %d GPUs, %d NICs\n",
+        fprintf(f,
+                "meshtrain topo: %d ranks on %d node%s%s; node topology %s: %d packages, %d NUMA nodes, %d cores, %d "
+                "PUs, %d GPUs, %d NICs\n",
                 n, n_nodes, n_nodes == 1 ? "" : "s", o->dry_run ? " (dry run: planned, nothing launched)" : "",
                 topo->source, topo->n_packages, topo->n_numa, topo->n_cores, topo->n_pus, topo->n_gpus, topo->n_nics);
         fprintf(f, "mesh: tp=%d dp=%d pp=%d, order %s%s%s%s\n", tp, dp, pp, mt_mesh_order(m), order_why[0] ? " (" : "",
@@ -245,8 +254,8 @@ static void print_report(FILE *f, const topo_opts_t *o, const mt_topo_t *topo, c
         print_groups(f, m, MT_AXIS_BIT(MT_AXIS_DP), "dp", false);
         print_groups(f, m, MT_AXIS_BIT(MT_AXIS_PP), "pp", false);
         print_embedding(f, m, false);
-        fprintf(f, "ranks:\n  %-12s %5s %5s %3s %3s %3s  %-16s %4s  %-24s %-8s %s\n", "host", "rank", "local", "tp", "dp",
-                "pp", "cpus", "numa", "device", "nic", "binding");
+        fprintf(f, "ranks:\n  %-12s %5s %5s %3s %3s %3s  %-16s %4s  %-24s %-8s %s\n", "host", "rank", "local", "tp",
+                "dp", "pp", "cpus", "numa", "device", "nic", "binding");
         for (int i = 0; i < n; i++) {
             const rank_rec_t *r = &recs[i];
             char cpus[256];
@@ -277,7 +286,8 @@ static void print_report(FILE *f, const topo_opts_t *o, const mt_topo_t *topo, c
             overlap += mt_cpuset_intersects(&uni, &r->cpus);
             mt_cpuset_or(&uni, &r->cpus);
             over |= r->oversubscribed;
-            if (strncmp(r->device, "cpu:", 4) && !strstr(devs, r->device) && strlen(devs) + strlen(r->device) + 2 < sizeof(devs)) {
+            if (strncmp(r->device, "cpu:", 4) && !strstr(devs, r->device) &&
+                strlen(devs) + strlen(r->device) + 2 < sizeof(devs)) {
                 snprintf(devs + strlen(devs), sizeof(devs) - strlen(devs), "%s%s", devs[0] ? "," : "", r->device);
             }
             if (r->nic[0] && !strstr(nics, r->nic) && strlen(nics) + strlen(r->nic) + 2 < sizeof(nics)) {
@@ -332,20 +342,29 @@ static mt_status_t layout_from_config(const mt_config_t *cfg, layout_t *l) {
     return mt_topo_bind_mode_parse(mt_config_str(cfg, "runtime.bind"), &l->bind);
 }
 
-/* Resolves "auto" for a node of ranks_per_node ranks placed as in places. */
+/* Resolves "auto" for a hypothetical node of rpn ranks on GPUs gpu_of_local placed on numa_of_local. */
 static mt_status_t resolve_order(const mt_topo_t *topo, layout_t *l, int world, int rpn, const int *numa_of_local,
-                                 char *why, size_t why_len, char *warn, size_t warn_len) {
+                                 const int *gpu_of_local, char *why, size_t why_len, char *warn, size_t warn_len) {
     why[0] = warn[0] = '\0';
     if (strcmp(l->order, "auto") != 0) {
         return MT_OK;
     }
-    int *dom = malloc(sizeof(int) * (size_t)rpn);
+    int *dom = malloc(sizeof(int) * (size_t)rpn), *sw = malloc(sizeof(int) * (size_t)rpn);
+    if (!dom || !sw) {
+        free(dom);
+        free(sw);
+        return mt_error(MT_ERR_OOM, "out of memory");
+    }
     for (int i = 0; i < rpn; i++) {
         dom[i] = numa_of_local[i] >= 0 ? numa_of_local[i] : topo->n_numa; /* spanning: a domain of its own */
     }
-    mt_topo_node_shape_t shape = {l->use_gpus ? topo->n_gpus : 0, dom};
-    mt_status_t st = mt_topo_auto_order(&shape, world, rpn, l->tp, l->pp, l->dp, l->order, why, why_len, warn, warn_len);
+    mt_topo_switch_ids(topo, rpn, gpu_of_local, sw);
+    mt_topo_node_shape_t shape = {
+        .n_devices = l->use_gpus ? topo->n_gpus : 0, .domain_of_local = dom, .switch_of_local = sw};
+    mt_status_t st =
+        mt_topo_auto_order(&shape, world, rpn, l->tp, l->pp, l->dp, l->order, why, why_len, warn, warn_len);
     free(dom);
+    free(sw);
     return st;
 }
 
@@ -393,7 +412,7 @@ static int run_dry(const topo_opts_t *o, const mt_config_t *cfg, int rank) {
     for (int i = 0; i < rpn; i++) {
         numa_of_local[i] = places[i].numa;
     }
-    if (resolve_order(topo, &l, n, rpn, numa_of_local, why, sizeof(why), warn, sizeof(warn)) != MT_OK) {
+    if (resolve_order(topo, &l, n, rpn, numa_of_local, gol, why, sizeof(why), warn, sizeof(warn)) != MT_OK) {
         goto fail;
     }
     if (mt_mesh_create(n, l.tp, l.pp, l.dp, l.order, &m) != MT_OK) {
@@ -431,7 +450,8 @@ static int run_dry(const topo_opts_t *o, const mt_config_t *cfg, int rank) {
         snprintf(rec->nic, sizeof(rec->nic), "%s", p->nic >= 0 ? topo->nics[p->nic].name : "");
         if (l.nic_auto && p->nic >= 0 && d.kind == MT_DEV_GPU) {
             snprintf(rec->nic_export, sizeof(rec->nic_export), "%s==%s",
-                     topo->nics[p->nic].kind == MT_NIC_IB ? "NCCL_IB_HCA" : "NCCL_SOCKET_IFNAME", topo->nics[p->nic].name);
+                     topo->nics[p->nic].kind == MT_NIC_IB ? "NCCL_IB_HCA" : "NCCL_SOCKET_IFNAME",
+                     topo->nics[p->nic].name);
         }
         snprintf(rec->binding, sizeof(rec->binding), "%s", l.bind == MT_BIND_NONE ? "none" : "planned");
     }
@@ -562,8 +582,7 @@ int mt_cmd_topo(int argc, char **argv) {
         /* A hypothetical world: every rank validates against N locally; rank 0 speaks. */
         st = mt_config_load(cli.path, cli.n_overrides, cli.overrides, o.world, &cfg, w->rank == 0 ? stderr : NULL);
         if (st != MT_OK && w->rank == 0) {
-            fprintf(stderr, "meshtrain topo: the configuration has errors (above) for a world of %d ranks\n",
-                    o.world);
+            fprintf(stderr, "meshtrain topo: the configuration has errors (above) for a world of %d ranks\n", o.world);
         }
     } else {
         st = mt_config_load_world(w->comm, cli.path, cli.n_overrides, cli.overrides, &cfg);

@@ -426,8 +426,9 @@ mt_status_t mt_topo_visible_gpus(const mt_topo_t *topo, const char *cuda_visible
             break; /* CUDA stops at a negative index */
         }
         if (v >= topo->n_gpus) {
-            return mt_error(MT_ERR_INVALID_ARG, "CUDA_VISIBLE_DEVICES=%s: GPU %ld does not exist (the node has %d GPUs)",
-                            cuda_visible, v, topo->n_gpus);
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "CUDA_VISIBLE_DEVICES=%s: GPU %ld does not exist (the node has %d GPUs)", cuda_visible, v,
+                            topo->n_gpus);
         }
         for (int i = 0; i < *n_visible; i++) {
             if (visible[i] == (int)v) {
@@ -450,9 +451,10 @@ void mt_topo_choose_device(const mt_topo_t *topo, int local_rank, const int *vis
         out->kind = MT_DEV_CPU;
         out->gpu = -1;
         out->cuda_ordinal = -1;
-        snprintf(out->why, sizeof(out->why), "%s", topo->n_gpus == 0 ? "no GPU on this node"
-                                                   : restricted_by  ? "no GPU visible"
-                                                                    : "GPUs not used");
+        snprintf(out->why, sizeof(out->why), "%s",
+                 topo->n_gpus == 0 ? "no GPU on this node"
+                 : restricted_by   ? "no GPU visible"
+                                   : "GPUs not used");
         if (restricted_by && topo->n_gpus > 0) {
             snprintf(out->why + strlen(out->why), sizeof(out->why) - strlen(out->why), " (%s)", restricted_by);
         }

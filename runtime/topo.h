@@ -147,8 +147,8 @@ void mt_topo_choose_device(const mt_topo_t *topo, int local_rank, const int *vis
 typedef struct {
     mt_cpuset_t cpus; /* PUs of the cores it is bound to */
     int n_cores;
-    int numa; /* index into topo->numa holding all of cpus, -1 when they span several */
-    int nic;  /* index into topo->nics, -1 when none */
+    int numa;    /* index into topo->numa holding all of cpus, -1 when they span several */
+    int nic;     /* index into topo->nics, -1 when none */
     bool shared; /* its cores are shared with another local rank (more ranks than cores) */
 } mt_topo_place_t;
 
@@ -179,7 +179,7 @@ const char *mt_topo_bind_action_str(mt_bind_action_t a);
 typedef struct {
     int local_rank, local_size;
     mt_topo_device_t device;
-    char device_str[64]; /* "gpu:3 (0000:1a:00.0)" or "cpu:0-11" */
+    char device_str[64];  /* "gpu:3 (0000:1a:00.0)" or "cpu:0-11" */
     mt_topo_place_t plan; /* the planned placement */
     mt_cpuset_t bound;    /* the affinity the kernel reports after binding */
     int numa_os;          /* OS index of the NUMA node holding `bound`, -1 when several */
@@ -200,8 +200,8 @@ typedef struct {
  * nic_auto, warns once per node when cores are shared, and fills *report. With use_gpus false the
  * device is always the CPU. Fails with MT_ERR_SYSTEM when the kernel refuses the binding, MT_ERR_MPI,
  * or MT_ERR_INVALID_ARG for an unusable CUDA_VISIBLE_DEVICES. */
-mt_status_t mt_topo_bind(const mt_topo_t *topo, MPI_Comm local_comm, mt_bind_mode_t mode, bool nic_auto,
-                         bool use_gpus, mt_topo_report_t *report);
+mt_status_t mt_topo_bind(const mt_topo_t *topo, MPI_Comm local_comm, mt_bind_mode_t mode, bool nic_auto, bool use_gpus,
+                         mt_topo_report_t *report);
 
 /* ---- start-up in one call (collective over the world, after mt_rt_init) ------------------------ */
 
@@ -224,30 +224,36 @@ mt_status_t mt_topo_resolve_order(const mt_topo_t *topo, const mt_topo_report_t 
 
 /* ---- mesh order that follows the hardware ------------------------------------------------------ */
 
-/* The shape of one node as the placement sees it: local rank i sits in domain domain_of_local[i]
- * (a NUMA node or set of GPUs sharing one; NULL = one domain per node), and n_devices GPUs (0 on
- * CPU-only nodes, where the devices are the local ranks). */
+/* The shape of one node as the placement sees it, for ranks_per_node local ranks: local rank i sits
+ * in NUMA domain domain_of_local[i] and behind PCIe switch switch_of_local[i] (small ids; either array
+ * NULL = one domain / one switch per node), and the node has n_devices GPUs (0 on CPU-only nodes, where
+ * the devices are the local ranks). */
 typedef struct {
     int n_devices;
-    const int *domain_of_local; /* ranks_per_node entries, or NULL */
+    const int *domain_of_local;
+    const int *switch_of_local;
 } mt_topo_node_shape_t;
+
+/* Small ids of the PCIe switch (outermost PCI-to-PCI bridge, else the root complex) of each local
+ * rank's GPU (gpu_of_local[i], index into topo->gpus; -1 = CPU rank, id 0), for switch_of_local. */
+void mt_topo_switch_ids(const mt_topo_t *topo, int n, const int *gpu_of_local, int *out);
 
 /* Resolves parallel.order = "auto": ranks are placed on nodes in blocks of ranks_per_node (rank r on
  * node r / ranks_per_node, local rank r mod ranks_per_node). Scores each of the 6 orders by, in turn:
- * tp groups' node crossings, tp groups' domain crossings, dp groups' node crossings (so pipeline
- * stages take the links between nodes and data parallel fills the rest), then the default order
- * first. Writes the winner (e.g. "tp-dp-pp") to order and the reason to why; warn (may be NULL) gets
- * a warning when tp exceeds the devices of a node (tp groups must cross nodes). Fails with
- * MT_ERR_INVALID_ARG when the sizes do not multiply to world. Pure. */
-mt_status_t mt_topo_auto_order(const mt_topo_node_shape_t *shape, int world, int ranks_per_node, int tp, int pp,
-                               int dp, char order[16], char *why, size_t why_len, char *warn, size_t warn_len);
+ * tp groups' node crossings, tp groups' NUMA-domain crossings, tp groups' PCIe-switch crossings, dp
+ * groups' node crossings (so pipeline stages take the links between nodes and data parallel fills the
+ * rest), then the default order first. Writes the winner (e.g. "tp-dp-pp") to order and the reason to
+ * why; warn (may be NULL) gets a warning when tp exceeds the devices of a node (tp groups must cross
+ * nodes). Fails with MT_ERR_INVALID_ARG when the sizes do not multiply to world. Pure. */
+mt_status_t mt_topo_auto_order(const mt_topo_node_shape_t *shape, int world, int ranks_per_node, int tp, int pp, int dp,
+                               char order[16], char *why, size_t why_len, char *warn, size_t warn_len);
 
-/* Node and domain crossings of every group along axes_mask of a mesh under block placement, the
- * measure auto order minimises: sum over groups of (distinct nodes - 1), and of (distinct domains -
- * 1). Exposed for tests and the dry-run report. */
-void mt_topo_mesh_crossings(const mt_topo_node_shape_t *shape, int world, int ranks_per_node, int tp, int pp,
-                            int dp, const char *order, unsigned axes_mask, int64_t *node_crossings,
-                            int64_t *domain_crossings);
+/* Crossings of every group along axes_mask of a mesh under block placement, the measure auto order
+ * minimises: sum over groups of (distinct nodes - 1), of (distinct NUMA domains - 1) and of (distinct
+ * switches - 1); switch_crossings may be NULL. Exposed for tests and reports. */
+void mt_topo_mesh_crossings(const mt_topo_node_shape_t *shape, int world, int ranks_per_node, int tp, int pp, int dp,
+                            const char *order, unsigned axes_mask, int64_t *node_crossings, int64_t *domain_crossings,
+                            int64_t *switch_crossings);
 
 #ifdef __cplusplus
 }

@@ -33,10 +33,14 @@ mt_status_t mt_topo_bind_mode_parse(const char *s, mt_bind_mode_t *mode) {
 
 const char *mt_topo_bind_action_str(mt_bind_action_t a) {
     switch (a) {
-    case MT_BIND_APPLIED: return "applied";
-    case MT_BIND_KEPT_LAUNCHER: return "kept-launcher";
-    case MT_BIND_LEFT_ALONE: return "none";
-    case MT_BIND_NOT_THIS_SYSTEM: return "planned-only";
+    case MT_BIND_APPLIED:
+        return "applied";
+    case MT_BIND_KEPT_LAUNCHER:
+        return "kept-launcher";
+    case MT_BIND_LEFT_ALONE:
+        return "none";
+    case MT_BIND_NOT_THIS_SYSTEM:
+        return "planned-only";
     }
     return "?";
 }
@@ -90,8 +94,8 @@ static int cores_in(const mt_topo_t *topo, const mt_cpuset_t *cpus) {
     return n;
 }
 
-mt_status_t mt_topo_bind(const mt_topo_t *topo, MPI_Comm local_comm, mt_bind_mode_t mode, bool nic_auto,
-                         bool use_gpus, mt_topo_report_t *report) {
+mt_status_t mt_topo_bind(const mt_topo_t *topo, MPI_Comm local_comm, mt_bind_mode_t mode, bool nic_auto, bool use_gpus,
+                         mt_topo_report_t *report) {
     memset(report, 0, sizeof(*report));
     MT_MPI_CHECK(MPI_Comm_rank(local_comm, &report->local_rank));
     MT_MPI_CHECK(MPI_Comm_size(local_comm, &report->local_size));
@@ -191,8 +195,9 @@ mt_status_t mt_topo_bind(const mt_topo_t *topo, MPI_Comm local_comm, mt_bind_mod
         int e = errno;
         hwloc_bitmap_free(bm);
         if (rc != 0) {
-            return mt_error(MT_ERR_SYSTEM, "cannot bind local rank %d to cpus %s: %s (runtime.bind = none skips binding)",
-                            lr, plan_s, strerror(e));
+            return mt_error(MT_ERR_SYSTEM,
+                            "cannot bind local rank %d to cpus %s: %s (runtime.bind = none skips binding)", lr, plan_s,
+                            strerror(e));
         }
         report->action = MT_BIND_APPLIED;
         fmt_into(report->note, sizeof(report->note), "bound to %s%s%s", plan_s,
@@ -235,8 +240,8 @@ mt_status_t mt_topo_bind(const mt_topo_t *topo, MPI_Comm local_comm, mt_bind_mod
             const char *var = nic->kind == MT_NIC_IB ? "NCCL_IB_HCA" : "NCCL_SOCKET_IFNAME";
             const char *set = getenv(var);
             if (set) {
-                MT_INFO(MT_LOG_TOPO, "runtime.nic = auto: %s=%s already set by the user; kept (nearest is %s)", var, set,
-                        nic->name);
+                MT_INFO(MT_LOG_TOPO, "runtime.nic = auto: %s=%s already set by the user; kept (nearest is %s)", var,
+                        set, nic->name);
             } else {
                 char val[40];
                 snprintf(val, sizeof(val), "=%s", nic->name); /* '=': exactly this device, not a prefix */
@@ -247,9 +252,9 @@ mt_status_t mt_topo_bind(const mt_topo_t *topo, MPI_Comm local_comm, mt_bind_mod
     }
     char bound_s[128];
     mt_cpuset_format(&report->bound, bound_s, sizeof(bound_s));
-    MT_INFO(MT_LOG_TOPO, "local rank %d/%d: device %s (%s), binding %s: %s, affinity %s, %d threads, nic %s%s%s", lr, ls,
-            report->device_str, dev.why, mt_topo_bind_action_str(report->action), report->note, bound_s,
-            report->n_threads, report->nic_name[0] ? report->nic_name : "none", report->nic_export[0] ? ", exported " : "",
-            report->nic_export);
+    MT_INFO(MT_LOG_TOPO, "local rank %d/%d: device %s (%s), binding %s: %s, affinity %s, %d threads, nic %s%s%s", lr,
+            ls, report->device_str, dev.why, mt_topo_bind_action_str(report->action), report->note, bound_s,
+            report->n_threads, report->nic_name[0] ? report->nic_name : "none",
+            report->nic_export[0] ? ", exported " : "", report->nic_export);
     return MT_OK;
 }

@@ -153,7 +153,7 @@ bool mt_topo_plan_node(const mt_topo_t *topo, int local_size, const int *gpu_of_
         int g = gpu_of_local ? gpu_of_local[r] : -1;
         p->numa = mt_topo_numa_of(topo, &p->cpus);
         p->nic = (g >= 0 && g < topo->n_gpus) ? mt_topo_nearest_nic(topo, &topo->gpus[g], NULL)
-                                             : mt_topo_nearest_nic(topo, NULL, &p->cpus);
+                                              : mt_topo_nearest_nic(topo, NULL, &p->cpus);
     }
     free(taken);
     free(by_size);
@@ -169,11 +169,46 @@ static int cmp_int64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-void mt_topo_mesh_crossings(const mt_topo_node_shape_t *shape, int world, int ranks_per_node, int tp, int pp,
-                            int dp, const char *order, unsigned axes_mask, int64_t *node_crossings,
-                            int64_t *domain_crossings) {
+void mt_topo_switch_ids(const mt_topo_t *topo, int n, const int *gpu_of_local, int *out) {
+    uint64_t seen[MT_TOPO_MAX_GPUS];
+    int n_seen = 0;
+    for (int i = 0; i < n; i++) {
+        int g = gpu_of_local ? gpu_of_local[i] : -1;
+        out[i] = 0;
+        if (g < 0 || g >= topo->n_gpus) {
+            continue;
+        }
+        const mt_topo_pci_t *p = &topo->gpus[g];
+        uint64_t key = p->n_bridges > 0 ? p->bridges[p->n_bridges - 1] : p->host_bridge;
+        int k = 0;
+        while (k < n_seen && seen[k] != key) {
+            k++;
+        }
+        if (k == n_seen && n_seen < MT_TOPO_MAX_GPUS) {
+            seen[n_seen++] = key;
+        }
+        out[i] = k + 1;
+    }
+}
+
+/* Distinct values among k (node, id) keys. */
+static int distinct(int64_t *keys, int k) {
+    qsort(keys, (size_t)k, sizeof(int64_t), cmp_int64);
+    int n = k > 0;
+    for (int i = 1; i < k; i++) {
+        n += keys[i] != keys[i - 1];
+    }
+    return n;
+}
+
+void mt_topo_mesh_crossings(const mt_topo_node_shape_t *shape, int world, int ranks_per_node, int tp, int pp, int dp,
+                            const char *order, unsigned axes_mask, int64_t *node_crossings, int64_t *domain_crossings,
+                            int64_t *switch_crossings) {
     *node_crossings = 0;
     *domain_crossings = 0;
+    if (switch_crossings) {
+        *switch_crossings = 0;
+    }
     mt_mesh_t *m = NULL;
     if (mt_mesh_create(world, tp, pp, dp, order, &m) != MT_OK) {
         return;
@@ -181,6 +216,8 @@ void mt_topo_mesh_crossings(const mt_topo_node_shape_t *shape, int world, int ra
     int gsize = mt_mesh_group_size(m, axes_mask);
     int *members = malloc(sizeof(int) * (size_t)gsize);
     int64_t *doms = malloc(sizeof(int64_t) * (size_t)gsize);
+    int64_t *sws = malloc(sizeof(int64_t) * (size_t)gsize);
+    MT_ASSERT(members && doms && sws);
     for (int r = 0; r < world; r++) {
         int c[MT_AXIS_N], lead = 1;
         mt_mesh_coords(m, r, c);
@@ -200,26 +237,27 @@ void mt_topo_mesh_crossings(const mt_topo_node_shape_t *shape, int world, int ra
                 nodes++; /* members ascend, so nodes do too */
             }
             int dom = shape && shape->domain_of_local ? shape->domain_of_local[local] : 0;
-            doms[i] = (int64_t)node * (ranks_per_node + 1) + dom;
-        }
-        qsort(doms, (size_t)k, sizeof(int64_t), cmp_int64);
-        int n_dom = 1;
-        for (int i = 1; i < k; i++) {
-            n_dom += doms[i] != doms[i - 1];
+            int sw = shape && shape->switch_of_local ? shape->switch_of_local[local] : 0;
+            doms[i] = ((int64_t)node << 32) | (uint32_t)dom;
+            sws[i] = ((int64_t)node << 32) | (uint32_t)sw;
         }
         *node_crossings += nodes - 1;
-        *domain_crossings += n_dom - 1;
+        *domain_crossings += distinct(doms, k) - 1;
+        if (switch_crossings) {
+            *switch_crossings += distinct(sws, k) - 1;
+        }
     }
     free(members);
     free(doms);
+    free(sws);
     mt_mesh_free(m);
 }
 
 /* Preference among equally good orders: the default first, then tp fastest, then pp slowest. */
 static const char *const orders_pref[6] = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "pp-tp-dp", "dp-pp-tp", "pp-dp-tp"};
 
-mt_status_t mt_topo_auto_order(const mt_topo_node_shape_t *shape, int world, int ranks_per_node, int tp, int pp,
-                               int dp, char order[16], char *why, size_t why_len, char *warn, size_t warn_len) {
+mt_status_t mt_topo_auto_order(const mt_topo_node_shape_t *shape, int world, int ranks_per_node, int tp, int pp, int dp,
+                               char order[16], char *why, size_t why_len, char *warn, size_t warn_len) {
     if (warn && warn_len) {
         warn[0] = '\0';
     }
@@ -230,15 +268,22 @@ mt_status_t mt_topo_auto_order(const mt_topo_node_shape_t *shape, int world, int
     MT_CHECK(mt_mesh_create(world, tp, pp, dp, "tp-dp-pp", &probe));
     dp = mt_mesh_axis_size(probe, MT_AXIS_DP);
     mt_mesh_free(probe);
-    int64_t best[3] = {0, 0, 0};
+    int64_t best[4] = {0, 0, 0, 0};
     int best_i = -1;
     for (int i = 0; i < 6; i++) {
-        int64_t s[3], unused;
+        int64_t s[4], unused, unused2;
         mt_topo_mesh_crossings(shape, world, ranks_per_node, tp, pp, dp, orders_pref[i], MT_AXIS_BIT(MT_AXIS_TP), &s[0],
-                               &s[1]);
-        mt_topo_mesh_crossings(shape, world, ranks_per_node, tp, pp, dp, orders_pref[i], MT_AXIS_BIT(MT_AXIS_DP), &s[2],
-                               &unused);
-        if (best_i < 0 || s[0] < best[0] || (s[0] == best[0] && (s[1] < best[1] || (s[1] == best[1] && s[2] < best[2])))) {
+                               &s[1], &s[2]);
+        mt_topo_mesh_crossings(shape, world, ranks_per_node, tp, pp, dp, orders_pref[i], MT_AXIS_BIT(MT_AXIS_DP), &s[3],
+                               &unused, &unused2);
+        int better = best_i < 0;
+        for (int j = 0; j < 4 && !better; j++) {
+            if (s[j] != best[j]) {
+                better = s[j] < best[j];
+                break;
+            }
+        }
+        if (better) {
             best_i = i;
             memcpy(best, s, sizeof(best));
         }
@@ -247,9 +292,10 @@ mt_status_t mt_topo_auto_order(const mt_topo_node_shape_t *shape, int world, int
     int devices = shape && shape->n_devices > 0 ? shape->n_devices : ranks_per_node;
     if (why && why_len) {
         snprintf(why, why_len,
-                 "order=auto chose %s for tp=%d dp=%d pp=%d on %d ranks per node: tp groups cross nodes %lld times "
-                 "and NUMA domains %lld times, dp groups cross nodes %lld times",
-                 order, tp, dp, pp, ranks_per_node, (long long)best[0], (long long)best[1], (long long)best[2]);
+                 "order=auto chose %s for tp=%d dp=%d pp=%d on %d ranks per node: tp groups cross nodes %lld times, "
+                 "NUMA domains %lld times and PCIe switches %lld times; dp groups cross nodes %lld times",
+                 order, tp, dp, pp, ranks_per_node, (long long)best[0], (long long)best[1], (long long)best[2],
+                 (long long)best[3]);
     }
     if (tp > devices && warn && warn_len) {
         snprintf(warn, warn_len,

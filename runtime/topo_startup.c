@@ -60,14 +60,30 @@ mt_status_t mt_topo_resolve_order(const mt_topo_t *topo, const mt_topo_report_t 
         return MT_OK;
     }
     int ls = w->local_size;
-    int *dom = malloc(sizeof(int) * (size_t)ls);
-    if (!dom) {
+    int mine[2] = {report->plan.numa, report->device.gpu};
+    int *both = malloc(sizeof(int) * 2 * (size_t)ls), *dom = malloc(sizeof(int) * (size_t)ls);
+    int *gpu = malloc(sizeof(int) * (size_t)ls), *sw = malloc(sizeof(int) * (size_t)ls);
+    if (!both || !dom || !gpu || !sw) {
+        free(both);
+        free(dom);
+        free(gpu);
+        free(sw);
         return mt_error(MT_ERR_OOM, "out of memory");
     }
-    if (MPI_Allgather(&report->plan.numa, 1, MPI_INT, dom, 1, MPI_INT, w->local_comm) != MPI_SUCCESS) {
+    if (MPI_Allgather(mine, 2, MPI_INT, both, 2, MPI_INT, w->local_comm) != MPI_SUCCESS) {
+        free(both);
         free(dom);
-        return mt_error(MT_ERR_MPI, "topology: gathering the local ranks' NUMA nodes failed");
+        free(gpu);
+        free(sw);
+        return mt_error(MT_ERR_MPI, "topology: gathering the local ranks' placement failed");
     }
+    for (int i = 0; i < ls; i++) {
+        dom[i] = both[2 * i];
+        gpu[i] = both[2 * i + 1];
+    }
+    free(both);
+    mt_topo_switch_ids(topo, ls, gpu, sw);
+    free(gpu);
     int sizes[2] = {ls, -ls}, ext[2] = {0, 0};
     int blocked = w->rank == w->node_id * ls + w->local_rank, all_blocked = 0;
     MPI_Allreduce(sizes, ext, 2, MPI_INT, MPI_MIN, w->comm);
@@ -78,7 +94,8 @@ mt_status_t mt_topo_resolve_order(const mt_topo_t *topo, const mt_topo_report_t 
         for (int i = 0; i < ls; i++) {
             dom[i] = dom[i] >= 0 ? dom[i] : topo->n_numa; /* a rank spanning NUMA nodes: a domain of its own */
         }
-        mt_topo_node_shape_t shape = {use_gpus ? topo->n_gpus : 0, dom};
+        mt_topo_node_shape_t shape = {
+            .n_devices = use_gpus ? topo->n_gpus : 0, .domain_of_local = dom, .switch_of_local = sw};
         char wbuf[512] = "";
         st = mt_topo_auto_order(&shape, w->size, ls, tp, pp, dp, chosen, why, why_len, wbuf, sizeof(wbuf));
         if (st == MT_OK && (ext[0] != -ext[1] || !all_blocked)) {
@@ -97,6 +114,7 @@ mt_status_t mt_topo_resolve_order(const mt_topo_t *topo, const mt_topo_report_t 
         MT_INFO(MT_LOG_TOPO, "%s", why ? why : chosen);
     }
     free(dom);
+    free(sw);
     MPI_Bcast(chosen, sizeof(chosen), MPI_CHAR, 0, w->comm);
     if ((st = agree(w->comm, st)) != MT_OK) {
         return st;

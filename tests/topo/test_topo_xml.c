@@ -44,11 +44,13 @@ static void check_plan(const mt_topo_t *t, int n, const int *gpu_of_local, const
         outside += !mt_cpuset_is_subset(&p[i].cpus, &t->cpus);
         int g = gpu_of_local ? gpu_of_local[i] : -1;
         if (g >= 0 && t->gpus[g].numa >= 0) {
-            wrong_numa += !mt_cpuset_is_subset(&p[i].cpus, &t->numa[t->gpus[g].numa].cpus) || p[i].numa != t->gpus[g].numa;
+            wrong_numa +=
+                !mt_cpuset_is_subset(&p[i].cpus, &t->numa[t->gpus[g].numa].cpus) || p[i].numa != t->gpus[g].numa;
         }
         /* Each rank's set is whole cores. */
         for (int c = 0; c < t->n_cores; c++) {
-            if (mt_cpuset_intersects(&t->cores[c].pus, &p[i].cpus) && !mt_cpuset_is_subset(&t->cores[c].pus, &p[i].cpus)) {
+            if (mt_cpuset_intersects(&t->cores[c].pus, &p[i].cpus) &&
+                !mt_cpuset_is_subset(&t->cores[c].pus, &p[i].cpus)) {
                 outside++;
             }
         }
@@ -81,16 +83,16 @@ static void test_2s8g(void) {
     if (!t) {
         return;
     }
-    CHECK(t->n_packages == 2 && t->n_numa == 2 && t->n_cores == 24 && t->n_pus == 48, "shape %d pkg %d numa %d cores %d pus",
-          t->n_packages, t->n_numa, t->n_cores, t->n_pus);
+    CHECK(t->n_packages == 2 && t->n_numa == 2 && t->n_cores == 24 && t->n_pus == 48,
+          "shape %d pkg %d numa %d cores %d pus", t->n_packages, t->n_numa, t->n_cores, t->n_pus);
     CHECK(!t->this_system, "an XML file is not this machine");
     CHECK(t->n_gpus == 8, "%d GPUs", t->n_gpus);
     static const char *const bus[8] = {"0000:18:00.0", "0000:1a:00.0", "0000:28:00.0", "0000:2a:00.0",
                                        "0000:98:00.0", "0000:9a:00.0", "0000:a8:00.0", "0000:aa:00.0"};
     for (int g = 0; g < t->n_gpus && g < 8; g++) {
         CHECK(!strcmp(t->gpus[g].busid, bus[g]), "GPU %d bus id %s, want %s", g, t->gpus[g].busid, bus[g]);
-        CHECK(t->gpus[g].numa == g / 4 && t->gpus[g].package == g / 4, "GPU %d on NUMA %d package %d", g, t->gpus[g].numa,
-              t->gpus[g].package);
+        CHECK(t->gpus[g].numa == g / 4 && t->gpus[g].package == g / 4, "GPU %d on NUMA %d package %d", g,
+              t->gpus[g].numa, t->gpus[g].package);
         CHECK(t->gpus[g].class_id == 0x0302 && t->gpus[g].vendor_id == 0x10de, "GPU %d class %x vendor %x", g,
               t->gpus[g].class_id, t->gpus[g].vendor_id);
     }
@@ -105,7 +107,8 @@ static void test_2s8g(void) {
         int n = mt_topo_nearest_nic(t, &t->gpus[g], NULL);
         CHECK(n == (g < 4 ? mlx0 : mlx1), "GPU %d: nearest NIC %s", g, n >= 0 ? t->nics[n].name : "none");
         for (int i = 0; i < t->n_nics && n >= 0; i++) {
-            CHECK(mt_topo_pci_distance(&t->gpus[g], &t->nics[i].pci) >= mt_topo_pci_distance(&t->gpus[g], &t->nics[n].pci),
+            CHECK(mt_topo_pci_distance(&t->gpus[g], &t->nics[i].pci) >=
+                      mt_topo_pci_distance(&t->gpus[g], &t->nics[n].pci),
                   "GPU %d: %s is nearer than the chosen %s", g, t->nics[i].name, t->nics[n].name);
         }
     }
@@ -127,7 +130,8 @@ static void test_2s8g(void) {
     CHECK(strstr(dev.why, "CUDA_VISIBLE_DEVICES=4,5,6,7"), "why names the restriction: %s", dev.why);
     CHECK_OK(mt_topo_visible_gpus(t, "3", vis, &nv));
     mt_topo_choose_device(t, 5, vis, nv, "CUDA_VISIBLE_DEVICES=3 set by Slurm", &dev);
-    CHECK(dev.gpu == 3 && dev.cuda_ordinal == 0 && strstr(dev.why, "launcher"), "per-rank GPU: %d, %s", dev.gpu, dev.why);
+    CHECK(dev.gpu == 3 && dev.cuda_ordinal == 0 && strstr(dev.why, "launcher"), "per-rank GPU: %d, %s", dev.gpu,
+          dev.why);
     CHECK_OK(mt_topo_visible_gpus(t, "", vis, &nv));
     mt_topo_choose_device(t, 0, vis, nv, "CUDA_VISIBLE_DEVICES=", &dev);
     CHECK(nv == 0 && dev.kind == MT_DEV_CPU && dev.gpu == -1, "empty CUDA_VISIBLE_DEVICES -> CPU");
@@ -206,7 +210,10 @@ static void test_1s4g(void) {
         int n = mt_topo_nearest_nic(t, &t->gpus[g], NULL);
         CHECK(n == (g < 2 ? mlx0 : mlx1), "GPU %d: nearest %s", g, n >= 0 ? t->nics[n].name : "none");
     }
-    int gol[4] = {0, 1, 2, 3};
+    int gol[4] = {0, 1, 2, 3}, sw[4];
+    mt_topo_switch_ids(t, 4, gol, sw);
+    CHECK(sw[0] == sw[1] && sw[2] == sw[3] && sw[0] != sw[2] && sw[0] > 0, "switch ids %d %d %d %d", sw[0], sw[1],
+          sw[2], sw[3]);
     mt_topo_place_t p[4];
     bool sh = mt_topo_plan_node(t, 4, gol, p);
     check_plan(t, 4, gol, p, sh, true, "1s4g, 4 ranks");
@@ -221,8 +228,8 @@ static void test_cpu_2numa(void) {
     if (!t) {
         return;
     }
-    CHECK(t->n_numa == 2 && t->n_cores == 16 && t->n_gpus == 0 && t->n_nics == 1, "shape %d numa %d cores %d gpus %d nics",
-          t->n_numa, t->n_cores, t->n_gpus, t->n_nics);
+    CHECK(t->n_numa == 2 && t->n_cores == 16 && t->n_gpus == 0 && t->n_nics == 1,
+          "shape %d numa %d cores %d gpus %d nics", t->n_numa, t->n_cores, t->n_gpus, t->n_nics);
     CHECK(t->nics[0].pci.numa == 1, "eth0 on NUMA index %d", t->nics[0].pci.numa);
     mt_topo_place_t p[32];
     bool sh = mt_topo_plan_node(t, 4, NULL, p);
@@ -298,7 +305,7 @@ static int tp_groups_off_node(const char *order, int world, int rpn, int tp, int
 static void test_auto_order(void) {
     char order[16], why[512], warn[256];
     int dom8[8] = {0, 0, 0, 0, 1, 1, 1, 1};
-    mt_topo_node_shape_t shape = {8, dom8};
+    mt_topo_node_shape_t shape = {.n_devices = 8, .domain_of_local = dom8};
     CHECK_OK(mt_topo_auto_order(&shape, 32, 8, 4, 2, 0, order, why, sizeof(why), warn, sizeof(warn)));
     CHECK(!strcmp(order, "tp-dp-pp") && warn[0] == '\0', "8 GPUs/node, tp 4 pp 2: %s (%s)", order, why);
     CHECK(tp_groups_off_node(order, 32, 8, 4, 2, dom8) == 0, "tp groups stay in one node and NUMA node");
@@ -306,17 +313,29 @@ static void test_auto_order(void) {
      * GPUs of different sockets. With dp=4 fastest, tp pairs local ranks {r, r+4} (same NUMA node) and
      * dp groups {0,1,2,3} stay in the node, beating pp-tp-dp whose dp groups cross nodes. */
     int inter[8] = {0, 1, 0, 1, 0, 1, 0, 1};
-    mt_topo_node_shape_t ishape = {8, inter};
+    mt_topo_node_shape_t ishape = {.n_devices = 8, .domain_of_local = inter};
     CHECK_OK(mt_topo_auto_order(&ishape, 16, 8, 2, 2, 0, order, why, sizeof(why), warn, sizeof(warn)));
     CHECK(!strcmp(order, "dp-tp-pp"), "interleaved NUMA: %s (%s)", order, why);
     CHECK(tp_groups_off_node(order, 16, 8, 2, 2, inter) == 0, "interleaved: tp groups inside one NUMA node");
     CHECK(tp_groups_off_node("tp-dp-pp", 16, 8, 2, 2, inter) > 0, "the default order would cross NUMA nodes");
+    /* GPUs of one NUMA node behind two PCIe switches, alternating (GPUs 0 and 2 on one switch): tp pairs
+     * should share a switch. */
+    int sw4[4] = {1, 2, 1, 2};
+    mt_topo_node_shape_t swshape = {.n_devices = 4, .switch_of_local = sw4};
+    CHECK_OK(mt_topo_auto_order(&swshape, 8, 4, 2, 2, 0, order, why, sizeof(why), warn, sizeof(warn)));
+    int64_t tn = -1, td = -1, ts = -1;
+    mt_topo_mesh_crossings(&swshape, 8, 4, 2, 2, 2, order, MT_AXIS_BIT(MT_AXIS_TP), &tn, &td, &ts);
+    CHECK(!strcmp(order, "dp-tp-pp") && tn == 0 && ts == 0, "switch-aware order %s: %lld node, %lld switch crossings",
+          order, (long long)tn, (long long)ts);
+    CHECK(tp_groups_off_node(order, 8, 4, 2, 2, sw4) == 0, "tp pairs share a switch");
+    mt_topo_mesh_crossings(&swshape, 8, 4, 2, 2, 2, "tp-dp-pp", MT_AXIS_BIT(MT_AXIS_TP), &tn, &td, &ts);
+    CHECK(ts == 4, "the default order pairs GPUs across switches in all 4 tp groups: %lld", (long long)ts);
     /* pp takes the links between nodes: 2 nodes of 4, tp 2, pp 2, dp 2 -> dp inside nodes. */
     CHECK_OK(mt_topo_auto_order(NULL, 8, 4, 2, 2, 0, order, why, sizeof(why), warn, sizeof(warn)));
     int64_t nc = -1, dc = -1;
-    mt_topo_mesh_crossings(NULL, 8, 4, 2, 2, 2, order, MT_AXIS_BIT(MT_AXIS_DP), &nc, &dc);
+    mt_topo_mesh_crossings(NULL, 8, 4, 2, 2, 2, order, MT_AXIS_BIT(MT_AXIS_DP), &nc, &dc, NULL);
     CHECK(nc == 0, "dp crosses nodes %lld times with %s", (long long)nc, order);
-    mt_topo_mesh_crossings(NULL, 8, 4, 2, 2, 2, order, MT_AXIS_BIT(MT_AXIS_PP), &nc, &dc);
+    mt_topo_mesh_crossings(NULL, 8, 4, 2, 2, 2, order, MT_AXIS_BIT(MT_AXIS_PP), &nc, &dc, NULL);
     CHECK(nc == 4, "pp groups span both nodes: %lld crossings with %s", (long long)nc, order);
     /* Sweep: whenever tp <= devices per node and divides it, every tp group stays on one node. */
     int cases = 0;
@@ -328,8 +347,9 @@ static void test_auto_order(void) {
                     if (rpn % tp || world % (tp * pp)) {
                         continue;
                     }
-                    mt_topo_node_shape_t s = {rpn, NULL};
-                    CHECK_OK(mt_topo_auto_order(&s, world, rpn, tp, pp, 0, order, why, sizeof(why), warn, sizeof(warn)));
+                    mt_topo_node_shape_t s = {.n_devices = rpn};
+                    CHECK_OK(
+                        mt_topo_auto_order(&s, world, rpn, tp, pp, 0, order, why, sizeof(why), warn, sizeof(warn)));
                     CHECK(tp_groups_off_node(order, world, rpn, tp, pp, NULL) == 0, "world %d rpn %d tp %d pp %d: %s",
                           world, rpn, tp, pp, order);
                     cases++;
