@@ -14,7 +14,7 @@ source "$HERE/lib.sh"
 
 usage() {
     cat >&2 <<EOF
-usage: $0 --build BUILD_DIR [--keep] CHECK... | run CMD...
+usage: $0 --build BUILD_DIR [--keep] [--np N] CHECK... | run CMD...
 checks:
   srun_world    srun -n 4 --mpi=pmix of test_rt_world and mt_nodecheck (Slurm's ranks/local ranks/node = MPI's)
   srun_version  srun -n 4 --mpi=pmix meshtrain version
@@ -26,7 +26,9 @@ checks:
                 train.sbatch as users submit it (payload: meshtrain train ARGS) must complete with exit 0;
                 paths in ARGS must be absolute (the job runs in the fixture's directory)
   run CMD...    any command inside the cluster (SLURM_CONF set); @MESHTRAIN@ and @BUILD@ are substituted
-Environment: MT_CLUSTER_BUDGET (seconds for the whole run, default 150), MT_SLURM_NP (tasks, default 4).
+--np N: tasks per job (default 4, or MT_SLURM_NP); batch jobs run min(N, the node's CPUs).
+--keep: keep the temporary directory with the daemons' logs and the jobs' output.
+Environment: MT_CLUSTER_BUDGET (seconds for the whole run, default 150).
 EOF
     exit 2
 }
@@ -37,6 +39,7 @@ while [ $# -gt 0 ]; do
     case $1 in
     --build) BUILD=$(cd "$2" && pwd) || mt_fail "no build directory $2"; shift 2 ;;
     --keep) KEEP=1; shift ;; # keep the temporary directory (logs) after the run
+    --np) MT_SLURM_NP=$2; shift 2 ;;
     -h | --help) usage ;;
     *) break ;;
     esac
@@ -311,6 +314,7 @@ check_sbatch_train() {
     cat "$out"
     [ "$(job_state "$job")" = COMPLETED ] || { echo "job $job ended $(job_state "$job"), expected COMPLETED"; return 1; }
     grep -q "^train.sbatch: job step ended with exit code 0" "$out" || { echo "the job step failed"; return 1; }
+    grep -q "^done: " "$out" || { echo "meshtrain train did not report that it finished"; return 1; }
 }
 
 check_gres() {
