@@ -15,13 +15,16 @@ source "$HERE/lib.sh"
 
 usage() {
     cat >&2 <<EOF
-usage: $0 --build BUILD_DIR [--nodes N] CHECK... | run CMD...
+usage: $0 --build BUILD_DIR [--nodes N] [--ppn N] CHECK... | run CMD...
 checks:
   world        test_rt_world and mt_nodecheck on N nodes x 2 ranks: n_nodes = N, local size 2, local ranks
                equal Open MPI's, hostnames equal within a node and distinct across nodes
   topo_auto    meshtrain topo --json with tp=2, parallel.order=auto: nodes, hosts, local ranks per node, and
                every tp group inside one node (tests/cluster/check_topo_json.py)
   topo_cross   the same with order dp-tp-pp: tp groups must span nodes (the checker sees a bad layout)
+  train_match ARGS...
+               meshtrain train ARGS on N nodes x PPN ranks reaches the final loss of the same job in one
+               process (tp = pp = 1), to 1e-4 relative
   run CMD...   any command; @MPIRUN@ becomes the full mpirun prefix (hostfile, agent, interfaces, binding),
                @MESHTRAIN@ the meshtrain binary, @BUILD@ the build directory; \$MT_NETNS_MPIRUN holds the prefix too
 Environment: MT_CLUSTER_BUDGET (seconds for the whole run, default 150).
@@ -36,12 +39,14 @@ while [ $# -gt 0 ]; do
     case $1 in
     --build) BUILD=$(cd "$2" && pwd) || mt_fail "no build directory $2"; shift 2 ;;
     --nodes) NNODES=$2; shift 2 ;;
+    --ppn) PPN=$2; shift 2 ;;
     -h | --help) usage ;;
     *) break ;;
     esac
 done
 [ -n "$BUILD" ] && [ $# -gt 0 ] || usage
 [ "$NNODES" -ge 1 ] && [ "$NNODES" -le 8 ] || mt_fail "--nodes must be 1..8"
+[ "$PPN" -ge 1 ] && [ "$PPN" -le 8 ] || mt_fail "--ppn must be 1..8"
 MESHTRAIN=$BUILD/meshtrain
 NODECHECK=$BUILD/tests/cluster/mt_nodecheck
 RT_WORLD=$BUILD/tests/runtime/test_rt_world
@@ -217,6 +222,23 @@ check_topo_cross() {
         --expect-tp-cross
 }
 
+# final_loss FILE: the "final loss X" that meshtrain train prints last.
+final_loss() { sed -n 's/^done: .*final loss \([-0-9.e+]*\).*/\1/p' "$1" | tail -1; }
+
+check_train_match() {
+    "$MESHTRAIN" train "$@" --parallel.tp=1 --parallel.pp=1 >"$D/train_ref.out" 2>&1 ||
+        { cat "$D/train_ref.out"; return 1; }
+    "${MPIRUN[@]}" -np "$NP" "$MESHTRAIN" train "$@" >"$D/train_dist.out" 2>&1 || { cat "$D/train_dist.out"; return 1; }
+    local ref dist
+    ref=$(final_loss "$D/train_ref.out")
+    dist=$(final_loss "$D/train_dist.out")
+    grep -E '^(meshtrain train|done):' "$D/train_dist.out"
+    echo "final loss: one process $ref, $NP ranks on $NNODES nodes $dist"
+    [ -n "$ref" ] && [ -n "$dist" ] || { echo "no final loss in the output"; return 1; }
+    python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-4 * max(1.0, abs(a)))" \
+        "$ref" "$dist" || { echo "final losses differ by more than 1e-4 relative"; return 1; }
+}
+
 check_run() {
     local args=() a
     for a in "$@"; do
@@ -233,10 +255,10 @@ check_run() {
 while [ $# -gt 0 ]; do
     name=$1
     shift
-    if [ "$name" = run ]; then
+    if [ "$name" = run ] || [ "$name" = train_match ]; then # these take the rest of the arguments
         [ $# -gt 0 ] || usage
-        mt_log "check run: $*"
-        check_run "$@" &
+        mt_log "check $name: $*"
+        "check_$name" "$@" &
         CHECK_PID=$!
         wait $CHECK_PID
         rc=$?
