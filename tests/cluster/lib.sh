@@ -1,9 +1,10 @@
+# shellcheck shell=bash
 # Shared by the cluster fixtures (slurm_fixture.sh, netns_fixture.sh): messages, skip/fail exits, bounded
 # waits, a watchdog that ends the whole fixture run, packages, and the search for processes a run left.
 # Sourced, not run. Every wait here has a limit; nothing waits forever.
 # SPDX-License-Identifier: MIT
 
-MT_FIXTURE=${MT_FIXTURE:-cluster}
+MT_FIXTURE=${MT_FIXTURE:-cluster} # name in messages; set by the fixture before sourcing
 
 mt_log() { echo "[$MT_FIXTURE $(date +%T)] $*" >&2; }
 
@@ -80,8 +81,8 @@ mt_need_packages() {
 
 # mt_free_port: prints a TCP port nobody listens on (another fixture run may be active on this machine).
 mt_free_port() {
-    local port i
-    for i in $(seq 1 50); do
+    local port _
+    for _ in $(seq 1 50); do
         port=$((20000 + RANDOM % 30000))
         if ! ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
             echo "$port"
@@ -108,13 +109,13 @@ mt_tagged_pids() {
 # mt_reap_tagged TAG: TERM, then (after up to 5 s) KILL whatever of this run is still alive. Returns 1 and
 # lists the processes if any had to be killed this way.
 mt_reap_tagged() {
-    local tag=$1 pids left=0 i
+    local tag=$1 pids _
     pids=$(mt_tagged_pids "$tag")
     [ -z "$pids" ] && return 0
     mt_log "processes of this run still alive: $(echo $pids)"
     ps -o pid,ppid,args -p "$(echo $pids | tr ' ' ',')" >&2 2>/dev/null || true
     kill -TERM $pids 2>/dev/null
-    for i in $(seq 1 25); do
+    for _ in $(seq 1 25); do
         pids=$(mt_tagged_pids "$tag")
         [ -z "$pids" ] && break
         sleep 0.2
@@ -126,11 +127,11 @@ mt_reap_tagged() {
 
 # mt_stop_pid PID NAME: SIGTERM, wait up to 10 s, then SIGKILL. For daemons this run started.
 mt_stop_pid() {
-    local pid=$1 name=$2 i
+    local pid=$1 name=$2 _
     [ -z "$pid" ] && return 0
     kill -0 "$pid" 2>/dev/null || return 0
     kill -TERM "$pid" 2>/dev/null
-    for i in $(seq 1 50); do
+    for _ in $(seq 1 50); do
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.2
     done

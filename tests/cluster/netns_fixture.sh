@@ -8,6 +8,7 @@
 # Nothing is created outside the fixture's own namespaces; needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN).
 # SPDX-License-Identifier: MIT
 set -uo pipefail
+# shellcheck disable=SC2034 # used by lib.sh
 MT_FIXTURE=netns
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SRC=$(cd "$HERE/../.." && pwd)
@@ -95,7 +96,7 @@ cleanup() {
         [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
         ip netns del "$ns" 2>/dev/null || ip netns del "$ns"
     done
-    left=$(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$P[hn]" || true)
+    left=$(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${P}[hn]" || true)
     if [ -n "$left" ]; then
         echo "FAIL: namespaces left behind: $left" >&2
         [ $rc -eq 0 ] && rc=1
@@ -181,6 +182,7 @@ mt_log "$NNODES fake nodes up in $SECONDS s: $(cat "$HOSTFILE" | tr '\n' ' ')"
 for v in $(env | sed -n 's/^\(SLURM_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
 # launch/mpirun.sh (what users run) adds --bind-to none, --map-by ppr:PPN:node and the root flag; the
 # fixture adds the fake cluster's specifics: the agent that enters a node, and the bridge's subnet.
+# shellcheck disable=SC2054 # the commas belong to Open MPI's list of transports
 MPIRUN_CORE=(ip netns exec "$HEAD" unshare --uts -- sh -c 'hostname mt-head && exec "$@"' sh
         "$SRC/launch/mpirun.sh" --ppn "$PPN" --hostfile "$HOSTFILE"
         --mca plm_rsh_agent "$HERE/netns_rsh.sh" --mca plm_rsh_no_tree_spawn 1

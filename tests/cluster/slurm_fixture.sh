@@ -7,6 +7,7 @@
 #   tests/cluster/slurm_fixture.sh --build build run srun -n 4 --mpi=pmix build/meshtrain version
 # SPDX-License-Identifier: MIT
 set -uo pipefail
+# shellcheck disable=SC2034 # used by lib.sh
 MT_FIXTURE=slurm
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SRC=$(cd "$HERE/../.." && pwd)
@@ -64,7 +65,7 @@ PLUGINDIR=$(dirname "$(dpkg -L slurm-wlm-basic-plugins 2>/dev/null | grep '/mpi_
 D=$(mktemp -d "${TMPDIR:-/tmp}/mt-slurm.XXXXXX")
 chmod 755 "$D" # munged insists that every directory above its socket is searchable by all
 export MT_CLUSTER_TAG=$D # in the environment of everything this run starts: found and reaped at the end
-MUNGED_PID= SLURMCTLD_PID= SLURMD_PID=
+MUNGED_PID='' SLURMCTLD_PID='' SLURMD_PID=''
 RC=0
 CHECK_PID= # the running check: a background subshell, so that signals interrupt `wait` at once
 
@@ -265,9 +266,9 @@ check_srun_version() {
 
 check_sbatch() {
     local job out
-    local gpus=
-    [ -n "$GRES_NODE" ] && gpus="--gpus-per-task 1"
-    job=$(sbatch_train mt-train "$NODECHECK --nodes 1 --local-size $BNP --launcher slurm $gpus") || return 1
+    local gpu_check=''
+    [ -n "$GRES_NODE" ] && gpu_check="--gpus-per-task 1"
+    job=$(sbatch_train mt-train "$NODECHECK --nodes 1 --local-size $BNP --launcher slurm $gpu_check") || return 1
     mt_log "submitted train.sbatch as job $job"
     wait_job 60 "$job" || return 1
     out=$D/out/mt-train-$job.out
@@ -284,7 +285,7 @@ check_scancel() {
     mkdir -p "$marks"
     job=$(sbatch_train mt-cancel "$HERE/sigterm_task.sh $marks") || return 1
     mt_log "submitted job $job; waiting until its $BNP tasks run"
-    started() { [ "$(ls "$marks" | grep -c '^start\.')" -eq "$BNP" ]; }
+    started() { local f=("$marks"/start.*); [ -e "${f[0]}" ] && [ "${#f[@]}" -eq "$BNP" ]; }
     mt_wait_until 60 "$BNP tasks of job $job to start" started
     timeout 10 scancel "$job" || return 1
     wait_job 40 "$job" || return 1
@@ -295,7 +296,7 @@ check_scancel() {
     for i in $(seq 0 $((BNP - 1))); do
         grep -q "exited cleanly" "$marks/term.$i" 2>/dev/null || { echo "task $i did not handle SIGTERM"; return 1; }
     done
-    if ls "$marks" | grep -q '^timeout\.'; then echo "a task was never signalled"; return 1; fi
+    if compgen -G "$marks/timeout.*" >/dev/null; then echo "a task was never signalled"; return 1; fi
     grep -q "train.sbatch: SIGTERM" "$out" || { echo "the batch script did not see SIGTERM"; return 1; }
 }
 
