@@ -180,6 +180,9 @@ mt_log "$NNODES fake nodes up in $SECONDS s: $(cat "$HOSTFILE" | tr '\n' ' ')"
 # ---- mpirun -------------------------------------------------------------------------------------------------
 # No Slurm variables: Open MPI would otherwise launch through Slurm instead of the agent.
 for v in $(env | sed -n 's/^\(SLURM_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
+# Idle OpenMP workers of oversubscribed ranks sleep instead of spinning (as the rest of the test suite runs
+# them); the fake nodes inherit mpirun's environment through netns_rsh.sh.
+export OMP_WAIT_POLICY=passive
 # launch/mpirun.sh (what users run) adds --bind-to none, --map-by ppr:PPN:node and the root flag; the
 # fixture adds the fake cluster's specifics: the agent that enters a node, and the bridge's subnet.
 # shellcheck disable=SC2054 # the commas belong to Open MPI's list of transports

@@ -210,8 +210,9 @@ node_idle() { timeout 5 sinfo -h -n "$NODE" -o %T 2>/dev/null | grep -qx idle; }
 mt_wait_until 30 "node $NODE to become idle" node_idle
 mt_log "cluster up in $SECONDS s: $HW ${GRES_NODE:-no GPUs}, ports $CTLD_PORT/$SLURMD_PORT, dir $D"
 
-# Open MPI under srun: oversubscribed ranks must yield or they busy-poll the 2 cores of CI machines.
-export OMPI_MCA_mpi_yield_when_idle=1
+# Open MPI under srun: oversubscribed ranks must yield or they busy-poll the 2 cores of CI machines; the
+# same for OpenMP's idle workers (as the rest of the test suite runs them).
+export OMPI_MCA_mpi_yield_when_idle=1 OMP_WAIT_POLICY=passive
 
 # ---- checks ------------------------------------------------------------------------------------------------
 SRUN=(timeout -k 5 60 srun --mpi=pmix --overcommit --kill-on-bad-exit=1)
