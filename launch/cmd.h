@@ -5,5 +5,6 @@
 #define MT_CMD_H
 
 int mt_cmd_version(int argc, char **argv);
+int mt_cmd_bench(int argc, char **argv);
 
 #endif
