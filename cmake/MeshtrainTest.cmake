@@ -5,10 +5,12 @@
 # Flags every multi-rank test needs. Open MPI: run as root in CI, more ranks than cores, and yield
 # when idle (oversubscribed ranks otherwise busy-poll, making 4 ranks on 2 cores ~1000x slower).
 set(MT_MPIEXEC_TEST_FLAGS "")
-set(MT_MPI_TEST_ENV "")
+# OpenMP workers sleep instead of spinning between parallel regions: on the shared 2-core test machines
+# spinning workers of one rank steal the cores of the others (measured 20x slower training tests).
+set(MT_MPI_TEST_ENV "OMP_WAIT_POLICY=passive")
 if(MT_MPI_IS_OPENMPI)
     set(MT_MPIEXEC_TEST_FLAGS --oversubscribe --allow-run-as-root --bind-to none)
-    set(MT_MPI_TEST_ENV "OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+    list(APPEND MT_MPI_TEST_ENV OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1)
 endif()
 
 # mt_add_test_exe(NAME SOURCES src... [LIBS lib...]) builds an executable for a test.
@@ -29,7 +31,8 @@ function(mt_add_test name)
         set(T_TIMEOUT 120)
     endif()
     add_test(NAME ${name} COMMAND ${name})
-    set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT} SKIP_RETURN_CODE 77)
+    set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT} SKIP_RETURN_CODE 77
+                         ENVIRONMENT "${MT_MPI_TEST_ENV}")
 endfunction()
 
 # mt_add_mpi_test(NAME TARGET exe NP n [ARGS a...] [LABELS l...] [TIMEOUT s]): run an existing test
@@ -72,4 +75,24 @@ function(mt_add_cmd_test name)
     if(T_PASS_REGEX)
         set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${T_PASS_REGEX}")
     endif()
+endfunction()
+
+# mt_add_exit_test(NAME NP n RC code REGEX re [SECONDS s] COMMAND cmd...): every one of n ranks (0: no
+# launcher) must exit with code, the output must match re, and the run must end within s seconds.
+function(mt_add_exit_test name)
+    cmake_parse_arguments(T "" "NP;RC;REGEX;SECONDS" "COMMAND;LABELS" ${ARGN})
+    if(NOT T_SECONDS)
+        set(T_SECONDS 60)
+    endif()
+    set(labels ${T_LABELS})
+    if(T_NP GREATER 0)
+        list(APPEND labels mpi)
+    else()
+        list(APPEND labels unit)
+    endif()
+    add_test(NAME ${name}
+             COMMAND ${CMAKE_SOURCE_DIR}/tests/expect_exit.sh ${T_NP} ${T_RC} ${T_REGEX} ${T_SECONDS}
+                     ${MPIEXEC_EXECUTABLE} ${MT_MPIEXEC_TEST_FLAGS} ${MPIEXEC_PREFLAGS} -- ${T_COMMAND})
+    math(EXPR timeout "${T_SECONDS} + 30")
+    set_tests_properties(${name} PROPERTIES LABELS "${labels}" TIMEOUT ${timeout} ENVIRONMENT "${MT_MPI_TEST_ENV}")
 endfunction()

@@ -38,38 +38,38 @@ static inline uint32_t round_hi(float f) {
 /* bf16 elements two at a time in a 32-bit word: the upper one is an f32 once the lower half is masked
  * off, the lower one once shifted up; no widening or narrowing shuffles, so a 512-bit vector combines 32
  * elements. This runs about 3-4x faster than element-wise conversion (docs/PERFORMANCE.md). */
-#define BF16_OP(name, OP)                                                                    \
-    MT_VEC_CLONES static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {      \
-        const unsigned char *restrict a = in;                                                \
-        unsigned char *restrict b = inout;                                                   \
-        int n = *len, pairs = n / 2;                                                         \
-        for (int i = 0; i < pairs; i++) {                                                    \
-            uint32_t x, y;                                                                   \
-            memcpy(&x, a + 4 * (size_t)i, 4);                                                \
-            memcpy(&y, b + 4 * (size_t)i, 4);                                                \
-            uint32_t hi = round_hi(OP(as_f32(x & 0xffff0000u), as_f32(y & 0xffff0000u)));     \
-            uint32_t lo = round_hi(OP(as_f32(x << 16), as_f32(y << 16)));                    \
-            uint32_t r = hi | (lo >> 16);                                                    \
-            memcpy(b + 4 * (size_t)i, &r, 4);                                                \
-        }                                                                                    \
-        if (n & 1) {                                                                         \
-            uint16_t x, y;                                                                   \
-            memcpy(&x, a + 4 * (size_t)pairs, 2);                                            \
-            memcpy(&y, b + 4 * (size_t)pairs, 2);                                            \
-            uint16_t r = (uint16_t)(round_hi(OP(as_f32((uint32_t)x << 16), as_f32((uint32_t)y << 16))) >> 16); \
-            memcpy(b + 4 * (size_t)pairs, &r, 2);                                            \
-        }                                                                                    \
+#define BF16_OP(name, OP)                                                                                              \
+    MT_VEC_CLONES static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {                                \
+        const unsigned char *restrict a = in;                                                                          \
+        unsigned char *restrict b = inout;                                                                             \
+        int n = *len, pairs = n / 2;                                                                                   \
+        for (int i = 0; i < pairs; i++) {                                                                              \
+            uint32_t x, y;                                                                                             \
+            memcpy(&x, a + 4 * (size_t)i, 4);                                                                          \
+            memcpy(&y, b + 4 * (size_t)i, 4);                                                                          \
+            uint32_t hi = round_hi(OP(as_f32(x & 0xffff0000u), as_f32(y & 0xffff0000u)));                              \
+            uint32_t lo = round_hi(OP(as_f32(x << 16), as_f32(y << 16)));                                              \
+            uint32_t r = hi | (lo >> 16);                                                                              \
+            memcpy(b + 4 * (size_t)i, &r, 4);                                                                          \
+        }                                                                                                              \
+        if (n & 1) {                                                                                                   \
+            uint16_t x, y;                                                                                             \
+            memcpy(&x, a + 4 * (size_t)pairs, 2);                                                                      \
+            memcpy(&y, b + 4 * (size_t)pairs, 2);                                                                      \
+            uint16_t r = (uint16_t)(round_hi(OP(as_f32((uint32_t)x << 16), as_f32((uint32_t)y << 16))) >> 16);         \
+            memcpy(b + 4 * (size_t)pairs, &r, 2);                                                                      \
+        }                                                                                                              \
     }
 
-#define F16_OP(name, expr)                                                          \
-    static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {           \
-        const uint16_t *restrict a = in;                                            \
-        uint16_t *restrict b = inout;                                               \
-        int n = *len;                                                               \
-        for (int i = 0; i < n; i++) {                                               \
-            float x = mt_f16_to_f32(a[i]), y = mt_f16_to_f32(b[i]);                 \
-            b[i] = mt_f32_to_f16(expr);                                             \
-        }                                                                           \
+#define F16_OP(name, expr)                                                                                             \
+    static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {                                              \
+        const uint16_t *restrict a = in;                                                                               \
+        uint16_t *restrict b = inout;                                                                                  \
+        int n = *len;                                                                                                  \
+        for (int i = 0; i < n; i++) {                                                                                  \
+            float x = mt_f16_to_f32(a[i]), y = mt_f16_to_f32(b[i]);                                                    \
+            b[i] = mt_f32_to_f16(expr);                                                                                \
+        }                                                                                                              \
     }
 
 /* max/min use the C comparison, as MPI's built-in MPI_MAX/MPI_MIN on floats do (NaN handling is
@@ -107,4 +107,6 @@ int mt_coll_mpi_redop_init(void) {
     return ops_rc;
 }
 
-MPI_Op mt_coll_mpi_op16(mt_dtype_t dtype, mt_redop_t op) { return ops16[dtype == MT_DTYPE_BF16][op]; }
+MPI_Op mt_coll_mpi_op16(mt_coll_dtype_t dtype, mt_redop_t op) {
+    return ops16[dtype == MT_COLL_BF16][op];
+}

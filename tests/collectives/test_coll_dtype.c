@@ -27,17 +27,18 @@ static float bits_f(uint32_t u) {
 int main(int argc, char **argv) {
     CHECK_OK(mt_rt_init(&argc, &argv));
     /* names */
-    mt_dtype_t d;
+    mt_coll_dtype_t d;
     mt_redop_t o;
-    CHECK(mt_dtype_parse("bf16", &d) && d == MT_DTYPE_BF16, "bf16");
-    CHECK(mt_dtype_parse("float32", &d) && d == MT_DTYPE_F32, "float32");
-    CHECK(mt_dtype_parse("HALF", &d) && d == MT_DTYPE_F16, "half");
-    CHECK(!mt_dtype_parse("f8", &d), "f8 is not a dtype");
+    CHECK(mt_coll_dtype_parse("bf16", &d) && d == MT_COLL_BF16, "bf16");
+    CHECK(mt_coll_dtype_parse("float32", &d) && d == MT_COLL_F32, "float32");
+    CHECK(mt_coll_dtype_parse("HALF", &d) && d == MT_COLL_F16, "half");
+    CHECK(!mt_coll_dtype_parse("f8", &d), "f8 is not a dtype");
     CHECK(mt_redop_parse("avg", &o) && o == MT_REDOP_AVG, "avg");
     CHECK(!mt_redop_parse("xor", &o), "xor");
-    CHECK(mt_dtype_size(MT_DTYPE_I64) == 8 && mt_dtype_size(MT_DTYPE_BF16) == 2 && mt_dtype_size(MT_DTYPE_U8) == 1,
+    CHECK(mt_coll_dtype_size(MT_COLL_I64) == 8 && mt_coll_dtype_size(MT_COLL_BF16) == 2 &&
+              mt_coll_dtype_size(MT_COLL_U8) == 1,
           "sizes");
-    CHECK(!strcmp(mt_dtype_name(MT_DTYPE_F16), "f16") && !strcmp(mt_redop_name(MT_REDOP_PROD), "prod"), "names");
+    CHECK(!strcmp(mt_coll_dtype_name(MT_COLL_F16), "f16") && !strcmp(mt_redop_name(MT_REDOP_PROD), "prod"), "names");
 
     /* every 16-bit pattern round-trips (NaN stays NaN) */
     int bad_bf = 0, bad_h = 0;
@@ -61,11 +62,11 @@ int main(int argc, char **argv) {
     /* the MPI reductions against f32 arithmetic rounded once, odd lengths, unaligned starts */
     int bad_op = 0;
     uint16_t a[80], b[80], want[80];
-    for (int dt = MT_DTYPE_F16; dt <= MT_DTYPE_BF16; dt++) {
+    for (int dt = MT_COLL_F16; dt <= MT_COLL_BF16; dt++) {
         for (int op = 0; op < MT_REDOP_COUNT; op++) {
             MPI_Datatype t;
             MPI_Op mop;
-            CHECK_OK(mt_coll_mpi_types((mt_dtype_t)dt, (mt_redop_t)op, &t, &mop));
+            CHECK_OK(mt_coll_mpi_types((mt_coll_dtype_t)dt, (mt_redop_t)op, &t, &mop));
             for (int len = 1; len <= 67; len += 3) {
                 for (int off = 0; off < 2; off++) {
                     for (int i = 0; i < len; i++) {
@@ -74,12 +75,12 @@ int main(int argc, char **argv) {
                         if (i == 3) {
                             x = NAN; /* a NaN operand must give NaN for sum/prod */
                         }
-                        bool bf = dt == MT_DTYPE_BF16;
+                        bool bf = dt == MT_COLL_BF16;
                         a[off + i] = bf ? mt_f32_to_bf16(x) : mt_f32_to_f16(x);
                         b[off + i] = bf ? mt_f32_to_bf16(y) : mt_f32_to_f16(y);
                         float xa = bf ? mt_bf16_to_f32(a[off + i]) : mt_f16_to_f32(a[off + i]);
                         float ya = bf ? mt_bf16_to_f32(b[off + i]) : mt_f16_to_f32(b[off + i]);
-                        float r = op == MT_REDOP_PROD ? xa * ya
+                        float r = op == MT_REDOP_PROD  ? xa * ya
                                   : op == MT_REDOP_MAX ? (xa > ya ? xa : ya)
                                   : op == MT_REDOP_MIN ? (xa < ya ? xa : ya)
                                                        : xa + ya;
@@ -87,13 +88,14 @@ int main(int argc, char **argv) {
                     }
                     MPI_Reduce_local(a + off, b + off, len, t, mop);
                     for (int i = 0; i < len; i++) {
-                        bool bf = dt == MT_DTYPE_BF16;
+                        bool bf = dt == MT_COLL_BF16;
                         float g = bf ? mt_bf16_to_f32(b[off + i]) : mt_f16_to_f32(b[off + i]);
                         float w = bf ? mt_bf16_to_f32(want[off + i]) : mt_f16_to_f32(want[off + i]);
                         bool ok = (isnan(g) && isnan(w)) || b[off + i] == want[off + i];
                         if (!ok && bad_op < 5) {
                             fprintf(stderr, "%s %s len %d off %d [%d]: got %g want %g\n",
-                                    mt_dtype_name((mt_dtype_t)dt), mt_redop_name((mt_redop_t)op), len, off, i, g, w);
+                                    mt_coll_dtype_name((mt_coll_dtype_t)dt), mt_redop_name((mt_redop_t)op), len, off, i,
+                                    g, w);
                         }
                         bad_op += !ok;
                     }
