@@ -696,7 +696,10 @@ static double bus_factor(bench_op_t op, int n) {
 /* ---- the table ------------------------------------------------------------------------------------ */
 
 static const char *nccl_type_name(mt_coll_dtype_t d) {
-    static const char *names[MT_COLL_DTYPE_COUNT] = {"float", "double", "half", "bfloat16", "int32", "int64", "uint8"};
+    static const char *names[MT_COLL_DTYPE_COUNT] = {
+        [MT_COLL_F32] = "float", [MT_COLL_F64] = "double", [MT_COLL_F16] = "half", [MT_COLL_BF16] = "bfloat16",
+        [MT_COLL_I32] = "int32", [MT_COLL_I64] = "int64",  [MT_COLL_U8] = "uint8",
+    };
     return names[d];
 }
 
