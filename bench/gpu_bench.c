@@ -2,6 +2,7 @@
  *   gpu_bench peak  [-n 8192] [-r 10]               dense matrix rate of cuBLASLt per dtype (f32, tf32, bf16,
  *                                                  f16): the ceiling MFU is measured against, in the same run
  *   gpu_bench train [-p bf16] [-B 16] [-T 1024] [-L 12] [-C 768] [-H 12] [-V 50257] [-n 10] [--peak TFLOPS]
+ *                   [--profile]                    (--profile: time per step by kernel category)
  *                                                  GPT-2 training steps (forward, backward, AdamW) on the GPU:
  *                                                  tokens/s, model FLOP utilisation (PaLM appendix-B FLOPs,
  *                                                  as bench_model), the forward/backward/step split, peak
@@ -23,19 +24,19 @@
 #include "runtime/cuda_alloc.h"
 #include "runtime/nvml.h"
 
-#define DIE(...)                              \
-    do {                                      \
-        fprintf(stderr, "gpu_bench: ");       \
-        fprintf(stderr, __VA_ARGS__);         \
-        fprintf(stderr, "\n");                \
-        exit(1);                              \
+#define DIE(...)                                                                                                       \
+    do {                                                                                                               \
+        fprintf(stderr, "gpu_bench: ");                                                                                \
+        fprintf(stderr, __VA_ARGS__);                                                                                  \
+        fprintf(stderr, "\n");                                                                                         \
+        exit(1);                                                                                                       \
     } while (0)
-#define OK(call)                                                                  \
-    do {                                                                          \
-        mt_status_t st_ = (call);                                                 \
-        if (st_ != MT_OK) {                                                       \
-            DIE("%s: %s (%s)", #call, mt_status_str(st_), mt_last_error_msg());   \
-        }                                                                         \
+#define OK(call)                                                                                                       \
+    do {                                                                                                               \
+        mt_status_t st_ = (call);                                                                                      \
+        if (st_ != MT_OK) {                                                                                            \
+            DIE("%s: %s (%s)", #call, mt_status_str(st_), mt_last_error_msg());                                        \
+        }                                                                                                              \
     } while (0)
 #define CU(call) OK(mt_cuda_status((call), #call))
 
@@ -53,6 +54,7 @@ typedef struct {
     int n, reps, B, T, L, C, H, V, steps;
     mt_prec_t prec;
     double peak;
+    bool profile; /* train: per-kernel breakdown of the timed steps (their times then include the events) */
 } opts_t;
 
 /* ---- peak ---- */
@@ -104,8 +106,8 @@ static int cmd_peak(const opts_t *o) {
         const char *name;
         int dt;
         bool tf32;
-    } modes[] = {{"fp32", MT_CU_F32, false}, {"tf32", MT_CU_F32, true}, {"bf16", MT_CU_BF16, false},
-                 {"fp16", MT_CU_F16, false}};
+    } modes[] = {
+        {"fp32", MT_CU_F32, false}, {"tf32", MT_CU_F32, true}, {"bf16", MT_CU_BF16, false}, {"fp16", MT_CU_F16, false}};
     double tf[4];
     for (int i = 0; i < 4; i++) {
         mt_cuda_ctx_t ctx;
@@ -171,6 +173,9 @@ static int cmd_train(const opts_t *o) {
     double joules = 0, wall = 0;
     mt_gpt2_cuda_result_t res = {0};
     for (int k = -warm; k < n; k++) {
+        if (k == 0 && o->profile) {
+            OK(mt_gpt2_cuda_set_profile(g, true));
+        }
         mt_nvml_meter_t meter;
         bool metered = nv && k >= 0 && mt_nvml_meter_begin(&meter, nv) == MT_OK;
         double w0 = mt_now();
@@ -208,22 +213,40 @@ static int cmd_train(const opts_t *o) {
     mt_cuda_alloc_get_stats(a, &as);
     printf("GPT-2 L=%d C=%d H=%d V=%d, B=%d T=%d, %s: %.1f ms/step (fwd %.1f, bwd %.1f, step %.1f), %.0f tokens/s, "
            "%.1f TFLOP/s, MFU %.1f%% of %.1f TFLOP/s; last loss %.4f, loss scale %g\n",
-           o->L, o->C, o->H, o->V, o->B, o->T, mt_prec_name(o->prec), step_s * 1e3, median(t_f, n),
-           median(t_b, n), median(t_o, n), tps, flops / 1e12, mfu * 100, o->peak, res.loss, res.loss_scale);
+           o->L, o->C, o->H, o->V, o->B, o->T, mt_prec_name(o->prec), step_s * 1e3, median(t_f, n), median(t_b, n),
+           median(t_o, n), tps, flops / 1e12, mfu * 100, o->peak, res.loss, res.loss_scale);
     printf("device memory: peak allocated %.2f GiB (params %.2f, grads %.2f, optimizer %.2f, activations %.2f, "
            "other %.2f at the peak), peak reserved %.2f GiB, %lld cudaMalloc calls\n",
            ms.total_peak / 1073741824.0, ms.at_peak[MT_MEM_PARAMS] / 1073741824.0,
            ms.at_peak[MT_MEM_GRADS] / 1073741824.0, ms.at_peak[MT_MEM_OPTIMIZER] / 1073741824.0,
            ms.at_peak[MT_MEM_ACTIVATIONS] / 1073741824.0, ms.at_peak[MT_MEM_OTHER] / 1073741824.0,
            as.peak_reserved_bytes / 1073741824.0, (long long)as.n_raw_allocs);
+    if (o->profile) {
+        double pms[MT_GPT2_PROF_COUNT], tot = 0;
+        int64_t ps = 0;
+        mt_gpt2_cuda_profile(g, pms, &ps);
+        for (int c = 0; c < MT_GPT2_PROF_COUNT; c++) {
+            tot += pms[c];
+        }
+        printf("time per step by kernel (%lld profiled steps, event after every launch):\n", (long long)ps);
+        for (int c = 0; c < MT_GPT2_PROF_COUNT; c++) {
+            printf("  %-14s %9.3f ms  %5.1f%%\n", mt_gpt2_prof_name((mt_gpt2_prof_t)c), ps > 0 ? pms[c] / (double)ps : 0,
+                   tot > 0 ? 100.0 * pms[c] / tot : 0.0);
+        }
+        printf("RESULT prof prec=%s", mt_prec_name(o->prec));
+        for (int c = 0; c < MT_GPT2_PROF_COUNT; c++) {
+            printf(" %d=%.3f", c, ps > 0 ? pms[c] / (double)ps : 0);
+        }
+        printf("\n");
+    }
     double jps = nv && n > 0 ? joules / n : 0;
     if (nv) {
         printf("energy: %.1f J/step, %.1f W mean, %.0f tokens/J\n", jps, joules / wall, jps > 0 ? N / jps : 0);
     }
     printf("RESULT train prec=%s B=%d T=%d ms_step=%.3f tok_s=%.0f tflops=%.2f mfu=%.4f peak_gib=%.3f "
            "energy_j=%.2f tokens_per_j=%.1f loss=%.4f\n",
-           mt_prec_name(o->prec), o->B, o->T, step_s * 1e3, tps, flops / 1e12, mfu, ms.total_peak / 1073741824.0,
-           jps, jps > 0 ? N / jps : 0, res.loss);
+           mt_prec_name(o->prec), o->B, o->T, step_s * 1e3, tps, flops / 1e12, mfu, ms.total_peak / 1073741824.0, jps,
+           jps > 0 ? N / jps : 0, res.loss);
     mt_nvml_close(nv);
     for (int i = 0; i < 4; i++) {
         cudaEventDestroy(ev[i]);
@@ -288,8 +311,8 @@ static int cmd_attn(const opts_t *o) {
     double f_fwd = 2.0 * o->B * o->H * (double)o->T * o->T * (o->C / o->H);
     printf("attention B=%d T=%d C=%d H=%d %s: flash forward %.3f ms (%.1f TFLOP/s), plain forward (stores %.0f MiB "
            "of probabilities) %.3f ms, flash backward %.3f ms; plain/flash %.1fx\n",
-           o->B, o->T, o->C, o->H, mt_prec_name(o->prec), t[0], f_fwd / (t[0] * 1e-3) / 1e12,
-           nl * o->T * 4 / 1048576.0, t[1], t[2], t[1] / t[0]);
+           o->B, o->T, o->C, o->H, mt_prec_name(o->prec), t[0], f_fwd / (t[0] * 1e-3) / 1e12, nl * o->T * 4 / 1048576.0,
+           t[1], t[2], t[1] / t[0]);
     printf("RESULT attn prec=%s B=%d T=%d flash_fwd_ms=%.4f plain_fwd_ms=%.4f flash_bwd_ms=%.4f\n",
            mt_prec_name(o->prec), o->B, o->T, t[0], t[1], t[2]);
     void *bufs[] = {qkv, out, dqkv, dout, lse, att, scr, h};
@@ -312,12 +335,22 @@ int main(int argc, char **argv) {
         printf("skipped: no CUDA device\n");
         return 77;
     }
-    opts_t o = {.n = 8192, .reps = 10, .B = 16, .T = 1024, .L = 12, .C = 768, .H = 12, .V = 50257, .steps = 10,
-                .prec = MT_PREC_BF16, .peak = 0};
+    opts_t o = {.n = 8192,
+                .reps = 10,
+                .B = 16,
+                .T = 1024,
+                .L = 12,
+                .C = 768,
+                .H = 12,
+                .V = 50257,
+                .steps = 10,
+                .prec = MT_PREC_BF16,
+                .peak = 0};
     if (!strcmp(argv[1], "attn")) {
         o.B = 8;
     }
-    static const struct option lo[] = {{"peak", required_argument, NULL, 'P'}, {NULL, 0, NULL, 0}};
+    static const struct option lo[] = {
+        {"peak", required_argument, NULL, 'P'}, {"profile", no_argument, NULL, 'K'}, {NULL, 0, NULL, 0}};
     int ch;
     optind = 2;
     while ((ch = getopt_long(argc, argv, "n:r:B:T:L:C:H:V:p:", lo, NULL)) != -1) {
@@ -353,6 +386,9 @@ int main(int argc, char **argv) {
             break;
         case 'P':
             o.peak = atof(optarg);
+            break;
+        case 'K':
+            o.profile = true;
             break;
         default:
             return 2;

@@ -103,6 +103,9 @@ for p in bf16 fp16 tf32 fp32; do
     run "train-$p" 60 "$BENCH" train -p "$p" -B "$B" -T 1024 -n "$STEPS" --peak "$PEAK_BF16"
 done
 
+# the bf16 step broken down by kernel category (a separate short run: the events slow the step slightly)
+run train-bf16-profile 60 "$BENCH" train -p bf16 -B "$B" -T 1024 -n 3 --profile
+
 # ---- attention: flash-style kernels against the plain version ----------------------------------------
 run attn 40 "$BENCH" attn -p bf16 -B 8 -T 1024 -C 768 -H 12 -r 10
 
@@ -140,6 +143,10 @@ field() { # field FILE KEY: value of KEY=... on the RESULT line of FILE
         fi
     done
     echo "(GPT-2 124M, B=$B, T=1024; MFU against the bf16 peak above; J/step 0 = NVML not available)"
+    if grep -q '^RESULT prof' "$LOG/train-bf16-profile.log" 2>/dev/null; then
+        echo "bf16 step by kernel category (ms per step, share):"
+        sed -n '/^time per step by kernel/,/^RESULT prof/p' "$LOG/train-bf16-profile.log" | grep '^  '
+    fi
     echo
     if grep -q '^RESULT attn' "$LOG/attn.log" 2>/dev/null; then
         echo "attention bf16 B=8 T=1024 C=768 H=12: flash fwd $(field "$LOG/attn.log" flash_fwd_ms) ms," \

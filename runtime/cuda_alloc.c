@@ -20,7 +20,7 @@ typedef struct block {
     size_t size;      /* rounded bytes this block spans */
     size_t requested; /* what the caller asked for (live blocks) */
     void *stream;
-    int pool;         /* 0 small, 1 large */
+    int pool; /* 0 small, 1 large */
     bool allocated;
     mt_mem_cat_t cat;
     const char *owner;
@@ -597,12 +597,15 @@ mt_status_t mt_cuda_alloc_validate(mt_cuda_alloc_t a) {
             by_cat += a->st.allocated_by_cat[c];
         }
         if (reserved != a->st.reserved_bytes || n_seg != a->st.n_segments) {
-            st = mt_error(MT_ERR_INTERNAL, "cuda_alloc: segments sum to %" PRId64 " bytes in %" PRId64
-                          ", counters say %" PRId64 " in %" PRId64, reserved, n_seg, a->st.reserved_bytes,
-                          a->st.n_segments);
+            st = mt_error(MT_ERR_INTERNAL,
+                          "cuda_alloc: segments sum to %" PRId64 " bytes in %" PRId64 ", counters say %" PRId64
+                          " in %" PRId64,
+                          reserved, n_seg, a->st.reserved_bytes, a->st.n_segments);
         } else if (live != a->st.allocated_bytes || by_cat != live) {
-            st = mt_error(MT_ERR_INTERNAL, "cuda_alloc: live blocks sum to %" PRId64 ", counters say %" PRId64
-                          " (by category %" PRId64 ")", live, a->st.allocated_bytes, by_cat);
+            st = mt_error(MT_ERR_INTERNAL,
+                          "cuda_alloc: live blocks sum to %" PRId64 ", counters say %" PRId64 " (by category %" PRId64
+                          ")",
+                          live, a->st.allocated_bytes, by_cat);
         } else if (n_live != a->hcount || n_free != a->pools[0].n + a->pools[1].n) {
             st = mt_error(MT_ERR_INTERNAL, "cuda_alloc: %zu live / %zu free blocks reachable, lists hold %zu / %zu",
                           n_live, n_free, a->hcount, a->pools[0].n + a->pools[1].n);

@@ -44,16 +44,16 @@ typedef struct mt_cuda_alloc *mt_cuda_alloc_t;
 #define MT_CUDA_ALLOC_LARGE_ROUND ((size_t)2 << 20)
 
 typedef struct {
-    int64_t allocated_bytes;                  /* sum of the (rounded) sizes of live blocks */
-    int64_t requested_bytes;                  /* sum of the sizes callers asked for */
-    int64_t reserved_bytes;                   /* sum of segment sizes held from the backend */
+    int64_t allocated_bytes; /* sum of the (rounded) sizes of live blocks */
+    int64_t requested_bytes; /* sum of the sizes callers asked for */
+    int64_t reserved_bytes;  /* sum of segment sizes held from the backend */
     int64_t peak_allocated_bytes, peak_reserved_bytes;
-    int64_t allocated_by_cat[MT_MEM_NCAT];    /* live block bytes per category */
-    int64_t n_segments;                       /* segments held now */
-    int64_t n_raw_allocs, n_raw_frees;        /* backend calls (cudaMalloc / cudaFree) since creation */
-    int64_t n_allocs, n_frees;                /* blocks handed out / returned */
-    int64_t n_cache_flushes;                  /* times an allocation freed the cache and retried */
-    int64_t n_ooms;                           /* requests that failed even after freeing the cache */
+    int64_t allocated_by_cat[MT_MEM_NCAT]; /* live block bytes per category */
+    int64_t n_segments;                    /* segments held now */
+    int64_t n_raw_allocs, n_raw_frees;     /* backend calls (cudaMalloc / cudaFree) since creation */
+    int64_t n_allocs, n_frees;             /* blocks handed out / returned */
+    int64_t n_cache_flushes;               /* times an allocation freed the cache and retried */
+    int64_t n_ooms;                        /* requests that failed even after freeing the cache */
 } mt_cuda_alloc_stats_t;
 
 /* Creates an allocator over backend (copied). caching = false returns each segment to the backend as soon

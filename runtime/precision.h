@@ -28,9 +28,9 @@ const char *mt_prec_name(mt_prec_t p);
 /* The dtype weights and activations are stored in for compute: f32, f32, bf16, f16. */
 mt_dtype_t mt_prec_storage(mt_prec_t p);
 
-/* Rounds n floats in place to the nearest value of dt (round to nearest even; f16 overflows to inf and
- * flushes below 2^-24 to zero; f32 is a no-op) and returns how many of the results are not finite. This is
- * the CPU emulation of storing a tensor in dt. */
+/* Rounds n floats in place to the nearest value of dt (round to nearest even; f16 overflows to inf beyond
+ * 65504 and rounds magnitudes below 2^-25, half its smallest subnormal, to zero; f32 is a no-op) and returns
+ * how many of the results are not finite. This is the CPU emulation of storing a tensor in dt. */
 size_t mt_prec_round(float *x, size_t n, mt_dtype_t dt);
 
 /* Number of non-finite values among n floats. */

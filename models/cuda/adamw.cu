@@ -57,9 +57,9 @@ extern "C" cudaError_t mt_cuda_adamw(float *param, const float *grad, float *m, 
     float one_minus_b1 = (float)(1.0 - (double)beta1), one_minus_b2 = (float)(1.0 - (double)beta2);
     cudaStream_t s = (cudaStream_t)stream;
     unsigned g = mt_cu_blocks(n, 256, 132 * 16);
-    MT_CU_DISPATCH(lowp_dt, L, adamw_kernel<L><<<g, 256, 0, s>>>(
-                                   param, grad, m, v, n, step_size, bc2_sqrt, decay, weight_decay != 0.0f,
-                                   one_minus_b1, beta2, one_minus_b2, eps, grad_scale, grad_scale_dev, skip,
-                                   (L *)lowp));
+    MT_CU_DISPATCH(lowp_dt, L,
+                   adamw_kernel<L><<<g, 256, 0, s>>>(param, grad, m, v, n, step_size, bc2_sqrt, decay,
+                                                     weight_decay != 0.0f, one_minus_b1, beta2, one_minus_b2, eps,
+                                                     grad_scale, grad_scale_dev, skip, (L *)lowp));
     return cudaGetLastError();
 }

@@ -17,13 +17,13 @@
  * shuffles. Shared-memory rows are stored as SPLIT parts of 32 floats padded to 33, so the group's parts
  * fall in different banks. */
 template <int HSM> struct attn_cfg {
-    static constexpr int SPLIT = HSM / 32;          /* threads per row */
-    static constexpr int ROWS = 64;                 /* rows (queries or keys) owned per block */
+    static constexpr int SPLIT = HSM / 32; /* threads per row */
+    static constexpr int ROWS = 64;        /* rows (queries or keys) owned per block */
     static constexpr int THREADS = ROWS * SPLIT;
     static constexpr int BK = HSM <= 64 ? 64 : 32; /* key rows per shared-memory tile (forward, dQ) */
-    static constexpr int BQT = 16;                  /* query rows per shared-memory tile (dK, dV) */
-    static constexpr int LD = SPLIT * 33;           /* padded shared-memory row */
-    static constexpr int CH = 8;                    /* keys per online-softmax update */
+    static constexpr int BQT = 16;                 /* query rows per shared-memory tile (dK, dV) */
+    static constexpr int LD = SPLIT * 33;          /* padded shared-memory row */
+    static constexpr int CH = 8;                   /* keys per online-softmax update */
 };
 
 __device__ __forceinline__ int pad_idx(int d) {
@@ -231,8 +231,8 @@ static __global__ void __launch_bounds__(attn_cfg<HSM>::THREADS)
 /* dQ of query i (SPLIT threads per query), over keys j <= i in tiles: dQ_i += scale sum_j dS_ij k_j. */
 template <typename T, int HSM>
 static __global__ void __launch_bounds__(attn_cfg<HSM>::THREADS)
-    attention_backward_dq_kernel(T *dqkv, const T *qkv, const T *dout, const float *lse, const float *Dv, int T_,
-                                 int C, int NH, int hs, float scale) {
+    attention_backward_dq_kernel(T *dqkv, const T *qkv, const T *dout, const float *lse, const float *Dv, int T_, int C,
+                                 int NH, int hs, float scale) {
     typedef attn_cfg<HSM> cfg;
     __shared__ float Ks[cfg::BK * cfg::LD], Vs[cfg::BK * cfg::LD];
     int part = threadIdx.x % cfg::SPLIT, d0 = part * 32;
@@ -348,18 +348,18 @@ static __global__ void attention_plain_forward_kernel(T *out, float *att, float 
 
 /* ======================================== launchers ======================================== */
 
-#define ATTN_DISPATCH_HS(hs, HSM, ...)    \
-    do {                                  \
-        if ((hs) <= 32) {                 \
-            constexpr int HSM = 32;       \
-            __VA_ARGS__;                  \
-        } else if ((hs) <= 64) {          \
-            constexpr int HSM = 64;       \
-            __VA_ARGS__;                  \
-        } else {                          \
-            constexpr int HSM = 128;      \
-            __VA_ARGS__;                  \
-        }                                 \
+#define ATTN_DISPATCH_HS(hs, HSM, ...)                                                                                 \
+    do {                                                                                                               \
+        if ((hs) <= 32) {                                                                                              \
+            constexpr int HSM = 32;                                                                                    \
+            __VA_ARGS__;                                                                                               \
+        } else if ((hs) <= 64) {                                                                                       \
+            constexpr int HSM = 64;                                                                                    \
+            __VA_ARGS__;                                                                                               \
+        } else {                                                                                                       \
+            constexpr int HSM = 128;                                                                                   \
+            __VA_ARGS__;                                                                                               \
+        }                                                                                                              \
     } while (0)
 
 static void attn_check(const void *qkv, int B, int T, int C, int NH) {
@@ -395,10 +395,10 @@ extern "C" cudaError_t mt_cuda_attention_backward(void *dqkv, const void *dout, 
     float scale = 1.0f / sqrtf((float)hs);
     cudaStream_t s = (cudaStream_t)stream;
     size_t rows = (size_t)B * NH * T;
-    MT_CU_DISPATCH(dt, E, attention_backward_d_kernel<E><<<mt_cu_blocks(rows, 256), 256, 0, s>>>(
-                              scratch, (const E *)dout, (const E *)out, B, T, C, NH, hs));
     MT_CU_DISPATCH(dt, E,
-                   ATTN_DISPATCH_HS(hs, HSM, {
+                   attention_backward_d_kernel<E>
+                   <<<mt_cu_blocks(rows, 256), 256, 0, s>>>(scratch, (const E *)dout, (const E *)out, B, T, C, NH, hs));
+    MT_CU_DISPATCH(dt, E, ATTN_DISPATCH_HS(hs, HSM, {
                        typedef attn_cfg<HSM> cfg;
                        dim3 g((unsigned)((T + cfg::ROWS - 1) / cfg::ROWS), (unsigned)NH, (unsigned)B);
                        attention_backward_dkv_kernel<E, HSM><<<g, cfg::THREADS, 0, s>>>(
@@ -409,8 +409,8 @@ extern "C" cudaError_t mt_cuda_attention_backward(void *dqkv, const void *dout, 
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t mt_cuda_attention_plain_forward(void *out, float *att, float *lse, const void *qkv, int B,
-                                                       int T, int C, int NH, int dt, void *stream) {
+extern "C" cudaError_t mt_cuda_attention_plain_forward(void *out, float *att, float *lse, const void *qkv, int B, int T,
+                                                       int C, int NH, int dt, void *stream) {
     attn_check(qkv, B, T, C, NH);
     MT_CU_CHECK_SHAPE(out && att && lse);
     int hs = C / NH;

@@ -6,31 +6,27 @@
 
 /* ======================================== kernels ======================================== */
 
-template <typename T>
-static __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n) {
+template <typename T> static __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         out[i] = from_f32<T>(gelu_f(to_f32(inp[i])));
     }
 }
 
 /* dinp += gelu'(x) dout, gelu'(x) = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) K (1 + 3 0.044715 x^2) */
-template <typename T>
-static __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n) {
+template <typename T> static __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float d = gelu_grad_f(to_f32(inp[i])) * to_f32(dout[i]);
         dinp[i] = from_f32<T>(to_f32(dinp[i]) + d);
     }
 }
 
-template <typename T>
-static __global__ void residual_forward_kernel(T *out, const T *a, const T *b, size_t n) {
+template <typename T> static __global__ void residual_forward_kernel(T *out, const T *a, const T *b, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));
     }
 }
 
-template <typename T>
-static __global__ void residual_backward_kernel(T *da, T *db, const T *dout, size_t n) {
+template <typename T> static __global__ void residual_backward_kernel(T *da, T *db, const T *dout, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float d = to_f32(dout[i]);
         if (da) {
@@ -42,15 +38,13 @@ static __global__ void residual_backward_kernel(T *da, T *db, const T *dout, siz
     }
 }
 
-template <typename D, typename S>
-static __global__ void convert_kernel(D *dst, const S *src, size_t n, float scale) {
+template <typename D, typename S> static __global__ void convert_kernel(D *dst, const S *src, size_t n, float scale) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         dst[i] = from_f32<D>(to_f32(src[i]) * scale);
     }
 }
 
-template <typename T>
-static __global__ void check_finite_kernel(int *flag, const T *x, size_t n) {
+template <typename T> static __global__ void check_finite_kernel(int *flag, const T *x, size_t n) {
     int bad = 0;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         bad |= !isfinite(to_f32(x[i]));
@@ -125,8 +119,8 @@ enum { EW_THREADS = 256 };
 extern "C" cudaError_t mt_cuda_gelu_forward(void *out, const void *inp, size_t n, int dt, void *stream) {
     MT_CU_CHECK_SHAPE(out && inp);
     cudaStream_t s = (cudaStream_t)stream;
-    MT_CU_DISPATCH(dt, T, gelu_forward_kernel<T><<<mt_cu_blocks(n, EW_THREADS), EW_THREADS, 0, s>>>(
-                              (T *)out, (const T *)inp, n));
+    MT_CU_DISPATCH(
+        dt, T, gelu_forward_kernel<T><<<mt_cu_blocks(n, EW_THREADS), EW_THREADS, 0, s>>>((T *)out, (const T *)inp, n));
     return cudaGetLastError();
 }
 
@@ -134,8 +128,9 @@ extern "C" cudaError_t mt_cuda_gelu_backward(void *dinp, const void *inp, const 
                                              void *stream) {
     MT_CU_CHECK_SHAPE(dinp && inp && dout);
     cudaStream_t s = (cudaStream_t)stream;
-    MT_CU_DISPATCH(dt, T, gelu_backward_kernel<T><<<mt_cu_blocks(n, EW_THREADS), EW_THREADS, 0, s>>>(
-                              (T *)dinp, (const T *)inp, (const T *)dout, n));
+    MT_CU_DISPATCH(dt, T,
+                   gelu_backward_kernel<T>
+                   <<<mt_cu_blocks(n, EW_THREADS), EW_THREADS, 0, s>>>((T *)dinp, (const T *)inp, (const T *)dout, n));
     return cudaGetLastError();
 }
 
@@ -143,20 +138,21 @@ extern "C" cudaError_t mt_cuda_residual_forward(void *out, const void *a, const 
                                                 void *stream) {
     MT_CU_CHECK_SHAPE(out && a && b);
     cudaStream_t s = (cudaStream_t)stream;
-    MT_CU_DISPATCH(dt, T, residual_forward_kernel<T><<<mt_cu_blocks(n, EW_THREADS), EW_THREADS, 0, s>>>(
-                              (T *)out, (const T *)a, (const T *)b, n));
+    MT_CU_DISPATCH(dt, T,
+                   residual_forward_kernel<T>
+                   <<<mt_cu_blocks(n, EW_THREADS), EW_THREADS, 0, s>>>((T *)out, (const T *)a, (const T *)b, n));
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t mt_cuda_residual_backward(void *da, void *db, const void *dout, size_t n, int dt,
-                                                 void *stream) {
+extern "C" cudaError_t mt_cuda_residual_backward(void *da, void *db, const void *dout, size_t n, int dt, void *stream) {
     MT_CU_CHECK_SHAPE(dout);
     if (!da && !db) {
         return cudaSuccess;
     }
     cudaStream_t s = (cudaStream_t)stream;
-    MT_CU_DISPATCH(dt, T, residual_backward_kernel<T><<<mt_cu_blocks(n, EW_THREADS), EW_THREADS, 0, s>>>(
-                              (T *)da, (T *)db, (const T *)dout, n));
+    MT_CU_DISPATCH(dt, T,
+                   residual_backward_kernel<T>
+                   <<<mt_cu_blocks(n, EW_THREADS), EW_THREADS, 0, s>>>((T *)da, (T *)db, (const T *)dout, n));
     return cudaGetLastError();
 }
 
@@ -165,17 +161,17 @@ extern "C" cudaError_t mt_cuda_convert(void *dst, int dst_dt, const void *src, i
     MT_CU_CHECK_SHAPE(dst && src);
     cudaStream_t s = (cudaStream_t)stream;
     unsigned g = mt_cu_blocks(n, EW_THREADS);
-    MT_CU_DISPATCH(dst_dt, D,
-                   MT_CU_DISPATCH(src_dt, S,
-                                  convert_kernel<D, S><<<g, EW_THREADS, 0, s>>>((D *)dst, (const S *)src, n, scale)));
+    MT_CU_DISPATCH(
+        dst_dt, D,
+        MT_CU_DISPATCH(src_dt, S, convert_kernel<D, S><<<g, EW_THREADS, 0, s>>>((D *)dst, (const S *)src, n, scale)));
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t mt_cuda_check_finite(int *flag, const void *x, size_t n, int dt, void *stream) {
     MT_CU_CHECK_SHAPE(flag && x);
     cudaStream_t s = (cudaStream_t)stream;
-    MT_CU_DISPATCH(dt, T, check_finite_kernel<T><<<mt_cu_blocks(n, EW_THREADS, 4096), EW_THREADS, 0, s>>>(
-                              flag, (const T *)x, n));
+    MT_CU_DISPATCH(
+        dt, T, check_finite_kernel<T><<<mt_cu_blocks(n, EW_THREADS, 4096), EW_THREADS, 0, s>>>(flag, (const T *)x, n));
     return cudaGetLastError();
 }
 

@@ -7,8 +7,8 @@
 /* ======================================== kernels ======================================== */
 
 template <typename T>
-static __global__ void embedding_forward_kernel(T *out, const int32_t *tokens, const T *wte, const T *wpe, int B, int T_,
-                                                int C) {
+static __global__ void embedding_forward_kernel(T *out, const int32_t *tokens, const T *wte, const T *wpe, int B,
+                                                int T_, int C) {
     size_t n = (size_t)B * T_ * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t bt = i / C;
@@ -54,8 +54,9 @@ extern "C" cudaError_t mt_cuda_embedding_forward(void *out, const int32_t *token
     MT_CU_CHECK_SHAPE(B > 0 && T > 0 && C > 0 && out && tokens && wte);
     cudaStream_t s = (cudaStream_t)stream;
     size_t n = (size_t)B * T * C;
-    MT_CU_DISPATCH(dt, E, embedding_forward_kernel<E><<<mt_cu_blocks(n, EMB_THREADS), EMB_THREADS, 0, s>>>(
-                              (E *)out, tokens, (const E *)wte, (const E *)wpe, B, T, C));
+    MT_CU_DISPATCH(dt, E,
+                   embedding_forward_kernel<E><<<mt_cu_blocks(n, EMB_THREADS), EMB_THREADS, 0, s>>>(
+                       (E *)out, tokens, (const E *)wte, (const E *)wpe, B, T, C));
     return cudaGetLastError();
 }
 
@@ -65,13 +66,15 @@ extern "C" cudaError_t mt_cuda_embedding_backward(float *dwte, float *dwpe, cons
     cudaStream_t s = (cudaStream_t)stream;
     if (dwpe) {
         size_t n = (size_t)T * C;
-        MT_CU_DISPATCH(dt, E, embedding_backward_wpe_kernel<E><<<mt_cu_blocks(n, EMB_THREADS), EMB_THREADS, 0, s>>>(
-                                  dwpe, (const E *)dout, B, T, C));
+        MT_CU_DISPATCH(dt, E,
+                       embedding_backward_wpe_kernel<E>
+                       <<<mt_cu_blocks(n, EMB_THREADS), EMB_THREADS, 0, s>>>(dwpe, (const E *)dout, B, T, C));
     }
     if (dwte) {
         size_t n = (size_t)B * T * C;
-        MT_CU_DISPATCH(dt, E, embedding_backward_wte_kernel<E><<<mt_cu_blocks(n, EMB_THREADS), EMB_THREADS, 0, s>>>(
-                                  dwte, (const E *)dout, tokens, B * T, C));
+        MT_CU_DISPATCH(dt, E,
+                       embedding_backward_wte_kernel<E>
+                       <<<mt_cu_blocks(n, EMB_THREADS), EMB_THREADS, 0, s>>>(dwte, (const E *)dout, tokens, B * T, C));
     }
     return cudaGetLastError();
 }

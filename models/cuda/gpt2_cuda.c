@@ -17,11 +17,12 @@
 enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, NBP };
 #define BLOCK0 2
 #define MAX_BUFS 64
+#define PROF_MARKS 1024
 
 typedef struct {
     void *ln1, *qkv, *atty, *r2, *ln2, *fch, *fch_gelu; /* (N,C) (N,3C) (N,C) (N,C) (N,C) (N,4C) (N,4C) */
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;    /* (N) */
-    float *lse;                                          /* (B,NH,T) */
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;   /* (N) */
+    float *lse;                                         /* (B,NH,T) */
 } layer_acts_t;
 
 struct mt_gpt2_cuda {
@@ -49,11 +50,17 @@ struct mt_gpt2_cuda {
     int *found_inf;
     int32_t *tokens_d, *targets_d, *pinned;
     mt_loss_scaler_t scaler;
-    int64_t t;           /* AdamW steps taken */
-    bool stepped;        /* a step is pending its result */
+    int64_t t;    /* AdamW steps taken */
+    bool stepped; /* a step is pending its result */
     size_t act_bytes;
     void *bufs[MAX_BUFS]; /* device buffers to free, with sub-allocations carved from them */
     int n_bufs;
+    bool prof;                   /* per-kernel timing on */
+    cudaEvent_t *marks;          /* PROF_MARKS events, recorded after each launch */
+    int8_t mark_cat[PROF_MARKS]; /* category of the launch each mark ends; -1 = a start mark */
+    int n_marks;
+    double prof_ms[MT_GPT2_PROF_COUNT];
+    int64_t prof_steps;
 };
 
 static mt_status_t dalloc(mt_gpt2_cuda_t g, void **p, size_t bytes, mt_mem_cat_t cat, const char *owner) {
@@ -75,8 +82,9 @@ static void *carve(char **cursor, size_t bytes) {
 
 static size_t layer_bytes(mt_gpt2_cuda_t g) {
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es, r = 0;
-    size_t sizes[] = {N * C * es,     3 * N * C * es, N * C * es, N * C * es, N * C * es, 4 * N * C * es,
-                      4 * N * C * es, N * 4,          N * 4,      N * 4,      N * 4,      (size_t)g->B * g->NH * g->T * 4};
+    size_t sizes[] = {N * C * es, 3 * N * C * es, N * C * es,     N * C * es,
+                      N * C * es, 4 * N * C * es, 4 * N * C * es, N * 4,
+                      N * 4,      N * 4,          N * 4,          (size_t)g->B * g->NH * g->T * 4};
     for (size_t i = 0; i < MT_ARRAY_LEN(sizes); i++) {
         r += MT_DIV_UP(sizes[i], 256) * 256;
     }
@@ -152,9 +160,10 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         const mt_param_t *pp = mt_model_param(m, i);
         g->offs[i] = pp->offset;
         g->decay[i] = pp->is_weight2d;
-        MT_CHECK_GOTO(mt_cuda_status(cudaMemcpy(g->master + pp->offset, pp->data, pp->numel * 4, cudaMemcpyHostToDevice),
-                                     "upload parameters"),
-                      st, fail);
+        MT_CHECK_GOTO(
+            mt_cuda_status(cudaMemcpy(g->master + pp->offset, pp->data, pp->numel * 4, cudaMemcpyHostToDevice),
+                           "upload parameters"),
+            st, fail);
     }
     if (g->dt == MT_CU_F32) {
         g->wc = g->master;
@@ -259,6 +268,12 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
     if (g->stream) {
         cudaStreamDestroy(g->stream);
     }
+    if (g->marks) {
+        for (int i = 0; i < PROF_MARKS; i++) {
+            cudaEventDestroy(g->marks[i]);
+        }
+        mt_free(g->marks);
+    }
     mt_free(g->offs);
     mt_free(g->decay);
     mt_free(g->la);
@@ -270,7 +285,68 @@ mt_status_t mt_gpt2_cuda_zero_grads(mt_gpt2_cuda_t g) {
 }
 
 #define CK(call) MT_CHECK(mt_cuda_status((call), #call))
-#define RES(l) ((void *)((char *)g->resid + (size_t)(l) * MT_DIV_UP((size_t)g->N * g->C * g->es, 256) * 256))
+
+/* Records the end of a launch of category cat (or, cat < 0, the start of a timed stretch). */
+static mt_status_t prof_mark(mt_gpt2_cuda_t g, int cat) {
+    if (!g->prof || g->n_marks >= PROF_MARKS) {
+        return MT_OK;
+    }
+    g->mark_cat[g->n_marks] = (int8_t)cat;
+    CK(cudaEventRecord(g->marks[g->n_marks], g->stream));
+    g->n_marks++;
+    return MT_OK;
+}
+#define OP(cat, call)                                                                                                  \
+    do {                                                                                                               \
+        CK(call);                                                                                                      \
+        MT_CHECK(prof_mark(g, MT_GPT2_##cat));                                                                         \
+    } while (0)
+#define MT_GPT2_PROF_START (-1)
+
+static const char *prof_names[MT_GPT2_PROF_COUNT] = {"matmul fwd",    "matmul bwd",    "layernorm fwd", "layernorm bwd",
+                                                     "attention fwd", "attention bwd", "gelu",          "embedding",
+                                                     "softmax+ce",    "optimizer",     "memset/copy"};
+
+const char *mt_gpt2_prof_name(mt_gpt2_prof_t c) {
+    return (unsigned)c < MT_GPT2_PROF_COUNT ? prof_names[c] : "?";
+}
+
+mt_status_t mt_gpt2_cuda_set_profile(mt_gpt2_cuda_t g, bool on) {
+    if (on && !g->marks) {
+        g->marks = mt_calloc(PROF_MARKS * sizeof(cudaEvent_t), MT_MEM_OTHER, "gpt2_cuda profile events");
+        if (!g->marks) {
+            return mt_error(MT_ERR_OOM, "gpt2_cuda: no memory for profile events");
+        }
+        for (int i = 0; i < PROF_MARKS; i++) {
+            CK(cudaEventCreate(&g->marks[i]));
+        }
+    }
+    g->prof = on;
+    g->n_marks = 0;
+    return MT_OK;
+}
+
+void mt_gpt2_cuda_profile(mt_gpt2_cuda_t g, double *ms, int64_t *steps) {
+    memcpy(ms, g->prof_ms, sizeof(g->prof_ms));
+    *steps = g->prof_steps;
+}
+
+/* After a synchronisation: adds every launch's time to its category and clears the marks. */
+static mt_status_t prof_collect(mt_gpt2_cuda_t g) {
+    for (int k = 1; k < g->n_marks; k++) {
+        if (g->mark_cat[k] >= 0) {
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, g->marks[k - 1], g->marks[k]));
+            g->prof_ms[g->mark_cat[k]] += ms;
+        }
+    }
+    if (g->n_marks > 0) {
+        g->prof_steps++;
+    }
+    g->n_marks = 0;
+    return MT_OK;
+}
+#define RES(l) ((void *)((char *)g->resid + (size_t)(l)*MT_DIV_UP((size_t)g->N * g->C * g->es, 256) * 256))
 
 mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const int32_t *targets) {
     int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt;
@@ -291,46 +367,52 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     CK(cudaMemcpyAsync(g->tokens_d, g->pinned, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
     CK(cudaMemcpyAsync(g->targets_d, g->pinned + N, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
     CK(cudaEventRecord(g->copied, g->stream));
-    CK(mt_cuda_embedding_forward(RES(0), g->tokens_d, W(0), W(1), B, T, C, dt, s));
+    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    OP(PROF_EMBED, mt_cuda_embedding_forward(RES(0), g->tokens_d, W(0), W(1), B, T, C, dt, s));
     int pf = BLOCK0 + L * NBP; /* ln_f */
     if (L == 0) {
-        CK(mt_cuda_layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, RES(0), W(pf), W(pf + 1), N, C, dt, s));
+        OP(PROF_LN_FWD,
+           mt_cuda_layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, RES(0), W(pf), W(pf + 1), N, C, dt, s));
     }
     for (int l = 0; l < L; l++) {
         layer_acts_t *a = &g->la[l];
         int p = BLOCK0 + l * NBP;
         if (l == 0) { /* later blocks get ln_1 from the previous block's fused residual + LayerNorm */
-            CK(mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(0), W(p + LN1W), W(p + LN1B), N, C, dt,
-                                         s));
+            OP(PROF_LN_FWD, mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(0), W(p + LN1W),
+                                                      W(p + LN1B), N, C, dt, s));
         }
-        CK(mt_cuda_matmul_forward(g->ctx, a->qkv, 3 * C, NULL, a->ln1, W(p + QKVW), W(p + QKVB), N, C, 3 * C, dt, s));
-        CK(mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, C, g->NH, dt, s));
-        CK(mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->atty, W(p + PROJW), W(p + PROJB), N, C, C, dt, s));
-        CK(mt_cuda_residual_layernorm_forward(a->r2, a->ln2, a->ln2_mean, a->ln2_rstd, g->tmp_c, RES(l), W(p + LN2W),
-                                              W(p + LN2B), N, C, dt, s));
+        OP(PROF_MATMUL_FWD,
+           mt_cuda_matmul_forward(g->ctx, a->qkv, 3 * C, NULL, a->ln1, W(p + QKVW), W(p + QKVB), N, C, 3 * C, dt, s));
+        OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, C, g->NH, dt, s));
+        OP(PROF_MATMUL_FWD,
+           mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->atty, W(p + PROJW), W(p + PROJB), N, C, C, dt, s));
+        OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, a->ln2, a->ln2_mean, a->ln2_rstd, g->tmp_c, RES(l),
+                                                           W(p + LN2W), W(p + LN2B), N, C, dt, s));
         if (g->p.fused_gelu) {
-            CK(mt_cuda_matmul_forward(g->ctx, a->fch_gelu, 4 * C, a->fch, a->ln2, W(p + FCW), W(p + FCB), N, C, 4 * C,
-                                      dt, s));
+            OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, a->fch_gelu, 4 * C, a->fch, a->ln2, W(p + FCW),
+                                                       W(p + FCB), N, C, 4 * C, dt, s));
         } else {
-            CK(mt_cuda_matmul_forward(g->ctx, a->fch, 4 * C, NULL, a->ln2, W(p + FCW), W(p + FCB), N, C, 4 * C, dt, s));
-            CK(mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C, dt, s));
+            OP(PROF_MATMUL_FWD,
+               mt_cuda_matmul_forward(g->ctx, a->fch, 4 * C, NULL, a->ln2, W(p + FCW), W(p + FCB), N, C, 4 * C, dt, s));
+            OP(PROF_GELU, mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C, dt, s));
         }
-        CK(mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->fch_gelu, W(p + FCPW), W(p + FCPB), N, 4 * C, C, dt,
-                                  s));
+        OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->fch_gelu, W(p + FCPW), W(p + FCPB), N,
+                                                   4 * C, C, dt, s));
         if (l + 1 < L) {
             layer_acts_t *nx = &g->la[l + 1];
             int pn = p + NBP;
-            CK(mt_cuda_residual_layernorm_forward(RES(l + 1), nx->ln1, nx->ln1_mean, nx->ln1_rstd, g->tmp_c, a->r2,
+            OP(PROF_LN_FWD,
+               mt_cuda_residual_layernorm_forward(RES(l + 1), nx->ln1, nx->ln1_mean, nx->ln1_rstd, g->tmp_c, a->r2,
                                                   W(pn + LN1W), W(pn + LN1B), N, C, dt, s));
         } else {
-            CK(mt_cuda_residual_layernorm_forward(RES(L), g->lnf, g->lnf_mean, g->lnf_rstd, g->tmp_c, a->r2, W(pf),
-                                                  W(pf + 1), N, C, dt, s));
+            OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(RES(L), g->lnf, g->lnf_mean, g->lnf_rstd, g->tmp_c,
+                                                               a->r2, W(pf), W(pf + 1), N, C, dt, s));
         }
     }
     /* logits (N, Vp): the V real columns; padded columns are never read */
-    CK(mt_cuda_matmul_forward(g->ctx, g->logits, g->Vp, NULL, g->lnf, W(0), NULL, N, C, g->V, dt, s));
-    CK(mt_cuda_softmax_ce_forward(g->losses, g->lse_ce, g->mean_loss, g->n_valid, g->logits, g->targets_d, N, g->V,
-                                  g->Vp, dt, s));
+    OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->logits, g->Vp, NULL, g->lnf, W(0), NULL, N, C, g->V, dt, s));
+    OP(PROF_CE, mt_cuda_softmax_ce_forward(g->losses, g->lse_ce, g->mean_loss, g->n_valid, g->logits, g->targets_d, N,
+                                           g->V, g->Vp, dt, s));
     return MT_OK;
 }
 
@@ -341,43 +423,46 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     cudaStream_t cs = g->stream;
     int pf = BLOCK0 + L * NBP;
     float scale = loss_grad_scale * mt_loss_scaler_scale(&g->scaler);
+    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
     /* head: dlogits in place, dlnf = dlogits @ wte (and dwte += dlogits^T lnf), ln_f backward */
-    CK(mt_cuda_softmax_ce_backward(g->logits, g->logits, g->lse_ce, g->targets_d, g->n_valid, N, g->V, g->Vp, scale,
-                                   dt, s));
-    CK(cudaMemsetAsync(g->da, 0, NC * es, cs));
-    CK(mt_cuda_matmul_backward(g->ctx, g->da, G(0), NULL, g->logits, g->Vp, g->lnf, W(0), N, C, g->V, dt, NULL, s));
-    CK(cudaMemsetAsync(g->dresid, 0, NC * es, cs));
-    CK(mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->lnf_mean, g->lnf_rstd, N, C,
-                                  dt, g->ln_scratch, s));
+    OP(PROF_CE, mt_cuda_softmax_ce_backward(g->logits, g->logits, g->lse_ce, g->targets_d, g->n_valid, N, g->V, g->Vp,
+                                            scale, dt, s));
+    OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
+    OP(PROF_MATMUL_BWD,
+       mt_cuda_matmul_backward(g->ctx, g->da, G(0), NULL, g->logits, g->Vp, g->lnf, W(0), N, C, g->V, dt, NULL, s));
+    OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, NC * es, cs));
+    OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->lnf_mean,
+                                               g->lnf_rstd, N, C, dt, g->ln_scratch, s));
     for (int l = L - 1; l >= 0; l--) {
         layer_acts_t *a = &g->la[l];
         int p = BLOCK0 + l * NBP;
         /* MLP branch: x_{l+1} = r2 + fcproj(gelu(fc(ln2(r2)))); dresid holds d x_{l+1} */
-        CK(cudaMemsetAsync(g->dfg, 0, 4 * NC * es, cs));
-        CK(mt_cuda_matmul_backward(g->ctx, g->dfg, G(p + FCPW), G(p + FCPB), g->dresid, C, a->fch_gelu, W(p + FCPW), N,
-                                   4 * C, C, dt, g->col_scratch, s));
-        CK(cudaMemsetAsync(g->dfc, 0, 4 * NC * es, cs));
-        CK(mt_cuda_gelu_backward(g->dfc, a->fch, g->dfg, 4 * NC, dt, s));
-        CK(cudaMemsetAsync(g->da, 0, NC * es, cs));
-        CK(mt_cuda_matmul_backward(g->ctx, g->da, G(p + FCW), G(p + FCB), g->dfc, 4 * C, a->ln2, W(p + FCW), N, C,
-                                   4 * C, dt, g->col_scratch, s));
-        CK(mt_cuda_layernorm_backward(g->dresid, G(p + LN2W), G(p + LN2B), g->da, a->r2, W(p + LN2W), a->ln2_mean,
-                                      a->ln2_rstd, N, C, dt, g->ln_scratch, s));
+        OP(PROF_OTHER, cudaMemsetAsync(g->dfg, 0, 4 * NC * es, cs));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->dfg, G(p + FCPW), G(p + FCPB), g->dresid, C, a->fch_gelu,
+                                                    W(p + FCPW), N, 4 * C, C, dt, g->col_scratch, s));
+        OP(PROF_OTHER, cudaMemsetAsync(g->dfc, 0, 4 * NC * es, cs));
+        OP(PROF_GELU, mt_cuda_gelu_backward(g->dfc, a->fch, g->dfg, 4 * NC, dt, s));
+        OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->da, G(p + FCW), G(p + FCB), g->dfc, 4 * C, a->ln2,
+                                                    W(p + FCW), N, C, 4 * C, dt, g->col_scratch, s));
+        OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(p + LN2W), G(p + LN2B), g->da, a->r2, W(p + LN2W),
+                                                   a->ln2_mean, a->ln2_rstd, N, C, dt, g->ln_scratch, s));
         /* attention branch: r2 = x_l + proj(attn(qkv(ln1(x_l)))); dresid now holds d r2 */
-        CK(cudaMemsetAsync(g->da, 0, NC * es, cs));
-        CK(mt_cuda_matmul_backward(g->ctx, g->da, G(p + PROJW), G(p + PROJB), g->dresid, C, a->atty, W(p + PROJW), N, C,
-                                   C, dt, g->col_scratch, s));
+        OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->da, G(p + PROJW), G(p + PROJB), g->dresid, C, a->atty,
+                                                    W(p + PROJW), N, C, C, dt, g->col_scratch, s));
         void *dqkv = g->dfg; /* (N,3C) fits in (N,4C) */
-        CK(cudaMemsetAsync(dqkv, 0, 3 * NC * es, cs));
-        CK(mt_cuda_attention_backward(dqkv, g->da, a->qkv, a->atty, a->lse, B, T, C, g->NH, dt, g->attn_scratch, s));
+        OP(PROF_OTHER, cudaMemsetAsync(dqkv, 0, 3 * NC * es, cs));
+        OP(PROF_ATTN_BWD,
+           mt_cuda_attention_backward(dqkv, g->da, a->qkv, a->atty, a->lse, B, T, C, g->NH, dt, g->attn_scratch, s));
         void *dln1 = g->dfc;
-        CK(cudaMemsetAsync(dln1, 0, NC * es, cs));
-        CK(mt_cuda_matmul_backward(g->ctx, dln1, G(p + QKVW), G(p + QKVB), dqkv, 3 * C, a->ln1, W(p + QKVW), N, C,
-                                   3 * C, dt, g->col_scratch, s));
-        CK(mt_cuda_layernorm_backward(g->dresid, G(p + LN1W), G(p + LN1B), dln1, RES(l), W(p + LN1W), a->ln1_mean,
-                                      a->ln1_rstd, N, C, dt, g->ln_scratch, s));
+        OP(PROF_OTHER, cudaMemsetAsync(dln1, 0, NC * es, cs));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, dln1, G(p + QKVW), G(p + QKVB), dqkv, 3 * C, a->ln1,
+                                                    W(p + QKVW), N, C, 3 * C, dt, g->col_scratch, s));
+        OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(p + LN1W), G(p + LN1B), dln1, RES(l), W(p + LN1W),
+                                                   a->ln1_mean, a->ln1_rstd, N, C, dt, g->ln_scratch, s));
     }
-    CK(mt_cuda_embedding_backward(G(0), G(1), g->dresid, g->tokens_d, B, T, C, dt, s));
+    OP(PROF_EMBED, mt_cuda_embedding_backward(G(0), G(1), g->dresid, g->tokens_d, B, T, C, dt, s));
     return MT_OK;
 }
 
@@ -390,13 +475,14 @@ mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, flo
     }
     void *s = g->stream;
     const int *skip = NULL;
+    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
     if (g->scaler.dynamic) {
-        CK(cudaMemsetAsync(g->found_inf, 0, sizeof(int), g->stream));
-        CK(mt_cuda_check_finite(g->found_inf, g->grads, g->numel, MT_CU_F32, s));
+        OP(PROF_OTHER, cudaMemsetAsync(g->found_inf, 0, sizeof(int), g->stream));
+        OP(PROF_OPT, mt_cuda_check_finite(g->found_inf, g->grads, g->numel, MT_CU_F32, s));
         skip = g->found_inf;
     }
-    CK(mt_cuda_sumsq(g->sumsq, g->grads, g->numel, g->sumsq_scratch, s));
-    CK(mt_cuda_clip_coef(g->coef, g->norm, g->sumsq, max_norm, mt_loss_scaler_inv_scale(&g->scaler), s));
+    OP(PROF_OPT, mt_cuda_sumsq(g->sumsq, g->grads, g->numel, g->sumsq_scratch, s));
+    OP(PROF_OPT, mt_cuda_clip_coef(g->coef, g->norm, g->sumsq, max_norm, mt_loss_scaler_inv_scale(&g->scaler), s));
     g->t++;
     void *lowp = g->dt == MT_CU_F32 ? NULL : g->wc;
     /* runs of consecutive parameters with the same decay flag in one launch each */
@@ -408,8 +494,8 @@ mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, flo
         size_t lo = g->offs[i], hi = j < g->n_params ? g->offs[j] : g->numel;
         float wd = g->decay[i] ? op->weight_decay : 0.0f;
         void *lp = lowp ? (char *)lowp + lo * g->es : NULL;
-        CK(mt_cuda_adamw(g->master + lo, g->grads + lo, g->adam_m + lo, g->adam_v + lo, hi - lo, lr, op->beta1,
-                         op->beta2, op->eps, wd, g->t, 1.0f, g->coef, skip, lp, g->dt, s));
+        OP(PROF_OPT, mt_cuda_adamw(g->master + lo, g->grads + lo, g->adam_m + lo, g->adam_v + lo, hi - lo, lr,
+                                   op->beta1, op->beta2, op->eps, wd, g->t, 1.0f, g->coef, skip, lp, g->dt, s));
         i = j;
     }
     g->stepped = true;
@@ -418,6 +504,7 @@ mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, flo
 
 mt_status_t mt_gpt2_cuda_step_result(mt_gpt2_cuda_t g, mt_gpt2_cuda_result_t *r) {
     CK(cudaStreamSynchronize(g->stream));
+    MT_CHECK(prof_collect(g));
     int found = 0;
     CK(cudaMemcpy(&r->loss, g->mean_loss, 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(&r->grad_norm, g->norm, 4, cudaMemcpyDeviceToHost));

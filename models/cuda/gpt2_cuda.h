@@ -25,10 +25,10 @@ typedef struct {
     bool fused_gelu;      /* the fc layer's GELU in the cuBLASLt epilogue (default true) */
 } mt_gpt2_cuda_params_t;
 
-#define MT_GPT2_CUDA_PARAMS_INIT                                                                              \
-    {                                                                                                         \
-        .size = sizeof(mt_gpt2_cuda_params_t), .prec = MT_PREC_FP32, .B = 4, .T = 64, .init_scale = 65536.0f, \
-        .scale_window = 1000, .fused_gelu = true                                                              \
+#define MT_GPT2_CUDA_PARAMS_INIT                                                                                       \
+    {                                                                                                                  \
+        .size = sizeof(mt_gpt2_cuda_params_t), .prec = MT_PREC_FP32, .B = 4, .T = 64, .init_scale = 65536.0f,          \
+        .scale_window = 1000, .fused_gelu = true                                                                       \
     }
 
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
@@ -75,6 +75,28 @@ mt_status_t mt_gpt2_cuda_loss(mt_gpt2_cuda_t g, float *loss);
 /* Copies the f32 gradients / master parameters (numel floats, flat layout) to host memory (waits). */
 mt_status_t mt_gpt2_cuda_get_grads(mt_gpt2_cuda_t g, float *host);
 mt_status_t mt_gpt2_cuda_get_params(mt_gpt2_cuda_t g, float *host);
+
+/* Per-kernel time breakdown: with profiling on, an event is recorded after every launch of forward,
+ * backward and step, and mt_gpt2_cuda_step_result adds each launch's time (from the previous event) to its
+ * category. Costs one event record per launch. */
+typedef enum {
+    MT_GPT2_PROF_MATMUL_FWD,
+    MT_GPT2_PROF_MATMUL_BWD,
+    MT_GPT2_PROF_LN_FWD, /* LayerNorm, fused with the residual add before it */
+    MT_GPT2_PROF_LN_BWD,
+    MT_GPT2_PROF_ATTN_FWD,
+    MT_GPT2_PROF_ATTN_BWD,
+    MT_GPT2_PROF_GELU, /* the unfused GELU forward and the GELU backward */
+    MT_GPT2_PROF_EMBED,
+    MT_GPT2_PROF_CE,    /* fused softmax + cross-entropy, forward and backward */
+    MT_GPT2_PROF_OPT,   /* inf check, norm, clip coefficient, AdamW */
+    MT_GPT2_PROF_OTHER, /* memsets and copies */
+    MT_GPT2_PROF_COUNT
+} mt_gpt2_prof_t;
+mt_status_t mt_gpt2_cuda_set_profile(mt_gpt2_cuda_t g, bool on);
+/* Milliseconds per category summed over *steps profiled steps (ms has MT_GPT2_PROF_COUNT entries). */
+void mt_gpt2_cuda_profile(mt_gpt2_cuda_t g, double *ms, int64_t *steps);
+const char *mt_gpt2_prof_name(mt_gpt2_prof_t c);
 
 /* The compute stream (cudaStream_t) every launch of g is ordered on. */
 void *mt_gpt2_cuda_stream(mt_gpt2_cuda_t g);

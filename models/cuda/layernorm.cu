@@ -54,8 +54,8 @@ static __global__ void layernorm_forward_kernel(T *res, T *out, float *mean, flo
 
 /* With xhat = (x - mean) rstd and g = dout w:  dx += rstd (g - mean(g) - xhat mean(g xhat)). */
 template <typename T>
-static __global__ void layernorm_backward_dx_kernel(T *dinp, const T *dout, const T *inp, const T *w,
-                                                    const float *mean, const float *rstd, int N, int C) {
+static __global__ void layernorm_backward_dx_kernel(T *dinp, const T *dout, const T *inp, const T *w, const float *mean,
+                                                    const float *rstd, int N, int C) {
     int row = blockIdx.x * LN_ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= N) {
         return;
@@ -108,8 +108,7 @@ static __global__ void layernorm_backward_dwdb_partial_kernel(float *partial, co
 }
 
 /* Stage 2: dw[c] += sum_y partial[y][c]; db[c] += sum_y partial[S + y][c], y in order. */
-static __global__ void layernorm_backward_dwdb_final_kernel(float *dw, float *db, const float *partial, int C,
-                                                            int S) {
+static __global__ void layernorm_backward_dwdb_final_kernel(float *dw, float *db, const float *partial, int C, int S) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) {
         return;
@@ -134,20 +133,22 @@ extern "C" cudaError_t mt_cuda_layernorm_forward(void *out, float *mean, float *
     MT_CU_CHECK_SHAPE(N > 0 && C > 0 && out && mean && rstd && inp && w && b);
     unsigned g = (unsigned)((N + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK);
     cudaStream_t s = (cudaStream_t)stream;
-    MT_CU_DISPATCH(dt, T, layernorm_forward_kernel<T, false><<<g, LN_THREADS, 0, s>>>(
-                              NULL, (T *)out, mean, rstd, (const T *)inp, NULL, (const T *)w, (const T *)b, N, C));
+    MT_CU_DISPATCH(dt, T,
+                   layernorm_forward_kernel<T, false><<<g, LN_THREADS, 0, s>>>(
+                       NULL, (T *)out, mean, rstd, (const T *)inp, NULL, (const T *)w, (const T *)b, N, C));
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t mt_cuda_residual_layernorm_forward(void *res, void *out, float *mean, float *rstd,
-                                                          const void *a, const void *b_in, const void *w,
-                                                          const void *b, int N, int C, int dt, void *stream) {
+extern "C" cudaError_t mt_cuda_residual_layernorm_forward(void *res, void *out, float *mean, float *rstd, const void *a,
+                                                          const void *b_in, const void *w, const void *b, int N, int C,
+                                                          int dt, void *stream) {
     MT_CU_CHECK_SHAPE(N > 0 && C > 0 && res && out && mean && rstd && a && b_in && w && b);
     unsigned g = (unsigned)((N + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK);
     cudaStream_t s = (cudaStream_t)stream;
-    MT_CU_DISPATCH(dt, T, layernorm_forward_kernel<T, true><<<g, LN_THREADS, 0, s>>>(
-                              (T *)res, (T *)out, mean, rstd, (const T *)a, (const T *)b_in, (const T *)w,
-                              (const T *)b, N, C));
+    MT_CU_DISPATCH(dt, T,
+                   layernorm_forward_kernel<T, true>
+                   <<<g, LN_THREADS, 0, s>>>((T *)res, (T *)out, mean, rstd, (const T *)a, (const T *)b_in,
+                                             (const T *)w, (const T *)b, N, C));
     return cudaGetLastError();
 }
 
@@ -163,14 +164,16 @@ extern "C" cudaError_t mt_cuda_layernorm_backward(void *dinp, float *dw, float *
     cudaStream_t s = (cudaStream_t)stream;
     if (dinp) {
         unsigned g = (unsigned)((N + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK);
-        MT_CU_DISPATCH(dt, T, layernorm_backward_dx_kernel<T><<<g, LN_THREADS, 0, s>>>(
-                                  (T *)dinp, (const T *)dout, (const T *)inp, (const T *)w, mean, rstd, N, C));
+        MT_CU_DISPATCH(dt, T,
+                       layernorm_backward_dx_kernel<T><<<g, LN_THREADS, 0, s>>>(
+                           (T *)dinp, (const T *)dout, (const T *)inp, (const T *)w, mean, rstd, N, C));
     }
     if (dw || db) {
         int split = (N + LN_ROWS - 1) / LN_ROWS < LN_SPLIT ? (N + LN_ROWS - 1) / LN_ROWS : LN_SPLIT;
         dim3 g1((unsigned)((C + LN_COLS - 1) / LN_COLS), (unsigned)split);
-        MT_CU_DISPATCH(dt, T, layernorm_backward_dwdb_partial_kernel<T><<<g1, LN_COLS * LN_ROWS, 0, s>>>(
-                                  scratch, (const T *)dout, (const T *)inp, mean, rstd, N, C));
+        MT_CU_DISPATCH(dt, T,
+                       layernorm_backward_dwdb_partial_kernel<T>
+                       <<<g1, LN_COLS * LN_ROWS, 0, s>>>(scratch, (const T *)dout, (const T *)inp, mean, rstd, N, C));
         layernorm_backward_dwdb_final_kernel<<<(unsigned)((C + 255) / 256), 256, 0, s>>>(dw, db, scratch, C, split);
     }
     return cudaGetLastError();

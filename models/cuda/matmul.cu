@@ -47,13 +47,13 @@ static cudaError_t cublas_fail(cublasStatus_t st, const char *what) {
     return cudaErrorUnknown;
 }
 
-#define LT_CHECK(call)                                  \
-    do {                                                \
-        cublasStatus_t lt_st_ = (call);                 \
-        if (lt_st_ != CUBLAS_STATUS_SUCCESS) {          \
-            err = cublas_fail(lt_st_, #call);           \
-            goto exit;                                  \
-        }                                               \
+#define LT_CHECK(call)                                                                                                 \
+    do {                                                                                                               \
+        cublasStatus_t lt_st_ = (call);                                                                                \
+        if (lt_st_ != CUBLAS_STATUS_SUCCESS) {                                                                         \
+            err = cublas_fail(lt_st_, #call);                                                                          \
+            goto exit;                                                                                                 \
+        }                                                                                                              \
     } while (0)
 
 /* ======================================== kernels ======================================== */
@@ -141,8 +141,7 @@ static cudaError_t lt_matmul(mt_cuda_ctx_t ctx, bool transa, bool transb, int m,
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t ad = NULL, bd = NULL, dd = NULL;
     cublasLtMatmulPreference_t pref = NULL;
-    cublasComputeType_t compute =
-        (ab_dt == MT_CU_F32 && ctx->tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cublasComputeType_t compute = (ab_dt == MT_CU_F32 && ctx->tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     cublasOperation_t ta = transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
     float alpha = 1.0f;
     int al = ptr_align(A);
@@ -193,14 +192,14 @@ static cudaError_t lt_matmul(mt_cuda_ctx_t ctx, bool transa, bool transb, int m,
         LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->ws_bytes,
                                                       sizeof(ctx->ws_bytes)));
-        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a32,
-                                                      sizeof(a32)));
-        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &a32,
-                                                      sizeof(a32)));
-        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &a32,
-                                                      sizeof(a32)));
-        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &a32,
-                                                      sizeof(a32)));
+        LT_CHECK(
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a32, sizeof(a32)));
+        LT_CHECK(
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &a32, sizeof(a32)));
+        LT_CHECK(
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &a32, sizeof(a32)));
+        LT_CHECK(
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &a32, sizeof(a32)));
         cublasLtMatmulHeuristicResult_t res;
         int nres = 0;
         cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(ctx->lt, op, ad, bd, dd, dd, pref, 1, &res, &nres);
@@ -220,8 +219,8 @@ static cudaError_t lt_matmul(mt_cuda_ctx_t ctx, bool transa, bool transb, int m,
         }
         algo = res.algo;
     }
-    LT_CHECK(cublasLtMatmul(ctx->lt, op, &alpha, A, ad, B, bd, &beta, D, dd, D, dd, &algo, ctx->ws, ctx->ws_bytes,
-                            stream));
+    LT_CHECK(
+        cublasLtMatmul(ctx->lt, op, &alpha, A, ad, B, bd, &beta, D, dd, D, dd, &algo, ctx->ws, ctx->ws_bytes, stream));
 exit:
     if (pref) {
         cublasLtMatmulPreferenceDestroy(pref);
@@ -251,16 +250,16 @@ extern "C" cudaError_t mt_cuda_matmul_forward(mt_cuda_ctx_t ctx, void *out, int 
         /* fused: pre = inp w^T + b kept in aux, out = gelu(pre); the aux matrix needs ld % 8 == 0 */
         if (OC % 8 == 0) {
             cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-            cudaError_t e = lt_matmul(ctx, true, false, OC, N, C, w, C, inp, C, out, ldo, dt, dt, 0.0f, epi, bias,
-                                      gelu_pre, OC, s);
+            cudaError_t e =
+                lt_matmul(ctx, true, false, OC, N, C, w, C, inp, C, out, ldo, dt, dt, 0.0f, epi, bias, gelu_pre, OC, s);
             if (e == cudaSuccess) {
                 return cudaGetLastError();
             }
         }
         /* unfused fallback: the product with bias into pre, then the GELU kernel */
         cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-        cudaError_t e = lt_matmul(ctx, true, false, OC, N, C, w, C, inp, C, gelu_pre, OC, dt, dt, 0.0f, epi, bias,
-                                  NULL, 0, s);
+        cudaError_t e =
+            lt_matmul(ctx, true, false, OC, N, C, w, C, inp, C, gelu_pre, OC, dt, dt, 0.0f, epi, bias, NULL, 0, s);
         if (e != cudaSuccess) {
             return e;
         }
@@ -281,15 +280,15 @@ extern "C" cudaError_t mt_cuda_colsum(float *dst, const void *src, int ld, int N
     cudaStream_t s = (cudaStream_t)stream;
     int split = (N + CS_ROWS - 1) / CS_ROWS < CS_SPLIT ? (N + CS_ROWS - 1) / CS_ROWS : CS_SPLIT;
     dim3 g1((unsigned)((OC + CS_COLS - 1) / CS_COLS), (unsigned)split);
-    MT_CU_DISPATCH(dt, T, colsum_partial_kernel<T><<<g1, CS_COLS * CS_ROWS, 0, s>>>(scratch, (const T *)src, ld, N,
-                                                                                   OC));
+    MT_CU_DISPATCH(dt, T,
+                   colsum_partial_kernel<T><<<g1, CS_COLS * CS_ROWS, 0, s>>>(scratch, (const T *)src, ld, N, OC));
     colsum_final_kernel<<<(unsigned)((OC + 255) / 256), 256, 0, s>>>(dst, scratch, OC, split);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t mt_cuda_matmul_backward(mt_cuda_ctx_t ctx, void *dinp, float *dw, float *dbias,
-                                               const void *dout, int ldo, const void *inp, const void *w, int N, int C,
-                                               int OC, int dt, float *scratch, void *stream) {
+extern "C" cudaError_t mt_cuda_matmul_backward(mt_cuda_ctx_t ctx, void *dinp, float *dw, float *dbias, const void *dout,
+                                               int ldo, const void *inp, const void *w, int N, int C, int OC, int dt,
+                                               float *scratch, void *stream) {
     MT_CU_CHECK_SHAPE(ctx && dout && N > 0 && C > 0 && OC > 0 && ldo >= OC);
     MT_CU_CHECK_SHAPE((!dinp || w) && (!dw || inp) && (!dbias || scratch));
     cudaStream_t s = (cudaStream_t)stream;

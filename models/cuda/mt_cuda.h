@@ -132,9 +132,8 @@ cudaError_t mt_cuda_attention_forward(void *out, float *lse, const void *qkv, in
 /* dqkv (B,T,3C) += gradient, recomputing the probabilities from lse tile by tile. out is the forward's
  * output; scratch: mt_cuda_attention_scratch_floats(B,T,NH) floats. Deterministic (no atomics). */
 size_t mt_cuda_attention_scratch_floats(int B, int T, int NH);
-cudaError_t mt_cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
-                                       const float *lse, int B, int T, int C, int NH, int dt, float *scratch,
-                                       void *stream);
+cudaError_t mt_cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                                       int B, int T, int C, int NH, int dt, float *scratch, void *stream);
 /* The plain version for comparison (tests, bench/): stores the probabilities att (B,NH,T,T, f32), one
  * thread per query row. Same out and lse. */
 cudaError_t mt_cuda_attention_plain_forward(void *out, float *att, float *lse, const void *qkv, int B, int T, int C,

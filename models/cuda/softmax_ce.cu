@@ -125,8 +125,9 @@ extern "C" cudaError_t mt_cuda_softmax_ce_forward(float *losses, float *lse, flo
                                                   int dt, void *stream) {
     MT_CU_CHECK_SHAPE(N > 0 && V > 0 && Vp >= V && losses && lse && mean_loss && n_valid && logits && targets);
     cudaStream_t s = (cudaStream_t)stream;
-    MT_CU_DISPATCH(dt, T, softmax_ce_forward_kernel<T><<<(unsigned)N, CE_THREADS, 0, s>>>(
-                              losses, lse, (const T *)logits, targets, V, Vp));
+    MT_CU_DISPATCH(dt, T,
+                   softmax_ce_forward_kernel<T>
+                   <<<(unsigned)N, CE_THREADS, 0, s>>>(losses, lse, (const T *)logits, targets, V, Vp));
     softmax_ce_mean_kernel<<<1, 256, 0, s>>>(mean_loss, n_valid, losses, targets, N);
     return cudaGetLastError();
 }
@@ -136,7 +137,8 @@ extern "C" cudaError_t mt_cuda_softmax_ce_backward(void *dlogits, const void *lo
                                                    float scale, int dt, void *stream) {
     MT_CU_CHECK_SHAPE(N > 0 && V > 0 && Vp >= V && dlogits && logits && lse && targets);
     cudaStream_t s = (cudaStream_t)stream;
-    MT_CU_DISPATCH(dt, T, softmax_ce_backward_kernel<T><<<(unsigned)N, CE_THREADS, 0, s>>>(
-                              (T *)dlogits, (const T *)logits, lse, targets, n_valid, V, Vp, scale));
+    MT_CU_DISPATCH(dt, T,
+                   softmax_ce_backward_kernel<T><<<(unsigned)N, CE_THREADS, 0, s>>>(
+                       (T *)dlogits, (const T *)logits, lse, targets, n_valid, V, Vp, scale));
     return cudaGetLastError();
 }

@@ -41,7 +41,8 @@ int main(void) {
             raw_after_first = st.n_raw_allocs;
         }
     }
-    CHECK(st.n_raw_allocs == raw_after_first && st.n_raw_frees == 0, "steady state: no cudaMalloc/cudaFree after step 1");
+    CHECK(st.n_raw_allocs == raw_after_first && st.n_raw_frees == 0,
+          "steady state: no cudaMalloc/cudaFree after step 1");
     mt_mem_stats_t ms;
     mt_mem_stats(MT_MEM_DEVICE, &ms);
     CHECK(ms.total_current == 0 && ms.total_peak >= (int64_t)(381 << 20), "device accounting: %lld now, peak %lld",
@@ -50,7 +51,8 @@ int main(void) {
     CHECK(cudaMemGetInfo(&fr0, &tot) == cudaSuccess, "meminfo");
     size_t released = mt_dev_empty_cache();
     CHECK(cudaMemGetInfo(&fr1, &tot) == cudaSuccess, "meminfo");
-    CHECK(released == (size_t)st.reserved_bytes && fr1 >= fr0 + released / 2, "empty_cache gave %zu bytes back", released);
+    CHECK(released == (size_t)st.reserved_bytes && fr1 >= fr0 + released / 2, "empty_cache gave %zu bytes back",
+          released);
     void *huge = NULL;
     mt_status_t r = mt_cuda_alloc_malloc(a, &huge, (size_t)1 << 50, MT_MEM_ACTIVATIONS, "impossible", s);
     CHECK(r == MT_ERR_OOM && huge == NULL, "1 PiB: MT_ERR_OOM (%s)", mt_status_str(r));

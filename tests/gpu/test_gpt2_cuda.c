@@ -107,6 +107,7 @@ static void train(mt_prec_t prec, float init_scale, const float *cpu_losses, int
     CHECK_OK(mt_gpt2_cuda_init(m, &p, &g));
     mt_optim_params_t op = MT_OPTIM_PARAMS_INIT;
     op.weight_decay = 0.1f;
+    CHECK_OK(mt_gpt2_cuda_set_profile(g, true));
     float first = 0, last = 0;
     *skipped = 0;
     for (int s = 0; s < STEPS; s++) {
@@ -127,6 +128,14 @@ static void train(mt_prec_t prec, float init_scale, const float *cpu_losses, int
         }
     }
     CHECK(last < first, "%s trains: %g -> %g", mt_prec_name(prec), first, last);
+    double ms[MT_GPT2_PROF_COUNT];
+    int64_t psteps = 0;
+    mt_gpt2_cuda_profile(g, ms, &psteps);
+    bool nonneg = true;
+    for (int c = 0; c < MT_GPT2_PROF_COUNT; c++) {
+        nonneg &= ms[c] >= 0;
+    }
+    CHECK(psteps == STEPS && nonneg, "profile: %lld steps collected", (long long)psteps);
     mt_gpt2_cuda_free(g);
     mt_model_free(m);
 }

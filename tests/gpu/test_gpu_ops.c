@@ -102,13 +102,13 @@ static double rel_err(const float *g, const float *c, size_t rows, size_t cols, 
     return den > 0 ? num / den : num;
 }
 
-#define EXPECT_CLOSE(what, g, c, n, tol)                                                                   \
-    do {                                                                                                   \
-        double e_ = rel_err((g), (c), 1, (n), (n));                                                        \
-        CHECK(e_ <= (tol), "%s: relative error %.3e > %.1e", (what), e_, (double)(tol));                   \
-        if (getenv("MT_TEST_VERBOSE")) {                                                                   \
-            printf("  %-40s %.3e (tol %.1e)\n", (what), e_, (double)(tol));                                \
-        }                                                                                                  \
+#define EXPECT_CLOSE(what, g, c, n, tol)                                                                               \
+    do {                                                                                                               \
+        double e_ = rel_err((g), (c), 1, (n), (n));                                                                    \
+        CHECK(e_ <= (tol), "%s: relative error %.3e > %.1e", (what), e_, (double)(tol));                               \
+        if (getenv("MT_TEST_VERBOSE")) {                                                                               \
+            printf("  %-40s %.3e (tol %.1e)\n", (what), e_, (double)(tol));                                            \
+        }                                                                                                              \
     } while (0)
 
 static char label[160];
@@ -158,9 +158,8 @@ static void test_matmul(void) {
         void *scr = NULL;
         CHECK_OK(mt_dev_malloc(&scr, mt_cuda_colsum_scratch_floats(OC) * 4, MT_MEM_OTHER, "scratch", NULL));
         mt_matmul_backward(gin, gw, gb, gout, LDO, inp, w, N, C, OC);
-        CHECK_OK(mt_cuda_status(mt_cuda_matmul_backward(ctx, d_gin, d_gw, d_gb, d_gout, LDO, dinp, dw, N, C, OC, dt,
-                                                        scr, NULL),
-                                "bwd"));
+        CHECK_OK(mt_cuda_status(
+            mt_cuda_matmul_backward(ctx, d_gin, d_gw, d_gb, d_gout, LDO, dinp, dw, N, C, OC, dt, scr, NULL), "bwd"));
         float *h_gin = down(d_gin, (size_t)N * C, dt), *h_gw = down(d_gw, (size_t)OC * C, MT_CU_F32),
               *h_gb = down(d_gb, OC, MT_CU_F32);
         EXPECT_CLOSE(lbl("matmul", dt, tf32 ? "dinp (tf32)" : "dinp"), h_gin, gin, (size_t)N * C, tol);
@@ -229,7 +228,8 @@ static void test_layernorm(void) {
         for (size_t i = 0; i < MT_ARRAY_LEN(dev); i++) {
             mt_dev_free(dev[i]);
         }
-        float *host[] = {a, bb, w, b, out, mean, rstd, g, gm, gr, res, tmp, gres, g2, dy, dx, dwr, dbr, h_dx, h_dw, h_db};
+        float *host[] = {a,   bb,   w,  b,  out, mean, rstd, g,    gm,   gr,  res,
+                         tmp, gres, g2, dy, dx,  dwr,  dbr,  h_dx, h_dw, h_db};
         for (size_t i = 0; i < MT_ARRAY_LEN(host); i++) {
             free(host[i]);
         }
@@ -448,7 +448,8 @@ static void test_adamw(void) {
     CHECK(cudaMemcpy(dskip, &skip, 4, cudaMemcpyHostToDevice) == cudaSuccess, "skip");
     void *dg = dup_dt(p, N, MT_CU_F32);
     CHECK_OK(mt_cuda_status(
-        mt_cuda_adamw(dp, dg, dm, dv, N, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 4, 1.0f, NULL, dskip, NULL, 0, NULL), "adamw"));
+        mt_cuda_adamw(dp, dg, dm, dv, N, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 4, 1.0f, NULL, dskip, NULL, 0, NULL),
+        "adamw"));
     float *gp2 = down(dp, N, MT_CU_F32);
     CHECK(memcmp(gp, gp2, N * 4) == 0, "a skipped step leaves the parameters bit-identical");
     void *dev[] = {dp, dm, dv, dlow, dcoef, dskip, dg};
@@ -519,8 +520,8 @@ int main(int argc, char **argv) {
     static const struct {
         const char *name;
         void (*fn)(void);
-    } fams[] = {{"matmul", test_matmul},       {"layernorm", test_layernorm},   {"elementwise", test_elementwise},
-                {"embedding", test_embedding}, {"attention", test_attention},   {"softmax_ce", test_softmax_ce},
+    } fams[] = {{"matmul", test_matmul},       {"layernorm", test_layernorm}, {"elementwise", test_elementwise},
+                {"embedding", test_embedding}, {"attention", test_attention}, {"softmax_ce", test_softmax_ce},
                 {"adamw", test_adamw},         {"reduce", test_reduce}};
     const char *only = argc > 1 ? argv[1] : NULL;
     bool ran = false;

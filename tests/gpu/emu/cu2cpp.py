@@ -23,8 +23,11 @@ def split_top(s):
 
 
 def kernel_start(src, end):
-    """Index where the kernel expression ending at src[end] (exclusive) starts: NAME or NAME<...>."""
+    """Index where the kernel expression ending at src[end] (exclusive) starts: NAME or NAME<...>, possibly
+    followed by white space (a formatter may break the line before <<<)."""
     i = end
+    while src[i - 1].isspace():
+        i -= 1
     if src[i - 1] == '>':
         depth = 0
         while True:

@@ -213,8 +213,8 @@ std::recursive_mutex launch_mu;
 
 void set_thread(int t) {
     L->cur = t;
-    threadIdx = dim3((unsigned)t % L->block.x, (unsigned)t / L->block.x % L->block.y,
-                     (unsigned)t / (L->block.x * L->block.y));
+    threadIdx =
+        dim3((unsigned)t % L->block.x, (unsigned)t / L->block.x % L->block.y, (unsigned)t / (L->block.x * L->block.y));
 }
 
 void to_sched(fiber_t &me) {
@@ -237,9 +237,9 @@ void start_fiber(fiber_t &fb) {
 #if MT_EMU_FAST_SWITCH
     uintptr_t top = ((uintptr_t)fb.stack + STACK_BYTES) & ~(uintptr_t)15;
     void **sp = (void **)top;
-    *--sp = NULL;                  /* trampoline's return-address slot: rsp % 16 == 8 at its entry */
-    *--sp = (void *)trampoline;    /* where mt_emu_switch's ret goes */
-    for (int i = 0; i < 6; i++) {  /* rbp rbx r12 r13 r14 r15 */
+    *--sp = NULL;                 /* trampoline's return-address slot: rsp % 16 == 8 at its entry */
+    *--sp = (void *)trampoline;   /* where mt_emu_switch's ret goes */
+    for (int i = 0; i < 6; i++) { /* rbp rbx r12 r13 r14 r15 */
         *--sp = NULL;
     }
     fb.sp = sp;
@@ -534,8 +534,8 @@ cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
     delete p;
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a,
-                                                    const void *v, size_t n) {
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t a, const void *v, size_t n) {
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
