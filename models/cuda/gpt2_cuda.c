@@ -156,14 +156,16 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     }
     /* parameters: f32 master (uploaded), compute copy, gradients, AdamW moments */
     MT_CHECK_GOTO(dalloc(g, (void **)&g->master, g->numel * 4, MT_MEM_PARAMS, "gpt2_cuda master weights"), st, fail);
+    /* uploads on the compute stream: a pageable cudaMemcpy may return before its DMA lands, and the
+     * non-blocking stream would not wait for it */
     for (int i = 0; i < g->n_params; i++) {
         const mt_param_t *pp = mt_model_param(m, i);
         g->offs[i] = pp->offset;
         g->decay[i] = pp->is_weight2d;
-        MT_CHECK_GOTO(
-            mt_cuda_status(cudaMemcpy(g->master + pp->offset, pp->data, pp->numel * 4, cudaMemcpyHostToDevice),
-                           "upload parameters"),
-            st, fail);
+        MT_CHECK_GOTO(mt_cuda_status(cudaMemcpyAsync(g->master + pp->offset, pp->data, pp->numel * 4,
+                                                     cudaMemcpyHostToDevice, g->stream),
+                                     "upload parameters"),
+                      st, fail);
     }
     if (g->dt == MT_CU_F32) {
         g->wc = g->master;
