@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -37,7 +38,16 @@ struct job_ckpt {
     int64_t every, keep;
     char resume[1100];      /* step directory to resume from ("" = none) */
     int n_saved;
+    bool on_signal;         /* handlers installed (checkpoint.on_signal with a checkpoint.dir) */
+    struct sigaction old_term, old_int;
 };
+
+/* The signal that asked the job to stop (0 = none); set by the handler, read between steps. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) {
+    stop_signal = sig;
+}
 
 /* ---- small file helpers ---------------------------------------------------------------------------- */
 
@@ -505,6 +515,16 @@ mt_status_t mt_job_ckpt_init(job_t *j, job_ckpt_t **out) {
     }
     *out = c;
     snprintf(c->dir, sizeof(c->dir), "%s", dir);
+    if (dir[0] && mt_config_bool(cfg, "checkpoint.on_signal")) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_stop_signal;
+        sigemptyset(&sa.sa_mask);
+        stop_signal = 0;
+        sigaction(SIGTERM, &sa, &c->old_term);
+        sigaction(SIGINT, &sa, &c->old_int);
+        c->on_signal = true;
+    }
     c->every = mt_config_int(cfg, "checkpoint.every");
     c->keep = mt_config_int(cfg, "checkpoint.keep");
     /* rank 0 decides what to resume from; everyone gets its verdict */
@@ -603,6 +623,10 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
 }
 
 void mt_job_ckpt_free(job_ckpt_t *c) {
+    if (c && c->on_signal) {
+        sigaction(SIGTERM, &c->old_term, NULL);
+        sigaction(SIGINT, &c->old_int, NULL);
+    }
     free(c);
 }
 
@@ -1002,11 +1026,23 @@ mt_status_t mt_job_ckpt_after_step(job_ckpt_t *c, job_t *j, int64_t s, bool last
     if (!c || !c->dir[0]) {
         return MT_OK;
     }
-    if (!last && (c->every <= 0 || (s + 1) % c->every != 0)) {
+    int sig = 0;
+    if (c->on_signal) { /* every rank learns of a signal any rank got, at the same step */
+        int mine = (int)stop_signal;
+        MT_MPI_CHECK(MPI_Allreduce(&mine, &sig, 1, MPI_INT, MPI_MAX, j->comm));
+    }
+    if (!last && !sig && (c->every <= 0 || (s + 1) % c->every != 0)) {
         return MT_OK;
     }
     MT_TRACE_BEGIN(t_ck);
     mt_status_t st = save(c, j, s + 1);
     MT_TRACE_END(t_ck, "checkpoint", "checkpoint");
+    if (st == MT_OK && sig && !last) {
+        return mt_error(MT_ERR_SYSTEM,
+                        "stopped by %s after step %lld; checkpoint %s/step-%08lld written: run the same command "
+                        "again to resume (checkpoint.resume = \"auto\")",
+                        sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a signal", (long long)s + 1, c->dir,
+                        (long long)s + 1);
+    }
     return st;
 }
