@@ -73,3 +73,23 @@ function(mt_add_cmd_test name)
         set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${T_PASS_REGEX}")
     endif()
 endfunction()
+
+# mt_add_exit_test(NAME NP n RC code REGEX re [SECONDS s] COMMAND cmd...): every one of n ranks (0: no
+# launcher) must exit with code, the output must match re, and the run must end within s seconds.
+function(mt_add_exit_test name)
+    cmake_parse_arguments(T "" "NP;RC;REGEX;SECONDS" "COMMAND;LABELS" ${ARGN})
+    if(NOT T_SECONDS)
+        set(T_SECONDS 60)
+    endif()
+    set(labels ${T_LABELS})
+    if(T_NP GREATER 0)
+        list(APPEND labels mpi)
+    else()
+        list(APPEND labels unit)
+    endif()
+    add_test(NAME ${name}
+             COMMAND ${CMAKE_SOURCE_DIR}/tests/expect_exit.sh ${T_NP} ${T_RC} ${T_REGEX} ${T_SECONDS}
+                     ${MPIEXEC_EXECUTABLE} ${MT_MPIEXEC_TEST_FLAGS} ${MPIEXEC_PREFLAGS} -- ${T_COMMAND})
+    math(EXPR timeout "${T_SECONDS} + 30")
+    set_tests_properties(${name} PROPERTIES LABELS "${labels}" TIMEOUT ${timeout} ENVIRONMENT "${MT_MPI_TEST_ENV}")
+endfunction()

@@ -4,6 +4,7 @@
 #ifndef MT_CMD_H
 #define MT_CMD_H
 
+int mt_cmd_config(int argc, char **argv);
 int mt_cmd_version(int argc, char **argv);
 
 #endif

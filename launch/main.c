@@ -14,6 +14,7 @@ typedef struct {
 } subcommand_t;
 
 static const subcommand_t subcommands[] = {
+    {"config", mt_cmd_config, "print the effective configuration, or every error in it"},
     {"version", mt_cmd_version, "print version, git commit and the components this build has"},
 };
 

@@ -34,8 +34,8 @@ const mt_cfg_schema_t *mt_config_schema(size_t *n);
 
 typedef struct mt_config mt_config_t;
 
-/* The command line of a config-taking command split in three: the config file (the first argument
- * that does not start with '-', or NULL), the `--section.key=value` overrides (any `--x.y=...`), and
+/* The command line of a config-taking command split in three: the config file (an argument ending in
+ * ".toml", or given with --config PATH / --config=PATH; NULL if none; two is an error), the `--section.key=value` overrides (any `--x.y=...`), and
  * the rest (argv[0] first, for the command's own getopt_long). Pointers borrow from argv. */
 typedef struct {
     const char *path;
