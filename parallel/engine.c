@@ -2,6 +2,7 @@
  * optimizer, hooks), the step entry points dispatching to dp.c / ddp.c / zero.c, gathering parameters
  * to one rank, and the accounting read-outs.
  * SPDX-License-Identifier: MIT */
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
