@@ -93,36 +93,65 @@ mt_status_t eng_wait(mt_engine_t e, mt_work_t *work) {
 
 /* ---- pools ----------------------------------------------------------------------------------------- */
 
-float *pool_get(pool_t *pl) {
+float *pool_get(pool_t *pl, size_t floats) {
+    int best = -1;
     for (int i = 0; i < pl->n; i++) {
-        if (!pl->busy[i]) {
-            pl->busy[i] = true;
-            return pl->bufs[i];
+        if (!pl->busy[i] && pl->sizes[i] >= floats && (best < 0 || pl->sizes[i] < pl->sizes[best])) {
+            best = i;
         }
     }
-    return NULL;
+    if (best < 0) {
+        return NULL;
+    }
+    pl->busy[best] = true;
+    return pl->bufs[best];
 }
 
-mt_status_t pool_grow(pool_t *pl, float **out) {
+/* Called after pool_get found nothing that fits: a free buffer (too small) is replaced by one of the
+ * size asked for, so the pool never holds more buffers than were ever in use at once. */
+mt_status_t pool_grow(pool_t *pl, size_t floats, float **out) {
+    for (int i = 0; i < pl->n; i++) {
+        if (!pl->busy[i]) {
+            pl->bytes -= (int64_t)mt_alloc_size(pl->bufs[i]);
+            mt_free(pl->bufs[i]);
+            pl->bufs[i] = mt_alloc(floats * sizeof(float), MT_MEM_COMM, pl->owner);
+            pl->sizes[i] = pl->bufs[i] ? floats : 0;
+            if (!pl->bufs[i]) {
+                return mt_error(MT_ERR_OOM, "engine: cannot allocate a %s of %zu bytes", pl->owner,
+                                floats * sizeof(float));
+            }
+            pl->busy[i] = true;
+            pl->bytes += (int64_t)mt_alloc_size(pl->bufs[i]);
+            pl->peak = MT_MAX(pl->peak, pl->bytes);
+            *out = pl->bufs[i];
+            return MT_OK;
+        }
+    }
     if (pl->n == pl->cap) {
         int cap = pl->cap ? 2 * pl->cap : 4;
         float **b = realloc(pl->bufs, (size_t)cap * sizeof(*b));
-        if (!b) {
-            return mt_error(MT_ERR_OOM, "engine: out of memory for a buffer pool");
+        size_t *sz = b ? realloc(pl->sizes, (size_t)cap * sizeof(*sz)) : NULL;
+        bool *busy = sz ? realloc(pl->busy, (size_t)cap * sizeof(*busy)) : NULL;
+        if (b) {
+            pl->bufs = b;
         }
-        pl->bufs = b;
-        bool *busy = realloc(pl->busy, (size_t)cap * sizeof(*busy));
+        if (sz) {
+            pl->sizes = sz;
+        }
         if (!busy) {
             return mt_error(MT_ERR_OOM, "engine: out of memory for a buffer pool");
         }
         pl->busy = busy;
         pl->cap = cap;
     }
-    float *buf = mt_alloc(pl->floats * sizeof(float), MT_MEM_COMM, pl->owner);
+    float *buf = mt_alloc(floats * sizeof(float), MT_MEM_COMM, pl->owner);
     if (!buf) {
-        return mt_error(MT_ERR_OOM, "engine: cannot allocate a %s of %zu bytes", pl->owner, pl->floats * sizeof(float));
+        return mt_error(MT_ERR_OOM, "engine: cannot allocate a %s of %zu bytes", pl->owner, floats * sizeof(float));
     }
+    pl->bytes += (int64_t)mt_alloc_size(buf);
+    pl->peak = MT_MAX(pl->peak, pl->bytes);
     pl->bufs[pl->n] = buf;
+    pl->sizes[pl->n] = floats;
     pl->busy[pl->n++] = true;
     *out = buf;
     return MT_OK;
@@ -143,16 +172,13 @@ void pool_free(pool_t *pl) {
         mt_free(pl->bufs[i]);
     }
     free(pl->bufs);
+    free(pl->sizes);
     free(pl->busy);
     memset(pl, 0, sizeof(*pl));
 }
 
 int64_t pool_bytes(const pool_t *pl) {
-    int64_t b = 0;
-    for (int i = 0; i < pl->n; i++) {
-        b += (int64_t)mt_alloc_size(pl->bufs[i]);
-    }
-    return b;
+    return pl->bytes;
 }
 
 /* ---- gradient collectives ------------------------------------------------------------------------- */
@@ -309,9 +335,9 @@ mt_status_t eng_finish_common(mt_engine_t e) {
 
 static mt_status_t start_gather(mt_engine_t e, int k) {
     unit_t *u = &e->units[k];
-    float *slot = pool_get(&e->ppool);
+    float *slot = pool_get(&e->ppool, u->len);
     if (!slot) {
-        MT_CHECK(pool_grow(&e->ppool, &slot));
+        MT_CHECK(pool_grow(&e->ppool, u->len, &slot));
     }
     u->pslot = slot;
     MT_CHECK(eng_all_gather(e, e->pshard + u->sbase, slot, u->shard, &u->pwork));
@@ -394,13 +420,13 @@ static mt_status_t bind_grads(mt_engine_t e, int m) {
         if (u->gslot) {
             continue;
         }
-        float *slot = pool_get(&e->gpool);
+        float *slot = pool_get(&e->gpool, u->len);
         while (!slot && e->fifo_n > 0) {
             MT_CHECK(drain_one(e));
-            slot = pool_get(&e->gpool);
+            slot = pool_get(&e->gpool, u->len);
         }
         if (!slot) {
-            MT_CHECK(pool_grow(&e->gpool, &slot));
+            MT_CHECK(pool_grow(&e->gpool, u->len, &slot));
         }
         memset(slot, 0, u->len * sizeof(float));
         u->gslot = slot;

@@ -279,7 +279,12 @@ void mt_engine_mem(mt_engine_t e, mt_engine_mem_t *out) {
         }
     }
     out->comm = pool_bytes(&e->gpool) + pool_bytes(&e->ppool);
-    out->comm_peak = out->comm; /* pools only grow */
+    out->comm_peak = e->gpool.peak + e->ppool.peak;
+    out->grad_buffers = e->gpool.n;
+    out->param_buffers = e->ppool.n;
+    for (int m = 0; m < e->n_modules; m++) {
+        out->max_module_units = MT_MAX(out->max_module_units, e->mod_off[m + 1] - e->mod_off[m]);
+    }
     out->numel = (int64_t)mt_model_numel(e->model);
     for (int k = 0; k < e->n_units; k++) {
         const unit_t *u = &e->units[k];
@@ -288,6 +293,11 @@ void mt_engine_mem(mt_engine_t e, mt_engine_mem_t *out) {
         if (u->kind == UNIT_REPL && e->stage == 3) {
             out->numel_persist += (int64_t)u->numel;
         }
+        bool tied = false;
+        for (int j = 0; j < u->np; j++) {
+            tied |= mt_model_param(e->model, e->unit_params[u->p0 + j])->tied_module >= 0;
+        }
+        out->n_tied_units += u->kind == UNIT_SHARD && tied;
     }
     out->n_units = e->n_units;
 }

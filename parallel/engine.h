@@ -144,12 +144,15 @@ void mt_engine_comm_stats(mt_engine_t e, mt_engine_comm_stats_t *out);
 
 typedef struct {
     int64_t params, grads, optimizer, comm; /* bytes this engine holds now, by category (allocator sizes) */
-    int64_t comm_peak;                      /* largest comm bytes held at once (bucket and gather pools) */
+    int64_t comm_peak;                      /* most comm bytes held at once (bucket and gather pools) */
     int64_t numel;                          /* Ψ: model parameters */
     int64_t numel_padded;                   /* Ψ rounded up per unit so every shard is equal and aligned */
     int64_t numel_persist;                  /* ZeRO-3: parameters kept whole (below persist_threshold) */
     int64_t max_unit;                       /* elements of the largest communication unit (bucket/module) */
     int n_units;                            /* buckets (DDP, ZeRO-1/2) or modules' units (ZeRO-3) */
+    int n_tied_units;                       /* sharded units read by a second module (GPT-2's wte) */
+    int max_module_units;                   /* most sharded units one module reads or writes */
+    int grad_buffers, param_buffers;        /* ZeRO-2/3 pooled bucket / gathered-parameter buffers */
 } mt_engine_mem_t;
 
 /* Per-category bytes of the engine's storage, read from the allocator. */

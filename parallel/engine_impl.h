@@ -32,12 +32,15 @@ typedef struct {
     double t_launch, t_done;    /* last pass: gradient collective issued / seen complete */
 } unit_t;
 
-/* Equal-sized buffers handed out and taken back (bucket buffers, gathered parameters). Grows on demand. */
+/* Buffers handed out and taken back (bucket buffers, gathered parameters): best fit among the free
+ * ones; grows on demand with a buffer of exactly the size asked for. */
 typedef struct {
     float **bufs;
+    size_t *sizes; /* floats of each buffer */
     bool *busy;
     int n, cap;
-    size_t floats;
+    size_t floats; /* the largest request it will see (largest sharded unit) */
+    int64_t bytes, peak; /* allocator bytes held now / at most */
     const char *owner;
 } pool_t;
 
@@ -112,8 +115,8 @@ mt_status_t eng_reduce(mt_engine_t e, void *buf, size_t count, int root);
 void eng_count_send(mt_engine_t e, bool model, double bytes);
 mt_status_t eng_wait(mt_engine_t e, mt_work_t *work);            /* waits, frees, adds to wait_s */
 
-float *pool_get(pool_t *pl);                  /* NULL: none free (caller may grow with pool_grow) */
-mt_status_t pool_grow(pool_t *pl, float **out);
+float *pool_get(pool_t *pl, size_t floats);   /* NULL: none free that fits (caller may pool_grow) */
+mt_status_t pool_grow(pool_t *pl, size_t floats, float **out);
 void pool_put(pool_t *pl, float *buf);
 void pool_free(pool_t *pl);
 int64_t pool_bytes(const pool_t *pl);

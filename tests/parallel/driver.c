@@ -181,6 +181,7 @@ mt_status_t drv_run_engine(const drv_cfg_t *c, mt_comm_t dp, const mt_engine_par
     mt_status_t st = MT_OK;
     MT_CHECK_GOTO(mt_model_init(&c->model, &model), st, out);
     int n = mt_model_n_modules(model);
+    mt_mem_stats(MT_MEM_HOST, &r->mem_base);
     MT_CHECK_GOTO(mt_engine_init(model, dp, &ep, &e), st, out);
     bool scatter = mt_engine_root_loads_batch(e);
     MT_CHECK_GOTO(state_init(c, model, scatter ? N * mb : mb, mb, &s), st, out);
@@ -221,6 +222,7 @@ mt_status_t drv_run_engine(const drv_cfg_t *c, mt_comm_t dp, const mt_engine_par
     r->steps = c->steps;
     r->numel = mt_model_numel(model);
     mt_engine_mem(e, &r->mem);
+    mt_mem_stats(MT_MEM_HOST, &r->mem_end);
     r->params = mt_alloc(r->numel * sizeof(float), MT_MEM_OTHER, "test result");
     if (!r->params) {
         st = mt_error(MT_ERR_OOM, "test driver: out of memory");

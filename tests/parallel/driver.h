@@ -6,6 +6,7 @@
 #define MT_TEST_PARALLEL_DRIVER_H
 
 #include "parallel/engine.h"
+#include "runtime/alloc.h"
 
 #define DRV_MAX_STEPS 16
 
@@ -31,6 +32,7 @@ typedef struct {
     double seconds;               /* wall time of the steps */
     mt_engine_comm_stats_t comm[DRV_MAX_STEPS]; /* parallel: per-step accounting */
     mt_engine_mem_t mem;          /* parallel: the engine's storage after the last step */
+    mt_mem_stats_t mem_base, mem_end; /* parallel: allocator figures before mt_engine_init / after the last step */
     double replica_sum;           /* with replica_sums: checksum of this rank's own copy of the parameters */
 } drv_result_t;
 
