@@ -2,6 +2,7 @@
  * queue of gradient collectives in flight (launched from post_backward, completed in issue order),
  * buffer pools for ZeRO-2/3 buckets and ZeRO-3 gathered parameters, and the model hooks.
  * SPDX-License-Identifier: MIT */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,9 +29,12 @@ static double frac(mt_engine_t e) {
     return (double)(e->size - 1) / (double)e->size;
 }
 
+/* The collective's own message (copied first: mt_error writes the buffer it would be read from). */
 static mt_status_t coll_error(mt_engine_t e, mt_status_t st, const char *op, size_t count) {
+    char inner[512];
+    snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
     return mt_error(st, "engine %s (dp rank %d of %d): %s of %zu elements failed: %s", e->name, e->rank, e->size, op,
-                    count, mt_last_error_msg());
+                    count, inner);
 }
 
 mt_status_t eng_all_reduce(mt_engine_t e, bool model, const void *send, void *recv, size_t count, mt_dtype_t dt,
@@ -83,8 +87,10 @@ mt_status_t eng_wait(mt_engine_t e, mt_work_t *work) {
     mt_status_t st = mt_work_wait(*work, -1.0);
     e->cur.wait_s += mt_now() - t0;
     if (st != MT_OK) {
+        char inner[512];
+        snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
         return mt_error(st, "engine %s (dp rank %d of %d): waiting for a collective failed: %s", e->name, e->rank,
-                        e->size, mt_last_error_msg());
+                        e->size, inner);
     }
     mt_work_free(*work);
     *work = NULL;
@@ -245,8 +251,10 @@ mt_status_t eng_poll(mt_engine_t e) {
         bool done = false;
         mt_status_t st = mt_work_test(e->units[k].gwork, &done);
         if (st != MT_OK) {
+            char inner[512];
+            snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
             return mt_error(st, "engine %s (dp rank %d): gradient collective of unit %d failed: %s", e->name, e->rank,
-                            k, mt_last_error_msg());
+                            k, inner);
         }
         if (!done) {
             break;

@@ -3,6 +3,7 @@
  * each micro-batch of the global batch, and after backward the gradients are reduced (averaged) to it.
  * Nothing overlaps: communication waits for compute and compute for communication.
  * SPDX-License-Identifier: MIT */
+#include <stdio.h>
 #include <string.h>
 
 #include "parallel/engine_impl.h"
@@ -55,8 +56,10 @@ mt_status_t mt_engine_scatter_batch(mt_engine_t e, const int32_t *root_buf, int3
         return MT_OK;
     }
     mt_status_t st = mt_coll_group_start(e->comm);
+    char inner[512];
     if (st != MT_OK) {
-        return mt_error(st, "engine dp: scatter: %s", mt_last_error_msg());
+        snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
+        return mt_error(st, "engine dp: scatter: %s", inner);
     }
     for (int r = 1; e->rank == 0 && r < e->size && st == MT_OK; r++) {
         st = mt_coll_send(e->comm, root_buf + (size_t)r * n, n, MT_DTYPE_I32, r, NULL, NULL);
@@ -71,8 +74,8 @@ mt_status_t mt_engine_scatter_batch(mt_engine_t e, const int32_t *root_buf, int3
     e->cur.n_calls++;
     st = st != MT_OK ? st : st2;
     if (st != MT_OK) {
-        return mt_error(st, "engine dp (dp rank %d): scattering %zu values per rank failed: %s", e->rank, n,
-                        mt_last_error_msg());
+        snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
+        return mt_error(st, "engine dp (dp rank %d): scattering %zu values per rank failed: %s", e->rank, n, inner);
     }
     return MT_OK;
 }

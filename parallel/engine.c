@@ -131,7 +131,7 @@ void mt_engine_free(mt_engine_t e) {
     mt_model_set_hooks(e->model, NULL);
     bool clean = eng_drain(e) == MT_OK;
     for (int k = 0; clean && k < e->n_units; k++) {
-        clean = eng_release_params(e, k) == MT_OK;
+        clean = eng_release_params(e, k) == MT_OK && eng_wait(e, &e->units[k].gwork) == MT_OK;
     }
     if (!clean) {
         MT_WARN("engine %s (dp rank %d): communication still outstanding at free: its buffers are leaked, not freed",

@@ -51,9 +51,8 @@ static mt_status_t zero_step(mt_engine_t e, float lr, float grad_scale) {
         float *p = e->pflat + u->base;
         st = eng_all_gather(e, p + (size_t)e->rank * u->shard, p, u->shard, &u->gwork);
     }
-    for (int j = 0; j < k; j++) {
-        mt_status_t w = eng_wait(e, &e->units[j].gwork);
-        st = st != MT_OK ? st : w;
+    for (int j = 0; j < k && st == MT_OK; j++) {
+        st = eng_wait(e, &e->units[j].gwork); /* on failure the rest stay in flight: mt_engine_free waits */
     }
     return st;
 }
