@@ -36,10 +36,10 @@ struct mt_model {
     size_t numel;
     float *params_flat, *grads_flat;
     mt_model_hooks_t hooks;
-    int width;          /* activation width between modules */
-    float *gbuf[2];     /* backward ping-pong gradients (N, width) */
+    int width;      /* activation width between modules */
+    float *gbuf[2]; /* backward ping-pong gradients (N, width) */
     size_t gbuf_rows;
-    void *impl;         /* family-specific state */
+    void *impl; /* family-specific state */
 };
 
 struct mt_acts {
