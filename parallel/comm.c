@@ -8,6 +8,7 @@
 
 #include "parallel/engine_impl.h"
 #include "runtime/alloc.h"
+#include "runtime/trace.h"
 
 /* ---- counted collectives ------------------------------------------------------------------------
  * Per-rank bytes of a bandwidth-optimal algorithm over N ranks, b = bytes of the buffer per rank:
@@ -221,6 +222,7 @@ mt_status_t eng_launch_grad(mt_engine_t e, int k) {
     }
     u->t_launch = mt_now();
     u->t_done = 0.0;
+    u->trace_us = mt_trace_on() ? mt_trace_now_us() : 0.0;
     if (e->cur.t_comm_first == 0.0) {
         e->cur.t_comm_first = u->t_launch;
     }
@@ -234,6 +236,12 @@ mt_status_t eng_launch_grad(mt_engine_t e, int k) {
 static void complete_unit(mt_engine_t e, int k) {
     unit_t *u = &e->units[k];
     u->t_done = mt_now();
+    if (mt_trace_on() && u->trace_us > 0.0) {
+        char args[96];
+        snprintf(args, sizeof(args), "\"unit\": %d, \"elements\": %zu, \"pass\": %d", k, u->len, e->micro);
+        mt_trace_span("comm", u->kind == UNIT_REPL ? "grad all_reduce" : "grad reduce_scatter", u->trace_us,
+                      mt_trace_now_us(), args);
+    }
     if (u->kind == UNIT_SHARD && e->stage >= 2 && u->gslot) {
         const float *src = u->gslot + (size_t)e->rank * u->shard;
         float *dst = e->gshard + u->sbase;

@@ -30,6 +30,7 @@ typedef struct {
     int pstate;                 /* ZeRO-3: 0 released, 1 gathering, 2 ready */
     mt_work_t pwork;
     double t_launch, t_done;    /* last pass: gradient collective issued / seen complete */
+    double trace_us;            /* launch on the trace clock (profile.trace) */
 } unit_t;
 
 /* Buffers handed out and taken back (bucket buffers, gathered parameters): best fit among the free
