@@ -375,6 +375,7 @@ static mt_status_t setup(job_t *j) {
     info->grad_accum = mt_config_int(cfg, "train.grad_accum");
     info->seq_len = mt_model_config(j->model)->seq_len; /* the checkpoint's when model.init = llmc:PATH */
     info->comm = mt_rt_world()->comm;
+    info->mesh = j->opts->mesh;
     if (j->opts->dp_size > 0) {
         info->dp_size = j->opts->dp_size;
         info->dp_rank = j->opts->dp_rank;

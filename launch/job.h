@@ -33,6 +33,7 @@ typedef struct {
     int64_t seq_len;
     int dp_rank, dp_size;        /* this rank's slice of the global batch */
     MPI_Comm comm;               /* the job's world communicator */
+    const struct mt_mesh *mesh;  /* the device mesh (opts.mesh); NULL: dp = the whole world */
 } mt_job_info_t;
 
 /* A piece of a global tensor held in an engine's storage, for checkpoints: the box [lo, hi) of the
@@ -88,6 +89,12 @@ typedef struct {
  * (weight decay on 2-D weights), nothing to communicate. */
 const mt_job_engine_t *mt_job_engine_local(void);
 
+/* The data-parallel engines of parallel/engine.h (DP, DDP, ZeRO-1/2/3, chosen by parallel.engine and
+ * parallel.zero_stage, shaped by parallel.bucket_mb and parallel.zero_persist_threshold) over the dp
+ * group of info->mesh (the whole world without a mesh), with checkpoints in every layout: each rank
+ * saves what it owns (replicated tensors once, by dp rank 0) and loads whatever its layout holds. */
+const mt_job_engine_t *mt_job_engine_parallel(void);
+
 typedef struct {
     size_t size;                  /* sizeof(mt_job_opts_t) */
     const mt_job_engine_t *engine; /* NULL: mt_job_engine_local() (requires a world of one rank) */
@@ -96,6 +103,8 @@ typedef struct {
     int dp_rank, dp_size;         /* this rank's data-parallel coordinate, from the caller's device mesh;
                                    * dp_size 0: dp = world size and dp_rank = world rank (tp = pp = 1) */
     const char *mesh_desc;        /* the mesh in words for the start-up lines; NULL: "N ranks = dp N" */
+    const struct mt_mesh *mesh;   /* the device mesh engines build their communicators from (borrowed);
+                                   * NULL: data parallel over the whole world */
     int64_t stop_after;           /* > 0: stop once this many steps are done, as an interrupted job would
                                    * (the schedule still spans train.steps; for resume tests) */
 } mt_job_opts_t;
@@ -103,7 +112,7 @@ typedef struct {
 #define MT_JOB_OPTS_INIT                                                                                     \
     {                                                                                                        \
         .size = sizeof(mt_job_opts_t), .engine = NULL, .progress = NULL, .prefetch = true, .dp_rank = 0,     \
-        .dp_size = 0, .mesh_desc = NULL, .stop_after = 0                                                     \
+        .dp_size = 0, .mesh_desc = NULL, .mesh = NULL, .stop_after = 0                                        \
     }
 
 typedef struct {

@@ -27,6 +27,7 @@ struct job_metrics {
     char path[1024], rank_path[1040];
     double peak_flops; /* the job's peak FLOP/s, 0 = unknown */
     char peak_src[256];
+    char cache_path[1024]; /* rank 0: the sgemm cache file the peak came from or went to ("" = none) */
     int64_t log_every, steps, first_step;
     double tokens;    /* global tokens per step */
     double sum_s;     /* step time of steps run so far (for the ETA), excluding the first */
@@ -66,7 +67,7 @@ static double sgemm_measure(int n) {
 
 /* Per-core sgemm FLOP/s on rank 0 with its thread count: the override, the cache, or a measurement
  * (then cached). src says which. */
-static double sgemm_per_core(int threads, char *src, size_t src_len) {
+static double sgemm_per_core(int threads, char *src, size_t src_len, char *cache_out, size_t cache_len) {
     if (mt_param_peak_gflops_core() > 0) {
         snprintf(src, src_len, "%lld GFLOP/s per core from MESHTRAIN_PEAK_GFLOPS_PER_CORE",
                  (long long)mt_param_peak_gflops_core());
@@ -88,6 +89,7 @@ static double sgemm_per_core(int threads, char *src, size_t src_len) {
             use_cache = false;
         }
         snprintf(path, sizeof(path), "%s/sgemm-%s-%ldcpu-%dt.txt", dir, host, ncpu, threads);
+        snprintf(cache_out, cache_len, "%s", path);
     }
     if (use_cache) {
         FILE *f = fopen(path, "r");
@@ -143,7 +145,7 @@ static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
     threads = threads > 0 ? threads : 1;
     double per_core = 0.0;
     if (j->rank == 0) {
-        per_core = sgemm_per_core(threads, m->peak_src, sizeof(m->peak_src));
+        per_core = sgemm_per_core(threads, m->peak_src, sizeof(m->peak_src), m->cache_path, sizeof(m->cache_path));
     }
     MT_MPI_CHECK(MPI_Bcast(&per_core, 1, MPI_DOUBLE, 0, j->comm));
     MT_MPI_CHECK(MPI_Bcast(m->peak_src, (int)sizeof(m->peak_src), MPI_CHAR, 0, j->comm));
@@ -355,6 +357,17 @@ mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *r
     res->mem_peak_total = maxed[MT_MEM_NCAT];
     res->steady_tokens_per_s = m->steady_s > 0 ? m->tokens * (double)m->n_steady / m->steady_s : 0.0;
     res->mfu = mfu_of(m, j, res->steady_tokens_per_s);
+    if (res->mfu > 1.0 && j->rank == 0) {
+        /* The model ran faster than the "peak": the sgemm was measured while other work shared the cores. */
+        MT_WARN("the job reached %.0f%% of the peak it measures MFU against (%s): that peak is too low, measured "
+                "while the cores were busy%s%s",
+                100.0 * res->mfu, m->peak_src, m->cache_path[0] ? "; removing the cache so the next job measures "
+                                                                  "again: " : "",
+                m->cache_path);
+        if (m->cache_path[0]) {
+            unlink(m->cache_path);
+        }
+    }
     if (!j->out) {
         return MT_OK;
     }
