@@ -1,0 +1,59 @@
+/* Fused softmax + cross-entropy over the first V of Vp logit columns (padded vocabulary rows are never
+ * predicted: their logits are neither read nor written), with ignore index -1.
+ * SPDX-License-Identifier: MIT */
+#include <math.h>
+#include <string.h>
+
+#include "layers.h"
+
+/* lse = max + log sum_v exp(l_v - max);  loss = lse - l_target. */
+int mt_softmax_ce_forward(float *losses, float *lse, float *mean_loss, const float *logits, const int32_t *targets,
+                          int N, int V, int Vp) {
+    double total = 0.0;
+    int n_valid = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total, n_valid)
+    for (int n = 0; n < N; n++) {
+        const float *l = logits + (size_t)n * Vp;
+        float mx = -INFINITY;
+        for (int v = 0; v < V; v++) {
+            mx = l[v] > mx ? l[v] : mx;
+        }
+        float s = 0.0f;
+        for (int v = 0; v < V; v++) {
+            s += expf(l[v] - mx);
+        }
+        float z = mx + logf(s);
+        lse[n] = z;
+        if (targets[n] >= 0) {
+            losses[n] = z - l[targets[n]];
+            total += losses[n];
+            n_valid++;
+        } else {
+            losses[n] = 0.0f;
+        }
+    }
+    *mean_loss = n_valid > 0 ? (float)(total / n_valid) : 0.0f;
+    return n_valid;
+}
+
+/* dl_v = scale * (exp(l_v - lse) - [v == target]) */
+void mt_softmax_ce_backward(float *dlogits, const float *logits, const float *lse, const int32_t *targets, int N,
+                            int V, int Vp, float scale) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *l = logits + (size_t)n * Vp;
+        float *d = dlogits + (size_t)n * Vp;
+        if (targets[n] < 0) {
+            memset(d, 0, (size_t)Vp * sizeof(float));
+            continue;
+        }
+        float z = lse[n];
+        for (int v = 0; v < V; v++) {
+            d[v] = scale * expf(l[v] - z);
+        }
+        d[targets[n]] -= scale;
+        for (int v = V; v < Vp; v++) {
+            d[v] = 0.0f;
+        }
+    }
+}
