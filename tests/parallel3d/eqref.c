@@ -114,3 +114,29 @@ double eq_rel_err(const float *a, const float *b, size_t n) {
     }
     return sqrt(d) / fmax(sqrt(r), 1e-30);
 }
+
+bool eq_param_close(const char *name, const float *got, const float *ref, size_t n, int n_embd, double tol,
+                    double key_bound, double *err) {
+    size_t len = strlen(name), suf = strlen("attn.qkv.bias");
+    if (len < suf || strcmp(name + len - suf, "attn.qkv.bias") != 0 || n != 3 * (size_t)n_embd) {
+        *err = eq_rel_err(got, ref, n);
+        return *err <= tol;
+    }
+    size_t C = (size_t)n_embd;
+    double d = 0.0, r = 0.0;
+    bool key_ok = true;
+    for (size_t i = 0; i < n; i++) {
+        if (i >= C && i < 2 * C) {
+            key_ok = key_ok && fabs(got[i]) <= key_bound && fabs(ref[i]) <= key_bound;
+            continue;
+        }
+        d += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+        r += (double)ref[i] * ref[i];
+    }
+    *err = key_ok ? sqrt(d) / fmax(sqrt(r), 1e-30) : INFINITY;
+    return key_ok && *err <= tol;
+}
+
+double eq_key_bound(const eq_setup_t *s) {
+    return s->optim.kind == MT_OPTIM_ADAMW ? 1.1 * s->lr * s->steps : 1e-5;
+}
