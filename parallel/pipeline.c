@@ -290,7 +290,8 @@ mt_status_t mt_pipeline_init(mt_model_t model, mt_comm_t pp_comm, mt_comm_t emb_
         pl->busy[i] = -1;
         MT_CHECK_GOTO(mt_acts_init(model, p->micro_batch, p->seq_len, &pl->acts[i]), st, fail);
     }
-    pl->msg_floats = (size_t)p->micro_batch * (size_t)p->seq_len * (size_t)mt_model_act_width(model) + 1;
+    /* (B,T,W) floats, or this tp rank's rows of them with sequence parallelism, plus the tag */
+    pl->msg_floats = mt_model_act_floats(model, p->micro_batch, p->seq_len) + 1;
     size_t bytes = pl->msg_floats * sizeof(float);
     if (pl->stage < pl->n_stages - 1) {
         pl->act_send = mt_alloc(bytes, MT_MEM_COMM, "pipeline act send");

@@ -20,7 +20,7 @@ struct mt_pipeline {
      * whose activations the slot holds, or -1. */
     mt_acts_t *acts;
     int n_acts, *busy, in_flight;
-    /* Message buffers: payload (B*T*W floats) followed by one tag float. */
+    /* Message buffers: payload (mt_model_act_floats) followed by one tag float. */
     size_t msg_floats;
     float *act_send, *act_recv, *grad_send, *grad_recv;
     float loss_sum;

@@ -16,7 +16,7 @@ void eq_setup_default(eq_setup_t *s, bool adamw) {
     mc.n_embd = 32;
     mc.seq_len = 16;
     mc.vocab_size = 64;
-    mc.padded_vocab = 0;
+    mc.padded_vocab = 128; /* fixed, so every tp size shards the same padded table */
     mc.seed = 42;
     memset(s, 0, sizeof(*s));
     s->model = mc;

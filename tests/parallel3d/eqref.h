@@ -19,7 +19,7 @@ typedef struct {
     float lr;
 } eq_setup_t;
 
-/* 4 layers, 4 heads, n_embd 32, seq 16, vocab 64 (padded to 128), global batch 8, 5 steps; SGD
+/* 4 layers, 4 heads, n_embd 32, seq 16, vocab 64 (padded_vocab 128, whatever tp), global batch 8, 5 steps; SGD
  * (lr 0.5) when adamw is false, else AdamW (lr 1e-2, weight decay 0.1). */
 void eq_setup_default(eq_setup_t *s, bool adamw);
 
