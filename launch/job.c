@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "models/data/data.h"
+#include "models/llmc.h"
 #include "runtime/alloc.h"
 #include "runtime/rt.h"
 
@@ -82,6 +83,9 @@ static mt_status_t local_init(const mt_job_info_t *info, void **ctx) {
     MT_CHECK_GOTO(mt_model_alloc_params(e->model), st, fail);
     MT_CHECK_GOTO(mt_model_alloc_grads(e->model), st, fail);
     mt_model_init_weights(e->model);
+    if (info->init_llmc) {
+        MT_CHECK_GOTO(mt_llmc_load(e->model, info->init_llmc), st, fail);
+    }
     MT_CHECK_GOTO(mt_optim_init(&info->optim, &e->opt), st, fail);
     for (int i = 0; i < mt_model_n_params(e->model); i++) {
         mt_param_t *p = mt_model_param(e->model, i);
@@ -176,13 +180,6 @@ static mt_status_t check_layout(const mt_config_t *cfg, const mt_job_opts_t *opt
                         "\"fp32\")",
                         prec);
     }
-    const char *init = mt_config_str(cfg, "model.init");
-    if (strcmp(init, "random") != 0) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "model.init = \"%s\": the training loop starts from the random initialisation (set "
-                        "model.init = \"random\")",
-                        init);
-    }
     return MT_OK;
 }
 
@@ -206,7 +203,7 @@ static mt_status_t open_data(job_t *j, bool val, mt_data_t *out) {
     p.split = val ? 1 : 0;
     p.global_batch = j->info.global_batch;
     p.seq_len = j->info.seq_len;
-    p.vocab_size = mt_config_int(cfg, "model.vocab_size");
+    p.vocab_size = mt_model_config(j->model)->vocab_size;
     p.dp_rank = j->info.dp_rank;
     p.dp_size = j->info.dp_size;
     p.prefetch = j->opts->prefetch;
@@ -274,23 +271,70 @@ void mt_job_result_free(mt_job_result_t *r) {
     memset(r, 0, sizeof(*r));
 }
 
+static bool explicit_key(const mt_config_t *cfg, const char *key) {
+    mt_cfg_source_t src = mt_config_source(cfg, key);
+    return src == MT_CFG_SRC_FILE || src == MT_CFG_SRC_OVERRIDE;
+}
+
+/* model.init: "random", or "llmc:PATH" whose header sets the architecture (a key set explicitly to
+ * another value is an error naming both); *llmc = PATH (borrowed from cfg) or NULL. */
+static mt_status_t model_init_source(const mt_config_t *cfg, mt_model_config_t *mc, const char **llmc) {
+    const char *init = mt_config_str(cfg, "model.init");
+    *llmc = NULL;
+    if (!strcmp(init, "random")) {
+        return MT_OK;
+    }
+    if (strncmp(init, "llmc:", 5) != 0 || init[5] == '\0') {
+        return mt_error(MT_ERR_INVALID_ARG, "model.init = \"%s\": expected \"random\" or \"llmc:PATH\" (an llm.c GPT-2 "
+                        "checkpoint)", init);
+    }
+    const char *path = init + 5;
+    if (mc->kind != MT_MODEL_GPT2) {
+        return mt_error(MT_ERR_INVALID_ARG, "model.init = \"%s\" is a GPT-2 checkpoint but model.kind = \"%s\": set "
+                        "model.kind = \"gpt2\"", init, mt_config_str(cfg, "model.kind"));
+    }
+    static const struct {
+        const char *key;
+        unsigned bit;
+    } keys[] = {{"model.n_layer", MT_LLMC_SET_N_LAYER}, {"model.n_head", MT_LLMC_SET_N_HEAD},
+                {"model.n_embd", MT_LLMC_SET_N_EMBD},   {"model.seq_len", MT_LLMC_SET_SEQ_LEN},
+                {"model.vocab_size", MT_LLMC_SET_VOCAB}, {"model.padded_vocab", MT_LLMC_SET_PADDED_VOCAB}};
+    unsigned mask = 0;
+    for (size_t i = 0; i < MT_ARRAY_LEN(keys); i++) {
+        mask |= explicit_key(cfg, keys[i].key) ? keys[i].bit : 0u;
+    }
+    mt_llmc_header_t h;
+    MT_CHECK(mt_llmc_read_header(path, &h));
+    MT_CHECK(mt_llmc_apply_header(&h, path, mask, mc));
+    *llmc = path;
+    return MT_OK;
+}
+
 static mt_status_t setup(job_t *j) {
     const mt_config_t *cfg = j->cfg;
     mt_model_config_t mc;
     mt_job_model_config(cfg, &mc);
-    MT_CHECK(mt_model_init(&mc, &j->model));
     mt_job_info_t *info = &j->info;
+    MT_CHECK(model_init_source(cfg, &mc, &info->init_llmc));
+    MT_CHECK(mt_model_init(&mc, &j->model));
     info->cfg = cfg;
     info->model = j->model;
     mt_job_optim_config(cfg, &info->optim, &j->sched);
     info->global_batch = mt_config_int(cfg, "train.global_batch");
     info->micro_batch = mt_config_int(cfg, "train.micro_batch");
     info->grad_accum = mt_config_int(cfg, "train.grad_accum");
-    info->seq_len = mt_config_int(cfg, "model.seq_len");
+    info->seq_len = mt_model_config(j->model)->seq_len; /* the checkpoint's when model.init = llmc:PATH */
     info->comm = mt_rt_world()->comm;
-    int64_t dp = mt_config_int(cfg, "parallel.dp");
-    info->dp_size = (int)(dp > 0 ? dp : 1);
-    info->dp_rank = j->rank % info->dp_size;
+    if (j->opts->dp_size > 0) {
+        info->dp_size = j->opts->dp_size;
+        info->dp_rank = j->opts->dp_rank;
+    } else {
+        info->dp_size = mt_rt_world()->size;
+        info->dp_rank = j->rank;
+    }
+    if (info->dp_rank < 0 || info->dp_rank >= info->dp_size) {
+        return mt_error(MT_ERR_INVALID_ARG, "data-parallel rank %d outside [0, %d)", info->dp_rank, info->dp_size);
+    }
     if (info->micro_batch * info->grad_accum * info->dp_size != info->global_batch) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "train.global_batch = %lld but micro_batch x grad_accum x dp = %lld x %lld x %d: make them "
@@ -319,13 +363,16 @@ static void print_header(job_t *j) {
     fprintf(j->out,
             "meshtrain train: %s (n_layer %lld, n_embd %lld), %.3fM parameters | %lld steps of %lld x %lld tokens "
             "(micro-batch %lld x %lld) | %s lr %g %s | data %s | engine %s\n",
-            mt_config_str(cfg, "model.kind"), (long long)mt_config_int(cfg, "model.n_layer"),
-            (long long)mt_config_int(cfg, "model.n_embd"), n / 1e6, (long long)mt_config_int(cfg, "train.steps"),
+            mt_config_str(cfg, "model.kind"), (long long)mt_model_config(j->model)->n_layer,
+            (long long)mt_model_config(j->model)->n_embd, n / 1e6, (long long)mt_config_int(cfg, "train.steps"),
             (long long)j->info.global_batch, (long long)j->info.seq_len, (long long)j->info.micro_batch,
             (long long)j->info.grad_accum, mt_config_str(cfg, "optimizer.kind"), j->sched.lr,
             mt_config_str(cfg, "optimizer.schedule"), mt_config_str(cfg, "data.kind"), j->engine->name);
+    if (j->info.init_llmc) {
+        fprintf(j->out, "initial weights: llm.c checkpoint %s\n", j->info.init_llmc);
+    }
     if (!strcmp(mt_config_str(cfg, "data.kind"), "synthetic")) {
-        int64_t v = mt_config_int(cfg, "model.vocab_size");
+        int64_t v = mt_model_config(j->model)->vocab_size;
         fprintf(j->out, "synthetic data: Markov chain with %d successors per token; a perfect model reaches loss "
                         "%.4f, a uniform guess %.4f\n",
                 (int)MT_MIN((int64_t)MT_SYNTH_BRANCH, v), mt_synth_entropy(v), log((double)v));
@@ -395,7 +442,8 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
     return MT_OK;
 }
 
-/* Every rank returns the same status: the worst one, MT_ERR_REMOTE on ranks that were fine. */
+/* Every rank returns the same status, the numerically largest of all ranks' (so a bad-input verdict and
+ * its exit status are the same everywhere); ranks that were fine get the message "another rank failed". */
 static mt_status_t agree(MPI_Comm comm, mt_status_t st) {
     int mine = (int)st, worst = 0;
     if (MPI_Allreduce(&mine, &worst, 1, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS) {
@@ -428,6 +476,9 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
     }
     if (st == MT_OK) {
         st = setup(&j);
+        if (st == MT_ERR_IO) {
+            st = MT_ERR_INVALID_ARG; /* an input file (data, checkpoint) that cannot be read is bad input */
+        }
     }
     st = agree(w->comm, st);
     if (st == MT_OK) {

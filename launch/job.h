@@ -24,6 +24,7 @@ typedef struct {
     const mt_config_t *cfg;
     mt_model_t model;            /* built, no storage bound yet: the engine binds p->data / p->grad */
     mt_optim_params_t optim;     /* from optimizer.* */
+    const char *init_llmc;       /* model.init = "llmc:PATH": PATH, loaded after the random init; else NULL */
     int64_t global_batch;        /* sequences per step over all dp ranks */
     int64_t micro_batch;         /* sequences per micro-batch on this rank */
     int64_t grad_accum;          /* micro-batches per step on this rank */
@@ -39,7 +40,7 @@ typedef struct {
 typedef struct {
     const char *name;
     /* Binds p->data and p->grad of every parameter (storage the engine owns), writes the initial weights
-     * (mt_model_init_weights / mt_model_param_init_values), creates its optimizer over what this rank
+     * (mt_model_init_weights / mt_model_param_init_values, then the checkpoint info->init_llmc), creates its optimizer over what this rank
      * owns, and installs its hooks with mt_model_set_hooks. *ctx is passed to everything below. */
     mt_status_t (*init)(const mt_job_info_t *info, void **ctx);
     /* Zeroes the gradients this rank accumulates into before the first micro-batch of a step. */
@@ -67,9 +68,15 @@ typedef struct {
     const mt_job_engine_t *engine; /* NULL: mt_job_engine_local() (requires a world of one rank) */
     FILE *progress;               /* progress lines on rank 0; NULL: none (stdout in `meshtrain train`) */
     bool prefetch;                /* background data loading (default true) */
+    int dp_rank, dp_size;         /* this rank's data-parallel coordinate, from the caller's device mesh;
+                                   * dp_size 0: dp = world size and dp_rank = world rank (tp = pp = 1) */
 } mt_job_opts_t;
 
-#define MT_JOB_OPTS_INIT {.size = sizeof(mt_job_opts_t), .engine = NULL, .progress = NULL, .prefetch = true}
+#define MT_JOB_OPTS_INIT                                                                                     \
+    {                                                                                                        \
+        .size = sizeof(mt_job_opts_t), .engine = NULL, .progress = NULL, .prefetch = true, .dp_rank = 0,     \
+        .dp_size = 0                                                                                         \
+    }
 
 typedef struct {
     int64_t n_steps;     /* steps run (== train.steps unless stopped early) */

@@ -15,6 +15,7 @@ typedef struct {
 
 static const subcommand_t subcommands[] = {
     {"config", mt_cmd_config, "print the effective configuration, or every error in it"},
+    {"train", mt_cmd_train, "train the model a config describes (one process; the embedded default job without CONFIG)"},
     {"version", mt_cmd_version, "print version, git commit and the components this build has"},
 };
 

@@ -227,7 +227,7 @@ static mt_status_t open_shards(struct mt_data *d) {
                         d->what);
     }
     glob_t g;
-    int rc = glob(pat, GLOB_ERR, NULL, &g);
+    int rc = glob(pat, 0, NULL, &g); /* an unreadable or missing directory matches nothing */
     if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
         globfree(&g);
         return mt_error(MT_ERR_INVALID_ARG, "%s = \"%s\": no file matches this glob (check the path)", d->what, pat);

@@ -1,119 +1,134 @@
-/* Causal multi-head self-attention. Per (batch, head) the products are sgemm calls on strided views of
- * qkv (B,T,3C); the softmax is row-parallel with OpenMP. Two variants: keep the probabilities
+/* Causal multi-head self-attention on strided views of qkv (B,T,3C): row-wise dot products and axpys over
+ * the head dimension (vectorised with omp simd), only the causal half computed, OpenMP over rows. Two variants: keep the probabilities
  * att (B,NH,T,T) for backward, or keep only the per-row log-sum-exp lse (B,NH,T) and recompute
- * P = exp(S - lse) in backward (T*T floats of scratch instead of B*NH*T*T of saved activations).
- * sgemm is called from one thread (OpenBLAS threads it); OpenMP regions never call BLAS.
+ * P = exp(S - lse) in backward (two rows of scratch per thread instead of B*NH*T*T saved floats).
  * SPDX-License-Identifier: MIT */
-#include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
+#include "fastmath.h"
 #include "layers.h"
 
 size_t mt_attention_scratch_floats(int T) {
-    return 2 * (size_t)T * T; /* S/P and dP for one (b, h) */
+    int nt = omp_get_max_threads();
+    return 2 * (size_t)T * (size_t)(nt > 1 ? nt : 1); /* two rows of T per thread */
 }
 
-/* In place over S (T,T), row t: P[t, s] = exp(S[t,s] - lse_t) for s <= t, 0 for s > t. Returns lse in lse_out. */
-static void causal_softmax_rows(float *S, float *lse_out, int T) {
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < T; t++) {
-        float *row = S + (size_t)t * T;
-        float mx = -INFINITY;
-        for (int s = 0; s <= t; s++) {
-            mx = row[s] > mx ? row[s] : mx;
-        }
-        float sum = 0.0f;
-        for (int s = 0; s <= t; s++) {
-            row[s] = expf(row[s] - mx);
-            sum += row[s];
-        }
-        float inv = 1.0f / sum;
-        for (int s = 0; s <= t; s++) {
-            row[s] *= inv;
-        }
-        for (int s = t + 1; s < T; s++) {
-            row[s] = 0.0f;
-        }
-        if (lse_out) {
-            lse_out[t] = mx + logf(sum);
-        }
+static inline float dot(const float *a, const float *b, int n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) {
+        s += a[i] * b[i];
+    }
+    return s;
+}
+
+static inline void axpy(float *y, float a, const float *x, int n) {
+#pragma omp simd
+    for (int i = 0; i < n; i++) {
+        y[i] += a * x[i];
     }
 }
 
-/* S = scale * Q K^T; P = causal softmax(S); out_h = P V. */
-void mt_attention_forward(float *out, float *att, float *lse, const float *qkv, int B, int T, int C, int NH,
-                          float *scratch) {
+/* Per (b, h, t): S_s = scale q_t.k_s for s <= t; P = softmax(S); out_t = sum_s P_s v_s.
+ * Rows are independent: threads split (b, h, t). The causal half above the diagonal is never computed. */
+static void mt_attention_forward_impl(float *out, float *att, float *lse, const float *qkv, int B, int T, int C,
+                                      int NH, float *scratch) {
     int hs = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(3) schedule(static)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * C3 + h * hs;
-            const float *k = q + C;
-            const float *v = q + 2 * C;
-            float *P = att ? att + ((size_t)b * NH + h) * T * T : scratch;
-            float *l = lse ? lse + ((size_t)b * NH + h) * T : NULL;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, P, T);
-            causal_softmax_rows(P, l, T);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, v, C3, 0.0f,
-                        out + (size_t)b * T * C + h * hs, C);
-        }
-    }
-}
-
-/* With P the probabilities and dO the output gradient of one head:
- *   dV += P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(P * dP));  dQ += scale dS K;  dK += scale dS^T Q. */
-void mt_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *lse,
-                           int B, int T, int C, int NH, float *scratch) {
-    int hs = C / NH, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    float *Pbuf = scratch, *dP = scratch + (size_t)T * T;
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * C3 + h * hs;
-            const float *k = q + C;
-            const float *v = q + 2 * C;
-            float *dq = dqkv + (size_t)b * T * C3 + h * hs;
-            float *dk = dq + C;
-            float *dv = dq + 2 * C;
-            const float *dO = dout + (size_t)b * T * C + h * hs;
-            const float *P;
-            if (att) {
-                P = att + ((size_t)b * NH + h) * T * T;
-            } else {
-                const float *l = lse + ((size_t)b * NH + h) * T;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, Pbuf, T);
-#pragma omp parallel for schedule(static)
-                for (int t = 0; t < T; t++) {
-                    float *row = Pbuf + (size_t)t * T;
-                    for (int s = 0; s <= t; s++) {
-                        row[s] = expf(row[s] - l[t]);
-                    }
+            for (int t = 0; t < T; t++) {
+                float *row = att ? att + (((size_t)b * NH + h) * T + t) * T
+                                 : scratch + 2 * (size_t)T * omp_get_thread_num();
+                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                float mx = -INFINITY;
+                for (int s = 0; s <= t; s++) {
+                    row[s] = scale * dot(q, qkv + ((size_t)b * T + s) * C3 + C + h * hs, hs);
+                    mx = row[s] > mx ? row[s] : mx;
+                }
+                float sum = 0.0f;
+                for (int s = 0; s <= t; s++) {
+                    row[s] = mt_fast_expf(row[s] - mx);
+                    sum += row[s];
+                }
+                float inv = 1.0f / sum;
+                float *o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int i = 0; i < hs; i++) {
+                    o[i] = 0.0f;
+                }
+                for (int s = 0; s <= t; s++) {
+                    row[s] *= inv;
+                    axpy(o, row[s], qkv + ((size_t)b * T + s) * C3 + 2 * C + h * hs, hs);
+                }
+                if (att) {
                     for (int s = t + 1; s < T; s++) {
                         row[s] = 0.0f;
                     }
                 }
-                P = Pbuf;
-            }
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, dO, C, 1.0f, dv, C3);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dO, C, v, C3, 0.0f, dP, T);
-#pragma omp parallel for schedule(static)
-            for (int t = 0; t < T; t++) {
-                const float *p = P + (size_t)t * T;
-                float *d = dP + (size_t)t * T;
-                float dot = 0.0f;
-                for (int s = 0; s <= t; s++) {
-                    dot += p[s] * d[s];
-                }
-                for (int s = 0; s <= t; s++) {
-                    d[s] = p[s] * (d[s] - dot);
-                }
-                for (int s = t + 1; s < T; s++) {
-                    d[s] = 0.0f;
+                if (lse) {
+                    lse[((size_t)b * NH + h) * T + t] = mx + logf(sum);
                 }
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dP, T, k, C3, 1.0f, dq, C3);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dP, T, q, C3, 1.0f, dk, C3);
         }
     }
+}
+
+/* With P the probabilities and dO the output gradient of one head, per row t:
+ *   dV_s += P_s dO_t;  dP_s = dO_t.v_s;  dS_s = P_s (dP_s - sum_s' P_s' dP_s');
+ *   dQ_t += scale sum_s dS_s k_s;  dK_s += scale dS_s q_t.
+ * dK and dV of a position collect from many rows, so threads split (b, h) only. */
+static void mt_attention_backward_impl(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                       const float *lse, int B, int T, int C, int NH, float *scratch) {
+    int hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            float *prow = scratch + 2 * (size_t)T * omp_get_thread_num(), *dp = prow + T;
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                const float *dO = dout + ((size_t)b * T + t) * C + h * hs;
+                const float *p;
+                if (att) {
+                    p = att + (((size_t)b * NH + h) * T + t) * T;
+                } else {
+                    float l = lse[((size_t)b * NH + h) * T + t];
+                    for (int s = 0; s <= t; s++) {
+                        prow[s] = mt_fast_expf(scale * dot(q, qkv + ((size_t)b * T + s) * C3 + C + h * hs, hs) - l);
+                    }
+                    p = prow;
+                }
+                float pdp = 0.0f;
+                for (int s = 0; s <= t; s++) {
+                    const float *v = qkv + ((size_t)b * T + s) * C3 + 2 * C + h * hs;
+                    axpy(dqkv + ((size_t)b * T + s) * C3 + 2 * C + h * hs, p[s], dO, hs);
+                    dp[s] = dot(dO, v, hs);
+                    pdp += p[s] * dp[s];
+                }
+                float *dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
+                for (int s = 0; s <= t; s++) {
+                    float ds = scale * p[s] * (dp[s] - pdp);
+                    axpy(dq, ds, qkv + ((size_t)b * T + s) * C3 + C + h * hs, hs);
+                    axpy(dqkv + ((size_t)b * T + s) * C3 + C + h * hs, ds, q, hs);
+                }
+            }
+        }
+    }
+}
+
+void mt_attention_forward(float *out, float *att, float *lse, const float *qkv, int B, int T, int C, int NH,
+                          float *scratch) {
+    double t0 = mt_layers_prof_begin();
+    mt_attention_forward_impl(out, att, lse, qkv, B, T, C, NH, scratch);
+    mt_layers_prof_end(MT_OP_ATTENTION_FWD, t0);
+}
+
+void mt_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *lse,
+                           int B, int T, int C, int NH, float *scratch) {
+    double t0 = mt_layers_prof_begin();
+    mt_attention_backward_impl(dqkv, dout, qkv, att, lse, B, T, C, NH, scratch);
+    mt_layers_prof_end(MT_OP_ATTENTION_BWD, t0);
 }

@@ -7,6 +7,7 @@
 #ifndef MT_LAYERS_H
 #define MT_LAYERS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,7 +50,7 @@ void mt_embedding_backward(float *dwte, float *dwpe, const float *dout, const in
 /* qkv (B,T,3C) holds Q|K|V, head h at columns [h*hs, (h+1)*hs) of each; out (B,T,C) = softmax(QK^T/sqrt(hs),
  * causal) V per head. Saved: att (B,NH,T,T) probabilities (zero above the diagonal) when keep_probs, else
  * lse (B,NH,T) per-row log-sum-exp of the scaled scores, from which backward recomputes the probabilities.
- * scratch: see mt_attention_scratch_floats. */
+ * scratch: mt_attention_scratch_floats(T) floats (per-thread rows; size it after setting the thread count). */
 size_t mt_attention_scratch_floats(int T);
 void mt_attention_forward(float *out, float *att, float *lse, const float *qkv, int B, int T, int C, int NH,
                           float *scratch);
@@ -66,6 +67,21 @@ int mt_softmax_ce_forward(float *losses, float *lse, float *mean_loss, const flo
  * alias logits, computing in place). scale is typically loss_grad_scale / n_valid. */
 void mt_softmax_ce_backward(float *dlogits, const float *logits, const float *lse, const int32_t *targets, int N,
                             int V, int Vp, float scale);
+
+/* ---- per-operation timers (bench/): prof.c ---- */
+typedef enum {
+    MT_OP_MATMUL_FWD, MT_OP_MATMUL_BWD, MT_OP_LAYERNORM_FWD, MT_OP_LAYERNORM_BWD, MT_OP_GELU_FWD, MT_OP_GELU_BWD,
+    MT_OP_RESIDUAL_FWD, MT_OP_RESIDUAL_BWD, MT_OP_EMBEDDING_FWD, MT_OP_EMBEDDING_BWD, MT_OP_ATTENTION_FWD,
+    MT_OP_ATTENTION_BWD, MT_OP_SOFTMAX_CE_FWD, MT_OP_SOFTMAX_CE_BWD, MT_OP_COUNT
+} mt_op_t;
+/* Process-wide, not thread-safe; off by default. */
+void mt_layers_prof_enable(bool on);
+void mt_layers_prof_reset(void);
+/* Seconds spent in op since the last reset; *calls (may be NULL) the number of calls. */
+double mt_layers_prof_seconds(mt_op_t op, long *calls);
+const char *mt_layers_op_name(mt_op_t op);
+double mt_layers_prof_begin(void);
+void mt_layers_prof_end(mt_op_t op, double t0);
 
 #ifdef __cplusplus
 }

@@ -7,7 +7,7 @@
 #include "layers.h"
 
 /* out[n, o] = sum_c inp[n, c] * w[o, c] + bias[o] */
-void mt_matmul_forward(float *out, int ldo, const float *inp, const float *w, const float *bias, int N, int C,
+static void mt_matmul_forward_impl(float *out, int ldo, const float *inp, const float *w, const float *bias, int N, int C,
                        int OC) {
     if (bias) {
 #pragma omp parallel for schedule(static)
@@ -39,7 +39,7 @@ void mt_bias_backward(float *dbias, const float *dout, int ldo, int N, int OC) {
 }
 
 /* dinp = dout @ w (N,OC)x(OC,C);  dw = dout^T @ inp (OC,N)x(N,C);  dbias = column sums of dout. */
-void mt_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, int ldo, const float *inp,
+static void mt_matmul_backward_impl(float *dinp, float *dw, float *dbias, const float *dout, int ldo, const float *inp,
                         const float *w, int N, int C, int OC) {
     if (dinp) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, ldo, w, C, 1.0f, dinp, C);
@@ -50,4 +50,18 @@ void mt_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
     if (dbias) {
         mt_bias_backward(dbias, dout, ldo, N, OC);
     }
+}
+
+void mt_matmul_forward(float *out, int ldo, const float *inp, const float *w, const float *bias, int N, int C,
+                       int OC) {
+    double t0 = mt_layers_prof_begin();
+    mt_matmul_forward_impl(out, ldo, inp, w, bias, N, C, OC);
+    mt_layers_prof_end(MT_OP_MATMUL_FWD, t0);
+}
+
+void mt_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, int ldo, const float *inp,
+                        const float *w, int N, int C, int OC) {
+    double t0 = mt_layers_prof_begin();
+    mt_matmul_backward_impl(dinp, dw, dbias, dout, ldo, inp, w, N, C, OC);
+    mt_layers_prof_end(MT_OP_MATMUL_BWD, t0);
 }

@@ -4,10 +4,11 @@
 #include <math.h>
 #include <string.h>
 
+#include "fastmath.h"
 #include "layers.h"
 
 /* lse = max + log sum_v exp(l_v - max);  loss = lse - l_target. */
-int mt_softmax_ce_forward(float *losses, float *lse, float *mean_loss, const float *logits, const int32_t *targets,
+static int mt_softmax_ce_forward_impl(float *losses, float *lse, float *mean_loss, const float *logits, const int32_t *targets,
                           int N, int V, int Vp) {
     double total = 0.0;
     int n_valid = 0;
@@ -15,12 +16,14 @@ int mt_softmax_ce_forward(float *losses, float *lse, float *mean_loss, const flo
     for (int n = 0; n < N; n++) {
         const float *l = logits + (size_t)n * Vp;
         float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
         for (int v = 0; v < V; v++) {
             mx = l[v] > mx ? l[v] : mx;
         }
         float s = 0.0f;
+#pragma omp simd reduction(+ : s)
         for (int v = 0; v < V; v++) {
-            s += expf(l[v] - mx);
+            s += mt_fast_expf(l[v] - mx);
         }
         float z = mx + logf(s);
         lse[n] = z;
@@ -37,7 +40,7 @@ int mt_softmax_ce_forward(float *losses, float *lse, float *mean_loss, const flo
 }
 
 /* dl_v = scale * (exp(l_v - lse) - [v == target]) */
-void mt_softmax_ce_backward(float *dlogits, const float *logits, const float *lse, const int32_t *targets, int N,
+static void mt_softmax_ce_backward_impl(float *dlogits, const float *logits, const float *lse, const int32_t *targets, int N,
                             int V, int Vp, float scale) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -48,12 +51,28 @@ void mt_softmax_ce_backward(float *dlogits, const float *logits, const float *ls
             continue;
         }
         float z = lse[n];
+#pragma omp simd
         for (int v = 0; v < V; v++) {
-            d[v] = scale * expf(l[v] - z);
+            d[v] = scale * mt_fast_expf(l[v] - z);
         }
         d[targets[n]] -= scale;
         for (int v = V; v < Vp; v++) {
             d[v] = 0.0f;
         }
     }
+}
+
+int mt_softmax_ce_forward(float *losses, float *lse, float *mean_loss, const float *logits, const int32_t *targets,
+                          int N, int V, int Vp) {
+    double t0 = mt_layers_prof_begin();
+    int r = mt_softmax_ce_forward_impl(losses, lse, mean_loss, logits, targets, N, V, Vp);
+    mt_layers_prof_end(MT_OP_SOFTMAX_CE_FWD, t0);
+    return r;
+}
+
+void mt_softmax_ce_backward(float *dlogits, const float *logits, const float *lse, const int32_t *targets, int N,
+                            int V, int Vp, float scale) {
+    double t0 = mt_layers_prof_begin();
+    mt_softmax_ce_backward_impl(dlogits, logits, lse, targets, N, V, Vp, scale);
+    mt_layers_prof_end(MT_OP_SOFTMAX_CE_BWD, t0);
 }
