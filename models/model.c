@@ -237,6 +237,10 @@ void mt_model_zero_grads(mt_model_t m) {
     }
 }
 
+void mt_model_get_hooks(mt_model_t m, mt_model_hooks_t *out) {
+    *out = m->hooks;
+}
+
 void mt_model_set_hooks(mt_model_t m, const mt_model_hooks_t *hooks) {
     if (hooks) {
         m->hooks = *hooks;

@@ -160,6 +160,8 @@ typedef struct {
 
 /* Installs hooks (copied); NULL removes them. */
 void mt_model_set_hooks(mt_model_t m, const mt_model_hooks_t *hooks);
+/* The installed hooks (all NULL if none), so a wrapper can chain to them. */
+void mt_model_get_hooks(mt_model_t m, mt_model_hooks_t *out);
 
 /* ---- execution ------------------------------------------------------------------------------ */
 

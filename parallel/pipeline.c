@@ -203,6 +203,11 @@ static int stage_of_module(const struct mt_pipeline *pl, int module) {
     return -1;
 }
 
+static mt_status_t hook_pre_forward(void *arg, int module);
+static mt_status_t hook_post_forward(void *arg, int module);
+static mt_status_t hook_pre_backward(void *arg, int module);
+static mt_status_t hook_post_backward(void *arg, int module);
+
 /* Every stage must run the same configuration: compare a fingerprint with a MIN and a MAX reduction. */
 static mt_status_t check_agreement(struct mt_pipeline *pl) {
     if (!pl->pp_comm || pl->n_stages == 1) {
@@ -309,6 +314,10 @@ mt_status_t mt_pipeline_init(mt_model_t model, mt_comm_t pp_comm, mt_comm_t emb_
             goto fail;
         }
     }
+    mt_model_get_hooks(model, &pl->inner);
+    mt_model_hooks_t hk = {hook_pre_forward, hook_post_forward, hook_pre_backward, hook_post_backward, pl};
+    mt_model_set_hooks(model, &hk);
+    pl->hooks_installed = true;
     MT_INFO(MT_LOG_PAR, "pipeline stage %d/%d: modules [%d, %d) (%s .. %s), %s, %d micro-batches, %d held at most",
             pl->stage, pl->n_stages, pl->lo, pl->hi, mt_model_module_name(model, pl->lo),
             mt_model_module_name(model, pl->hi - 1), mt_pp_schedule_name(p->schedule), p->microbatches, pl->n_acts);
@@ -322,6 +331,9 @@ fail:
 void mt_pipeline_free(mt_pipeline_t pl) {
     if (!pl) {
         return;
+    }
+    if (pl->hooks_installed) {
+        mt_model_set_hooks(pl->model, &pl->inner); /* whatever was there before the pipeline */
     }
     if (pl->acts) {
         for (int i = 0; i < pl->n_acts; i++) {
@@ -403,27 +415,76 @@ mt_status_t mt_pipeline_alloc_params(mt_pipeline_t pl) {
 
 /* ---- the step -------------------------------------------------------------------------------- */
 
-/* Sums the gradients of parameters read on both the first and the last stage over the embedding
- * group, in registration order (the same sequence on both ends). */
-static mt_status_t reduce_tied_grads(mt_pipeline_t pl) {
-    if (!pl->emb_comm || mt_comm_size(pl->emb_comm) < 2) {
-        return MT_OK;
+/* Whether parameter i is read on two different stages (GPT-2's wte: embedding and head). */
+static bool split_tied(mt_pipeline_t pl, int i) {
+    const mt_param_t *q = mt_model_param(pl->model, i);
+    return q->tied_module >= 0 && stage_of_module(pl, q->module) != stage_of_module(pl, q->tied_module);
+}
+
+static mt_status_t reduce_tied_param(mt_pipeline_t pl, int i) {
+    mt_param_t *q = mt_model_param(pl->model, i);
+    if (!pl->emb_comm) {
+        return mt_error(MT_ERR_INVALID_USAGE,
+                        "pipeline stage %d: parameter %s is read on stages %d and %d but no embedding-group "
+                        "communicator was given (mt_mesh_embedding_group)",
+                        pl->stage, q->name, stage_of_module(pl, q->module), stage_of_module(pl, q->tied_module));
     }
+    if (!q->grad) {
+        return mt_error(MT_ERR_INVALID_ARG, "pipeline: tied parameter %s has no gradient bound", q->name);
+    }
+    return mt_coll_all_reduce(pl->emb_comm, q->grad, q->grad, q->numel, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL);
+}
+
+/* Tied parameters this stage reads through the tied module (not owned here): summed after the schedule, in
+ * the order the owning stage sums them (modules in backward order, parameters in registration order). */
+static mt_status_t reduce_tied_readers(mt_pipeline_t pl) {
     int np = mt_model_n_params(pl->model);
-    for (int i = 0; i < np; i++) {
-        mt_param_t *q = mt_model_param(pl->model, i);
-        if (q->tied_module < 0 || !pl->needs[i]) {
-            continue;
+    for (int mod = pl->n_modules - 1; mod >= 0; mod--) {
+        for (int i = 0; i < np; i++) {
+            const mt_param_t *q = mt_model_param(pl->model, i);
+            if (q->module == mod && pl->needs[i] && !pl->owns[i] && split_tied(pl, i)) {
+                MT_CHECK(reduce_tied_param(pl, i));
+            }
         }
-        if (stage_of_module(pl, q->module) == stage_of_module(pl, q->tied_module)) {
-            continue; /* both readers on one stage: the model already summed them */
-        }
-        if (!q->grad) {
-            return mt_error(MT_ERR_INVALID_ARG, "pipeline: tied parameter %s has no gradient bound", q->name);
-        }
-        MT_CHECK(mt_coll_all_reduce(pl->emb_comm, q->grad, q->grad, q->numel, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL));
     }
     return MT_OK;
+}
+
+void mt_pipeline_begin_final_pass(mt_pipeline_t pl) {
+    pl->final_pass = true;
+}
+
+/* ---- hooks: the pipeline's work, then the wrapped hooks --------------------------------------- */
+
+static mt_status_t hook_pre_forward(void *arg, int module) {
+    mt_pipeline_t pl = arg;
+    return pl->inner.pre_forward ? pl->inner.pre_forward(pl->inner.arg, module) : MT_OK;
+}
+static mt_status_t hook_post_forward(void *arg, int module) {
+    mt_pipeline_t pl = arg;
+    return pl->inner.post_forward ? pl->inner.post_forward(pl->inner.arg, module) : MT_OK;
+}
+static mt_status_t hook_pre_backward(void *arg, int module) {
+    mt_pipeline_t pl = arg;
+    return pl->inner.pre_backward ? pl->inner.pre_backward(pl->inner.arg, module) : MT_OK;
+}
+/* On the final pass, module's gradients are complete here: sum the tied ones this stage owns over the
+ * embedding group and run grads_ready before the wrapped hook (e.g. DDP launching the bucket). */
+static mt_status_t hook_post_backward(void *arg, int module) {
+    mt_pipeline_t pl = arg;
+    if (pl->final_pass) {
+        int first = 0, count = 0;
+        mt_model_module_params(pl->model, module, &first, &count);
+        for (int i = first; i < first + count; i++) {
+            if (pl->owns[i] && split_tied(pl, i)) {
+                MT_CHECK(reduce_tied_param(pl, i));
+            }
+        }
+        if (pl->p.grads_ready) {
+            MT_CHECK(pl->p.grads_ready(pl->p.grads_ready_arg, module));
+        }
+    }
+    return pl->inner.post_backward ? pl->inner.post_backward(pl->inner.arg, module) : MT_OK;
 }
 
 mt_status_t mt_pipeline_step(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets, float *loss) {
@@ -438,10 +499,13 @@ mt_status_t mt_pipeline_step(mt_pipeline_t pl, const int32_t *tokens, const int3
     pl->loss_sum = 0.0f;
     pl->in_flight = 0;
     double t0 = mt_now();
-    MT_CHECK(mt_pipeline_run_schedule(pl, tokens, targets));
-    MT_ASSERT(pl->in_flight == 0);
+    pl->final_pass = false;
+    mt_status_t st = mt_pipeline_run_schedule(pl, tokens, targets);
+    pl->final_pass = false;
+    MT_CHECK(st);
+    MT_ASSERT(pl->in_flight == 0 && pl->stats.n_backward == pl->p.microbatches);
     pl->stats.step_s = mt_now() - t0;
-    MT_CHECK(reduce_tied_grads(pl));
+    MT_CHECK(reduce_tied_readers(pl));
     float l = pl->loss_sum / (float)pl->p.microbatches;
     if (pl->pp_comm && pl->n_stages > 1) {
         MT_CHECK(mt_coll_broadcast(pl->pp_comm, &l, &l, 1, MT_DTYPE_F32, pl->n_stages - 1, NULL, NULL));

@@ -46,18 +46,26 @@ typedef struct {
     int seq_len;               /* T: tokens per sequence (<= the model's seq_len) */
     const char *stage_layers;  /* parallel.stage_layers; NULL or "" = balanced */
     double timeout_s;          /* longest wait for a neighbour's message; <= 0: the comm's default */
+    /* Called on the step's last backward pass once module m's gradients are complete on this stage, before
+     * the hooks that were installed when the pipeline was created (a data-parallel engine's) see them:
+     * the place for reductions that must precede data-parallel gradient communication, e.g. the
+     * sequence-parallel sum over tp. NULL: none. */
+    mt_status_t (*grads_ready)(void *arg, int module);
+    void *grads_ready_arg;
 } mt_pipeline_params_t;
 
 #define MT_PIPELINE_PARAMS_INIT                                                                           \
     {                                                                                                     \
         .size = sizeof(mt_pipeline_params_t), .schedule = MT_PP_1F1B, .microbatches = 1, .micro_batch = 1, \
-        .seq_len = 1, .stage_layers = NULL, .timeout_s = 0.0                                             \
+        .seq_len = 1, .stage_layers = NULL, .timeout_s = 0.0, .grads_ready = NULL, .grads_ready_arg = NULL \
     }
 
 typedef struct mt_pipeline *mt_pipeline_t;
 
 /* Creates this rank's stage of the pipeline. model: built, identical on every stage (its parameters
- * need not be bound yet). pp_comm: the pipeline group; this rank's index in it is its stage (NULL or a
+ * need not be bound yet). The pipeline wraps the model's hooks: hooks installed before this call (a
+ * data-parallel engine's) keep running around every module, after the pipeline's own work; they are
+ * restored by mt_pipeline_free. pp_comm: the pipeline group; this rank's index in it is its stage (NULL or a
  * 1-rank comm: one stage runs the whole model). emb_comm: the embedding group (first and last stage,
  * mt_mesh_embedding_group) on those two stages, NULL elsewhere and when pp = 1. The model and comms are
  * borrowed and must outlive the pipeline. Collective over pp_comm (checks that every stage agrees on
@@ -95,8 +103,10 @@ mt_status_t mt_pipeline_alloc_params(mt_pipeline_t pl);
  *           and broadcasts it over pp_comm).
  * Gradients ACCUMULATE (+=) into the bound p->grad with loss_grad_scale 1/m, so after the step they
  * are the gradient of the batch mean, as in the single-process run; the caller zeroes them between
- * steps. Before returning, the gradients of tied parameters are summed over emb_comm so both copies
- * hold the same (whole) gradient. Collective over pp_comm and emb_comm. Errors: the model's (bad
+ * steps. The gradients of tied parameters are summed over emb_comm so both copies hold the same (whole)
+ * gradient: on the owning (first) stage right after its last backward of the owning module, before the
+ * wrapped hooks see it, on the other (last) stage after the schedule, so a data-parallel engine's
+ * reduction, launched from its hooks or its finish, always sees the summed gradient. Collective over pp_comm and emb_comm. Errors: the model's (bad
  * token), MT_ERR_TIMEOUT naming the stage, peer and micro-batch a message was awaited for,
  * MT_ERR_INTERNAL for a message tagged with the wrong micro-batch, the comm's errors. */
 mt_status_t mt_pipeline_step(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets, float *loss);
@@ -117,6 +127,7 @@ typedef struct {
     double compute_s;     /* time in forward and backward of the stage's modules */
     double comm_wait_s;   /* time in send/recv with the neighbours (includes waiting for them) */
     int64_t n_sends, n_recvs; /* point-to-point messages of the step */
+    int n_backward;           /* backward passes run */
     int64_t bytes_sent;
 } mt_pipeline_stats_t;
 

@@ -25,7 +25,13 @@ struct mt_pipeline {
     float *act_send, *act_recv, *grad_send, *grad_recv;
     float loss_sum;
     mt_pipeline_stats_t stats;
+    mt_model_hooks_t inner; /* hooks installed before the pipeline, chained to */
+    bool final_pass;        /* the step's last backward pass is running */
+    bool hooks_installed;
 };
+
+/* Sets up the final pass of the step (the last micro-batch's backward) before it runs. */
+void mt_pipeline_begin_final_pass(mt_pipeline_t pl);
 
 /* Runs the configured schedule over the step's micro-batches (pipeline_sched.c). */
 mt_status_t mt_pipeline_run_schedule(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets);

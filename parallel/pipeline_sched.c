@@ -149,6 +149,10 @@ static mt_status_t forward(mt_pipeline_t pl, int k, const int32_t *tokens, const
 static mt_status_t backward(mt_pipeline_t pl, int k) {
     int slot = k % pl->n_acts;
     MT_ASSERT(pl->busy[slot] == k);
+    if (pl->in_flight == 1 && pl->stats.n_backward == pl->p.microbatches - 1) {
+        mt_pipeline_begin_final_pass(pl);
+    }
+    pl->stats.n_backward++;
     double t0 = mt_now();
     mt_status_t st = mt_model_backward(pl->model, pl->acts[slot], pl->lo, pl->hi, is_last(pl) ? NULL : pl->grad_recv,
                                        is_first(pl) ? NULL : pl->grad_send, 1.0f / (float)pl->p.microbatches);

@@ -112,13 +112,11 @@ void mt_tp_reset_counts(mt_tp_t tp) {
     memset(&tp->counts, 0, sizeof(tp->counts));
 }
 
-mt_status_t mt_tp_finish_grads(mt_tp_t tp, mt_model_t m, bool sequence_parallel) {
-    if (!sequence_parallel || tp->size == 1) {
-        return MT_OK;
-    }
+/* Sums the gradients of the replicated parameters in [first, first + count) over tp, packed in one buffer. */
+static mt_status_t sync_replicated(mt_tp_t tp, mt_model_t m, int first, int count) {
     size_t total = 0;
-    int n = mt_model_n_params(m);
-    for (int i = 0; i < n; i++) {
+    int n = first + count;
+    for (int i = first; i < n; i++) {
         const mt_param_t *p = mt_model_param(m, i);
         if (p->tp_dim < 0 && p->grad) {
             total += p->numel;
@@ -132,7 +130,7 @@ mt_status_t mt_tp_finish_grads(mt_tp_t tp, mt_model_t m, bool sequence_parallel)
         return mt_error(MT_ERR_OOM, "tp: cannot allocate %zu bytes to sum replicated gradients", total * 4);
     }
     size_t off = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = first; i < n; i++) {
         const mt_param_t *p = mt_model_param(m, i);
         if (p->tp_dim < 0 && p->grad) {
             memcpy(buf + off, p->grad, p->numel * sizeof(float));
@@ -146,7 +144,7 @@ mt_status_t mt_tp_finish_grads(mt_tp_t tp, mt_model_t m, bool sequence_parallel)
     tp->counts.seconds += mt_now() - t0;
     if (st == MT_OK) {
         off = 0;
-        for (int i = 0; i < n; i++) {
+        for (int i = first; i < n; i++) {
             const mt_param_t *p = mt_model_param(m, i);
             if (p->tp_dim < 0 && p->grad) {
                 memcpy(p->grad, buf + off, p->numel * sizeof(float));
@@ -156,6 +154,22 @@ mt_status_t mt_tp_finish_grads(mt_tp_t tp, mt_model_t m, bool sequence_parallel)
     }
     mt_free(buf);
     return st;
+}
+
+mt_status_t mt_tp_finish_grads(mt_tp_t tp, mt_model_t m, bool sequence_parallel) {
+    if (!sequence_parallel || tp->size == 1) {
+        return MT_OK;
+    }
+    return sync_replicated(tp, m, 0, mt_model_n_params(m));
+}
+
+mt_status_t mt_tp_sync_module_grads(mt_tp_t tp, mt_model_t m, int module, bool sequence_parallel) {
+    if (!sequence_parallel || tp->size == 1) {
+        return MT_OK;
+    }
+    int first = 0, count = 0;
+    mt_model_module_params(m, module, &first, &count);
+    return sync_replicated(tp, m, first, count);
 }
 
 mt_status_t mt_tp_gather_param(mt_tp_t tp, mt_model_t m, int i, float *out) {

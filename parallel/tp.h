@@ -55,6 +55,11 @@ void mt_tp_reset_counts(mt_tp_t tp);
  * parallelism every rank already holds the whole gradient and nothing is sent. Collective over tp. */
 mt_status_t mt_tp_finish_grads(mt_tp_t tp, mt_model_t m, bool sequence_parallel);
 
+/* The same for the replicated parameters of one module only (one all-reduce; nothing without sequence
+ * parallelism or when the module has none): for a hook on the step's last backward pass, so the sum is
+ * complete before a data-parallel engine communicates that module's gradients. Collective over tp. */
+mt_status_t mt_tp_sync_module_grads(mt_tp_t tp, mt_model_t m, int module, bool sequence_parallel);
+
 /* The whole parameter i (global_shape, row-major) assembled from every tp rank's shard into out on
  * every rank (an all-gather, then each shard put at its global rows/columns, honouring tp_parts).
  * Replicated parameters are copied. Collective over tp. */
