@@ -24,6 +24,9 @@ struct mt_par3d {
     mt_pipeline_t pl;
     float *gbuf; /* built-in dp all-reduce: the stage's gradients packed */
     size_t gbuf_n;
+    int64_t n_steps;   /* steps run */
+    float *flat;       /* engine mode, dp rank 0: whole parameters for gathers, valid at flat_step */
+    int64_t flat_step;
 };
 
 mt_status_t mt_par3d_check(const mt_par3d_params_t *p, int world, const mt_model_config_t *mc) {
@@ -95,14 +98,6 @@ mt_status_t mt_par3d_check(const mt_par3d_params_t *p, int world, const mt_model
                             "parallel.zero_stage = 1 or parallel.engine = \"ddp\" with pipelines",
                             p->zero_stage, pp);
         }
-        if (tp > 1) {
-            return mt_error(MT_ERR_INVALID_ARG,
-                            "parallel.engine = \"%s\" with parallel.tp = %d: the data-parallel engines "
-                            "(parallel/engine.c) refuse tensor-parallel models for now; tp x pp x dp runs with the "
-                            "built-in data-parallel all-reduce (parallel3d dp_mode = allreduce)",
-                            p->engine_kind == MT_ENGINE_ZERO ? "zero" : p->engine_kind == MT_ENGINE_DDP ? "ddp" : "dp",
-                            tp);
-        }
     }
     return MT_OK;
 }
@@ -142,6 +137,7 @@ mt_status_t mt_par3d_init(MPI_Comm world, const mt_model_config_t *mc, const mt_
     mt_status_t st = MT_OK;
     p3->p = *p;
     p3->rank = wrank;
+    p3->flat_step = -1;
     MT_CHECK_GOTO(mt_mesh_create(wsize, p->tp, p->pp, p->dp, p->order ? p->order : "tp-dp-pp", &p3->mesh), st, fail);
     p3->p.dp = mt_mesh_axis_size(p3->mesh, MT_AXIS_DP);
     mt_mesh_coords(p3->mesh, wrank, p3->coords);
@@ -169,6 +165,8 @@ mt_status_t mt_par3d_init(MPI_Comm world, const mt_model_config_t *mc, const mt_
     if (p->sequence_parallel && p->tp > 1) {
         pp.grads_ready = sp_grads_ready;
         pp.grads_ready_arg = p3;
+        /* ZeRO-2/3 move every pass's gradients into their shard: sum over tp before each such move. */
+        pp.grads_ready_each_pass = p3->engine && p->engine_kind == MT_ENGINE_ZERO && p->zero_stage >= 2;
     }
     MT_CHECK_GOTO(mt_pipeline_init(p3->model, p3->comm[MT_AXIS_PP], p3->emb, &pp, &p3->pl), st, fail);
     if (!p3->engine) {
@@ -211,6 +209,7 @@ void mt_par3d_free(mt_par3d_t p3) {
     mt_model_free(p3->model);
     mt_tp_free(p3->tp);
     mt_free(p3->gbuf);
+    mt_free(p3->flat);
     mt_comm_free(p3->emb);
     for (int k = 0; k < MT_AXIS_N; k++) {
         mt_comm_free(p3->comm[k]);
@@ -285,6 +284,7 @@ mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *t
         }
         MT_CHECK(mt_optim_step(p3->opt, lr, 1.0f));
     }
+    p3->n_steps++;
     if (loss) {
         *loss = (float)dl;
     }
@@ -295,6 +295,17 @@ mt_status_t mt_par3d_gather_param(mt_par3d_t p3, int i, float *out) {
     const mt_param_t *q = mt_model_param(p3->model, i);
     if (!q) {
         return mt_error(MT_ERR_INVALID_ARG, "parallel3d: no parameter %d", i);
+    }
+    if (p3->engine && p3->flat_step != p3->n_steps) {
+        /* Collective over dp: the engine assembles its parameters on dp rank 0 once per step. */
+        if (!p3->flat && p3->coords[MT_AXIS_DP] == 0) {
+            p3->flat = mt_alloc(mt_model_numel(p3->model) * sizeof(float), MT_MEM_COMM, "parallel3d gather");
+            if (!p3->flat) {
+                return mt_error(MT_ERR_OOM, "parallel3d: cannot allocate the parameter gather");
+            }
+        }
+        MT_CHECK(mt_engine_gather_params(p3->engine, 0, p3->flat));
+        p3->flat_step = p3->n_steps;
     }
     if (p3->coords[MT_AXIS_DP] != 0) {
         return MT_OK;
@@ -311,6 +322,10 @@ mt_status_t mt_par3d_gather_param(mt_par3d_t p3, int i, float *out) {
     if (!owner && !(stage == 0 && tpr == 0)) {
         return MT_OK;
     }
+    const float *local = q->data;
+    if (p3->engine) {
+        local = p3->flat + q->offset; /* the engine's whole parameters (ZeRO-3 keeps only shards bound) */
+    }
     float *buf = out;
     if (owner && !(stage == 0 && tpr == 0)) {
         buf = mt_alloc(n * sizeof(float), MT_MEM_COMM, "parallel3d gather");
@@ -320,7 +335,7 @@ mt_status_t mt_par3d_gather_param(mt_par3d_t p3, int i, float *out) {
     }
     mt_status_t st = MT_OK;
     if (owner) {
-        st = mt_tp_gather_param(p3->tp, p3->model, i, buf);
+        st = mt_tp_gather_shard(p3->tp, q, local, buf);
     }
     if (st == MT_OK && owner_stage != 0 && tpr == 0) {
         mt_work_t w = NULL;

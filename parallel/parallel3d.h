@@ -60,8 +60,8 @@ typedef struct {
  * sequence parallelism with micro_batch x seq_len not divisible by tp; engine "dp" (the DataParallel
  * baseline scatters batches from one root) with tp or pp > 1; ZeRO-2/3 with pp > 1 (they reduce or gather
  * per module on every micro-batch, while a stage runs only its modules and the tied embedding's gradient
- * is completed on two stages); engines with tp > 1 (the engines in parallel/engine.c refuse sharded
- * models); a stage split that does not fit. */
+ * is completed on two stages); a stage split that does not fit. An engine with tp > 1 is the engine's
+ * call (parallel/engine.c decides whether it takes tensor-parallel models, with its own message). */
 mt_status_t mt_par3d_check(const mt_par3d_params_t *p, int world_size, const mt_model_config_t *mc);
 
 typedef struct mt_par3d *mt_par3d_t;

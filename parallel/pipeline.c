@@ -480,9 +480,9 @@ static mt_status_t hook_post_backward(void *arg, int module) {
                 MT_CHECK(reduce_tied_param(pl, i));
             }
         }
-        if (pl->p.grads_ready) {
-            MT_CHECK(pl->p.grads_ready(pl->p.grads_ready_arg, module));
-        }
+    }
+    if (pl->p.grads_ready && (pl->final_pass || pl->p.grads_ready_each_pass)) {
+        MT_CHECK(pl->p.grads_ready(pl->p.grads_ready_arg, module));
     }
     return pl->inner.post_backward ? pl->inner.post_backward(pl->inner.arg, module) : MT_OK;
 }

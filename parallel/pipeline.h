@@ -52,12 +52,16 @@ typedef struct {
      * sequence-parallel sum over tp. NULL: none. */
     mt_status_t (*grads_ready)(void *arg, int module);
     void *grads_ready_arg;
+    /* Call grads_ready after every backward pass instead of the last only: for engines that take each
+     * pass's gradients away into fresh buffers (ZeRO-2/3 reduce-scatter per micro-batch). */
+    bool grads_ready_each_pass;
 } mt_pipeline_params_t;
 
 #define MT_PIPELINE_PARAMS_INIT                                                                           \
     {                                                                                                     \
         .size = sizeof(mt_pipeline_params_t), .schedule = MT_PP_1F1B, .microbatches = 1, .micro_batch = 1, \
-        .seq_len = 1, .stage_layers = NULL, .timeout_s = 0.0, .grads_ready = NULL, .grads_ready_arg = NULL \
+        .seq_len = 1, .stage_layers = NULL, .timeout_s = 0.0, .grads_ready = NULL, .grads_ready_arg = NULL, \
+        .grads_ready_each_pass = false                                                                   \
     }
 
 typedef struct mt_pipeline *mt_pipeline_t;

@@ -177,15 +177,19 @@ mt_status_t mt_tp_gather_param(mt_tp_t tp, mt_model_t m, int i, float *out) {
     if (!p || !p->data) {
         return mt_error(MT_ERR_INVALID_ARG, "tp: parameter %d does not exist or has no data bound", i);
     }
+    return mt_tp_gather_shard(tp, p, p->data, out);
+}
+
+mt_status_t mt_tp_gather_shard(mt_tp_t tp, const mt_param_t *p, const float *local, float *out) {
     if (p->tp_dim < 0 || tp->size == 1) {
-        memcpy(out, p->data, p->numel * sizeof(float));
+        memcpy(out, local, p->numel * sizeof(float));
         return MT_OK;
     }
     float *all = mt_alloc(p->numel * (size_t)tp->size * sizeof(float), MT_MEM_COMM, "tp gather");
     if (!all) {
         return mt_error(MT_ERR_OOM, "tp: cannot allocate the gather of %s", p->name);
     }
-    mt_status_t st = mt_coll_all_gather(tp->comm, p->data, all, p->numel, MT_DTYPE_F32, NULL, NULL);
+    mt_status_t st = mt_coll_all_gather(tp->comm, local, all, p->numel, MT_DTYPE_F32, NULL, NULL);
     if (st == MT_OK) {
         int64_t r0 = p->shape[0], c0 = p->shape[1], gcols = p->global_shape[1];
         for (int r = 0; r < tp->size; r++) {

@@ -64,6 +64,8 @@ mt_status_t mt_tp_sync_module_grads(mt_tp_t tp, mt_model_t m, int module, bool s
  * every rank (an all-gather, then each shard put at its global rows/columns, honouring tp_parts).
  * Replicated parameters are copied. Collective over tp. */
 mt_status_t mt_tp_gather_param(mt_tp_t tp, mt_model_t m, int i, float *out);
+/* The same from an explicit local shard of p (numel floats), e.g. an engine's copy. Collective over tp. */
+mt_status_t mt_tp_gather_shard(mt_tp_t tp, const mt_param_t *p, const float *local, float *out);
 
 #ifdef __cplusplus
 }
