@@ -7,6 +7,13 @@
 #include "parallel/tp.h"
 #include "runtime/alloc.h"
 
+/* Bytes a rank sends in a bandwidth-optimal algorithm (the nccl-tests bus convention, as the data-parallel
+ * engines count): all-reduce of b bytes 2b(n-1)/n, all-gather / reduce-scatter of b = n x c bytes b(n-1)/n.
+ * So an all-reduce moves exactly what the reduce-scatter + all-gather pair of sequence parallelism moves. */
+static int64_t bus_bytes(size_t total_floats, int n, int factor) {
+    return (int64_t)((double)factor * (double)total_floats * sizeof(float) * (n - 1) / n);
+}
+
 struct mt_tp {
     mt_comm_t comm; /* borrowed; NULL = one rank */
     int rank, size;
@@ -18,7 +25,7 @@ static mt_status_t seam_all_reduce(void *ctx, float *buf, size_t count) {
     struct mt_tp *tp = ctx;
     double t0 = mt_now();
     tp->counts.all_reduce++;
-    tp->counts.bytes += (int64_t)(count * sizeof(float));
+    tp->counts.bytes += bus_bytes(count, tp->size, 2);
     mt_status_t st = tp->comm ? mt_coll_all_reduce(tp->comm, buf, buf, count, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL)
                               : MT_OK;
     tp->counts.seconds += mt_now() - t0;
@@ -29,7 +36,7 @@ static mt_status_t seam_all_reduce_max(void *ctx, float *buf, size_t count) {
     struct mt_tp *tp = ctx;
     double t0 = mt_now();
     tp->counts.all_reduce_max++;
-    tp->counts.bytes += (int64_t)(count * sizeof(float));
+    tp->counts.bytes += bus_bytes(count, tp->size, 2);
     mt_status_t st = tp->comm ? mt_coll_all_reduce(tp->comm, buf, buf, count, MT_DTYPE_F32, MT_REDOP_MAX, NULL, NULL)
                               : MT_OK;
     tp->counts.seconds += mt_now() - t0;
@@ -40,7 +47,7 @@ static mt_status_t seam_all_gather(void *ctx, const float *send, float *recv, si
     struct mt_tp *tp = ctx;
     double t0 = mt_now();
     tp->counts.all_gather++;
-    tp->counts.bytes += (int64_t)(count * sizeof(float));
+    tp->counts.bytes += bus_bytes(count * (size_t)tp->size, tp->size, 1);
     mt_status_t st = MT_OK;
     if (tp->comm) {
         st = mt_coll_all_gather(tp->comm, send, recv, count, MT_DTYPE_F32, NULL, NULL);
@@ -55,7 +62,7 @@ static mt_status_t seam_reduce_scatter(void *ctx, const float *send, float *recv
     struct mt_tp *tp = ctx;
     double t0 = mt_now();
     tp->counts.reduce_scatter++;
-    tp->counts.bytes += (int64_t)(count * (size_t)tp->size * sizeof(float));
+    tp->counts.bytes += bus_bytes(count * (size_t)tp->size, tp->size, 1);
     mt_status_t st = MT_OK;
     if (tp->comm) {
         st = mt_coll_reduce_scatter(tp->comm, send, recv, count, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL);
@@ -140,7 +147,7 @@ static mt_status_t sync_replicated(mt_tp_t tp, mt_model_t m, int first, int coun
     double t0 = mt_now();
     mt_status_t st = mt_coll_all_reduce(tp->comm, buf, buf, total, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL);
     tp->counts.grad_sync++;
-    tp->counts.bytes += (int64_t)(total * sizeof(float));
+    tp->counts.bytes += bus_bytes(total, tp->size, 2);
     tp->counts.seconds += mt_now() - t0;
     if (st == MT_OK) {
         off = 0;

@@ -27,7 +27,7 @@ typedef struct {
     int64_t all_gather;     /* sequence parallelism: f forward, g backward */
     int64_t reduce_scatter; /* sequence parallelism: g forward, f backward */
     int64_t grad_sync;      /* all-reduces of replicated gradients (mt_tp_finish_grads) */
-    int64_t bytes;          /* bytes each rank contributed */
+    int64_t bytes;          /* bytes each rank sends, bus convention (tp.c): all-reduce 2b(n-1)/n, others b(n-1)/n */
     double seconds;         /* wall time inside those calls */
 } mt_tp_counts_t;
 

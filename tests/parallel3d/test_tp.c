@@ -26,7 +26,7 @@ typedef struct {
 static mt_tp_counts_t diff(const mt_tp_counts_t *a, const mt_tp_counts_t *b) {
     mt_tp_counts_t d = {a->all_reduce - b->all_reduce, a->all_reduce_max - b->all_reduce_max,
                         a->all_gather - b->all_gather, a->reduce_scatter - b->reduce_scatter,
-                        a->grad_sync - b->grad_sync, 0, 0.0};
+                        a->grad_sync - b->grad_sync, a->bytes - b->bytes, 0.0};
     return d;
 }
 static mt_status_t pre(void *arg, int module) {
@@ -124,6 +124,17 @@ static void run_case(mt_comm_t comm, mt_tp_t tp, const eq_setup_t *s, bool sp, c
     for (int mod = 1; mod <= L; mod++) {
         expect(&hs.fwd[mod], sp ? 0 : 2, 0, sp ? 2 : 0, sp ? 2 : 0, "forward", mod, sp);
         expect(&hs.bwd[mod], sp ? 0 : 2, 0, sp ? 2 : 0, sp ? 2 : 0, "backward", mod, sp);
+    }
+    /* Sequence parallelism moves the same bytes: a block's all-gather + reduce-scatter pairs replace its
+     * all-reduces (bus convention, parallel/tp.c). */
+    static int64_t block_bytes[2][2];
+    block_bytes[sp][0] = hs.fwd[1].bytes;
+    block_bytes[sp][1] = hs.bwd[1].bytes;
+    CHECK(hs.fwd[1].bytes > 0 && hs.fwd[1].bytes == hs.bwd[1].bytes, "block bytes fwd %lld bwd %lld",
+          (long long)hs.fwd[1].bytes, (long long)hs.bwd[1].bytes);
+    if (sp) {
+        CHECK(block_bytes[1][0] == block_bytes[0][0], "block forward bytes: sp %lld, without %lld",
+              (long long)block_bytes[1][0], (long long)block_bytes[0][0]);
     }
     expect(&hs.fwd[0], sp ? 0 : 1, 0, 0, sp ? 1 : 0, "forward", 0, sp);
     expect(&hs.bwd[0], 0, 0, sp ? 1 : 0, 0, "backward", 0, sp);
