@@ -130,8 +130,8 @@ static int bench_pipeline(const opts_t *o, const mt_world_t *w) {
                     amax = all_act[r] > amax ? all_act[r] : amax;
                 }
                 double bubble = (double)(w->size - 1) / (m + w->size - 1);
-                printf("%-6s %4d %4d %10.3f %10.3f %10.3f %10.3f %12.2f %12.2f   per stage:", mt_pp_schedule_name(sched),
-                       m, w->size, bubble, mean, mn, mx, smax * 1e3, amax);
+                printf("%-6s %4d %4d %10.3f %10.3f %10.3f %10.3f %12.2f %12.2f   per stage:",
+                       mt_pp_schedule_name(sched), m, w->size, bubble, mean, mn, mx, smax * 1e3, amax);
                 for (int r = 0; r < w->size; r++) {
                     printf(" s%d idle %.3f act %.2f", r, all_idle[r], all_act[r]);
                 }
@@ -225,9 +225,9 @@ static int bench_tp(const opts_t *o, const mt_world_t *w) {
 
 int main(int argc, char **argv) {
     opts_t o = {"pipeline", 8, 128, 4, 64, 512, 2, 10, 2, "4,8,16"};
-    static const struct option lo[] = {{"mode", 1, 0, 'M'},   {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'},
-                                       {"heads", 1, 0, 'H'},  {"seq", 1, 0, 'T'},    {"vocab", 1, 0, 'V'},
-                                       {"micro-batch", 1, 0, 'B'}, {"steps", 1, 0, 'n'}, {"warmup", 1, 0, 'w'},
+    static const struct option lo[] = {{"mode", 1, 0, 'M'},         {"layers", 1, 0, 'L'}, {"embd", 1, 0, 'C'},
+                                       {"heads", 1, 0, 'H'},        {"seq", 1, 0, 'T'},    {"vocab", 1, 0, 'V'},
+                                       {"micro-batch", 1, 0, 'B'},  {"steps", 1, 0, 'n'},  {"warmup", 1, 0, 'w'},
                                        {"microbatches", 1, 0, 'm'}, {0, 0, 0, 0}};
     if (mt_rt_init(&argc, &argv) != MT_OK) {
         fprintf(stderr, "bench: %s\n", mt_last_error_msg());
@@ -236,16 +236,36 @@ int main(int argc, char **argv) {
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
-        case 'M': o.mode = optarg; break;
-        case 'L': o.layers = atoi(optarg); break;
-        case 'C': o.embd = atoi(optarg); break;
-        case 'H': o.heads = atoi(optarg); break;
-        case 'T': o.seq = atoi(optarg); break;
-        case 'V': o.vocab = atoi(optarg); break;
-        case 'B': o.micro_batch = atoi(optarg); break;
-        case 'n': o.steps = atoi(optarg); break;
-        case 'w': o.warmup = atoi(optarg); break;
-        case 'm': snprintf(o.ms, sizeof(o.ms), "%s", optarg); break;
+        case 'M':
+            o.mode = optarg;
+            break;
+        case 'L':
+            o.layers = atoi(optarg);
+            break;
+        case 'C':
+            o.embd = atoi(optarg);
+            break;
+        case 'H':
+            o.heads = atoi(optarg);
+            break;
+        case 'T':
+            o.seq = atoi(optarg);
+            break;
+        case 'V':
+            o.vocab = atoi(optarg);
+            break;
+        case 'B':
+            o.micro_batch = atoi(optarg);
+            break;
+        case 'n':
+            o.steps = atoi(optarg);
+            break;
+        case 'w':
+            o.warmup = atoi(optarg);
+            break;
+        case 'm':
+            snprintf(o.ms, sizeof(o.ms), "%s", optarg);
+            break;
         default:
             fprintf(stderr, "usage: bench_modelpar [--mode pipeline|tp] [--layers L] [--embd C] [--heads H] [--seq T] "
                             "[--vocab V] [--micro-batch B] [--microbatches 4,8,16] [--steps N] [--warmup W]\n");

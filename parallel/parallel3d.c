@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "parallel/parallel3d.h"
+#include "parallel/tp_wait.h"
 #include "runtime/alloc.h"
 
 struct mt_par3d {
@@ -24,8 +25,8 @@ struct mt_par3d {
     mt_pipeline_t pl;
     float *gbuf; /* built-in dp all-reduce: the stage's gradients packed */
     size_t gbuf_n;
-    int64_t n_steps;   /* steps run */
-    float *flat;       /* engine mode, dp rank 0: whole parameters for gathers, valid at flat_step */
+    int64_t n_steps; /* steps run */
+    float *flat;     /* engine mode, dp rank 0: whole parameters for gathers, valid at flat_step */
     int64_t flat_step;
 };
 
@@ -54,25 +55,29 @@ mt_status_t mt_par3d_check(const mt_par3d_params_t *p, int world, const mt_model
     }
     if (tp > 1) {
         if (mc->kind != MT_MODEL_GPT2) {
-            return mt_error(MT_ERR_INVALID_ARG, "parallel.tp = %d: tensor parallelism shards GPT-2 only (model.kind = "
-                                                "\"mlp\" runs with tp = 1)",
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "parallel.tp = %d: tensor parallelism shards GPT-2 only (model.kind = "
+                            "\"mlp\" runs with tp = 1)",
                             tp);
         }
         if (mc->n_head % tp != 0) {
-            return mt_error(MT_ERR_INVALID_ARG, "model.n_head = %d is not divisible by parallel.tp = %d: tensor "
-                                                "parallelism gives each rank whole heads",
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "model.n_head = %d is not divisible by parallel.tp = %d: tensor "
+                            "parallelism gives each rank whole heads",
                             mc->n_head, tp);
         }
         int pv = mc->padded_vocab ? mc->padded_vocab : (mc->vocab_size + 128 * tp - 1) / (128 * tp) * (128 * tp);
         if (pv % tp != 0) {
-            return mt_error(MT_ERR_INVALID_ARG, "model.padded_vocab = %d is not divisible by parallel.tp = %d: each tp "
-                                                "rank holds an equal slice of the vocabulary",
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "model.padded_vocab = %d is not divisible by parallel.tp = %d: each tp "
+                            "rank holds an equal slice of the vocabulary",
                             pv, tp);
         }
         if (mc->recompute != MT_RECOMPUTE_NONE) {
-            return mt_error(MT_ERR_INVALID_ARG, "model.recompute = \"block\" with parallel.tp = %d: recomputing a "
-                                                "sharded block would repeat its collectives; set model.recompute = "
-                                                "\"none\"",
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "model.recompute = \"block\" with parallel.tp = %d: recomputing a "
+                            "sharded block would repeat its collectives; set model.recompute = "
+                            "\"none\"",
                             tp);
         }
         if (p->sequence_parallel && ((int64_t)p->micro_batch * p->seq_len) % tp != 0) {
@@ -84,11 +89,12 @@ mt_status_t mt_par3d_check(const mt_par3d_params_t *p, int world, const mt_model
     }
     if (p->dp_mode == MT_P3D_ENGINE) {
         if (p->engine_kind == MT_ENGINE_DP && (tp > 1 || pp > 1)) {
-            return mt_error(MT_ERR_INVALID_ARG,
-                            "parallel.engine = \"dp\" with parallel.tp = %d, parallel.pp = %d: the DataParallel baseline "
-                            "scatters every micro-batch from one root inside the training loop, which a pipeline "
-                            "stage or a tp group does not run; use parallel.engine = \"ddp\" or \"zero\"",
-                            tp, pp);
+            return mt_error(
+                MT_ERR_INVALID_ARG,
+                "parallel.engine = \"dp\" with parallel.tp = %d, parallel.pp = %d: the DataParallel baseline "
+                "scatters every micro-batch from one root inside the training loop, which a pipeline "
+                "stage or a tp group does not run; use parallel.engine = \"ddp\" or \"zero\"",
+                tp, pp);
         }
         if (p->engine_kind == MT_ENGINE_ZERO && p->zero_stage >= 2 && pp > 1) {
             return mt_error(MT_ERR_INVALID_ARG,
@@ -123,8 +129,7 @@ static mt_status_t make_comms(mt_par3d_t p3, MPI_Comm world) {
     return MT_OK;
 }
 
-mt_status_t mt_par3d_init(MPI_Comm world, const mt_model_config_t *mc, const mt_par3d_params_t *p,
-                          mt_par3d_t *out) {
+mt_status_t mt_par3d_init(MPI_Comm world, const mt_model_config_t *mc, const mt_par3d_params_t *p, mt_par3d_t *out) {
     *out = NULL;
     int wsize = 0, wrank = 0;
     MT_MPI_CHECK(MPI_Comm_size(world, &wsize));
@@ -184,7 +189,8 @@ mt_status_t mt_par3d_init(MPI_Comm world, const mt_model_config_t *mc, const mt_
         if (p3->p.dp > 1) {
             p3->gbuf = mt_alloc(p3->gbuf_n * sizeof(float), MT_MEM_COMM, "parallel3d dp gradients");
             if (!p3->gbuf) {
-                st = mt_error(MT_ERR_OOM, "parallel3d: cannot allocate %zu bytes for the dp all-reduce", p3->gbuf_n * 4);
+                st =
+                    mt_error(MT_ERR_OOM, "parallel3d: cannot allocate %zu bytes for the dp all-reduce", p3->gbuf_n * 4);
                 goto fail;
             }
         }
@@ -240,6 +246,7 @@ mt_comm_t mt_par3d_comm(mt_par3d_t p3, mt_axis_t axis) {
 
 /* Built-in data parallelism: the mean of the stage's gradients over dp, one packed all-reduce. */
 static mt_status_t dp_allreduce(mt_par3d_t p3) {
+    mt_work_t w_ = NULL;
     if (p3->p.dp == 1) {
         return MT_OK;
     }
@@ -252,7 +259,9 @@ static mt_status_t dp_allreduce(mt_par3d_t p3) {
             off += q->numel;
         }
     }
-    MT_CHECK(mt_coll_all_reduce(p3->comm[MT_AXIS_DP], p3->gbuf, p3->gbuf, off, MT_DTYPE_F32, MT_REDOP_AVG, NULL, NULL));
+    MT_CHECK(mt_mp_wait(
+        mt_coll_all_reduce(p3->comm[MT_AXIS_DP], p3->gbuf, p3->gbuf, off, MT_DTYPE_F32, MT_REDOP_AVG, NULL, &w_), &w_,
+        -1.0));
     off = 0;
     for (int i = 0; i < np; i++) {
         mt_param_t *q = mt_model_param(p3->model, i);
@@ -265,6 +274,7 @@ static mt_status_t dp_allreduce(mt_par3d_t p3) {
 }
 
 mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float lr, float *loss) {
+    mt_work_t w_ = NULL;
     float l = 0.0f;
     if (p3->engine) {
         MT_CHECK(mt_engine_zero_grads(p3->engine));
@@ -280,7 +290,9 @@ mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *t
     } else {
         MT_CHECK(dp_allreduce(p3));
         if (p3->p.dp > 1) {
-            MT_CHECK(mt_coll_all_reduce(p3->comm[MT_AXIS_DP], &dl, &dl, 1, MT_DTYPE_F64, MT_REDOP_AVG, NULL, NULL));
+            MT_CHECK(
+                mt_mp_wait(mt_coll_all_reduce(p3->comm[MT_AXIS_DP], &dl, &dl, 1, MT_DTYPE_F64, MT_REDOP_AVG, NULL, &w_),
+                           &w_, -1.0));
         }
         MT_CHECK(mt_optim_step(p3->opt, lr, 1.0f));
     }

@@ -29,29 +29,29 @@ typedef enum {
 } mt_p3d_dp_mode_t;
 
 typedef struct {
-    size_t size;                 /* sizeof(mt_par3d_params_t) */
-    int tp, pp, dp;              /* dp 0: world / (tp x pp) */
-    const char *order;           /* mesh order, fastest first; NULL: "tp-dp-pp" */
-    mt_pp_schedule_t schedule;   /* parallel.schedule */
-    int microbatches;            /* per dp rank per step (the gradient-accumulation count) */
-    int micro_batch;             /* sequences per micro-batch */
-    int seq_len;                 /* tokens per sequence */
-    const char *stage_layers;    /* parallel.stage_layers; NULL/"" balanced */
-    bool sequence_parallel;      /* parallel.sequence_parallel */
+    size_t size;               /* sizeof(mt_par3d_params_t) */
+    int tp, pp, dp;            /* dp 0: world / (tp x pp) */
+    const char *order;         /* mesh order, fastest first; NULL: "tp-dp-pp" */
+    mt_pp_schedule_t schedule; /* parallel.schedule */
+    int microbatches;          /* per dp rank per step (the gradient-accumulation count) */
+    int micro_batch;           /* sequences per micro-batch */
+    int seq_len;               /* tokens per sequence */
+    const char *stage_layers;  /* parallel.stage_layers; NULL/"" balanced */
+    bool sequence_parallel;    /* parallel.sequence_parallel */
     mt_p3d_dp_mode_t dp_mode;
     mt_engine_kind_t engine_kind; /* with MT_P3D_ENGINE: parallel.engine */
-    int zero_stage;              /* with MT_ENGINE_ZERO */
-    double bucket_mb;            /* engine gradient buckets (MiB) */
+    int zero_stage;               /* with MT_ENGINE_ZERO */
+    double bucket_mb;             /* engine gradient buckets (MiB) */
     mt_optim_params_t optim;
-    double timeout_s;            /* communicator timeout; <= 0: MESHTRAIN_COLL_TIMEOUT */
+    double timeout_s; /* communicator timeout; <= 0: MESHTRAIN_COLL_TIMEOUT */
 } mt_par3d_params_t;
 
-#define MT_PAR3D_PARAMS_INIT                                                                                \
-    {                                                                                                       \
-        .size = sizeof(mt_par3d_params_t), .tp = 1, .pp = 1, .dp = 0, .order = NULL, .schedule = MT_PP_1F1B, \
-        .microbatches = 1, .micro_batch = 1, .seq_len = 1, .stage_layers = NULL, .sequence_parallel = false, \
-        .dp_mode = MT_P3D_ALLREDUCE, .engine_kind = MT_ENGINE_DDP, .zero_stage = 1, .bucket_mb = 25.0,      \
-        .optim = MT_OPTIM_PARAMS_INIT, .timeout_s = 0.0                                                     \
+#define MT_PAR3D_PARAMS_INIT                                                                                           \
+    {                                                                                                                  \
+        .size = sizeof(mt_par3d_params_t), .tp = 1, .pp = 1, .dp = 0, .order = NULL, .schedule = MT_PP_1F1B,           \
+        .microbatches = 1, .micro_batch = 1, .seq_len = 1, .stage_layers = NULL, .sequence_parallel = false,           \
+        .dp_mode = MT_P3D_ALLREDUCE, .engine_kind = MT_ENGINE_DDP, .zero_stage = 1, .bucket_mb = 25.0,                 \
+        .optim = MT_OPTIM_PARAMS_INIT, .timeout_s = 0.0                                                                \
     }
 
 /* Checks a combination before anything is allocated; pure arithmetic, so every rank reaches the same
@@ -69,8 +69,7 @@ typedef struct mt_par3d *mt_par3d_t;
 /* Builds this rank's part: mesh, communicators (tp, pp, dp, embedding), the tensor-parallel model from
  * mc (tp fields filled here), its storage (engine, or the pipeline's own), the optimizer and the pipeline.
  * Initial weights equal the single-process model's. Collective over world. */
-mt_status_t mt_par3d_init(MPI_Comm world, const mt_model_config_t *mc, const mt_par3d_params_t *p,
-                          mt_par3d_t *out);
+mt_status_t mt_par3d_init(MPI_Comm world, const mt_model_config_t *mc, const mt_par3d_params_t *p, mt_par3d_t *out);
 void mt_par3d_free(mt_par3d_t p3);
 
 /* This rank's mesh coordinates (MT_AXIS_TP, MT_AXIS_DP, MT_AXIS_PP) and the rows of the step's global

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "parallel/pipeline_impl.h"
+#include "parallel/tp_wait.h"
 #include "runtime/alloc.h"
 
 bool mt_pp_schedule_parse(const char *s, mt_pp_schedule_t *out) {
@@ -31,6 +32,10 @@ int mt_pipeline_max_in_flight(mt_pp_schedule_t schedule, int p, int s, int m) {
         return m;
     }
     return p - s < m ? p - s : m;
+}
+
+static double pl_timeout(const struct mt_pipeline *pl) {
+    return pl->p.timeout_s > 0 ? pl->p.timeout_s : -1.0;
 }
 
 /* ---- splitting ------------------------------------------------------------------------------- */
@@ -210,12 +215,19 @@ static mt_status_t hook_post_backward(void *arg, int module);
 
 /* Every stage must run the same configuration: compare a fingerprint with a MIN and a MAX reduction. */
 static mt_status_t check_agreement(struct mt_pipeline *pl) {
+    mt_work_t w_ = NULL;
     if (!pl->pp_comm || pl->n_stages == 1) {
         return MT_OK;
     }
     uint64_t h = 1469598103934665603ull;
-    int64_t vals[8] = {pl->p.schedule, pl->p.microbatches, pl->p.micro_batch, pl->p.seq_len, pl->n_modules,
-                       mt_model_act_width(pl->model), (int64_t)mt_model_numel(pl->model), pl->n_stages};
+    int64_t vals[8] = {pl->p.schedule,
+                       pl->p.microbatches,
+                       pl->p.micro_batch,
+                       pl->p.seq_len,
+                       pl->n_modules,
+                       mt_model_act_width(pl->model),
+                       (int64_t)mt_model_numel(pl->model),
+                       pl->n_stages};
     for (int i = 0; i < 8; i++) {
         h = (h ^ (uint64_t)vals[i]) * 1099511628211ull;
     }
@@ -223,8 +235,10 @@ static mt_status_t check_agreement(struct mt_pipeline *pl) {
         h = (h ^ (uint64_t)pl->bounds[s]) * 1099511628211ull;
     }
     int64_t mn = (int64_t)(h >> 1), mx = mn;
-    MT_CHECK(mt_coll_all_reduce(pl->pp_comm, &mn, &mn, 1, MT_DTYPE_I64, MT_REDOP_MIN, NULL, NULL));
-    MT_CHECK(mt_coll_all_reduce(pl->pp_comm, &mx, &mx, 1, MT_DTYPE_I64, MT_REDOP_MAX, NULL, NULL));
+    MT_CHECK(mt_mp_wait(mt_coll_all_reduce(pl->pp_comm, &mn, &mn, 1, MT_DTYPE_I64, MT_REDOP_MIN, NULL, &w_), &w_,
+                        pl_timeout(pl)));
+    MT_CHECK(mt_mp_wait(mt_coll_all_reduce(pl->pp_comm, &mx, &mx, 1, MT_DTYPE_I64, MT_REDOP_MAX, NULL, &w_), &w_,
+                        pl_timeout(pl)));
     if (mn != mx) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "pipeline: the stages disagree on the schedule, micro-batches, shapes or the split (stage %d "
@@ -422,6 +436,7 @@ static bool split_tied(mt_pipeline_t pl, int i) {
 }
 
 static mt_status_t reduce_tied_param(mt_pipeline_t pl, int i) {
+    mt_work_t w_ = NULL;
     mt_param_t *q = mt_model_param(pl->model, i);
     if (!pl->emb_comm) {
         return mt_error(MT_ERR_INVALID_USAGE,
@@ -432,7 +447,9 @@ static mt_status_t reduce_tied_param(mt_pipeline_t pl, int i) {
     if (!q->grad) {
         return mt_error(MT_ERR_INVALID_ARG, "pipeline: tied parameter %s has no gradient bound", q->name);
     }
-    return mt_coll_all_reduce(pl->emb_comm, q->grad, q->grad, q->numel, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL);
+    return mt_mp_wait(
+        mt_coll_all_reduce(pl->emb_comm, q->grad, q->grad, q->numel, MT_DTYPE_F32, MT_REDOP_SUM, NULL, &w_), &w_,
+        pl_timeout(pl));
 }
 
 /* Tied parameters this stage reads through the tied module (not owned here): summed after the schedule, in
@@ -488,6 +505,7 @@ static mt_status_t hook_post_backward(void *arg, int module) {
 }
 
 mt_status_t mt_pipeline_step(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets, float *loss) {
+    mt_work_t w_ = NULL;
     if (pl->lo == 0 && !tokens) {
         return mt_error(MT_ERR_INVALID_ARG, "pipeline: the first stage needs the step's tokens");
     }
@@ -508,7 +526,8 @@ mt_status_t mt_pipeline_step(mt_pipeline_t pl, const int32_t *tokens, const int3
     MT_CHECK(reduce_tied_readers(pl));
     float l = pl->loss_sum / (float)pl->p.microbatches;
     if (pl->pp_comm && pl->n_stages > 1) {
-        MT_CHECK(mt_coll_broadcast(pl->pp_comm, &l, &l, 1, MT_DTYPE_F32, pl->n_stages - 1, NULL, NULL));
+        MT_CHECK(mt_mp_wait(mt_coll_broadcast(pl->pp_comm, &l, &l, 1, MT_DTYPE_F32, pl->n_stages - 1, NULL, &w_), &w_,
+                            pl_timeout(pl)));
     }
     if (loss) {
         *loss = l;
@@ -517,6 +536,7 @@ mt_status_t mt_pipeline_step(mt_pipeline_t pl, const int32_t *tokens, const int3
 }
 
 mt_status_t mt_pipeline_grad_sumsq(mt_pipeline_t pl, double *total) {
+    mt_work_t w_ = NULL;
     double s = 0.0;
     int np = mt_model_n_params(pl->model);
     for (int i = 0; i < np; i++) {
@@ -529,7 +549,8 @@ mt_status_t mt_pipeline_grad_sumsq(mt_pipeline_t pl, double *total) {
         }
     }
     if (pl->pp_comm && pl->n_stages > 1) {
-        MT_CHECK(mt_coll_all_reduce(pl->pp_comm, &s, &s, 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL, NULL));
+        MT_CHECK(mt_mp_wait(mt_coll_all_reduce(pl->pp_comm, &s, &s, 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL, &w_), &w_,
+                            pl_timeout(pl)));
     }
     *total = s;
     return MT_OK;
@@ -562,8 +583,8 @@ mt_status_t mt_pipeline_gather_param(mt_pipeline_t pl, int i, int root, float *o
     mt_status_t st = mt_work_wait(w, timeout);
     mt_work_free(w);
     if (st != MT_OK) {
-        return mt_error(st, "pipeline stage %d: gathering parameter %s (stage %d -> %d) failed: %s", pl->stage,
-                        q->name, owner, root, mt_last_error_msg());
+        return mt_error(st, "pipeline stage %d: gathering parameter %s (stage %d -> %d) failed: %s", pl->stage, q->name,
+                        owner, root, mt_last_error_msg());
     }
     return MT_OK;
 }

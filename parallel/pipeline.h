@@ -57,11 +57,11 @@ typedef struct {
     bool grads_ready_each_pass;
 } mt_pipeline_params_t;
 
-#define MT_PIPELINE_PARAMS_INIT                                                                           \
-    {                                                                                                     \
-        .size = sizeof(mt_pipeline_params_t), .schedule = MT_PP_1F1B, .microbatches = 1, .micro_batch = 1, \
-        .seq_len = 1, .stage_layers = NULL, .timeout_s = 0.0, .grads_ready = NULL, .grads_ready_arg = NULL, \
-        .grads_ready_each_pass = false                                                                   \
+#define MT_PIPELINE_PARAMS_INIT                                                                                        \
+    {                                                                                                                  \
+        .size = sizeof(mt_pipeline_params_t), .schedule = MT_PP_1F1B, .microbatches = 1, .micro_batch = 1,             \
+        .seq_len = 1, .stage_layers = NULL, .timeout_s = 0.0, .grads_ready = NULL, .grads_ready_arg = NULL,            \
+        .grads_ready_each_pass = false                                                                                 \
     }
 
 typedef struct mt_pipeline *mt_pipeline_t;
@@ -110,9 +110,9 @@ mt_status_t mt_pipeline_alloc_params(mt_pipeline_t pl);
  * steps. The gradients of tied parameters are summed over emb_comm so both copies hold the same (whole)
  * gradient: on the owning (first) stage right after its last backward of the owning module, before the
  * wrapped hooks see it, on the other (last) stage after the schedule, so a data-parallel engine's
- * reduction, launched from its hooks or its finish, always sees the summed gradient. Collective over pp_comm and emb_comm. Errors: the model's (bad
- * token), MT_ERR_TIMEOUT naming the stage, peer and micro-batch a message was awaited for,
- * MT_ERR_INTERNAL for a message tagged with the wrong micro-batch, the comm's errors. */
+ * reduction, launched from its hooks or its finish, always sees the summed gradient. Collective over pp_comm and
+ * emb_comm. Errors: the model's (bad token), MT_ERR_TIMEOUT naming the stage, peer and micro-batch a message was
+ * awaited for, MT_ERR_INTERNAL for a message tagged with the wrong micro-batch, the comm's errors. */
 mt_status_t mt_pipeline_step(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets, float *loss);
 
 /* Sum of squares of the gradients this stage owns (tied copies counted once), summed over pp_comm:
@@ -125,11 +125,11 @@ mt_status_t mt_pipeline_gather_param(mt_pipeline_t pl, int i, int root, float *o
 
 /* What the last step did on this stage. */
 typedef struct {
-    int max_in_flight;    /* most micro-batches whose activations were held at once */
-    int n_acts;           /* activation objects allocated (the pool: m for GPipe, pp - stage for 1F1B) */
-    double step_s;        /* wall time of mt_pipeline_step up to (not including) the loss broadcast */
-    double compute_s;     /* time in forward and backward of the stage's modules */
-    double comm_wait_s;   /* time in send/recv with the neighbours (includes waiting for them) */
+    int max_in_flight;        /* most micro-batches whose activations were held at once */
+    int n_acts;               /* activation objects allocated (the pool: m for GPipe, pp - stage for 1F1B) */
+    double step_s;            /* wall time of mt_pipeline_step up to (not including) the loss broadcast */
+    double compute_s;         /* time in forward and backward of the stage's modules */
+    double comm_wait_s;       /* time in send/recv with the neighbours (includes waiting for them) */
     int64_t n_sends, n_recvs; /* point-to-point messages of the step */
     int n_backward;           /* backward passes run */
     int64_t bytes_sent;

@@ -65,8 +65,8 @@ static mt_status_t exchange(mt_pipeline_t pl, msg_t send, msg_t recv) {
     if (st != MT_OK) {
         char what[160] = "";
         if (send.buf) {
-            snprintf(what, sizeof(what), "sending the %s of micro-batch %d to stage %d", send.grad ? "gradient" : "activation",
-                     send.mb, send.peer);
+            snprintf(what, sizeof(what), "sending the %s of micro-batch %d to stage %d",
+                     send.grad ? "gradient" : "activation", send.mb, send.peer);
         }
         if (recv.buf) {
             size_t l = strlen(what);
@@ -133,9 +133,9 @@ static mt_status_t forward(mt_pipeline_t pl, int k, const int32_t *tokens, const
     const int32_t *tgt = is_last(pl) ? targets + (size_t)k * bt : NULL;
     float loss = 0.0f;
     double t0 = mt_now();
-    mt_status_t st = mt_model_forward(pl->model, pl->acts[slot], pl->lo, pl->hi, tok, tgt,
-                                      is_first(pl) ? NULL : pl->act_recv, is_last(pl) ? NULL : pl->act_send,
-                                      is_last(pl) ? &loss : NULL);
+    mt_status_t st =
+        mt_model_forward(pl->model, pl->acts[slot], pl->lo, pl->hi, tok, tgt, is_first(pl) ? NULL : pl->act_recv,
+                         is_last(pl) ? NULL : pl->act_send, is_last(pl) ? &loss : NULL);
     pl->stats.compute_s += mt_now() - t0;
     if (st != MT_OK) {
         return mt_error(st, "pipeline stage %d: forward of micro-batch %d: %s", pl->stage, k, mt_last_error_msg());

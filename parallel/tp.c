@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "parallel/tp.h"
+#include "parallel/tp_wait.h"
 #include "runtime/alloc.h"
 
 /* Bytes a rank sends in a bandwidth-optimal algorithm (the nccl-tests bus convention, as the data-parallel
@@ -22,35 +23,42 @@ struct mt_tp {
 };
 
 static mt_status_t seam_all_reduce(void *ctx, float *buf, size_t count) {
+    mt_work_t w_ = NULL;
     struct mt_tp *tp = ctx;
     double t0 = mt_now();
     tp->counts.all_reduce++;
     tp->counts.bytes += bus_bytes(count, tp->size, 2);
-    mt_status_t st = tp->comm ? mt_coll_all_reduce(tp->comm, buf, buf, count, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL)
-                              : MT_OK;
+    mt_status_t st =
+        tp->comm ? mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, count, MT_DTYPE_F32, MT_REDOP_SUM, NULL, &w_), &w_,
+                              -1.0)
+                 : MT_OK;
     tp->counts.seconds += mt_now() - t0;
     return st;
 }
 
 static mt_status_t seam_all_reduce_max(void *ctx, float *buf, size_t count) {
+    mt_work_t w_ = NULL;
     struct mt_tp *tp = ctx;
     double t0 = mt_now();
     tp->counts.all_reduce_max++;
     tp->counts.bytes += bus_bytes(count, tp->size, 2);
-    mt_status_t st = tp->comm ? mt_coll_all_reduce(tp->comm, buf, buf, count, MT_DTYPE_F32, MT_REDOP_MAX, NULL, NULL)
-                              : MT_OK;
+    mt_status_t st =
+        tp->comm ? mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, count, MT_DTYPE_F32, MT_REDOP_MAX, NULL, &w_), &w_,
+                              -1.0)
+                 : MT_OK;
     tp->counts.seconds += mt_now() - t0;
     return st;
 }
 
 static mt_status_t seam_all_gather(void *ctx, const float *send, float *recv, size_t count) {
+    mt_work_t w_ = NULL;
     struct mt_tp *tp = ctx;
     double t0 = mt_now();
     tp->counts.all_gather++;
     tp->counts.bytes += bus_bytes(count * (size_t)tp->size, tp->size, 1);
     mt_status_t st = MT_OK;
     if (tp->comm) {
-        st = mt_coll_all_gather(tp->comm, send, recv, count, MT_DTYPE_F32, NULL, NULL);
+        st = mt_mp_wait(mt_coll_all_gather(tp->comm, send, recv, count, MT_DTYPE_F32, NULL, &w_), &w_, -1.0);
     } else if (recv != send) {
         memcpy(recv, send, count * sizeof(float));
     }
@@ -59,13 +67,15 @@ static mt_status_t seam_all_gather(void *ctx, const float *send, float *recv, si
 }
 
 static mt_status_t seam_reduce_scatter(void *ctx, const float *send, float *recv, size_t count) {
+    mt_work_t w_ = NULL;
     struct mt_tp *tp = ctx;
     double t0 = mt_now();
     tp->counts.reduce_scatter++;
     tp->counts.bytes += bus_bytes(count * (size_t)tp->size, tp->size, 1);
     mt_status_t st = MT_OK;
     if (tp->comm) {
-        st = mt_coll_reduce_scatter(tp->comm, send, recv, count, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL);
+        st = mt_mp_wait(mt_coll_reduce_scatter(tp->comm, send, recv, count, MT_DTYPE_F32, MT_REDOP_SUM, NULL, &w_), &w_,
+                        -1.0);
     } else if (recv != send) {
         memcpy(recv, send, count * sizeof(float));
     }
@@ -121,6 +131,7 @@ void mt_tp_reset_counts(mt_tp_t tp) {
 
 /* Sums the gradients of the replicated parameters in [first, first + count) over tp, packed in one buffer. */
 static mt_status_t sync_replicated(mt_tp_t tp, mt_model_t m, int first, int count) {
+    mt_work_t w_ = NULL;
     size_t total = 0;
     int n = first + count;
     for (int i = first; i < n; i++) {
@@ -145,7 +156,8 @@ static mt_status_t sync_replicated(mt_tp_t tp, mt_model_t m, int first, int coun
         }
     }
     double t0 = mt_now();
-    mt_status_t st = mt_coll_all_reduce(tp->comm, buf, buf, total, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL);
+    mt_status_t st =
+        mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, total, MT_DTYPE_F32, MT_REDOP_SUM, NULL, &w_), &w_, -1.0);
     tp->counts.grad_sync++;
     tp->counts.bytes += bus_bytes(total, tp->size, 2);
     tp->counts.seconds += mt_now() - t0;
@@ -188,6 +200,7 @@ mt_status_t mt_tp_gather_param(mt_tp_t tp, mt_model_t m, int i, float *out) {
 }
 
 mt_status_t mt_tp_gather_shard(mt_tp_t tp, const mt_param_t *p, const float *local, float *out) {
+    mt_work_t w_ = NULL;
     if (p->tp_dim < 0 || tp->size == 1) {
         memcpy(out, local, p->numel * sizeof(float));
         return MT_OK;
@@ -196,7 +209,7 @@ mt_status_t mt_tp_gather_shard(mt_tp_t tp, const mt_param_t *p, const float *loc
     if (!all) {
         return mt_error(MT_ERR_OOM, "tp: cannot allocate the gather of %s", p->name);
     }
-    mt_status_t st = mt_coll_all_gather(tp->comm, local, all, p->numel, MT_DTYPE_F32, NULL, NULL);
+    mt_status_t st = mt_mp_wait(mt_coll_all_gather(tp->comm, local, all, p->numel, MT_DTYPE_F32, NULL, &w_), &w_, -1.0);
     if (st == MT_OK) {
         int64_t r0 = p->shape[0], c0 = p->shape[1], gcols = p->global_shape[1];
         for (int r = 0; r < tp->size; r++) {

@@ -65,10 +65,10 @@ static size_t carve(float *base, const mt_model_config_t *c, const tp_impl_t *g,
     if (!b) {
         b = &tmp;
     }
-#define TAKE(field, n)                       \
-    do {                                     \
-        b->field = base ? base + off : NULL; \
-        off += (n);                          \
+#define TAKE(field, n)                                                                                                 \
+    do {                                                                                                               \
+        b->field = base ? base + off : NULL;                                                                           \
+        off += (n);                                                                                                    \
     } while (0)
     TAKE(ln1, R * C);
     TAKE(ln1_mean, R);
@@ -354,8 +354,8 @@ static void block_backward(mt_model_t m, mt_acts_t a, int l, const float *inp, c
     memset(D2, 0, NC * sizeof(float));
     mt_matmul_backward(D2, PG(p + FCW), PG(p + FCB), G2, g->Hl, x2, PD(p + FCW), (int)N, C, g->Hl);
     const float *dln2 = f_backward(g, D2, E2, N, C);
-    mt_layernorm_backward(dr2, PG(p + LN2W), PG(p + LN2B), dln2, b->r2, PD(p + LN2W), b->ln2_mean, b->ln2_rstd,
-                          (int)R, C);
+    mt_layernorm_backward(dr2, PG(p + LN2W), PG(p + LN2B), dln2, b->r2, PD(p + LN2W), b->ln2_mean, b->ln2_rstd, (int)R,
+                          C);
     /* attention: r2 = inp + g(attn(qkv(f(ln1(inp)))) @ Wproj^T) + bproj */
     memcpy(dinp, dr2, R * C * sizeof(float));
     mt_bias_backward(PG(p + PROJB), dr2, C, (int)R, C);
@@ -369,8 +369,8 @@ static void block_backward(mt_model_t m, mt_acts_t a, int l, const float *inp, c
     memset(D2, 0, NC * sizeof(float));
     mt_matmul_backward(D2, PG(p + QKVW), PG(p + QKVB), dqkv, 3 * g->Cl, x1, PD(p + QKVW), (int)N, C, 3 * g->Cl);
     const float *dln1 = f_backward(g, D2, E2, N, C);
-    mt_layernorm_backward(dinp, PG(p + LN1W), PG(p + LN1B), dln1, inp, PD(p + LN1W), b->ln1_mean, b->ln1_rstd,
-                          (int)R, C);
+    mt_layernorm_backward(dinp, PG(p + LN1W), PG(p + LN1B), dln1, inp, PD(p + LN1W), b->ln1_mean, b->ln1_rstd, (int)R,
+                          C);
 }
 
 /* ---- head: ln_f, tied vocabulary-parallel projection, vocabulary-parallel cross-entropy --------- */
@@ -538,24 +538,28 @@ mt_status_t mt_gpt2_tp_attach(mt_model_t m) {
     const mt_tp_ops_t *o = c->tp_ops;
     if (!o || !o->all_reduce_sum || !o->all_gather || !o->all_reduce_max ||
         (c->sequence_parallel && !o->reduce_scatter_sum)) {
-        return mt_error(MT_ERR_INVALID_ARG, "gpt2: tp_size %d needs tp_ops with all_reduce_sum, all_gather, "
-                                            "all_reduce_max%s (parallel/tp.c supplies them)",
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "gpt2: tp_size %d needs tp_ops with all_reduce_sum, all_gather, "
+                        "all_reduce_max%s (parallel/tp.c supplies them)",
                         tp, c->sequence_parallel ? " and reduce_scatter_sum" : "");
     }
     if (c->n_head % tp != 0) {
-        return mt_error(MT_ERR_INVALID_ARG, "gpt2: model.n_head = %d is not divisible by parallel.tp = %d: tensor "
-                                            "parallelism gives each rank whole heads",
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "gpt2: model.n_head = %d is not divisible by parallel.tp = %d: tensor "
+                        "parallelism gives each rank whole heads",
                         c->n_head, tp);
     }
     if (c->padded_vocab % tp != 0) {
-        return mt_error(MT_ERR_INVALID_ARG, "gpt2: model.padded_vocab = %d is not divisible by parallel.tp = %d: "
-                                            "each rank holds an equal slice of the vocabulary",
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "gpt2: model.padded_vocab = %d is not divisible by parallel.tp = %d: "
+                        "each rank holds an equal slice of the vocabulary",
                         c->padded_vocab, tp);
     }
     if (c->recompute != MT_RECOMPUTE_NONE) {
-        return mt_error(MT_ERR_INVALID_ARG, "gpt2: model.recompute = \"block\" is not supported with parallel.tp = "
-                                            "%d (recomputing would repeat the block's collectives): set "
-                                            "model.recompute = \"none\"",
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "gpt2: model.recompute = \"block\" is not supported with parallel.tp = "
+                        "%d (recomputing would repeat the block's collectives): set "
+                        "model.recompute = \"none\"",
                         tp);
     }
     /* The block layout this file indexes must be gpt2.c's. */

@@ -110,7 +110,8 @@ static bool run_case(const case_t *c, int rank) {
         if (rank == 0) {
             double e = 0.0;
             const mt_param_t *r = mt_model_param(ref, i);
-            bool ok = r->numel == n && eq_param_close(q->name, g, r->data, n, s.model.n_embd, tol, eq_key_bound(&s), &e);
+            bool ok =
+                r->numel == n && eq_param_close(q->name, g, r->data, n, s.model.n_embd, tol, eq_key_bound(&s), &e);
             CHECK(ok, "%s: parameter %s differs by %.3g (tol %.0e)", c->name, q->name, e, tol);
         }
         free(g);

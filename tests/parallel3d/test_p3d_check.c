@@ -135,8 +135,8 @@ int main(void) {
         CHECK(w->shape[0] == 64 && w->tp_dim == 0, "wte shard has %lld rows, tp_dim %d", (long long)w->shape[0],
               w->tp_dim);
         const mt_param_t *q = mt_model_param(m, mt_model_find_param(m, "h.0.attn.qkv.weight"));
-        CHECK(q->shape[0] == 48 && q->shape[1] == 32 && q->tp_parts == 3, "qkv shard %lldx%lld",
-              (long long)q->shape[0], (long long)q->shape[1]);
+        CHECK(q->shape[0] == 48 && q->shape[1] == 32 && q->tp_parts == 3, "qkv shard %lldx%lld", (long long)q->shape[0],
+              (long long)q->shape[1]);
         CHECK(mt_model_act_floats(m, 2, 16) == 2 * 16 * 32, "act floats");
     }
     mt_model_free(m);

@@ -81,8 +81,7 @@ static int64_t run_case(const comms_t *c, const eq_setup_t *s, mt_pp_schedule_t 
         if (c->rank == 0) {
             const mt_param_t *r = mt_model_param(ref, i);
             double e = 0.0;
-            bool ok = eq_param_close(p->name, buf, r->data, r->numel, s->model.n_embd, tol,
-                                     eq_key_bound(s), &e);
+            bool ok = eq_param_close(p->name, buf, r->data, r->numel, s->model.n_embd, tol, eq_key_bound(s), &e);
             CHECK(strcmp(r->name, p->name) == 0 && ok, "pp=%d %s m=%d: parameter %s differs by %.3g (tol %.0e)",
                   c->size, name, m, p->name, e, tol);
         }

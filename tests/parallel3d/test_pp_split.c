@@ -15,7 +15,8 @@ static void expect_bounds(mt_model_t m, int pp, const char *spec, const int *wan
         return;
     }
     for (int i = 0; i <= pp; i++) {
-        CHECK(b[i] == want[i], "split pp=%d \"%s\": bound %d is %d, expected %d", pp, spec ? spec : "", i, b[i], want[i]);
+        CHECK(b[i] == want[i], "split pp=%d \"%s\": bound %d is %d, expected %d", pp, spec ? spec : "", i, b[i],
+              want[i]);
     }
 }
 

@@ -24,9 +24,13 @@ typedef struct {
 } hook_state_t;
 
 static mt_tp_counts_t diff(const mt_tp_counts_t *a, const mt_tp_counts_t *b) {
-    mt_tp_counts_t d = {a->all_reduce - b->all_reduce, a->all_reduce_max - b->all_reduce_max,
-                        a->all_gather - b->all_gather, a->reduce_scatter - b->reduce_scatter,
-                        a->grad_sync - b->grad_sync, a->bytes - b->bytes, 0.0};
+    mt_tp_counts_t d = {a->all_reduce - b->all_reduce,
+                        a->all_reduce_max - b->all_reduce_max,
+                        a->all_gather - b->all_gather,
+                        a->reduce_scatter - b->reduce_scatter,
+                        a->grad_sync - b->grad_sync,
+                        a->bytes - b->bytes,
+                        0.0};
     return d;
 }
 static mt_status_t pre(void *arg, int module) {
@@ -51,10 +55,11 @@ static mt_status_t post_bwd(void *arg, int module) {
 }
 
 static void expect(const mt_tp_counts_t *c, int ar, int mx, int ag, int rs, const char *what, int module, bool sp) {
-    CHECK(c->all_reduce == ar && c->all_reduce_max == mx && c->all_gather == ag && c->reduce_scatter == rs,
-          "sp=%d %s of module %d: %lld all-reduce, %lld max, %lld all-gather, %lld reduce-scatter; expected %d %d %d %d",
-          sp, what, module, (long long)c->all_reduce, (long long)c->all_reduce_max, (long long)c->all_gather,
-          (long long)c->reduce_scatter, ar, mx, ag, rs);
+    CHECK(
+        c->all_reduce == ar && c->all_reduce_max == mx && c->all_gather == ag && c->reduce_scatter == rs,
+        "sp=%d %s of module %d: %lld all-reduce, %lld max, %lld all-gather, %lld reduce-scatter; expected %d %d %d %d",
+        sp, what, module, (long long)c->all_reduce, (long long)c->all_reduce_max, (long long)c->all_gather,
+        (long long)c->reduce_scatter, ar, mx, ag, rs);
 }
 
 static void run_case(mt_comm_t comm, mt_tp_t tp, const eq_setup_t *s, bool sp, const double *ref_loss, mt_model_t ref,
