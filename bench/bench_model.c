@@ -53,19 +53,41 @@ int main(int argc, char **argv) {
     int opt;
     while ((opt = getopt(argc, argv, "L:C:H:T:B:V:n:s:r:a")) != -1) {
         switch (opt) {
-        case 'L': cfg.n_layer = atoi(optarg); break;
-        case 'C': cfg.n_embd = atoi(optarg); break;
-        case 'H': cfg.n_head = atoi(optarg); break;
-        case 'T': cfg.seq_len = atoi(optarg); break;
-        case 'B': B = atoi(optarg); break;
-        case 'V': cfg.vocab_size = atoi(optarg); break;
-        case 'n': steps = atoi(optarg); break;
-        case 's': sg = atoi(optarg); break;
-        case 'r': cfg.recompute = strcmp(optarg, "block") == 0 ? MT_RECOMPUTE_BLOCK : MT_RECOMPUTE_NONE; break;
-        case 'a': cfg.attn_recompute = true; break;
+        case 'L':
+            cfg.n_layer = atoi(optarg);
+            break;
+        case 'C':
+            cfg.n_embd = atoi(optarg);
+            break;
+        case 'H':
+            cfg.n_head = atoi(optarg);
+            break;
+        case 'T':
+            cfg.seq_len = atoi(optarg);
+            break;
+        case 'B':
+            B = atoi(optarg);
+            break;
+        case 'V':
+            cfg.vocab_size = atoi(optarg);
+            break;
+        case 'n':
+            steps = atoi(optarg);
+            break;
+        case 's':
+            sg = atoi(optarg);
+            break;
+        case 'r':
+            cfg.recompute = strcmp(optarg, "block") == 0 ? MT_RECOMPUTE_BLOCK : MT_RECOMPUTE_NONE;
+            break;
+        case 'a':
+            cfg.attn_recompute = true;
+            break;
         default:
-            fprintf(stderr, "usage: %s [-L layers] [-C channels] [-H heads] [-T seq] [-B batch] [-V vocab] "
-                            "[-n steps] [-s sgemm_n] [-r none|block] [-a]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [-L layers] [-C channels] [-H heads] [-T seq] [-B batch] [-V vocab] "
+                    "[-n steps] [-s sgemm_n] [-r none|block] [-a]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -128,8 +150,8 @@ int main(int argc, char **argv) {
            sgemm);
     printf("step (fwd+bwd): median %.1f ms, min %.1f ms over %d steps; loss %.4f\n", med * 1e3, times[0] * 1e3, steps,
            loss);
-    printf("model FLOPs/step %.3g (6N + 12LHQT per token) -> %.1f GFLOP/s = %.1f%% of sgemm\n", flops, flops / med / 1e9,
-           100.0 * flops / med / 1e9 / sgemm);
+    printf("model FLOPs/step %.3g (6N + 12LHQT per token) -> %.1f GFLOP/s = %.1f%% of sgemm\n", flops,
+           flops / med / 1e9, 100.0 * flops / med / 1e9 / sgemm);
     printf("activations peak %.1f MiB, params %.1f MiB, grads %.1f MiB\n", ms.peak[MT_MEM_ACTIVATIONS] / 1048576.0,
            ms.current[MT_MEM_PARAMS] / 1048576.0, ms.current[MT_MEM_GRADS] / 1048576.0);
     printf("%-16s %10s %8s %7s\n", "op", "ms/step", "calls", "share");

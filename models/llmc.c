@@ -10,9 +10,22 @@
 
 /* llm.c's tensors in file order; per-layer kinds map to our "h.%d.<suffix>". */
 static const char *const kinds[16] = {
-    "wte",         "wpe",           "ln_1.weight",      "ln_1.bias",      "attn.qkv.weight", "attn.qkv.bias",
-    "attn.proj.weight", "attn.proj.bias", "ln_2.weight", "ln_2.bias", "mlp.fc.weight",   "mlp.fc.bias",
-    "mlp.proj.weight", "mlp.proj.bias", "ln_f.weight",  "ln_f.bias",
+    "wte",
+    "wpe",
+    "ln_1.weight",
+    "ln_1.bias",
+    "attn.qkv.weight",
+    "attn.qkv.bias",
+    "attn.proj.weight",
+    "attn.proj.bias",
+    "ln_2.weight",
+    "ln_2.bias",
+    "mlp.fc.weight",
+    "mlp.fc.bias",
+    "mlp.proj.weight",
+    "mlp.proj.bias",
+    "ln_f.weight",
+    "ln_f.bias",
 };
 static bool per_layer(int k) {
     return k >= 2 && k <= 13;
@@ -60,9 +73,12 @@ mt_status_t mt_llmc_read_header(const char *path, mt_llmc_header_t *h) {
         const char *name;
         int v, lo, hi;
     } checks[] = {
-        {"max_seq_len", h->max_seq_len, 1, 1 << 20}, {"vocab_size", h->vocab_size, 2, 1 << 24},
-        {"n_layer", h->n_layer, 1, 1024},            {"n_head", h->n_head, 1, 1024},
-        {"channels", h->channels, 1, 65536},         {"padded_vocab_size", h->padded_vocab, 2, 1 << 25},
+        {"max_seq_len", h->max_seq_len, 1, 1 << 20},
+        {"vocab_size", h->vocab_size, 2, 1 << 24},
+        {"n_layer", h->n_layer, 1, 1024},
+        {"n_head", h->n_head, 1, 1024},
+        {"channels", h->channels, 1, 65536},
+        {"padded_vocab_size", h->padded_vocab, 2, 1 << 25},
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(checks); i++) {
         if (checks[i].v < checks[i].lo || checks[i].v > checks[i].hi) {
@@ -86,8 +102,8 @@ mt_status_t mt_llmc_read_header(const char *path, mt_llmc_header_t *h) {
     }
     if ((int64_t)sb.st_size > want) {
         return mt_error(MT_ERR_INVALID_ARG,
-                        "llm.c checkpoint %s: %lld bytes, the header implies %lld: trailing bytes (wrong dtype?)",
-                        path, (long long)sb.st_size, (long long)want);
+                        "llm.c checkpoint %s: %lld bytes, the header implies %lld: trailing bytes (wrong dtype?)", path,
+                        (long long)sb.st_size, (long long)want);
     }
     return MT_OK;
 }
@@ -112,8 +128,9 @@ mt_status_t mt_llmc_apply_header(const mt_llmc_header_t *h, const char *path, un
     }
     for (size_t i = 0; i < MT_ARRAY_LEN(f); i++) {
         if ((explicit_mask & f[i].bit) && *f[i].field != f[i].hv) {
-            return mt_error(MT_ERR_INVALID_ARG, "%s = %d contradicts the checkpoint's %s = %d (%s); remove it or match it",
-                            f[i].key, *f[i].field, f[i].hname, f[i].hv, path);
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "%s = %d contradicts the checkpoint's %s = %d (%s); remove it or match it", f[i].key,
+                            *f[i].field, f[i].hname, f[i].hv, path);
         }
         *f[i].field = f[i].hv;
     }
@@ -129,8 +146,8 @@ static mt_status_t check_model(mt_model_t m, const mt_llmc_header_t *h, const ch
         const char *name;
         int model, file;
     } f[] = {
-        {"n_layer", c->n_layer, h->n_layer},         {"n_head", c->n_head, h->n_head},
-        {"n_embd/channels", c->n_embd, h->channels}, {"seq_len/max_seq_len", c->seq_len, h->max_seq_len},
+        {"n_layer", c->n_layer, h->n_layer},          {"n_head", c->n_head, h->n_head},
+        {"n_embd/channels", c->n_embd, h->channels},  {"seq_len/max_seq_len", c->seq_len, h->max_seq_len},
         {"vocab_size", c->vocab_size, h->vocab_size}, {"padded_vocab", c->padded_vocab, h->padded_vocab},
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(f); i++) {
@@ -189,8 +206,12 @@ mt_status_t mt_llmc_load(mt_model_t m, const char *path) {
 
 mt_status_t mt_llmc_save(mt_model_t m, const char *path) {
     const mt_model_config_t *c = mt_model_config(m);
-    mt_llmc_header_t h = {.max_seq_len = c->seq_len, .vocab_size = c->vocab_size, .n_layer = c->n_layer,
-                          .n_head = c->n_head, .channels = c->n_embd, .padded_vocab = c->padded_vocab};
+    mt_llmc_header_t h = {.max_seq_len = c->seq_len,
+                          .vocab_size = c->vocab_size,
+                          .n_layer = c->n_layer,
+                          .n_head = c->n_head,
+                          .channels = c->n_embd,
+                          .padded_vocab = c->padded_vocab};
     MT_CHECK(check_model(m, &h, path));
     char tmp[4096];
     if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp)) {

@@ -68,8 +68,9 @@ mt_status_t mt_model_add_param(mt_model_t m, const char *name, int ndim, int64_t
     p->shape[1] = p->global_shape[1];
     if (tp_dim >= 0 && tp > 1) {
         if (p->global_shape[tp_dim] % ((int64_t)tp * tp_parts) != 0) {
-            return mt_error(MT_ERR_INVALID_ARG, "model: parameter %s dimension %d (%lld) does not split over %d tp ranks",
-                            name, tp_dim, (long long)p->global_shape[tp_dim], tp);
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "model: parameter %s dimension %d (%lld) does not split over %d tp ranks", name, tp_dim,
+                            (long long)p->global_shape[tp_dim], tp);
         }
         p->shape[tp_dim] /= tp;
     }
@@ -110,8 +111,7 @@ mt_status_t mt_model_init(const mt_model_config_t *cfg, mt_model_t *out) {
                         cfg->n_layer, cfg->n_embd, cfg->seq_len, cfg->vocab_size);
     }
     if (cfg->tp_size < 1 || cfg->tp_rank < 0 || cfg->tp_rank >= cfg->tp_size) {
-        return mt_error(MT_ERR_INVALID_ARG, "model: tp_rank %d is not in [0, tp_size %d)", cfg->tp_rank,
-                        cfg->tp_size);
+        return mt_error(MT_ERR_INVALID_ARG, "model: tp_rank %d is not in [0, tp_size %d)", cfg->tp_rank, cfg->tp_size);
     }
     if (cfg->tp_size > 1 && (!cfg->tp_ops || !cfg->tp_ops->all_reduce_sum)) {
         return mt_error(MT_ERR_INVALID_ARG, "model: tp_size %d needs tp_ops with all_reduce_sum", cfg->tp_size);
@@ -137,8 +137,8 @@ mt_status_t mt_model_init(const mt_model_config_t *cfg, mt_model_t *out) {
         mt_model_free(m);
         return st;
     }
-    MT_INFO(MT_LOG_MODEL, "model %s: %d modules, %d parameters, %zu elements", cfg->kind == MT_MODEL_GPT2 ? "gpt2" : "mlp",
-            m->n_modules, m->n_params, m->numel);
+    MT_INFO(MT_LOG_MODEL, "model %s: %d modules, %d parameters, %zu elements",
+            cfg->kind == MT_MODEL_GPT2 ? "gpt2" : "mlp", m->n_modules, m->n_params, m->numel);
     *out = m;
     return MT_OK;
 }
@@ -452,7 +452,8 @@ mt_status_t mt_model_forward(mt_model_t m, mt_acts_t a, int lo, int hi, const in
         memcpy(a->tokens, tokens, (size_t)N * sizeof(int32_t));
     } else {
         if (!in_act) {
-            return mt_error(MT_ERR_INVALID_ARG, "model: forward from module %d needs in_act from the previous stage", lo);
+            return mt_error(MT_ERR_INVALID_ARG, "model: forward from module %d needs in_act from the previous stage",
+                            lo);
         }
         if (!a->in) {
             a->in = mt_alloc(AF * sizeof(float), MT_MEM_ACTIVATIONS, "acts stage input");
@@ -515,8 +516,8 @@ mt_status_t mt_model_backward(mt_model_t m, mt_acts_t a, int lo, int hi, const f
     size_t AF = mt_model_act_floats(m, a->B, a->T);
     for (int i = lo; i < hi; i++) {
         if (!a->fwd_done[i]) {
-            return mt_error(MT_ERR_INVALID_USAGE, "model: backward of module %s without its forward on this micro-batch",
-                            m->module_names[i]);
+            return mt_error(MT_ERR_INVALID_USAGE,
+                            "model: backward of module %s without its forward on this micro-batch", m->module_names[i]);
         }
     }
     if ((hi == n) != (dout == NULL)) {
@@ -559,8 +560,8 @@ mt_status_t mt_model_backward(mt_model_t m, mt_acts_t a, int lo, int hi, const f
     return MT_OK;
 }
 
-mt_status_t mt_model_step(mt_model_t m, mt_acts_t a, const int32_t *tokens, const int32_t *targets,
-                          bool do_backward, float *loss) {
+mt_status_t mt_model_step(mt_model_t m, mt_acts_t a, const int32_t *tokens, const int32_t *targets, bool do_backward,
+                          float *loss) {
     MT_CHECK(mt_model_forward(m, a, 0, m->n_modules, tokens, targets, NULL, NULL, loss));
     if (do_backward) {
         MT_CHECK(mt_model_backward(m, a, 0, m->n_modules, NULL, NULL, 1.0f));

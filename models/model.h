@@ -40,14 +40,14 @@ typedef struct {
 /* The model is built from this plain struct; the training loop fills it from the config keys model.*
  * (mt_model_config_from(), models/model_config.c). Start from MT_MODEL_CONFIG_INIT. */
 typedef struct {
-    size_t size;          /* sizeof(mt_model_config_t), so the struct can grow */
-    mt_model_kind_t kind; /* model.kind */
-    int n_layer;          /* gpt2: transformer blocks; mlp: hidden layers */
-    int n_head;           /* gpt2 only */
-    int n_embd;           /* gpt2: channels C; mlp: hidden width */
-    int seq_len;          /* gpt2: maximum T (rows of wpe); mlp: maximum T */
-    int vocab_size;       /* V: tokens are in [0, V) */
-    int padded_vocab;     /* Vp >= V (rows of wte); 0 = round V up to a multiple of 128 */
+    size_t size;              /* sizeof(mt_model_config_t), so the struct can grow */
+    mt_model_kind_t kind;     /* model.kind */
+    int n_layer;              /* gpt2: transformer blocks; mlp: hidden layers */
+    int n_head;               /* gpt2 only */
+    int n_embd;               /* gpt2: channels C; mlp: hidden width */
+    int seq_len;              /* gpt2: maximum T (rows of wpe); mlp: maximum T */
+    int vocab_size;           /* V: tokens are in [0, V) */
+    int padded_vocab;         /* Vp >= V (rows of wte); 0 = round V up to a multiple of 128 */
     mt_recompute_t recompute; /* model.recompute */
     bool attn_recompute;      /* attention keeps only per-row softmax statistics, recomputes P in backward */
     uint64_t seed;            /* initialisation seed (train.seed) */
@@ -58,12 +58,12 @@ typedef struct {
     bool sequence_parallel;
 } mt_model_config_t;
 
-#define MT_MODEL_CONFIG_INIT                                                                               \
-    {                                                                                                      \
-        .size = sizeof(mt_model_config_t), .kind = MT_MODEL_GPT2, .n_layer = 4, .n_head = 4, .n_embd = 128, \
-        .seq_len = 64, .vocab_size = 256, .padded_vocab = 0, .recompute = MT_RECOMPUTE_NONE,                 \
-        .attn_recompute = false, .seed = 1234, .tp_rank = 0, .tp_size = 1, .tp_ops = NULL,                 \
-        .sequence_parallel = false                                                                         \
+#define MT_MODEL_CONFIG_INIT                                                                                           \
+    {                                                                                                                  \
+        .size = sizeof(mt_model_config_t), .kind = MT_MODEL_GPT2, .n_layer = 4, .n_head = 4, .n_embd = 128,            \
+        .seq_len = 64, .vocab_size = 256, .padded_vocab = 0, .recompute = MT_RECOMPUTE_NONE, .attn_recompute = false,  \
+        .seed = 1234, .tp_rank = 0, .tp_size = 1, .tp_ops = NULL,                                                      \
+        .sequence_parallel = false                                                                                     \
     }
 
 /* ---- parameters ----------------------------------------------------------------------------- */
@@ -81,16 +81,16 @@ typedef struct {
     int64_t shape[MT_PARAM_MAX_DIM];        /* local shape */
     int64_t global_shape[MT_PARAM_MAX_DIM]; /* shape of the whole (unsharded) parameter */
     size_t numel;                           /* local elements */
-    size_t offset;     /* element offset of this parameter in registration order (flat layout) */
-    int module;        /* owning module: gradients complete after this module's backward */
-    int tied_module;   /* another module that also reads this parameter (GPT-2 head reads wte), or -1 */
-    bool is_weight2d;  /* a 2-D weight: weight decay applies (biases, LayerNorm, wpe? see docs/models.md) */
-    int tp_dim;        /* tensor parallel: dimension split over tp ranks, -1 = replicated */
-    int tp_parts;      /* number of interleaved blocks along tp_dim (3 for qkv: Q|K|V each split), 1 else */
-    float init_std;    /* 0 with init_const for constants */
-    float init_const;  /* value when init_std == 0 */
-    float *data;       /* numel floats; NULL until bound */
-    float *grad;       /* numel floats; NULL until bound */
+    size_t offset;                          /* element offset of this parameter in registration order (flat layout) */
+    int module;                             /* owning module: gradients complete after this module's backward */
+    int tied_module;  /* another module that also reads this parameter (GPT-2 head reads wte), or -1 */
+    bool is_weight2d;      /* every 2-D parameter (wte, wpe, matrices): weight decay applies; not biases/LayerNorm */
+    int tp_dim;       /* tensor parallel: dimension split over tp ranks, -1 = replicated */
+    int tp_parts;     /* number of interleaved blocks along tp_dim (3 for qkv: Q|K|V each split), 1 else */
+    float init_std;   /* 0 with init_const for constants */
+    float init_const; /* value when init_std == 0 */
+    float *data;      /* numel floats; NULL until bound */
+    float *grad;      /* numel floats; NULL until bound */
 } mt_param_t;
 
 typedef struct mt_model *mt_model_t;
@@ -192,8 +192,8 @@ int mt_model_act_width(mt_model_t m);
  *   loss    mean cross-entropy over the non-ignored targets (0 if none): written when hi == n_modules.
  * Errors: MT_ERR_INVALID_ARG for a bad range, a missing input, a token/target out of range (naming it),
  * or an unbound parameter; MT_ERR_OOM. */
-mt_status_t mt_model_forward(mt_model_t m, mt_acts_t a, int lo, int hi, const int32_t *tokens,
-                             const int32_t *targets, const float *in_act, float *out_act, float *loss);
+mt_status_t mt_model_forward(mt_model_t m, mt_acts_t a, int lo, int hi, const int32_t *tokens, const int32_t *targets,
+                             const float *in_act, float *out_act, float *loss);
 
 /* Backward of modules [lo, hi), which must be the range of the last forward on a. ACCUMULATES (+=) into
  * every p->grad. When hi == n_modules the gradient starts at the loss, scaled by loss_grad_scale (1 for
@@ -203,8 +203,8 @@ mt_status_t mt_model_backward(mt_model_t m, mt_acts_t a, int lo, int hi, const f
                               float loss_grad_scale);
 
 /* Whole-model convenience: forward [0, n) then (if do_backward) backward with scale 1. */
-mt_status_t mt_model_step(mt_model_t m, mt_acts_t a, const int32_t *tokens, const int32_t *targets,
-                          bool do_backward, float *loss);
+mt_status_t mt_model_step(mt_model_t m, mt_acts_t a, const int32_t *tokens, const int32_t *targets, bool do_backward,
+                          float *loss);
 
 #ifdef __cplusplus
 }

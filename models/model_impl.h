@@ -42,7 +42,7 @@ struct mt_model {
     float *params_flat, *grads_flat;
     mt_model_hooks_t hooks;
     int width;          /* activation width between modules */
-    float *gbuf[2];     /* backward ping-pong gradients (N, width) */
+    float *gbuf[2];     /* backward ping-pong gradients (activation floats of a micro-batch) */
     size_t gbuf_floats; /* floats each gbuf holds */
     void *impl;         /* family-specific state */
 };

@@ -18,11 +18,12 @@ enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, N
 #define BLOCK0 2 /* wte, wpe come first */
 
 typedef struct {
-    float *recomp;    /* recompute = block: one block's internal activations */
-    float *gscratch;  /* backward scratch: dr2 (N,C), dA (N,C), dfg (N,4C), dfc (N,4C) */
+    float *recomp;   /* recompute = block: one block's internal activations */
+    float *gscratch; /* backward scratch: dr2 (N,C), dA (N,C), dfg (N,4C), dfc (N,4C) */
     float *attn_scratch;
-    size_t rows;      /* N the workspace fits */
-    int T;            /* T the attention scratch fits */
+    size_t rows; /* N the workspace fits */
+    int T;       /* T the attention scratch fits */
+    size_t attn_floats; /* attention scratch size (per-thread rows: grows with the OpenMP thread count) */
 } gpt2_impl_t;
 
 /* Saved activations of one block. */
@@ -45,10 +46,10 @@ static size_t carve_block(float *base, const mt_model_config_t *c, int B, int T,
     if (!b) {
         b = &tmp;
     }
-#define TAKE(field, n)                             \
-    do {                                           \
-        b->field = base ? base + off : NULL;       \
-        off += (n);                                \
+#define TAKE(field, n)                                                                                                 \
+    do {                                                                                                               \
+        b->field = base ? base + off : NULL;                                                                           \
+        off += (n);                                                                                                    \
     } while (0)
     TAKE(ln1, N * C);
     TAKE(ln1_mean, N);
@@ -136,9 +137,13 @@ static mt_status_t gpt2_ensure_workspace(mt_model_t m, int B, int T) {
             MT_CHECK(mt_model_realloc_scratch(&g->recomp, need, "gpt2 recompute scratch"));
         }
         MT_CHECK(mt_model_realloc_scratch(&g->gscratch, 10 * rows * c->n_embd, "gpt2 backward scratch"));
-        MT_CHECK(mt_model_realloc_scratch(&g->attn_scratch, mt_attention_scratch_floats(tt), "attention scratch"));
         g->rows = rows;
         g->T = tt;
+    }
+    size_t af = mt_attention_scratch_floats(g->T); /* re-checked: the thread count may have grown since */
+    if (af > g->attn_floats) {
+        MT_CHECK(mt_model_realloc_scratch(&g->attn_scratch, af, "attention scratch"));
+        g->attn_floats = af;
     }
     return MT_OK;
 }
@@ -265,8 +270,8 @@ mt_status_t mt_gpt2_build(mt_model_t m) {
                         c->n_head);
     }
     if (c->padded_vocab < c->vocab_size) {
-        return mt_error(MT_ERR_INVALID_ARG, "gpt2: padded_vocab (%d) is smaller than vocab_size (%d)",
-                        c->padded_vocab, c->vocab_size);
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2: padded_vocab (%d) is smaller than vocab_size (%d)", c->padded_vocab,
+                        c->vocab_size);
     }
     if (c->tp_size > 1 && c->n_head % c->tp_size != 0) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2: n_head (%d) must be a multiple of tp_size (%d)", c->n_head,
@@ -291,10 +296,10 @@ mt_status_t mt_gpt2_build(mt_model_t m) {
     for (int l = 0; l < L; l++) {
         snprintf(name, sizeof(name), "block.%d", l);
         MT_CHECK(mt_model_add_module(m, name));
-#define P(suffix, nd, d0, d1, sd, cst, tpd, parts)                                  \
-    do {                                                                        \
-        snprintf(name, sizeof(name), "h.%d.%s", l, suffix);                     \
-        MT_CHECK(mt_model_add_param(m, name, nd, d0, d1, sd, cst, tpd, parts)); \
+#define P(suffix, nd, d0, d1, sd, cst, tpd, parts)                                                                     \
+    do {                                                                                                               \
+        snprintf(name, sizeof(name), "h.%d.%s", l, suffix);                                                            \
+        MT_CHECK(mt_model_add_param(m, name, nd, d0, d1, sd, cst, tpd, parts));                                        \
     } while (0)
         P("ln_1.weight", 1, C, 1, 0, 1, -1, 1);
         P("ln_1.bias", 1, C, 1, 0, 0, -1, 1);

@@ -1,7 +1,8 @@
 /* Causal multi-head self-attention on strided views of qkv (B,T,3C): row-wise dot products and axpys over
- * the head dimension (vectorised with omp simd), only the causal half computed, OpenMP over rows. Two variants: keep the probabilities
- * att (B,NH,T,T) for backward, or keep only the per-row log-sum-exp lse (B,NH,T) and recompute
- * P = exp(S - lse) in backward (two rows of scratch per thread instead of B*NH*T*T saved floats).
+ * the head dimension (vectorised with omp simd), only the causal half computed, OpenMP over rows. Two
+ * variants: keep the probabilities att (B,NH,T,T) for backward, or keep only the per-row log-sum-exp
+ * lse (B,NH,T) and recompute P = exp(S - lse) in backward (two rows of scratch per thread instead of
+ * B*NH*T*T saved floats).
  * SPDX-License-Identifier: MIT */
 #include <math.h>
 #include <omp.h>
@@ -33,16 +34,16 @@ static inline void axpy(float *y, float a, const float *x, int n) {
 
 /* Per (b, h, t): S_s = scale q_t.k_s for s <= t; P = softmax(S); out_t = sum_s P_s v_s.
  * Rows are independent: threads split (b, h, t). The causal half above the diagonal is never computed. */
-static void mt_attention_forward_impl(float *out, float *att, float *lse, const float *qkv, int B, int T, int C,
-                                      int NH, float *scratch) {
+static void mt_attention_forward_impl(float *out, float *att, float *lse, const float *qkv, int B, int T, int C, int NH,
+                                      float *scratch) {
     int hs = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(3) schedule(static)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             for (int t = 0; t < T; t++) {
-                float *row = att ? att + (((size_t)b * NH + h) * T + t) * T
-                                 : scratch + 2 * (size_t)T * omp_get_thread_num();
+                float *row =
+                    att ? att + (((size_t)b * NH + h) * T + t) * T : scratch + 2 * (size_t)T * omp_get_thread_num();
                 const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
                 float mx = -INFINITY;
                 for (int s = 0; s <= t; s++) {
@@ -126,8 +127,8 @@ void mt_attention_forward(float *out, float *att, float *lse, const float *qkv, 
     mt_layers_prof_end(MT_OP_ATTENTION_FWD, t0);
 }
 
-void mt_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *lse,
-                           int B, int T, int C, int NH, float *scratch) {
+void mt_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *lse, int B,
+                           int T, int C, int NH, float *scratch) {
     double t0 = mt_layers_prof_begin();
     mt_attention_backward_impl(dqkv, dout, qkv, att, lse, B, T, C, NH, scratch);
     mt_layers_prof_end(MT_OP_ATTENTION_BWD, t0);

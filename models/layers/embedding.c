@@ -2,8 +2,8 @@
  * SPDX-License-Identifier: MIT */
 #include "layers.h"
 
-static void mt_embedding_forward_impl(float *out, const int32_t *tokens, const float *wte, const float *wpe, int B, int T,
-                          int C) {
+static void mt_embedding_forward_impl(float *out, const int32_t *tokens, const float *wte, const float *wpe, int B,
+                                      int T, int C) {
 #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         int t = bt % T;
@@ -18,7 +18,8 @@ static void mt_embedding_forward_impl(float *out, const int32_t *tokens, const f
 
 /* dwte[tok] += dout[b,t]; dwpe[t] += dout[b,t]. Tokens repeat, so threads split the channels instead of
  * the rows (no two threads write the same element; fixed summation order). */
-static void mt_embedding_backward_impl(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B, int T, int C) {
+static void mt_embedding_backward_impl(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B, int T,
+                                       int C) {
     enum { CHUNK = 64 };
     int n_chunks = (C + CHUNK - 1) / CHUNK;
 #pragma omp parallel for schedule(static)
@@ -42,8 +43,7 @@ static void mt_embedding_backward_impl(float *dwte, float *dwpe, const float *do
     }
 }
 
-void mt_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, int B, int T,
-                          int C) {
+void mt_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, int B, int T, int C) {
     double t0 = mt_layers_prof_begin();
     mt_embedding_forward_impl(out, tokens, wte, wpe, B, T, C);
     mt_layers_prof_end(MT_OP_EMBEDDING_FWD, t0);

@@ -1,6 +1,7 @@
 /* A vectorisable expf for the hot loops (softmax, attention, GELU): Cephes' range reduction and degree-6
- * polynomial, ~2 ulp over the clamped range, no libm call, so `omp simd` loops vectorise without
- * -ffast-math (the float->int conversion needs -fno-trapping-math, set in models/CMakeLists.txt). Inputs below -87.3 give 0 (softmax tails), above 88.7 give FLT_MAX-range values.
+ * polynomial, <= 4e-7 relative error (tested), no libm call, so `omp simd` loops vectorise without
+ * -ffast-math (the float->int conversion needs -fno-trapping-math, set in models/CMakeLists.txt).
+ * Inputs below -87.3 give 0 (softmax tails); inputs are clamped at 88.7.
  * SPDX-License-Identifier: MIT */
 #ifndef MT_FASTMATH_H
 #define MT_FASTMATH_H

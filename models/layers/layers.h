@@ -26,8 +26,8 @@ void mt_bias_backward(float *dbias, const float *dout, int ldo, int N, int OC);
 
 /* ---- layernorm: layernorm.c ---- */
 /* out (N,C) = (inp - mean) * rstd * w + b, rstd = 1/sqrt(var + 1e-5) (biased var); mean, rstd (N) saved. */
-void mt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
-                          int N, int C);
+void mt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, int N,
+                          int C);
 void mt_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
                            const float *mean, const float *rstd, int N, int C);
 
@@ -55,8 +55,8 @@ size_t mt_attention_scratch_floats(int T);
 void mt_attention_forward(float *out, float *att, float *lse, const float *qkv, int B, int T, int C, int NH,
                           float *scratch);
 /* dqkv (B,T,3C) += gradient; uses att when non-NULL, else recomputes from lse. */
-void mt_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *lse,
-                           int B, int T, int C, int NH, float *scratch);
+void mt_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *lse, int B,
+                           int T, int C, int NH, float *scratch);
 
 /* ---- fused softmax + cross-entropy over the first V of Vp columns: softmax_ce.c ---- */
 /* logits (N, Vp); columns >= V (padded vocabulary) are excluded. losses (N) = -log p[target], 0 for an
@@ -65,14 +65,26 @@ int mt_softmax_ce_forward(float *losses, float *lse, float *mean_loss, const flo
                           int N, int V, int Vp);
 /* dlogits (N, Vp) = scale * (softmax - onehot(target)) for non-ignored rows, 0 elsewhere (OVERWRITES; may
  * alias logits, computing in place). scale is typically loss_grad_scale / n_valid. */
-void mt_softmax_ce_backward(float *dlogits, const float *logits, const float *lse, const int32_t *targets, int N,
-                            int V, int Vp, float scale);
+void mt_softmax_ce_backward(float *dlogits, const float *logits, const float *lse, const int32_t *targets, int N, int V,
+                            int Vp, float scale);
 
 /* ---- per-operation timers (bench/): prof.c ---- */
 typedef enum {
-    MT_OP_MATMUL_FWD, MT_OP_MATMUL_BWD, MT_OP_LAYERNORM_FWD, MT_OP_LAYERNORM_BWD, MT_OP_GELU_FWD, MT_OP_GELU_BWD,
-    MT_OP_RESIDUAL_FWD, MT_OP_RESIDUAL_BWD, MT_OP_EMBEDDING_FWD, MT_OP_EMBEDDING_BWD, MT_OP_ATTENTION_FWD,
-    MT_OP_ATTENTION_BWD, MT_OP_SOFTMAX_CE_FWD, MT_OP_SOFTMAX_CE_BWD, MT_OP_COUNT
+    MT_OP_MATMUL_FWD,
+    MT_OP_MATMUL_BWD,
+    MT_OP_LAYERNORM_FWD,
+    MT_OP_LAYERNORM_BWD,
+    MT_OP_GELU_FWD,
+    MT_OP_GELU_BWD,
+    MT_OP_RESIDUAL_FWD,
+    MT_OP_RESIDUAL_BWD,
+    MT_OP_EMBEDDING_FWD,
+    MT_OP_EMBEDDING_BWD,
+    MT_OP_ATTENTION_FWD,
+    MT_OP_ATTENTION_BWD,
+    MT_OP_SOFTMAX_CE_FWD,
+    MT_OP_SOFTMAX_CE_BWD,
+    MT_OP_COUNT
 } mt_op_t;
 /* Process-wide, not thread-safe; off by default. */
 void mt_layers_prof_enable(bool on);

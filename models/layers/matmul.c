@@ -7,8 +7,8 @@
 #include "layers.h"
 
 /* out[n, o] = sum_c inp[n, c] * w[o, c] + bias[o] */
-static void mt_matmul_forward_impl(float *out, int ldo, const float *inp, const float *w, const float *bias, int N, int C,
-                       int OC) {
+static void mt_matmul_forward_impl(float *out, int ldo, const float *inp, const float *w, const float *bias, int N,
+                                   int C, int OC) {
     if (bias) {
 #pragma omp parallel for schedule(static)
         for (int n = 0; n < N; n++) {
@@ -40,7 +40,7 @@ void mt_bias_backward(float *dbias, const float *dout, int ldo, int N, int OC) {
 
 /* dinp = dout @ w (N,OC)x(OC,C);  dw = dout^T @ inp (OC,N)x(N,C);  dbias = column sums of dout. */
 static void mt_matmul_backward_impl(float *dinp, float *dw, float *dbias, const float *dout, int ldo, const float *inp,
-                        const float *w, int N, int C, int OC) {
+                                    const float *w, int N, int C, int OC) {
     if (dinp) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, ldo, w, C, 1.0f, dinp, C);
     }
@@ -52,8 +52,7 @@ static void mt_matmul_backward_impl(float *dinp, float *dw, float *dbias, const 
     }
 }
 
-void mt_matmul_forward(float *out, int ldo, const float *inp, const float *w, const float *bias, int N, int C,
-                       int OC) {
+void mt_matmul_forward(float *out, int ldo, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
     double t0 = mt_layers_prof_begin();
     mt_matmul_forward_impl(out, ldo, inp, w, bias, N, C, OC);
     mt_layers_prof_end(MT_OP_MATMUL_FWD, t0);

@@ -8,9 +8,9 @@ static double prof_s[MT_OP_COUNT];
 static long prof_n[MT_OP_COUNT];
 
 static const char *const op_names[MT_OP_COUNT] = {
-    "matmul fwd",    "matmul bwd",    "layernorm fwd", "layernorm bwd", "gelu fwd",      "gelu bwd",
-    "residual fwd",  "residual bwd",  "embedding fwd", "embedding bwd", "attention fwd", "attention bwd",
-    "softmax_ce fwd", "softmax_ce bwd",
+    "matmul fwd",    "matmul bwd",    "layernorm fwd",  "layernorm bwd",  "gelu fwd",
+    "gelu bwd",      "residual fwd",  "residual bwd",   "embedding fwd",  "embedding bwd",
+    "attention fwd", "attention bwd", "softmax_ce fwd", "softmax_ce bwd",
 };
 
 void mt_layers_prof_enable(bool on) {

@@ -8,11 +8,9 @@
 #include "layers.h"
 
 /* lse = max + log sum_v exp(l_v - max);  loss = lse - l_target. */
-static int mt_softmax_ce_forward_impl(float *losses, float *lse, float *mean_loss, const float *logits, const int32_t *targets,
-                          int N, int V, int Vp) {
-    double total = 0.0;
-    int n_valid = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total, n_valid)
+static int mt_softmax_ce_forward_impl(float *losses, float *lse, float *mean_loss, const float *logits,
+                                      const int32_t *targets, int N, int V, int Vp) {
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *l = logits + (size_t)n * Vp;
         float mx = -INFINITY;
@@ -27,12 +25,15 @@ static int mt_softmax_ce_forward_impl(float *losses, float *lse, float *mean_los
         }
         float z = mx + logf(s);
         lse[n] = z;
+        losses[n] = targets[n] >= 0 ? z - l[targets[n]] : 0.0f;
+    }
+    /* summed in row order, so the loss is bit-identical whatever the thread count */
+    double total = 0.0;
+    int n_valid = 0;
+    for (int n = 0; n < N; n++) {
         if (targets[n] >= 0) {
-            losses[n] = z - l[targets[n]];
             total += losses[n];
             n_valid++;
-        } else {
-            losses[n] = 0.0f;
         }
     }
     *mean_loss = n_valid > 0 ? (float)(total / n_valid) : 0.0f;
@@ -40,8 +41,8 @@ static int mt_softmax_ce_forward_impl(float *losses, float *lse, float *mean_los
 }
 
 /* dl_v = scale * (exp(l_v - lse) - [v == target]) */
-static void mt_softmax_ce_backward_impl(float *dlogits, const float *logits, const float *lse, const int32_t *targets, int N,
-                            int V, int Vp, float scale) {
+static void mt_softmax_ce_backward_impl(float *dlogits, const float *logits, const float *lse, const int32_t *targets,
+                                        int N, int V, int Vp, float scale) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *l = logits + (size_t)n * Vp;
@@ -70,8 +71,8 @@ int mt_softmax_ce_forward(float *losses, float *lse, float *mean_loss, const flo
     return r;
 }
 
-void mt_softmax_ce_backward(float *dlogits, const float *logits, const float *lse, const int32_t *targets, int N,
-                            int V, int Vp, float scale) {
+void mt_softmax_ce_backward(float *dlogits, const float *logits, const float *lse, const int32_t *targets, int N, int V,
+                            int Vp, float scale) {
     double t0 = mt_layers_prof_begin();
     mt_softmax_ce_backward_impl(dlogits, logits, lse, targets, N, V, Vp, scale);
     mt_layers_prof_end(MT_OP_SOFTMAX_CE_BWD, t0);

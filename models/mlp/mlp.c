@@ -14,9 +14,9 @@
 #include "runtime/alloc.h"
 
 typedef struct {
-    float *pre;   /* recompute = block: (N,H) pre-activation of the layer being differentiated */
-    float *dpre;  /* backward scratch (N,H) */
-    float *dlog;  /* backward scratch (N,V) */
+    float *pre;  /* recompute = block: (N,H) pre-activation of the layer being differentiated */
+    float *dpre; /* backward scratch (N,H) */
+    float *dlog; /* backward scratch (N,V) */
     size_t rows;
 } mlp_impl_t;
 

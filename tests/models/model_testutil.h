@@ -72,8 +72,8 @@ static inline void tm_grad_check(mt_model_t m, mt_acts_t a, const int32_t *tok, 
         }
         memcpy(p->data, keep, p->numel * sizeof(float));
         double fd = (8.0 * ((double)l[0] - l[1]) - ((double)l[2] - l[3])) / (12 * eps);
-        CHECK(fabs(fd - gd) <= 1e-2 * fabs(gd) + atol, "gradient of %s: grad.d %.7g vs finite difference %.7g",
-              p->name, gd, fd);
+        CHECK(fabs(fd - gd) <= 1e-2 * fabs(gd) + atol, "gradient of %s: grad.d %.7g vs finite difference %.7g", p->name,
+              gd, fd);
         free(keep);
         free(d);
     }

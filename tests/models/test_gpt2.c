@@ -4,6 +4,7 @@
  * padded vocabulary, layout-independent initialisation, and argument errors.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
+#include <omp.h>
 
 #include "model_testutil.h"
 #include "models/layers/layers_ref.h"
@@ -86,6 +87,24 @@ static void test_reference_and_grads(void) {
     CHECK_CLOSE(loss, ref, 1e-5, 0);
     CHECK(fabs(loss - log(11.0)) < 0.1, "initial loss %g near ln(V) = %g", loss, log(11.0));
     tm_grad_check(m, a, tok, tgt, 1e-3, 2e-4);
+    /* At GPT-2's initial scale attention is nearly uniform and GELU nearly linear; repeat both checks with
+     * weights 15x larger so every nonlinearity is exercised (saturated softmax, curved GELU). */
+    float *keep = malloc(mt_model_numel(m) * sizeof(float));
+    memcpy(keep, mt_model_params_flat(m), mt_model_numel(m) * sizeof(float));
+    for (int i = 0; i < mt_model_n_params(m); i++) {
+        mt_param_t *p = mt_model_param(m, i);
+        for (size_t k = 0; k < p->numel; k++) {
+            p->data[k] = p->init_std > 0 ? 15.0f * p->data[k] : p->data[k] + 0.1f * (float)((int)((k * 7) % 5) - 2);
+        }
+    }
+    CHECK_OK(mt_model_step(m, a, tok, tgt, false, &loss));
+    ref = ref_gpt2_loss(m, tok, tgt);
+    CHECK_CLOSE(loss, ref, 1e-5, 0);
+    CHECK(fabs(loss - log(11.0)) > 0.1, "large weights: loss %g away from uniform", loss);
+    tm_grad_check(m, a, tok, tgt, 1e-3, 2e-4);
+    memcpy(mt_model_params_flat(m), keep, mt_model_numel(m) * sizeof(float));
+    free(keep);
+    CHECK_OK(mt_model_step(m, a, tok, tgt, false, &loss));
     /* padded rows of wte: initialised 0, never used, zero gradient; huge values there change nothing */
     mt_param_t *wte = mt_model_param(m, 0);
     int pad_ok = 1;
@@ -340,8 +359,11 @@ static void test_init(void) {
     struct {
         const char *name;
         double std, mean;
-    } want[] = {{"wte", 0.02, 0}, {"h.0.attn.qkv.weight", 0.02, 0}, {"h.1.attn.qkv.weight", 0.02, 0},
-                {"h.1.attn.proj.weight", 0.02 / sqrt(8.0), 0}, {"h.3.mlp.proj.weight", 0.02 / sqrt(8.0), 0},
+    } want[] = {{"wte", 0.02, 0},
+                {"h.0.attn.qkv.weight", 0.02, 0},
+                {"h.1.attn.qkv.weight", 0.02, 0},
+                {"h.1.attn.proj.weight", 0.02 / sqrt(8.0), 0},
+                {"h.3.mlp.proj.weight", 0.02 / sqrt(8.0), 0},
                 {"h.2.mlp.fc.weight", 0.02, 0}};
     for (size_t w = 0; w < MT_ARRAY_LEN(want); w++) {
         mt_param_t *p = mt_model_param(m, mt_model_find_param(m, want[w].name));
@@ -387,7 +409,8 @@ static void test_init(void) {
     mt_param_t *tpr = mt_model_param(t, mt_model_find_param(t, "h.2.mlp.proj.weight"));
     int proj_ok = tpr->shape[1] == 2 * C;
     for (int r = 0; r < C && proj_ok; r++) {
-        proj_ok = memcmp(tpr->data + (size_t)r * 2 * C, pr->data + (size_t)r * 4 * C + 2 * C, 2 * C * sizeof(float)) == 0;
+        proj_ok =
+            memcmp(tpr->data + (size_t)r * 2 * C, pr->data + (size_t)r * 4 * C + 2 * C, 2 * C * sizeof(float)) == 0;
     }
     CHECK(proj_ok, "tp rank 1's mlp.proj columns equal the serial model's");
     mt_acts_t ta;
@@ -427,11 +450,37 @@ static void test_init(void) {
     mt_model_free(bad);
 }
 
+/* Same seed and data: bit-identical loss and gradients across runs and OpenMP thread counts. */
+static void test_determinism(void) {
+    float *g[3];
+    float l[3];
+    int64_t peak;
+    int threads[3] = {1, 3, 2};
+    size_t n = 0;
+    for (int r = 0; r < 3; r++) {
+        omp_set_num_threads(threads[r]);
+        l[r] = run_variant(MT_RECOMPUTE_NONE, r == 2, &g[r], &peak, 2, 16);
+    }
+    {
+        mt_model_config_t cfg = tiny();
+        cfg.seq_len = 16;
+        mt_model_t m = tm_build(&cfg);
+        n = mt_model_numel(m);
+        mt_model_free(m);
+    }
+    CHECK(l[0] == l[1] && memcmp(g[0], g[1], n * sizeof(float)) == 0, "1 vs 3 threads: identical loss and grads");
+    CHECK(l[0] == l[2], "attention recompute with 2 threads: same loss");
+    for (int r = 0; r < 3; r++) {
+        free(g[r]);
+    }
+}
+
 int main(void) {
     test_reference_and_grads();
     test_recompute();
     test_module_ranges();
     test_hooks();
     test_init();
+    test_determinism();
     return mt_test_finish("test_gpt2");
 }

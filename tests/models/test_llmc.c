@@ -76,6 +76,32 @@ int main(void) {
     size_t off = (size_t)(Vp * C + maxT * C + 2 * L * C + 3 * C * C);
     mt_param_t *q1 = mt_model_param(m, mt_model_find_param(m, "h.1.attn.qkv.weight"));
     CHECK(memcmp(params + off, q1->data, q1->numel * 4) == 0, "h.1 qkv weight at llm.c's offset");
+    /* every tensor at the offset llm.c's fill_in_parameter_sizes implies, layer by layer */
+    {
+        static const char *kind[16] = {"wte", "wpe", "ln_1.weight", "ln_1.bias", "attn.qkv.weight",
+                                       "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias", "ln_2.weight",
+                                       "ln_2.bias", "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight",
+                                       "mlp.proj.bias", "ln_f.weight", "ln_f.bias"};
+        int64_t per[16] = {Vp * C, maxT * C, C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C,
+                           C, C};
+        int64_t at = 0;
+        int placed = 0;
+        for (int k = 0; k < 16; k++) {
+            int layers = (k >= 2 && k <= 13) ? (int)L : 1;
+            for (int l = 0; l < layers; l++) {
+                char nm[64];
+                if (layers > 1) {
+                    snprintf(nm, sizeof nm, "h.%d.%s", l, kind[k]);
+                } else {
+                    snprintf(nm, sizeof nm, "%s", kind[k]);
+                }
+                mt_param_t *p = mt_model_param(m, mt_model_find_param(m, nm));
+                placed += p && (int64_t)p->numel == per[k] && memcmp(params + at, p->data, p->numel * 4) == 0;
+                at += per[k];
+            }
+        }
+        CHECK(placed == 2 + 12 * (int)L + 2 && at == floats, "every tensor at llm.c's offset (%d placed)", placed);
+    }
     mt_param_t *lnfb = mt_model_param(m, mt_model_find_param(m, "ln_f.bias"));
     lnfb->data[3] = 0.25f;
     CHECK_OK(mt_llmc_save(m, path));
@@ -118,8 +144,8 @@ int main(void) {
     mt_model_config_t c3 = cfg_small(1);
     c3.n_embd = 16;
     mt_model_t m3 = tm_build(&c3);
-    CHECK(mt_llmc_load(m3, path) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "n_embd"),
-          "shape mismatch: %s", mt_last_error_msg());
+    CHECK(mt_llmc_load(m3, path) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "n_embd"), "shape mismatch: %s",
+          mt_last_error_msg());
     mt_model_free(m3);
     /* malformed files */
     int32_t *bad = malloc(n);

@@ -32,7 +32,8 @@ static double *pd(mt_model_t m, const char *name) {
 
 static double ref_loss(mt_model_t m, const int32_t *tok, const int32_t *tgt) {
     int N = B * T;
-    double *x = malloc(sizeof(double) * N * H), *y = malloc(sizeof(double) * N * H), *lg = malloc(sizeof(double) * N * V);
+    double *x = malloc(sizeof(double) * N * H), *y = malloc(sizeof(double) * N * H),
+           *lg = malloc(sizeof(double) * N * V);
     double *wte = pd(m, "wte");
     mt_embedding_ref(x, tok, wte, NULL, B, T, H);
     char nm[64];

@@ -17,7 +17,8 @@ int main(void) {
     CHECK(mt_tensor_numel(&t) == 105 && mt_tensor_bytes(&t) == 210, "numel/bytes");
     CHECK(((uintptr_t)t.data % MT_ALLOC_ALIGN) == 0, "aligned");
     mt_mem_stats(MT_MEM_HOST, &s1);
-    CHECK(s1.current[MT_MEM_OPTIMIZER] - s0.current[MT_MEM_OPTIMIZER] == 256, "210 bytes accounted as 256 (64-rounded)");
+    CHECK(s1.current[MT_MEM_OPTIMIZER] - s0.current[MT_MEM_OPTIMIZER] == 256,
+          "210 bytes accounted as 256 (64-rounded)");
     mt_tensor_free(&t);
     mt_mem_stats(MT_MEM_HOST, &s1);
     CHECK(s1.current[MT_MEM_OPTIMIZER] == s0.current[MT_MEM_OPTIMIZER], "freed");
@@ -44,8 +45,8 @@ int main(void) {
 
     /* bf16 */
     CHECK(mt_f32_to_bf16(1.0f) == 0x3f80 && mt_bf16_to_f32(0x3f80) == 1.0f, "bf16 1.0");
-    CHECK(mt_f32_to_bf16(1.00390625f) == 0x3f80, "tie to even (down)");  /* 1 + 2^-8: halfway, even is 0x3f80 */
-    CHECK(mt_f32_to_bf16(1.01171875f) == 0x3f82, "tie to even (up)");    /* 1 + 3*2^-8: halfway, even is 0x3f82 */
+    CHECK(mt_f32_to_bf16(1.00390625f) == 0x3f80, "tie to even (down)"); /* 1 + 2^-8: halfway, even is 0x3f80 */
+    CHECK(mt_f32_to_bf16(1.01171875f) == 0x3f82, "tie to even (up)");   /* 1 + 3*2^-8: halfway, even is 0x3f82 */
     CHECK(mt_f32_to_bf16(1.0f + 1.0f / 256 + 1.0f / 1048576) == 0x3f81, "above half rounds up");
     CHECK(isnan(mt_bf16_to_f32(mt_f32_to_bf16(NAN))), "NaN stays NaN");
     CHECK(mt_f32_to_bf16(INFINITY) == 0x7f80 && mt_f32_to_bf16(-0.0f) == 0x8000, "inf, -0");

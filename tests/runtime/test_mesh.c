@@ -56,8 +56,8 @@ static void test_megatron(void) {
             CHECK(mt_mesh_pp_next(m, r) == (j < 3 ? pp_groups[g][j + 1] : -1), "pp next of %d", r);
             int emb[2] = {-1, -1};
             CHECK(mt_mesh_embedding_group(m, r, emb) == 2, "embedding group of %d has 2 ranks", r);
-            CHECK(emb[0] == pp_groups[g][0] && emb[1] == pp_groups[g][3], "embedding group of %d is [%d,%d]", r,
-                  emb[0], emb[1]);
+            CHECK(emb[0] == pp_groups[g][0] && emb[1] == pp_groups[g][3], "embedding group of %d is [%d,%d]", r, emb[0],
+                  emb[1]);
         }
     }
     for (int g = 0; g < 2; g++) {
@@ -156,9 +156,8 @@ static void check_properties(int world, int tp, int pp, const char *order) {
         for (int r = 0; r < world; r++) {
             bad += seen[r] != 1;
         }
-        CHECK(bad == 0 && n_groups * want == world,
-              "mask %u: %d violations, %d groups of %d (world %d tp %d pp %d %s)", mask, bad, n_groups, want, world,
-              tp, pp, order);
+        CHECK(bad == 0 && n_groups * want == world, "mask %u: %d violations, %d groups of %d (world %d tp %d pp %d %s)",
+              mask, bad, n_groups, want, world, tp, pp, order);
     }
     bad = 0;
     for (int r = 0; r < world; r++) {
@@ -211,8 +210,8 @@ static void test_bad_input(void) {
     CHECK(mt_mesh_create(8, 2, 2, 3, "tp-dp-pp", &m) == MT_ERR_INVALID_ARG, "2x3x2 != 8");
     CHECK(mt_mesh_create(0, 1, 1, 0, "tp-dp-pp", &m) == MT_ERR_INVALID_ARG, "world 0");
     CHECK(mt_mesh_create(4, 0, 1, 0, "tp-dp-pp", &m) == MT_ERR_INVALID_ARG, "tp 0");
-    static const char *const bad_orders[] = {"tp-dp", "tp-tp-pp", "xx-dp-pp", "auto", "tp-dp-pp-", "", "tp--dp-pp",
-                                             "tp-dp-pp-tp", "TP-DP-PP"};
+    static const char *const bad_orders[] = {"tp-dp", "tp-tp-pp",  "xx-dp-pp",    "auto",    "tp-dp-pp-",
+                                             "",      "tp--dp-pp", "tp-dp-pp-tp", "TP-DP-PP"};
     for (size_t i = 0; i < MT_ARRAY_LEN(bad_orders); i++) {
         m = (mt_mesh_t *)1;
         CHECK(mt_mesh_create(4, 2, 1, 0, bad_orders[i], &m) == MT_ERR_INVALID_ARG && !m, "order \"%s\" accepted",
