@@ -583,8 +583,10 @@ mt_status_t mt_pipeline_gather_param(mt_pipeline_t pl, int i, int root, float *o
     mt_status_t st = mt_work_wait(w, timeout);
     mt_work_free(w);
     if (st != MT_OK) {
+        char inner[512]; /* the callee's message: mt_error reuses its buffer */
+        snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
         return mt_error(st, "pipeline stage %d: gathering parameter %s (stage %d -> %d) failed: %s", pl->stage, q->name,
-                        owner, root, mt_last_error_msg());
+                        owner, root, inner);
     }
     return MT_OK;
 }

@@ -73,8 +73,9 @@ static mt_status_t exchange(mt_pipeline_t pl, msg_t send, msg_t recv) {
             snprintf(what + l, sizeof(what) - l, "%sreceiving the %s of micro-batch %d from stage %d", l ? " and " : "",
                      recv.grad ? "gradient" : "activation", recv.mb, recv.peer);
         }
-        return mt_error(st, "pipeline stage %d: %s failed (%s): %s", pl->stage, what, mt_status_str(st),
-                        mt_last_error_msg());
+        char inner[512]; /* the callee's message: mt_error reuses its buffer */
+        snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
+        return mt_error(st, "pipeline stage %d: %s failed (%s): %s", pl->stage, what, mt_status_str(st), inner);
     }
     pl->stats.comm_wait_s += mt_now() - t0;
     if (send.buf) {
@@ -138,7 +139,9 @@ static mt_status_t forward(mt_pipeline_t pl, int k, const int32_t *tokens, const
                          is_last(pl) ? NULL : pl->act_send, is_last(pl) ? &loss : NULL);
     pl->stats.compute_s += mt_now() - t0;
     if (st != MT_OK) {
-        return mt_error(st, "pipeline stage %d: forward of micro-batch %d: %s", pl->stage, k, mt_last_error_msg());
+        char inner[512]; /* the callee's message: mt_error reuses its buffer */
+        snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
+        return mt_error(st, "pipeline stage %d: forward of micro-batch %d: %s", pl->stage, k, inner);
     }
     pl->loss_sum += loss;
     return MT_OK;
@@ -158,7 +161,9 @@ static mt_status_t backward(mt_pipeline_t pl, int k) {
                                        is_first(pl) ? NULL : pl->grad_send, 1.0f / (float)pl->p.microbatches);
     pl->stats.compute_s += mt_now() - t0;
     if (st != MT_OK) {
-        return mt_error(st, "pipeline stage %d: backward of micro-batch %d: %s", pl->stage, k, mt_last_error_msg());
+        char inner[512]; /* the callee's message: mt_error reuses its buffer */
+        snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
+        return mt_error(st, "pipeline stage %d: backward of micro-batch %d: %s", pl->stage, k, inner);
     }
     pl->busy[slot] = -1;
     pl->in_flight--;

@@ -184,7 +184,9 @@ static mt_status_t tp_take_error(mt_model_t m) {
 
 static void note(tp_impl_t *g, mt_status_t st, const char *what) {
     if (st != MT_OK && g->err == MT_OK) {
-        g->err = mt_error(st, "gpt2 tp rank %d: %s over the tp group failed: %s", g->rank, what, mt_last_error_msg());
+        char inner[512]; /* the callee's message: mt_error reuses its buffer */
+        snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
+        g->err = mt_error(st, "gpt2 tp rank %d: %s over the tp group failed: %s", g->rank, what, inner);
     }
 }
 static void all_reduce(tp_impl_t *g, float *buf, size_t n) {
