@@ -24,7 +24,7 @@ typedef struct {
 /* Runs the pipeline for s->steps steps; rank 0 compares with the reference. Returns the activation
  * peak (bytes above what was allocated before) of this rank. */
 static int64_t run_case(const comms_t *c, const eq_setup_t *s, mt_pp_schedule_t sched, int m, const double *ref_loss,
-                        mt_model_t ref, double tol) {
+                        mt_model_t ref, double tol, const char *stage_layers) {
     mt_model_t model = NULL;
     mt_pipeline_t pl = NULL;
     mt_optim_t opt = NULL;
@@ -41,6 +41,7 @@ static int64_t run_case(const comms_t *c, const eq_setup_t *s, mt_pp_schedule_t 
     pp.micro_batch = B;
     pp.seq_len = T;
     pp.timeout_s = 60.0;
+    pp.stage_layers = stage_layers;
     CHECK_OK(mt_pipeline_init(model, c->pp, c->emb, &pp, &pl));
     CHECK_OK(mt_pipeline_alloc_params(pl));
     CHECK_OK(mt_optim_init(&s->optim, &opt));
@@ -141,7 +142,8 @@ int main(int argc, char **argv) {
         int64_t peak[2][4];
         for (int sched = 0; sched < 2; sched++) {
             for (int k = 0; k < 4; k++) {
-                peak[sched][k] = run_case(&c, &s, sched == 0 ? MT_PP_GPIPE : MT_PP_1F1B, ms[k], ref_loss, ref, tol);
+                peak[sched][k] =
+                    run_case(&c, &s, sched == 0 ? MT_PP_GPIPE : MT_PP_1F1B, ms[k], ref_loss, ref, tol, NULL);
             }
         }
         /* 1F1B holds min(pp - stage, m) micro-batches, GPipe m: less memory wherever pp - stage < m. */
@@ -156,6 +158,8 @@ int main(int argc, char **argv) {
                        (long long)peak[0][k], (long long)peak[1][k]);
             }
         }
+        /* A split by hand (parallel.stage_layers): the first stage holds only the embedding. */
+        run_case(&c, &s, MT_PP_1F1B, 4, ref_loss, ref, tol, w->size == 2 ? "0,4" : "0,1,2,1");
         mt_model_free(ref);
     }
     CHECK_OK(mt_comm_free(c.emb));
