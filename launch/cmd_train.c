@@ -2,7 +2,8 @@
  * (the embedded default job without CONFIG), printing a progress line per step on rank 0. Start-up:
  * config (validated on rank 0, broadcast), topology and binding (runtime.bind), the mesh in
  * parallel.order ("auto" follows the hardware), then the engine: the single-process one on one rank,
- * a data-parallel engine (parallel.engine, zero_stage) over the mesh's dp groups otherwise.
+ * a data-parallel engine (parallel.engine, zero_stage) over the mesh's dp groups when tp = pp = 1, the
+ * model-parallel one (tensor and pipeline parallelism, dp by an all-reduce) otherwise.
  * Exit status: 0 trained, 2 bad input (config, data files, layout), 1 failure while running.
  * SPDX-License-Identifier: MIT */
 #include <stdio.h>
@@ -135,7 +136,12 @@ int mt_cmd_train(int argc, char **argv) {
     opts.mesh_desc = desc;
     opts.dp_rank = coords[MT_AXIS_DP];
     opts.dp_size = mt_mesh_axis_size(mesh, MT_AXIS_DP);
-    opts.engine = w->size == 1 ? mt_job_engine_local() : mt_job_engine_parallel();
+    int tp = mt_mesh_axis_size(mesh, MT_AXIS_TP), pp = mt_mesh_axis_size(mesh, MT_AXIS_PP);
+    if (tp > 1 || pp > 1) {
+        opts.engine = mt_job_engine_model_parallel(pp);
+    } else {
+        opts.engine = w->size == 1 ? mt_job_engine_local() : mt_job_engine_parallel();
+    }
     mt_job_result_t res;
     st = mt_job_run(cfg, &opts, &res);
     mt_config_free(cfg);

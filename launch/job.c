@@ -198,14 +198,13 @@ const mt_job_engine_t *mt_job_engine_local(void) {
 
 /* ---- the loop ------------------------------------------------------------------------------------ */
 
-
 static mt_status_t check_layout(const mt_config_t *cfg, const mt_job_opts_t *opts, int world) {
     int64_t tp = mt_config_int(cfg, "parallel.tp"), pp = mt_config_int(cfg, "parallel.pp");
-    if (tp != 1 || pp != 1) {
+    if ((tp != 1 || pp != 1) && !(opts->engine && opts->engine->setup_model)) {
         return mt_error(MT_ERR_INVALID_ARG,
-                        "parallel.tp = %lld, parallel.pp = %lld: this training loop runs tp = 1 and pp = 1 (set "
-                        "--parallel.tp=1 --parallel.pp=1)",
-                        (long long)tp, (long long)pp);
+                        "parallel.tp = %lld, parallel.pp = %lld: the \"%s\" engine runs tp = 1 and pp = 1 (set "
+                        "--parallel.tp=1 --parallel.pp=1, or use the model-parallel engine)",
+                        (long long)tp, (long long)pp, opts->engine ? opts->engine->name : "local");
     }
     if (!opts->engine && world != 1) {
         return mt_error(MT_ERR_INVALID_ARG,
@@ -254,6 +253,14 @@ static mt_status_t open_data(job_t *j, bool val, mt_data_t *out) {
  * means, which is the mean over the whole batch because every micro-batch has B*T targets. Backward
  * scales each micro-batch's loss gradient by 1/grad_accum so the accumulated gradient is that mean's. */
 static mt_status_t run_batch(job_t *j, const mt_batch_t *b, bool backward, double *loss, mt_step_rec_t *rec) {
+    if (j->engine->run_batch) { /* the engine schedules forward and backward itself (pipelines) */
+        double t0 = mt_now();
+        MT_CHECK(j->engine->run_batch(j->ectx, b, backward, loss));
+        if (rec) {
+            rec->bwd_s += mt_now() - t0; /* one figure: a schedule interleaves forward and backward */
+        }
+        return MT_OK;
+    }
     int n = mt_model_n_modules(j->model);
     int64_t mb = j->info.micro_batch, T = j->info.seq_len, ga = j->info.grad_accum;
     double sum = 0.0;
@@ -366,14 +373,7 @@ static mt_status_t setup(job_t *j) {
     mt_job_model_config(cfg, &mc);
     mt_job_info_t *info = &j->info;
     MT_CHECK(model_init_source(cfg, &mc, &info->init_llmc));
-    MT_CHECK(mt_model_init(&mc, &j->model));
     info->cfg = cfg;
-    info->model = j->model;
-    mt_job_optim_config(cfg, &info->optim, &j->sched);
-    info->global_batch = mt_config_int(cfg, "train.global_batch");
-    info->micro_batch = mt_config_int(cfg, "train.micro_batch");
-    info->grad_accum = mt_config_int(cfg, "train.grad_accum");
-    info->seq_len = mt_model_config(j->model)->seq_len; /* the checkpoint's when model.init = llmc:PATH */
     info->comm = mt_rt_world()->comm;
     info->mesh = j->opts->mesh;
     if (j->opts->dp_size > 0) {
@@ -383,6 +383,16 @@ static mt_status_t setup(job_t *j) {
         info->dp_size = mt_rt_world()->size;
         info->dp_rank = j->rank;
     }
+    if (j->engine->setup_model) {
+        MT_CHECK(j->engine->setup_model(info, &mc, &j->ectx));
+    }
+    MT_CHECK(mt_model_init(&mc, &j->model));
+    info->model = j->model;
+    mt_job_optim_config(cfg, &info->optim, &j->sched);
+    info->global_batch = mt_config_int(cfg, "train.global_batch");
+    info->micro_batch = mt_config_int(cfg, "train.micro_batch");
+    info->grad_accum = mt_config_int(cfg, "train.grad_accum");
+    info->seq_len = mt_model_config(j->model)->seq_len; /* the checkpoint's when model.init = llmc:PATH */
     if (info->dp_rank < 0 || info->dp_rank >= info->dp_size) {
         return mt_error(MT_ERR_INVALID_ARG, "data-parallel rank %d outside [0, %d)", info->dp_rank, info->dp_size);
     }
@@ -413,6 +423,7 @@ static mt_status_t setup(job_t *j) {
     wc.tp_ops = NULL;
     MT_CHECK(mt_model_init(&wc, &whole));
     j->flops_per_token = mt_model_flops_per_token(whole, (int)info->seq_len);
+    j->n_params = (int64_t)mt_model_numel(whole);
     mt_model_free(whole);
     return MT_OK;
 }
@@ -438,7 +449,7 @@ static void print_header(job_t *j) {
         fprintf(j->out, "mesh: %d rank%s = dp %d x tp 1 x pp 1\n", j->world, j->world == 1 ? "" : "s",
                 j->info.dp_size);
     }
-    double n = (double)mt_model_numel(j->model);
+    double n = (double)j->n_params;
     fprintf(j->out,
             "meshtrain train: %s (n_layer %lld, n_embd %lld), %.3fM parameters | %lld steps of %lld x %lld tokens "
             "(micro-batch %lld x %lld) | %s lr %g %s | data %s | engine %s\n",
@@ -599,7 +610,7 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
         st = agree(w->comm, st);
     }
     if (st == MT_OK) {
-        r.n_params = (int64_t)mt_model_numel(j.model);
+        r.n_params = j.n_params;
         if (j.out) {
             print_header(&j);
         }

@@ -11,6 +11,7 @@
 #include <mpi.h>
 #include <stdio.h>
 
+#include "models/data/data.h"
 #include "models/model.h"
 #include "models/optim/optim.h"
 #include "runtime/config.h"
@@ -47,6 +48,7 @@ typedef struct {
     int64_t shape[2];     /* global shape */
     int64_t lo[2], hi[2]; /* the box, 0 <= lo < hi <= shape per dimension */
     float *data;
+    int64_t ld;           /* 2-D: elements from one row of data to the next; 0 = the box's width (contiguous) */
 } mt_ckpt_piece_t;
 
 /* A data-parallel (or other) engine. The loop calls, per step:
@@ -83,6 +85,16 @@ typedef struct {
     void (*ckpt_set_step)(void *ctx, int64_t t);
     /* After a load filled the pieces: whatever makes derived copies consistent again. May be NULL. */
     mt_status_t (*ckpt_loaded)(void *ctx);
+    /* Optional (NULL: not needed), called before the model is built, with info's cfg, comm, mesh and dp
+     * fields set: creates what the model needs (the tensor-parallel communicator) and fills the model
+     * configuration's tensor-parallel fields. *ctx (NULL on entry) is then handed to init; whatever
+     * happens, the loop frees it with free() at the end (so init leaves it in place on failure). */
+    mt_status_t (*setup_model)(const mt_job_info_t *info, mt_model_config_t *mc, void **ctx);
+    /* Optional (NULL: the loop runs forward/backward of the whole model itself): forward (and, with
+     * backward, backward with gradients accumulated as the loop would) of one step's batch b over
+     * info->grad_accum micro-batches, e.g. by a pipeline schedule; *loss = this rank's mean loss of the
+     * batch before reduce_loss. */
+    mt_status_t (*run_batch)(void *ctx, const mt_batch_t *b, bool backward, double *loss);
 } mt_job_engine_t;
 
 /* The engine of a single process: the model's own flat buffers, one optimizer over every parameter
@@ -94,6 +106,12 @@ const mt_job_engine_t *mt_job_engine_local(void);
  * group of info->mesh (the whole world without a mesh), with checkpoints in every layout: each rank
  * saves what it owns (replicated tensors once, by dp rank 0) and loads whatever its layout holds. */
 const mt_job_engine_t *mt_job_engine_parallel(void);
+
+/* Tensor parallelism over the mesh's tp groups and (pp > 1) pipeline parallelism over its pp groups
+ * (parallel.schedule, parallel.stage_layers, parallel.sequence_parallel), composed with data parallelism
+ * by one averaging all-reduce of each stage's gradients per step (parallel.engine = "ddp"). Needs
+ * opts.mesh. pp > 1 returns the table whose run_batch runs the pipeline schedule. */
+const mt_job_engine_t *mt_job_engine_model_parallel(int pp);
 
 typedef struct {
     size_t size;                  /* sizeof(mt_job_opts_t) */

@@ -177,10 +177,10 @@ static int64_t box_numel(int ndim, const int64_t *lo, const int64_t *hi) {
     return n;
 }
 
-/* Copies the intersection of box src (data row-major of src) into box dst (row-major of dst); returns
- * the elements copied. Up to 2 dimensions (1-D uses dimension 0 only). */
+/* Copies the intersection of box src (data row-major of src) into box dst (rows dst_ld apart; 0 = the
+ * box's width); returns the elements copied. Up to 2 dimensions (1-D uses dimension 0 only). */
 static int64_t copy_overlap(int ndim, const int64_t *slo, const int64_t *shi, const float *src, const int64_t *dlo,
-                            const int64_t *dhi, float *dst) {
+                            const int64_t *dhi, float *dst, int64_t dst_ld) {
     int64_t lo[2] = {0, 0}, hi[2] = {1, 1};
     for (int d = 0; d < ndim; d++) {
         lo[d] = MT_MAX(slo[d], dlo[d]);
@@ -193,7 +193,7 @@ static int64_t copy_overlap(int ndim, const int64_t *slo, const int64_t *shi, co
         memcpy(dst + (lo[0] - dlo[0]), src + (lo[0] - slo[0]), (size_t)(hi[0] - lo[0]) * sizeof(float));
         return hi[0] - lo[0];
     }
-    int64_t sw = shi[1] - slo[1], dw = dhi[1] - dlo[1], w = hi[1] - lo[1];
+    int64_t sw = shi[1] - slo[1], dw = dst_ld > 0 ? dst_ld : dhi[1] - dlo[1], w = hi[1] - lo[1];
     for (int64_t r = lo[0]; r < hi[0]; r++) {
         memcpy(dst + (r - dlo[0]) * dw + (lo[1] - dlo[1]), src + (r - slo[0]) * sw + (lo[1] - slo[1]),
                (size_t)w * sizeof(float));
@@ -224,10 +224,23 @@ static bool read_dims(const mt_json_t *a, int ndim, int64_t *out) {
     return true;
 }
 
+/* Zeroes rows [r0, r1) (global) of a 2-D piece; returns the elements zeroed. */
+static int64_t zero_rows(mt_ckpt_piece_t *pc, int64_t r0, int64_t r1) {
+    int64_t lo = MT_MAX(r0, pc->lo[0]), hi = MT_MIN(r1, pc->hi[0]), w = pc->hi[1] - pc->lo[1];
+    int64_t ld = pc->ld > 0 ? pc->ld : w;
+    for (int64_t r = lo; r < hi; r++) {
+        memset(pc->data + (r - pc->lo[0]) * ld, 0, (size_t)w * sizeof(float));
+    }
+    return hi > lo ? (hi - lo) * w : 0;
+}
+
 /* Fills every piece from the checkpoint in dir (manifest parsed in man). Each shard overlapping a piece
  * is read whole, its CRC32C checked, and the overlap copied; every element of every piece must be
- * covered. Errors name the checkpoint, the tensor and the file. */
-static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_piece_t *pc, int n) {
+ * covered. vocab (> 0) is the model's vocabulary: a 2-D tensor whose first dimension differs only in
+ * padding rows (both >= vocab: the padded vocabulary, which tensor parallelism rounds up differently)
+ * is read for the rows both have and zero beyond (padding rows are zero and stay zero). Errors name the
+ * checkpoint, the tensor and the file. */
+static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_piece_t *pc, int n, int64_t vocab) {
     const mt_json_t *tensors = mt_json_get(man, "tensors");
     if (!tensors || tensors->kind != MT_JSON_ARRAY) {
         return mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: manifest has no \"tensors\" array", dir);
@@ -260,8 +273,12 @@ static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_pi
                           dtype ? dtype : "(missing)");
             break;
         }
-        if (!read_dims(mt_json_get(t, "shape"), pc[i].ndim, shape) || shape[0] != pc[i].shape[0] ||
-            (pc[i].ndim == 2 && shape[1] != pc[i].shape[1])) {
+        int64_t man_vocab = 0;
+        mt_json_get_int(mt_json_get(man, "model"), "vocab_size", &man_vocab);
+        bool dims_ok = read_dims(mt_json_get(t, "shape"), pc[i].ndim, shape);
+        bool padded = dims_ok && pc[i].ndim == 2 && shape[1] == pc[i].shape[1] && shape[0] != pc[i].shape[0] &&
+                      vocab > 0 && man_vocab == vocab && shape[0] >= vocab && pc[i].shape[0] >= vocab;
+        if (!dims_ok || (!padded && (shape[0] != pc[i].shape[0] || (pc[i].ndim == 2 && shape[1] != pc[i].shape[1])))) {
             char want[64];
             snprintf(want, sizeof(want), pc[i].ndim == 2 ? "[%lld, %lld]" : "[%lld]", (long long)pc[i].shape[0],
                      (long long)pc[i].shape[1]);
@@ -277,6 +294,9 @@ static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_pi
             break;
         }
         int64_t want = box_numel(pc[i].ndim, pc[i].lo, pc[i].hi), got = 0;
+        if (padded && shape[0] < pc[i].shape[0]) {
+            got += zero_rows(&pc[i], shape[0], pc[i].shape[0]); /* padding the checkpoint does not have */
+        }
         for (int k = 0; k < shards->n && st == MT_OK; k++) {
             const mt_json_t *sj = shards->items[k];
             shard_t sh = {.ndim = pc[i].ndim};
@@ -367,7 +387,7 @@ static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_pi
                               path, pc[i].tensor, (long long)sh.offset, (long long)(sh.offset + sh.bytes), c, sh.crc);
                 break;
             }
-            got += copy_overlap(sh.ndim, sh.lo, sh.hi, buf, pc[i].lo, pc[i].hi, pc[i].data);
+            got += copy_overlap(sh.ndim, sh.lo, sh.hi, buf, pc[i].lo, pc[i].hi, pc[i].data, pc[i].ld);
         }
         if (st == MT_OK && got != want) {
             st = mt_error(MT_ERR_INVALID_ARG,
@@ -477,7 +497,7 @@ mt_status_t mt_job_ckpt_read_model(const char *path, mt_model_t *model, mt_confi
         pc[i].data = p->data;
     }
     if (st == MT_OK) {
-        st = fill_pieces(dir, man, pc, np);
+        st = fill_pieces(dir, man, pc, np, mc.vocab_size);
     }
     if (st == MT_OK && cfg_out) {
         char cp[1200];
@@ -606,7 +626,7 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
         st = j->engine->ckpt_pieces(j->ectx, false, &pc, &n);
     }
     if (st == MT_OK) {
-        st = fill_pieces(c->resume, man, pc, n);
+        st = fill_pieces(c->resume, man, pc, n, mt_model_config(j->model)->vocab_size);
     }
     free(pc);
     mt_json_free(man);
@@ -647,15 +667,24 @@ static mt_status_t write_shard(const char *path, const mt_ckpt_piece_t *pc, int 
     int64_t off = 0;
     for (int i = 0; i < n && st == MT_OK; i++) {
         int64_t bytes = box_numel(pc[i].ndim, pc[i].lo, pc[i].hi) * (int64_t)sizeof(float);
-        uint32_t crc = mt_crc32c(0, pc[i].data, (size_t)bytes);
-        size_t done = 0;
-        while (done < (size_t)bytes) {
-            ssize_t w = write(fd, (const char *)pc[i].data + done, (size_t)bytes - done);
-            if (w <= 0) {
-                st = mt_error(MT_ERR_IO, "checkpoint: writing %s: %s", path, strerror(errno));
-                break;
+        /* rows of a strided piece are written one after the other: the file holds the box row-major */
+        int64_t width = pc[i].ndim == 2 ? pc[i].hi[1] - pc[i].lo[1] : bytes / (int64_t)sizeof(float);
+        int64_t ld = pc[i].ndim == 2 && pc[i].ld > 0 ? pc[i].ld : width;
+        int64_t rows = ld == width ? 1 : pc[i].hi[0] - pc[i].lo[0];
+        size_t run = ld == width ? (size_t)bytes : (size_t)width * sizeof(float);
+        uint32_t crc = 0;
+        for (int64_t r = 0; r < rows && st == MT_OK; r++) {
+            const char *src = (const char *)(pc[i].data + r * ld);
+            crc = mt_crc32c(crc, src, run);
+            size_t done = 0;
+            while (done < run) {
+                ssize_t w = write(fd, src + done, run - done);
+                if (w <= 0) {
+                    st = mt_error(MT_ERR_IO, "checkpoint: writing %s: %s", path, strerror(errno));
+                    break;
+                }
+                done += (size_t)w;
             }
-            done += (size_t)w;
         }
         len += (size_t)snprintf(m + len, cap - len, "%s %d %lld %lld %lld %lld %lld %lld %lld %lld %u\n",
                                 pc[i].tensor, pc[i].ndim, (long long)pc[i].shape[0],
