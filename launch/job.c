@@ -428,13 +428,16 @@ static mt_status_t setup(job_t *j) {
     return MT_OK;
 }
 
+static mt_status_t agree(MPI_Comm comm, mt_status_t st);
+
 /* The parts that need the engine built, every rank having agreed on set-up: checkpoint resume,
- * metrics, profiling hooks. Collective. */
+ * metrics, profiling hooks. Collective: the ranks agree after each part, so a rank that fails locally
+ * (a file it cannot create) never leaves the others waiting in the next part's collectives. */
 static mt_status_t setup_services(job_t *j) {
-    MT_CHECK(mt_job_ckpt_init(j, &j->ckpt));
-    MT_CHECK(mt_job_ckpt_resume(j->ckpt, j));
-    MT_CHECK(mt_job_metrics_init(j, &j->metrics));
-    MT_CHECK(mt_job_profile_init(j, &j->profile));
+    MT_CHECK(agree(j->comm, mt_job_ckpt_init(j, &j->ckpt)));
+    MT_CHECK(agree(j->comm, mt_job_ckpt_resume(j->ckpt, j)));
+    MT_CHECK(agree(j->comm, mt_job_metrics_init(j, &j->metrics)));
+    MT_CHECK(agree(j->comm, mt_job_profile_init(j, &j->profile)));
     mt_job_profile_hooks(j->profile, j);
     return MT_OK;
 }

@@ -144,10 +144,19 @@ static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
     int threads = openblas_get_num_threads();
     threads = threads > 0 ? threads : 1;
     double per_core = 0.0;
+    MPI_Request req;
     if (j->rank == 0) {
         per_core = sgemm_per_core(threads, m->peak_src, sizeof(m->peak_src), m->cache_path, sizeof(m->cache_path));
     }
-    MT_MPI_CHECK(MPI_Bcast(&per_core, 1, MPI_DOUBLE, 0, j->comm));
+    /* The other ranks sleep while rank 0 measures: spinning (or yielding) in a broadcast would take cores
+     * from the measurement when ranks share them. */
+    MT_MPI_CHECK(MPI_Ibcast(&per_core, 1, MPI_DOUBLE, 0, j->comm, &req));
+    for (int done = 0; !done;) {
+        MT_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        if (!done) {
+            usleep(1000);
+        }
+    }
     MT_MPI_CHECK(MPI_Bcast(m->peak_src, (int)sizeof(m->peak_src), MPI_CHAR, 0, j->comm));
     int local_threads = 0;
     MT_MPI_CHECK(MPI_Allreduce(&threads, &local_threads, 1, MPI_INT, MPI_SUM, w->local_comm));

@@ -201,8 +201,12 @@ mt_status_t mt_job_profile_step_end(job_profile_t *p, job_t *j, int64_t s) {
                             "chrome://tracing)\n", (long long)p->first + 1, (long long)p->last + 1, p->trace);
         }
         if (p->memory) {
-            fprintf(j->out, "memory history of steps %lld-%lld written to %s%s\n", (long long)p->first + 1,
-                    (long long)p->last + 1, p->memory, j->world > 1 ? " (one file per rank: NAME.rankR.EXT)" : "");
+            char pattern[1100];
+            const char *dot = strrchr(p->memory, '.'), *slash = strrchr(p->memory, '/');
+            size_t stem = dot && (!slash || dot > slash) ? (size_t)(dot - p->memory) : strlen(p->memory);
+            snprintf(pattern, sizeof(pattern), "%.*s.rank*%s (one per rank)", (int)stem, p->memory, p->memory + stem);
+            fprintf(j->out, "memory history of steps %lld-%lld written to %s\n", (long long)p->first + 1,
+                    (long long)p->last + 1, j->world > 1 ? pattern : p->memory);
         }
     }
     return st;
