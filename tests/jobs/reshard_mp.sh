@@ -20,7 +20,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 common=(--train.steps=8 --train.global_batch=8 --train.micro_batch=2 --train.grad_accum=0 --parallel.dp=0
         --optimizer.kind=sgd --optimizer.momentum=0.9 --optimizer.lr=0.05 --optimizer.warmup_steps=0
-        --train.log_every=100 --runtime.bind=none --parallel.engine=ddp)
+        --train.log_every=100 --runtime.bind=none --checkpoint.dir= --profile.trace= --profile.memory= --parallel.engine=ddp)
 run() { # name np args...
     local name=$1 np=$2
     shift 2
