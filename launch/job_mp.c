@@ -14,6 +14,7 @@
 #include "parallel/tp.h"
 #include "parallel/tp_wait.h"
 #include "runtime/mesh.h"
+#include "runtime/trace.h"
 
 typedef struct {
     const mt_job_info_t *info;
@@ -27,9 +28,28 @@ typedef struct {
     bool sgd;
     float *gbuf; /* the stage's gradients packed for the dp all-reduce */
     size_t gbuf_n;
+    const mt_tp_ops_t *tp_inner; /* parallel/tp.c's seam; the model gets tp_traced, which adds trace spans */
+    mt_tp_ops_t tp_traced;
     mt_acts_t eval_acts; /* pipeline evaluation: forward only, one micro-batch at a time */
     float *eval_in, *eval_out;
 } mp_ctx_t;
+
+/* Waits for a collective this engine issued (mt_mp_wait) and, while tracing, records it as a span
+ * with its operation, group, bytes and sequence number. t0 is the trace clock before the call. */
+static mt_status_t traced_wait(mt_status_t issued, mt_work_t *w, mt_comm_t comm, const char *op, size_t bytes,
+                               double t0) {
+    uint64_t seq = issued == MT_OK && *w ? mt_work_seq(*w) : 0;
+    mt_status_t st = mt_mp_wait(issued, w, -1.0);
+    if (mt_trace_on() && t0 > 0.0) {
+        char args[160];
+        snprintf(args, sizeof(args), "\"op\": \"%s\", \"group\": \"%s\", \"bytes\": %zu, \"seq\": %llu", op,
+                 mt_comm_name(comm), bytes, (unsigned long long)seq);
+        mt_trace_span("comm", op, t0, mt_trace_now_us(), args);
+    }
+    return st;
+}
+
+#define TRACE_T0() (mt_trace_on() ? mt_trace_now_us() : 0.0)
 
 static void mp_free(void *ctx) {
     mp_ctx_t *c = ctx;
@@ -57,6 +77,59 @@ static bool needs(const mp_ctx_t *c, int i) {
 
 static bool owns(const mp_ctx_t *c, int i) {
     return !c->pl || mt_pipeline_owns_param(c->pl, i);
+}
+
+/* ---- the tensor-parallel seam with trace spans (op, group, bytes, sequence number) ------------------- */
+
+static void tp_span(mp_ctx_t *c, const char *op, size_t bytes, double t0) {
+    char args[160];
+    snprintf(args, sizeof(args), "\"op\": \"%s\", \"group\": \"tp\", \"bytes\": %zu, \"seq\": %llu", op, bytes,
+             (unsigned long long)mt_comm_seq_issued(c->tp_comm));
+    mt_trace_span("comm", op, t0, mt_trace_now_us(), args);
+}
+
+static mt_status_t tp_all_reduce_sum(void *ctx, float *buf, size_t count) {
+    mp_ctx_t *c = ctx;
+    if (!mt_trace_on()) {
+        return c->tp_inner->all_reduce_sum(c->tp_inner->ctx, buf, count);
+    }
+    double t0 = mt_trace_now_us();
+    mt_status_t st = c->tp_inner->all_reduce_sum(c->tp_inner->ctx, buf, count);
+    tp_span(c, "tp all_reduce", count * sizeof(float), t0);
+    return st;
+}
+
+static mt_status_t tp_all_gather(void *ctx, const float *send, float *recv, size_t count) {
+    mp_ctx_t *c = ctx;
+    if (!mt_trace_on()) {
+        return c->tp_inner->all_gather(c->tp_inner->ctx, send, recv, count);
+    }
+    double t0 = mt_trace_now_us();
+    mt_status_t st = c->tp_inner->all_gather(c->tp_inner->ctx, send, recv, count);
+    tp_span(c, "tp all_gather", count * sizeof(float), t0);
+    return st;
+}
+
+static mt_status_t tp_reduce_scatter_sum(void *ctx, const float *send, float *recv, size_t count) {
+    mp_ctx_t *c = ctx;
+    if (!mt_trace_on()) {
+        return c->tp_inner->reduce_scatter_sum(c->tp_inner->ctx, send, recv, count);
+    }
+    double t0 = mt_trace_now_us();
+    mt_status_t st = c->tp_inner->reduce_scatter_sum(c->tp_inner->ctx, send, recv, count);
+    tp_span(c, "tp reduce_scatter", count * sizeof(float) * (size_t)c->tp_size, t0);
+    return st;
+}
+
+static mt_status_t tp_all_reduce_max(void *ctx, float *buf, size_t count) {
+    mp_ctx_t *c = ctx;
+    if (!mt_trace_on()) {
+        return c->tp_inner->all_reduce_max(c->tp_inner->ctx, buf, count);
+    }
+    double t0 = mt_trace_now_us();
+    mt_status_t st = c->tp_inner->all_reduce_max(c->tp_inner->ctx, buf, count);
+    tp_span(c, "tp all_reduce_max", count * sizeof(float), t0);
+    return st;
 }
 
 static mt_status_t mp_setup_model(const mt_job_info_t *info, mt_model_config_t *mc, void **ctx) {
@@ -95,6 +168,16 @@ static mt_status_t mp_setup_model(const mt_job_info_t *info, mt_model_config_t *
     }
     MT_CHECK(mt_tp_init(c->tp_comm, &c->tp));
     mt_tp_model_config(c->tp, c->sp, mc);
+    if (mc->tp_ops) { /* the same seam, traced; NULL entries stay NULL */
+        c->tp_inner = mc->tp_ops;
+        c->tp_traced = *mc->tp_ops;
+        c->tp_traced.ctx = c;
+        c->tp_traced.all_reduce_sum = c->tp_inner->all_reduce_sum ? tp_all_reduce_sum : NULL;
+        c->tp_traced.all_gather = c->tp_inner->all_gather ? tp_all_gather : NULL;
+        c->tp_traced.reduce_scatter_sum = c->tp_inner->reduce_scatter_sum ? tp_reduce_scatter_sum : NULL;
+        c->tp_traced.all_reduce_max = c->tp_inner->all_reduce_max ? tp_all_reduce_max : NULL;
+        mc->tp_ops = &c->tp_traced;
+    }
     return MT_OK;
 }
 
@@ -198,21 +281,24 @@ static mt_status_t pipeline_eval(mp_ctx_t *c, const mt_batch_t *b, double *loss)
     for (int64_t k = 0; k < info->grad_accum; k++) {
         const int32_t *tok = b->inputs + k * B * T, *tgt = b->targets + k * B * T;
         if (lo > 0) {
-            MT_CHECK(mt_mp_wait(mt_coll_recv(c->pp_comm, c->eval_in, act, MT_DTYPE_F32, c->stage - 1, NULL, &w), &w,
-                                -1.0));
+            double t0 = TRACE_T0();
+            MT_CHECK(traced_wait(mt_coll_recv(c->pp_comm, c->eval_in, act, MT_DTYPE_F32, c->stage - 1, NULL, &w), &w,
+                                 c->pp_comm, "eval recv", act * sizeof(float), t0));
         }
         float l = 0.0f;
         MT_CHECK(mt_model_forward(c->model, c->eval_acts, lo, hi, lo == 0 ? tok : NULL, hi == n ? tgt : NULL,
                                   lo > 0 ? c->eval_in : NULL, hi < n ? c->eval_out : NULL, hi == n ? &l : NULL));
         if (hi < n) {
-            MT_CHECK(mt_mp_wait(mt_coll_send(c->pp_comm, c->eval_out, act, MT_DTYPE_F32, c->stage + 1, NULL, &w), &w,
-                                -1.0));
+            double t0 = TRACE_T0();
+            MT_CHECK(traced_wait(mt_coll_send(c->pp_comm, c->eval_out, act, MT_DTYPE_F32, c->stage + 1, NULL, &w), &w,
+                                 c->pp_comm, "eval send", act * sizeof(float), t0));
         }
         sum += (double)l;
     }
     double mean = sum / (double)info->grad_accum;
-    MT_CHECK(mt_mp_wait(
-        mt_coll_broadcast(c->pp_comm, &mean, &mean, 1, MT_DTYPE_F64, c->pp_size - 1, NULL, &w), &w, -1.0));
+    double t0 = TRACE_T0();
+    MT_CHECK(traced_wait(mt_coll_broadcast(c->pp_comm, &mean, &mean, 1, MT_DTYPE_F64, c->pp_size - 1, NULL, &w), &w,
+                         c->pp_comm, "broadcast", sizeof(double), t0));
     *loss = mean;
     return MT_OK;
 }
@@ -246,8 +332,9 @@ static mt_status_t mp_finish_grads(void *ctx) {
         }
     }
     mt_work_t w = NULL;
-    MT_CHECK(mt_mp_wait(mt_coll_all_reduce(c->dp_comm, c->gbuf, c->gbuf, off, MT_DTYPE_F32, MT_REDOP_AVG, NULL, &w),
-                        &w, -1.0));
+    double t0 = TRACE_T0();
+    MT_CHECK(traced_wait(mt_coll_all_reduce(c->dp_comm, c->gbuf, c->gbuf, off, MT_DTYPE_F32, MT_REDOP_AVG, NULL, &w),
+                         &w, c->dp_comm, "all_reduce", off * sizeof(float), t0));
     off = 0;
     for (int i = 0; i < np; i++) {
         mt_param_t *p = mt_model_param(c->model, i);
@@ -272,7 +359,9 @@ static mt_status_t mp_grad_sumsq(void *ctx, double *total) {
         }
     }
     mt_work_t w = NULL;
-    MT_CHECK(mt_mp_wait(mt_coll_all_reduce(c->tppp_comm, &s, &s, 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL, &w), &w, -1.0));
+    double t0 = TRACE_T0();
+    MT_CHECK(traced_wait(mt_coll_all_reduce(c->tppp_comm, &s, &s, 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL, &w), &w,
+                         c->tppp_comm, "all_reduce", sizeof(double), t0));
     *total = s;
     return MT_OK;
 }
@@ -287,7 +376,9 @@ static mt_status_t mp_reduce_loss(void *ctx, double *loss) {
         return MT_OK;
     }
     mt_work_t w = NULL;
-    return mt_mp_wait(mt_coll_all_reduce(c->dp_comm, loss, loss, 1, MT_DTYPE_F64, MT_REDOP_AVG, NULL, &w), &w, -1.0);
+    double t0 = TRACE_T0();
+    return traced_wait(mt_coll_all_reduce(c->dp_comm, loss, loss, 1, MT_DTYPE_F64, MT_REDOP_AVG, NULL, &w), &w,
+                       c->dp_comm, "all_reduce", sizeof(double), t0);
 }
 
 /* ---- checkpoint pieces --------------------------------------------------------------------------- */

@@ -18,7 +18,8 @@ for f in out/demo/metrics.jsonl out/demo/trace.json out/demo/memory.rank3.json o
     [ -s "$f" ] || { ls -R; echo "demo_check: $f missing"; exit 1; }
 done
 grep -q "trace of steps 20-22 written to out/demo/trace.json" log.txt || { echo "demo_check: no trace line"; exit 1; }
-python3 "$check" out/demo/trace.json 4 step data embedding block.0 block.1 head optimizer || exit 1
+python3 "$check" out/demo/trace.json 4 step data embedding block.0 block.1 head optimizer "tp all_reduce" all_reduce \
+    || exit 1
 python3 - <<'PY' || exit 1
 import json
 rows = [json.loads(l) for l in open("out/demo/metrics.jsonl")]
