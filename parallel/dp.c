@@ -65,11 +65,17 @@ mt_status_t mt_engine_scatter_batch(mt_engine_t e, const int32_t *root_buf, int3
     if (e->rank != 0 && st == MT_OK) {
         st = mt_coll_recv(e->comm, buf, n, MT_DTYPE_I32, 0, NULL, NULL);
     }
-    double t0 = mt_now();
-    mt_status_t st2 = mt_coll_group_end(e->comm, NULL, NULL);
-    e->cur.wait_s += mt_now() - t0;
+    mt_work_t w = NULL;
+    mt_status_t st2 = mt_coll_group_end(e->comm, NULL, &w); /* waited with the comm's timeout */
     e->cur.n_calls++;
     st = st != MT_OK ? st : st2;
+    if (st == MT_OK) {
+        st = eng_wait(e, &w);
+        if (st != MT_OK) {
+            eng_keep_stuck(e, w); /* the receive may still land in buf */
+        }
+        return st;
+    }
     if (st != MT_OK) {
         snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
         return mt_error(st, "engine dp (dp rank %d): scattering %zu values per rank failed: %s", e->rank, n, inner);

@@ -129,7 +129,11 @@ void mt_engine_free(mt_engine_t e) {
         return;
     }
     mt_model_set_hooks(e->model, NULL);
-    bool clean = eng_drain(e) == MT_OK;
+    bool clean = true;
+    for (int i = 0; i < e->n_stuck; i++) {
+        clean = clean && eng_wait(e, &e->stuck[i]) == MT_OK;
+    }
+    clean = clean && eng_drain(e) == MT_OK;
     for (int k = 0; clean && k < e->n_units; k++) {
         clean = eng_release_params(e, k) == MT_OK && eng_wait(e, &e->units[k].gwork) == MT_OK;
     }
@@ -195,16 +199,18 @@ mt_status_t mt_engine_grad_sumsq(mt_engine_t e, double *total) {
     MT_CHECK(e->ops->grad_sumsq(e, &local));
     *total = local;
     if (e->size > 1) {
-        MT_CHECK(eng_all_reduce(e, false, &local, total, 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL));
+        e->scalar[0] = local;
+        MT_CHECK(eng_all_reduce(e, false, &e->scalar[0], &e->scalar[1], 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL));
+        *total = e->scalar[1];
     }
     return MT_OK;
 }
 
 mt_status_t mt_engine_reduce_loss(mt_engine_t e, double *loss) {
     if (e->size > 1) {
-        double sum = 0.0;
-        MT_CHECK(eng_all_reduce(e, false, loss, &sum, 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL));
-        *loss = sum / (double)e->size;
+        e->scalar[0] = *loss;
+        MT_CHECK(eng_all_reduce(e, false, &e->scalar[0], &e->scalar[1], 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL));
+        *loss = e->scalar[1] / (double)e->size;
     }
     return MT_OK;
 }
@@ -249,7 +255,9 @@ mt_status_t mt_engine_gather_params(mt_engine_t e, int root, float *out) {
             memcpy(out + p->offset, src + e->param_pos[i], p->numel * sizeof(float));
         }
     }
-    mt_free(tmp);
+    if (st == MT_OK) {
+        mt_free(tmp);
+    } /* else a timed-out all-gather may still write into tmp: leaked on purpose */
     e->counting = counting;
     return st;
 }

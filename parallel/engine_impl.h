@@ -82,6 +82,10 @@ struct mt_engine {
     int fifo_head, fifo_n;
     mt_engine_comm_stats_t cur, last;
     bool counting;         /* count bytes (off inside gather_params) */
+    double scalar[2];      /* send/receive buffers of the loss and norm all-reduces (engine-owned: a timed-out
+                            * collective may still write into them) */
+    mt_work_t stuck[16];   /* collectives whose wait failed, waited again by mt_engine_free */
+    int n_stuck;
 };
 
 /* What differs per engine kind; NULL entries fall back to the common behaviour in comm.c/engine.c. */
@@ -115,6 +119,7 @@ mt_status_t eng_broadcast(mt_engine_t e, bool model, void *buf, size_t count, mt
 mt_status_t eng_reduce(mt_engine_t e, void *buf, size_t count, int root);
 void eng_count_send(mt_engine_t e, bool model, double bytes);
 mt_status_t eng_wait(mt_engine_t e, mt_work_t *work);            /* waits, frees, adds to wait_s */
+void eng_keep_stuck(mt_engine_t e, mt_work_t w);                 /* a failed wait: mt_engine_free retries */
 
 float *pool_get(pool_t *pl, size_t floats);   /* NULL: none free that fits (caller may pool_grow) */
 mt_status_t pool_grow(pool_t *pl, size_t floats, float **out);
