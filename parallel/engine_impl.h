@@ -73,6 +73,10 @@ struct mt_engine {
     float *pshard, *gshard; /* this rank's shard (ZeRO-2: gradients; ZeRO-3: both) */
     pool_t gpool, ppool;    /* ZeRO-2/3 bucket buffers; ZeRO-3 gathered parameters */
     mt_optim_t opt;
+    /* optimizer tensor j holds parameter piece_param[j]'s unit elements [piece_lo[j], piece_hi[j]) */
+    int *piece_param;
+    size_t *piece_lo, *piece_hi;
+    int n_pieces;
 
     /* step state */
     int micro;             /* backward passes begun since zero_grads */
