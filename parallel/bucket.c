@@ -233,7 +233,7 @@ mt_status_t eng_init_values(mt_engine_t e) {
         }
     }
     if (replicated && e->flat_len > 0 && e->size > 1) {
-        MT_CHECK(eng_broadcast(e, true, e->pflat, e->flat_len, MT_DTYPE_F32, 0));
+        MT_CHECK(eng_broadcast(e, true, e->pflat, e->flat_len, MT_COLL_F32, 0));
     }
     return MT_OK;
 }

@@ -69,9 +69,9 @@ void eng_keep_stuck(mt_engine_t e, mt_work_t w) {
     mt_comm_abort(e->comm);
 }
 
-mt_status_t eng_all_reduce(mt_engine_t e, bool model, const void *send, void *recv, size_t count, mt_dtype_t dt,
+mt_status_t eng_all_reduce(mt_engine_t e, bool model, const void *send, void *recv, size_t count, mt_coll_dtype_t dt,
                            mt_redop_t op, mt_work_t *work) {
-    eng_count_send(e, model, 2.0 * (double)(count * mt_dtype_size(dt)) * frac(e));
+    eng_count_send(e, model, 2.0 * (double)(count * mt_coll_dtype_size(dt)) * frac(e));
     e->cur.n_calls++;
     mt_work_t local = NULL;
     mt_status_t st = mt_coll_all_reduce(e->comm, send, recv, count, dt, op, NULL, work ? work : &local);
@@ -82,7 +82,7 @@ mt_status_t eng_reduce_scatter(mt_engine_t e, const void *send, void *recv, size
     eng_count_send(e, true, (double)(count * sizeof(float)) * (double)(e->size - 1));
     e->cur.n_calls++;
     mt_work_t local = NULL;
-    mt_status_t st = mt_coll_reduce_scatter(e->comm, send, recv, count, MT_DTYPE_F32, MT_REDOP_AVG, NULL,
+    mt_status_t st = mt_coll_reduce_scatter(e->comm, send, recv, count, MT_COLL_F32, MT_REDOP_AVG, NULL,
                                             work ? work : &local);
     return issued(e, st, "reduce_scatter", count, work, &local);
 }
@@ -91,12 +91,12 @@ mt_status_t eng_all_gather(mt_engine_t e, const void *send, void *recv, size_t c
     eng_count_send(e, true, (double)(count * sizeof(float)) * (double)(e->size - 1));
     e->cur.n_calls++;
     mt_work_t local = NULL;
-    mt_status_t st = mt_coll_all_gather(e->comm, send, recv, count, MT_DTYPE_F32, NULL, work ? work : &local);
+    mt_status_t st = mt_coll_all_gather(e->comm, send, recv, count, MT_COLL_F32, NULL, work ? work : &local);
     return issued(e, st, "all_gather", count, work, &local);
 }
 
-mt_status_t eng_broadcast(mt_engine_t e, bool model, void *buf, size_t count, mt_dtype_t dt, int root) {
-    eng_count_send(e, model, (double)(count * mt_dtype_size(dt)) * frac(e));
+mt_status_t eng_broadcast(mt_engine_t e, bool model, void *buf, size_t count, mt_coll_dtype_t dt, int root) {
+    eng_count_send(e, model, (double)(count * mt_coll_dtype_size(dt)) * frac(e));
     e->cur.n_calls++;
     mt_work_t local = NULL;
     mt_status_t st = mt_coll_broadcast(e->comm, buf, buf, count, dt, root, NULL, &local);
@@ -107,7 +107,7 @@ mt_status_t eng_reduce(mt_engine_t e, void *buf, size_t count, int root) {
     eng_count_send(e, true, (double)(count * sizeof(float)) * frac(e));
     e->cur.n_calls++;
     mt_work_t local = NULL;
-    mt_status_t st = mt_coll_reduce(e->comm, buf, buf, count, MT_DTYPE_F32, MT_REDOP_AVG, root, NULL, &local);
+    mt_status_t st = mt_coll_reduce(e->comm, buf, buf, count, MT_COLL_F32, MT_REDOP_AVG, root, NULL, &local);
     return issued(e, st, "reduce", count, NULL, &local);
 }
 
@@ -242,7 +242,7 @@ mt_status_t eng_launch_grad(mt_engine_t e, int k) {
     }
     u->launched = true;
     if (u->kind == UNIT_REPL) {
-        MT_CHECK(eng_all_reduce(e, true, e->gflat + u->base, e->gflat + u->base, u->numel, MT_DTYPE_F32,
+        MT_CHECK(eng_all_reduce(e, true, e->gflat + u->base, e->gflat + u->base, u->numel, MT_COLL_F32,
                                 MT_REDOP_AVG, &u->gwork));
     } else if (e->stage == 1) {
         float *g = e->gflat + u->base;

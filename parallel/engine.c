@@ -203,7 +203,7 @@ mt_status_t mt_engine_grad_sumsq(mt_engine_t e, double *total) {
     *total = local;
     if (e->size > 1) {
         e->scalar[0] = local;
-        MT_CHECK(eng_all_reduce(e, false, &e->scalar[0], &e->scalar[1], 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL));
+        MT_CHECK(eng_all_reduce(e, false, &e->scalar[0], &e->scalar[1], 1, MT_COLL_F64, MT_REDOP_SUM, NULL));
         *total = e->scalar[1];
     }
     return MT_OK;
@@ -212,7 +212,7 @@ mt_status_t mt_engine_grad_sumsq(mt_engine_t e, double *total) {
 mt_status_t mt_engine_reduce_loss(mt_engine_t e, double *loss) {
     if (e->size > 1) {
         e->scalar[0] = *loss;
-        MT_CHECK(eng_all_reduce(e, false, &e->scalar[0], &e->scalar[1], 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL));
+        MT_CHECK(eng_all_reduce(e, false, &e->scalar[0], &e->scalar[1], 1, MT_COLL_F64, MT_REDOP_SUM, NULL));
         *loss = e->scalar[1] / (double)e->size;
     }
     return MT_OK;

@@ -115,11 +115,11 @@ void eng_bind_full(mt_engine_t e);                               /* p->data / p-
 size_t eng_round_up(size_t n, size_t m);
 
 /* comm.c: counted collectives, pools, in-flight queue, hooks */
-mt_status_t eng_all_reduce(mt_engine_t e, bool model, const void *send, void *recv, size_t count, mt_dtype_t dt,
+mt_status_t eng_all_reduce(mt_engine_t e, bool model, const void *send, void *recv, size_t count, mt_coll_dtype_t dt,
                            mt_redop_t op, mt_work_t *work);
 mt_status_t eng_reduce_scatter(mt_engine_t e, const void *send, void *recv, size_t count, mt_work_t *work);
 mt_status_t eng_all_gather(mt_engine_t e, const void *send, void *recv, size_t count, mt_work_t *work);
-mt_status_t eng_broadcast(mt_engine_t e, bool model, void *buf, size_t count, mt_dtype_t dt, int root);
+mt_status_t eng_broadcast(mt_engine_t e, bool model, void *buf, size_t count, mt_coll_dtype_t dt, int root);
 mt_status_t eng_reduce(mt_engine_t e, void *buf, size_t count, int root);
 void eng_count_send(mt_engine_t e, bool model, double bytes);
 mt_status_t eng_wait(mt_engine_t e, mt_work_t *work);            /* waits, frees, adds to wait_s */

@@ -175,7 +175,7 @@ mt_status_t mt_engine_scatter_state(mt_engine_t e, mt_engine_state_t what, int r
         /* DP's optimizer state exists on rank 0 (= root) only: nothing to send. */
         bool dp_opt = e->p.kind == MT_ENGINE_DP && what != MT_ENGINE_STATE_PARAMS;
         if (e->size > 1 && !dp_opt) {
-            st = eng_broadcast(e, false, full, u->len, MT_DTYPE_F32, root);
+            st = eng_broadcast(e, false, full, u->len, MT_COLL_F32, root);
         }
         for (int j = 0; st == MT_OK && j < u->np; j++) {
             int i = e->unit_params[u->p0 + j];
