@@ -33,7 +33,7 @@ static mt_status_t dp_step(mt_engine_t e, float lr, float grad_scale) {
     if (e->rank == 0) {
         MT_CHECK(mt_optim_step(e->opt, lr, grad_scale));
     }
-    return e->size > 1 ? eng_broadcast(e, true, e->pflat, e->units[0].numel, MT_DTYPE_F32, 0) : MT_OK;
+    return e->size > 1 ? eng_broadcast(e, true, e->pflat, e->units[0].numel, MT_COLL_F32, 0) : MT_OK;
 }
 
 mt_status_t mt_engine_scatter_batch(mt_engine_t e, const int32_t *root_buf, int32_t *buf, size_t n) {
@@ -44,7 +44,8 @@ mt_status_t mt_engine_scatter_batch(mt_engine_t e, const int32_t *root_buf, int3
                         e->name);
     }
     if (!buf || (e->rank == 0 && !root_buf)) {
-        return mt_error(MT_ERR_INVALID_ARG, "engine dp: scatter_batch needs buf on every rank and root_buf on the root");
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "engine dp: scatter_batch needs buf on every rank and root_buf on the root");
     }
     if (e->rank == 0) {
         memcpy(buf, root_buf, n * sizeof(int32_t));
@@ -59,17 +60,23 @@ mt_status_t mt_engine_scatter_batch(mt_engine_t e, const int32_t *root_buf, int3
         return mt_error(st, "engine dp: scatter: %s", inner);
     }
     for (int r = 1; e->rank == 0 && r < e->size && st == MT_OK; r++) {
-        st = mt_coll_send(e->comm, root_buf + (size_t)r * n, n, MT_DTYPE_I32, r, NULL, NULL);
+        st = mt_coll_send(e->comm, root_buf + (size_t)r * n, n, MT_COLL_I32, r, NULL, NULL);
         eng_count_send(e, false, (double)(n * sizeof(int32_t)));
     }
     if (e->rank != 0 && st == MT_OK) {
-        st = mt_coll_recv(e->comm, buf, n, MT_DTYPE_I32, 0, NULL, NULL);
+        st = mt_coll_recv(e->comm, buf, n, MT_COLL_I32, 0, NULL, NULL);
     }
-    double t0 = mt_now();
-    mt_status_t st2 = mt_coll_group_end(e->comm, NULL, NULL);
-    e->cur.wait_s += mt_now() - t0;
+    mt_work_t w = NULL;
+    mt_status_t st2 = mt_coll_group_end(e->comm, NULL, &w); /* waited with the comm's timeout */
     e->cur.n_calls++;
     st = st != MT_OK ? st : st2;
+    if (st == MT_OK) {
+        st = eng_wait(e, &w);
+        if (st != MT_OK) {
+            eng_keep_stuck(e, w); /* the receive may still land in buf */
+        }
+        return st;
+    }
     if (st != MT_OK) {
         snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
         return mt_error(st, "engine dp (dp rank %d): scattering %zu values per rank failed: %s", e->rank, n, inner);
