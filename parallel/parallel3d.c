@@ -307,6 +307,21 @@ static mt_status_t grad_sumsq(mt_par3d_t p3, double *total) {
     return MT_OK;
 }
 
+mt_status_t mt_par3d_eval(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float *loss) {
+    mt_work_t w_ = NULL;
+    float l = 0.0f;
+    MT_CHECK(mt_pipeline_eval(p3->pl, tokens, targets, &l));
+    double dl = l;
+    if (p3->p.dp > 1) {
+        MT_CHECK(mt_mp_wait(
+            mt_coll_all_reduce(p3->comm[MT_AXIS_DP], &dl, &dl, 1, MT_DTYPE_F64, MT_REDOP_AVG, NULL, &w_), &w_, -1.0));
+    }
+    if (loss) {
+        *loss = (float)dl;
+    }
+    return MT_OK;
+}
+
 double mt_par3d_last_grad_norm(mt_par3d_t p3) {
     return p3->grad_norm;
 }

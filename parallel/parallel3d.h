@@ -93,6 +93,10 @@ mt_comm_t mt_par3d_comm(mt_par3d_t p3, mt_axis_t axis);
  * mean loss, on every rank. Collective over world. */
 mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float lr, float *loss);
 
+/* Forward only over this rank's rows of an evaluation batch (as mt_par3d_step): *loss = the global batch's
+ * mean loss on every rank. No gradients, no update. Collective over world. */
+mt_status_t mt_par3d_eval(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float *loss);
+
 /* The global gradient norm of the last step before clipping (every rank the same); NaN with an engine and
  * tp or pp > 1, where it is not computed. */
 double mt_par3d_last_grad_norm(mt_par3d_t p3);

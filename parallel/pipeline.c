@@ -535,6 +535,28 @@ mt_status_t mt_pipeline_step(mt_pipeline_t pl, const int32_t *tokens, const int3
     return MT_OK;
 }
 
+mt_status_t mt_pipeline_eval(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets, float *loss) {
+    mt_work_t w_ = NULL;
+    if (pl->lo == 0 && !tokens) {
+        return mt_error(MT_ERR_INVALID_ARG, "pipeline: the first stage needs the batch's tokens");
+    }
+    if (pl->hi == pl->n_modules && !targets) {
+        return mt_error(MT_ERR_INVALID_ARG, "pipeline: the last stage needs the batch's targets");
+    }
+    pl->loss_sum = 0.0f;
+    pl->in_flight = 0;
+    MT_CHECK(mt_pipeline_run_forward(pl, tokens, targets));
+    float l = pl->loss_sum / (float)pl->p.microbatches;
+    if (pl->pp_comm && pl->n_stages > 1) {
+        MT_CHECK(mt_mp_wait(mt_coll_broadcast(pl->pp_comm, &l, &l, 1, MT_DTYPE_F32, pl->n_stages - 1, NULL, &w_), &w_,
+                            pl_timeout(pl)));
+    }
+    if (loss) {
+        *loss = l;
+    }
+    return MT_OK;
+}
+
 mt_status_t mt_pipeline_grad_sumsq(mt_pipeline_t pl, double *total) {
     mt_work_t w_ = NULL;
     double s = 0.0;

@@ -219,3 +219,14 @@ static mt_status_t run_1f1b(mt_pipeline_t pl, const int32_t *tokens, const int32
 mt_status_t mt_pipeline_run_schedule(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets) {
     return pl->p.schedule == MT_PP_GPIPE ? run_gpipe(pl, tokens, targets) : run_1f1b(pl, tokens, targets);
 }
+
+mt_status_t mt_pipeline_run_forward(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets) {
+    for (int k = 0; k < pl->p.microbatches; k++) {
+        MT_CHECK(exchange(pl, NO_MSG, recv_act(pl, k)));
+        MT_CHECK(forward(pl, k, tokens, targets));
+        MT_CHECK(exchange(pl, send_act(pl, k), NO_MSG));
+        pl->busy[k % pl->n_acts] = -1; /* no backward: the slot is free again */
+        pl->in_flight--;
+    }
+    return MT_OK;
+}
