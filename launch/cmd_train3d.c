@@ -81,6 +81,7 @@ static mt_status_t params_from_config(const mt_config_t *cfg, const mt_model_con
     p->zero_stage = (int)mt_config_int(cfg, "parallel.zero_stage");
     p->bucket_mb = mt_config_float(cfg, "parallel.bucket_mb");
     p->grad_clip = (float)mt_config_float(cfg, "optimizer.grad_clip");
+    p->skip_nonfinite = !strcmp(mt_config_str(cfg, "train.on_nan"), "skip");
     /* auto: the engine wherever parallel3d can run it (not tensor-parallel; no clipping across stages) */
     bool engine_ok = p->tp == 1 && (p->pp == 1 || p->grad_clip == 0.0f);
     if (!strcmp(reduce, "engine") || (!strcmp(reduce, "auto") && engine_ok)) {
@@ -183,9 +184,9 @@ static mt_status_t train(run_t *r, double *final_loss) {
         float lr = mt_lr_at(&r->sched, s), loss = 0.0f;
         MT_CHECK(mt_par3d_step(r->p3, tok, tgt, lr, &loss));
         double norm = mt_par3d_last_grad_norm(r->p3);
-        if (!isfinite(loss)) {
-            return mt_error(MT_ERR_INTERNAL, "step %lld: loss %g is not finite: stopping (lower optimizer.lr)",
-                            (long long)s + 1, loss);
+        if (mt_par3d_last_skipped(r->p3) && r->rank == 0) {
+            MT_WARN("step %lld: loss %g, gradient norm %g: skipping the update (train.on_nan = skip)", (long long)s + 1,
+                    loss, norm);
         }
         double dt = mt_now() - t0;
         train_s += dt;

@@ -26,9 +26,11 @@ struct mt_par3d {
     mt_pipeline_t pl;
     float *gbuf; /* built-in dp all-reduce: the stage's gradients packed */
     size_t gbuf_n;
-    int64_t n_steps;  /* steps run */
-    double grad_norm; /* of the last step, before clipping */
-    float *flat;      /* engine mode, dp rank 0: whole parameters for gathers, valid at flat_step */
+    int64_t n_steps;   /* steps run */
+    double grad_norm;  /* of the last step, before clipping */
+    bool norm_unknown; /* grad_norm is NaN because it is not computed (engine with tp or pp > 1) */
+    bool skipped;      /* the last step's update was skipped (non-finite) */
+    float *flat;       /* engine mode, dp rank 0: whole parameters for gathers, valid at flat_step */
     int64_t flat_step;
 };
 
@@ -326,9 +328,24 @@ double mt_par3d_last_grad_norm(mt_par3d_t p3) {
     return p3->grad_norm;
 }
 
+/* Whether this step's update goes ahead: a non-finite loss or (known) norm skips it when skip_nonfinite. */
+static mt_status_t finite_or_skip(mt_par3d_t p3, double loss, bool *update) {
+    bool finite = isfinite(loss) && (isfinite(p3->grad_norm) || p3->norm_unknown);
+    *update = finite;
+    p3->skipped = !finite;
+    if (!finite && !p3->p.skip_nonfinite) {
+        return mt_error(MT_ERR_INTERNAL,
+                        "step %lld: loss %g, gradient norm %g is not finite: stopping (train.on_nan = stop; lower "
+                        "optimizer.lr or set train.on_nan = \"skip\")",
+                        (long long)p3->n_steps + 1, loss, p3->grad_norm);
+    }
+    return MT_OK;
+}
+
 mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float lr, float *loss) {
     mt_work_t w_ = NULL;
     float l = 0.0f;
+    bool update = true;
     if (p3->engine) {
         MT_CHECK(mt_engine_zero_grads(p3->engine));
     } else {
@@ -342,12 +359,16 @@ mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *t
         /* tp = pp = 1 whenever clipping is on here (mt_par3d_check): the engine's norm is the model's */
         float coef = 1.0f;
         p3->grad_norm = NAN; /* not known with tp or pp > 1: the engine's sum covers its whole layout */
-        if (p3->p.tp == 1 && p3->p.pp == 1) {
+        p3->norm_unknown = p3->p.tp > 1 || p3->p.pp > 1;
+        if (!p3->norm_unknown) {
             double total = 0.0;
             MT_CHECK(mt_engine_grad_sumsq(p3->engine, &total));
             coef = mt_clip_coef(total, p3->p.grad_clip, &p3->grad_norm);
         }
-        MT_CHECK(mt_engine_step(p3->engine, lr, coef));
+        MT_CHECK(finite_or_skip(p3, dl, &update));
+        if (update) {
+            MT_CHECK(mt_engine_step(p3->engine, lr, coef));
+        }
     } else {
         MT_CHECK(dp_allreduce(p3));
         if (p3->p.dp > 1) {
@@ -358,13 +379,21 @@ mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *t
         double total = 0.0;
         MT_CHECK(grad_sumsq(p3, &total));
         float coef = mt_clip_coef(total, p3->p.grad_clip, &p3->grad_norm);
-        MT_CHECK(mt_optim_step(p3->opt, lr, coef));
+        p3->norm_unknown = false;
+        MT_CHECK(finite_or_skip(p3, dl, &update));
+        if (update) {
+            MT_CHECK(mt_optim_step(p3->opt, lr, coef));
+        }
     }
     p3->n_steps++;
     if (loss) {
         *loss = (float)dl;
     }
     return MT_OK;
+}
+
+bool mt_par3d_last_skipped(mt_par3d_t p3) {
+    return p3->skipped;
 }
 
 mt_status_t mt_par3d_gather_param(mt_par3d_t p3, int i, float *out) {

@@ -43,8 +43,9 @@ typedef struct {
     int zero_stage;               /* with MT_ENGINE_ZERO */
     double bucket_mb;             /* engine gradient buckets (MiB) */
     mt_optim_params_t optim;
-    float grad_clip;  /* clip to this global gradient norm (optimizer.grad_clip); 0 = off */
-    double timeout_s; /* communicator timeout; <= 0: MESHTRAIN_COLL_TIMEOUT */
+    float grad_clip;     /* clip to this global gradient norm (optimizer.grad_clip); 0 = off */
+    bool skip_nonfinite; /* train.on_nan = "skip": a non-finite loss or norm skips the update (else an error) */
+    double timeout_s;    /* communicator timeout; <= 0: MESHTRAIN_COLL_TIMEOUT */
 } mt_par3d_params_t;
 
 #define MT_PAR3D_PARAMS_INIT                                                                                           \
@@ -52,7 +53,7 @@ typedef struct {
         .size = sizeof(mt_par3d_params_t), .tp = 1, .pp = 1, .dp = 0, .order = NULL, .schedule = MT_PP_1F1B,           \
         .microbatches = 1, .micro_batch = 1, .seq_len = 1, .stage_layers = NULL, .sequence_parallel = false,           \
         .dp_mode = MT_P3D_ALLREDUCE, .engine_kind = MT_ENGINE_DDP, .zero_stage = 1, .bucket_mb = 25.0,                 \
-        .optim = MT_OPTIM_PARAMS_INIT, .grad_clip = 0.0f, .timeout_s = 0.0                                             \
+        .optim = MT_OPTIM_PARAMS_INIT, .grad_clip = 0.0f, .skip_nonfinite = false, .timeout_s = 0.0                    \
     }
 
 /* Checks a combination before anything is allocated; pure arithmetic, so every rank reaches the same
@@ -92,6 +93,11 @@ mt_comm_t mt_par3d_comm(mt_par3d_t p3, mt_axis_t axis);
  * parameters once per tp group, the tied embedding once), the optimizer at lr. *loss (may be NULL): the global batch's
  * mean loss, on every rank. Collective over world. */
 mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float lr, float *loss);
+
+/* Whether the last step's update was skipped for a non-finite loss or norm (skip_nonfinite). A
+ * non-finite step without skip_nonfinite fails with MT_ERR_INTERNAL (on every rank: the loss and norm
+ * are reduced), leaving the parameters as they were. */
+bool mt_par3d_last_skipped(mt_par3d_t p3);
 
 /* Forward only over this rank's rows of an evaluation batch (as mt_par3d_step): *loss = the global batch's
  * mean loss on every rank. No gradients, no update. Collective over world. */
