@@ -12,6 +12,7 @@
 #include "collectives/coll.h"
 #include "eqref.h"
 #include "parallel/tp.h"
+#include "runtime/alloc.h"
 #include "runtime/rt.h"
 #include "testutil.h"
 
@@ -90,6 +91,10 @@ static void run_case(mt_comm_t comm, mt_tp_t tp, const eq_setup_t *s, bool sp, c
               p->name);
         free(g);
     }
+    mt_mem_stats_t ms;
+    mt_mem_stats(MT_MEM_HOST, &ms);
+    int64_t act_base = ms.current[MT_MEM_ACTIVATIONS];
+    mt_mem_reset_peak(MT_MEM_HOST);
     CHECK_OK(mt_acts_init(m, B, T, &a));
     CHECK_OK(mt_optim_init(&s->optim, &opt));
     CHECK_OK(eq_optim_add_bound(opt, m, NULL));
@@ -122,6 +127,18 @@ static void run_case(mt_comm_t comm, mt_tp_t tp, const eq_setup_t *s, bool sp, c
                 printf("tp=%d sp=%d %s step %d: loss %.7f (serial %.7f)\n", size, sp,
                        s->optim.kind == MT_OPTIM_ADAMW ? "adamw" : "sgd", step, loss, ref_loss[step]);
             }
+        }
+    }
+    /* Sequence parallelism holds less activation memory (the residual stream is split over tp). */
+    mt_mem_stats(MT_MEM_HOST, &ms);
+    static int64_t act_peak[2];
+    act_peak[sp] = ms.peak[MT_MEM_ACTIVATIONS] - act_base;
+    if (sp) {
+        CHECK(act_peak[1] < act_peak[0], "tp=%d: activation peak with sequence parallelism %lld >= without %lld", size,
+              (long long)act_peak[1], (long long)act_peak[0]);
+        if (rank == 0 && s->optim.kind == MT_OPTIM_SGD) {
+            printf("tp=%d activation peak: %lld B without sequence parallelism, %lld B with\n", size,
+                   (long long)act_peak[0], (long long)act_peak[1]);
         }
     }
     /* Collectives per module of step 0, against the design. */
