@@ -233,7 +233,7 @@ mt_status_t eng_init_values(mt_engine_t e) {
         }
     }
     if (replicated && e->flat_len > 0 && e->size > 1) {
-        MT_CHECK(eng_broadcast(e, true, e->pflat, e->flat_len, MT_DTYPE_F32, 0));
+        MT_CHECK(eng_broadcast(e, true, e->pflat, e->flat_len, MT_COLL_F32, 0));
     }
     return MT_OK;
 }
@@ -243,7 +243,11 @@ static mt_status_t optim_piece(mt_engine_t e, const unit_t *u, int i, size_t lo,
     size_t in_shard = lo - u->shard * e->rank;
     float *param = e->stage == 3 ? e->pshard + u->sbase + in_shard : e->pflat + u->base + lo;
     float *grad = e->stage == 1 ? e->gflat + u->base + lo : e->gshard + u->sbase + in_shard;
-    return mt_optim_add(e->opt, p->name, param, grad, hi - lo, p->is_weight2d, NULL);
+    MT_CHECK(mt_optim_add(e->opt, p->name, param, grad, hi - lo, p->is_weight2d, NULL));
+    e->piece_param[e->n_pieces] = i;
+    e->piece_lo[e->n_pieces] = lo;
+    e->piece_hi[e->n_pieces++] = hi;
+    return MT_OK;
 }
 
 /* The optimizer gets what this rank owns: whole parameters of replicated units (on DP's root only),
@@ -252,6 +256,13 @@ static mt_status_t optim_piece(mt_engine_t e, const unit_t *u, int i, size_t lo,
 mt_status_t eng_register_optim(mt_engine_t e) {
     if (e->p.kind == MT_ENGINE_DP && e->rank != 0) {
         return MT_OK;
+    }
+    size_t cap = (size_t)(e->n_params + e->n_units);
+    e->piece_param = mt_calloc(cap * sizeof(int), MT_MEM_OTHER, "engine pieces");
+    e->piece_lo = mt_calloc(cap * sizeof(size_t), MT_MEM_OTHER, "engine pieces");
+    e->piece_hi = mt_calloc(cap * sizeof(size_t), MT_MEM_OTHER, "engine pieces");
+    if (!e->piece_param || !e->piece_lo || !e->piece_hi) {
+        return mt_error(MT_ERR_OOM, "engine %s: out of memory for the optimizer's pieces", e->name);
     }
     MT_CHECK(mt_optim_init(&e->p.optim, &e->opt));
     for (int k = 0; k < e->n_units; k++) {
@@ -263,6 +274,9 @@ mt_status_t eng_register_optim(mt_engine_t e) {
                 float *off = e->pflat + u->base + e->param_pos[i];
                 float *g = e->gflat + u->base + e->param_pos[i];
                 MT_CHECK(mt_optim_add(e->opt, p->name, off, g, p->numel, p->is_weight2d, NULL));
+                e->piece_param[e->n_pieces] = i;
+                e->piece_lo[e->n_pieces] = e->param_pos[i];
+                e->piece_hi[e->n_pieces++] = e->param_pos[i] + p->numel;
             }
         } else {
             MT_CHECK(for_each_piece(e, u, optim_piece));

@@ -8,6 +8,7 @@
 
 #include "parallel/engine_impl.h"
 #include "runtime/alloc.h"
+#include "runtime/trace.h"
 
 /* ---- counted collectives ------------------------------------------------------------------------
  * Per-rank bytes of a bandwidth-optimal algorithm over N ranks, b = bytes of the buffer per rank:
@@ -37,44 +38,77 @@ static mt_status_t coll_error(mt_engine_t e, mt_status_t st, const char *op, siz
                     count, inner);
 }
 
-mt_status_t eng_all_reduce(mt_engine_t e, bool model, const void *send, void *recv, size_t count, mt_dtype_t dt,
+/* Every collective is issued asynchronously; a caller that passes no work handle gets it waited for
+ * here, with the communicator's timeout, so no blocking path can hang on a missing rank. */
+static mt_status_t issued(mt_engine_t e, mt_status_t st, const char *op, size_t count, mt_work_t *work,
+                          mt_work_t *local) {
+    if (st != MT_OK) {
+        return coll_error(e, st, op, count);
+    }
+    if (work) {
+        return MT_OK;
+    }
+    st = eng_wait(e, local);
+    if (st != MT_OK) {
+        eng_keep_stuck(e, *local);
+    }
+    return st;
+}
+
+/* A collective whose wait failed still runs on its buffers: mt_engine_free waits for it again (and
+ * leaks the engine's buffers if it still has not finished). */
+void eng_keep_stuck(mt_engine_t e, mt_work_t w) {
+    if (!w) {
+        return;
+    }
+    if (e->n_stuck < (int)(sizeof(e->stuck) / sizeof(e->stuck[0]))) {
+        e->stuck[e->n_stuck++] = w;
+        return;
+    }
+    MT_WARN("engine %s (dp rank %d): too many timed-out collectives; aborting the communicator", e->name, e->rank);
+    mt_comm_abort(e->comm);
+}
+
+mt_status_t eng_all_reduce(mt_engine_t e, bool model, const void *send, void *recv, size_t count, mt_coll_dtype_t dt,
                            mt_redop_t op, mt_work_t *work) {
-    eng_count_send(e, model, 2.0 * (double)(count * mt_dtype_size(dt)) * frac(e));
+    eng_count_send(e, model, 2.0 * (double)(count * mt_coll_dtype_size(dt)) * frac(e));
     e->cur.n_calls++;
-    mt_status_t st = mt_coll_all_reduce(e->comm, send, recv, count, dt, op, NULL, work);
-    return st == MT_OK ? MT_OK : coll_error(e, st, "all_reduce", count);
+    mt_work_t local = NULL;
+    mt_status_t st = mt_coll_all_reduce(e->comm, send, recv, count, dt, op, NULL, work ? work : &local);
+    return issued(e, st, "all_reduce", count, work, &local);
 }
 
 mt_status_t eng_reduce_scatter(mt_engine_t e, const void *send, void *recv, size_t count, mt_work_t *work) {
     eng_count_send(e, true, (double)(count * sizeof(float)) * (double)(e->size - 1));
     e->cur.n_calls++;
-    mt_status_t st = mt_coll_reduce_scatter(e->comm, send, recv, count, MT_DTYPE_F32, MT_REDOP_AVG, NULL, work);
-    return st == MT_OK ? MT_OK : coll_error(e, st, "reduce_scatter", count);
+    mt_work_t local = NULL;
+    mt_status_t st = mt_coll_reduce_scatter(e->comm, send, recv, count, MT_COLL_F32, MT_REDOP_AVG, NULL,
+                                            work ? work : &local);
+    return issued(e, st, "reduce_scatter", count, work, &local);
 }
 
 mt_status_t eng_all_gather(mt_engine_t e, const void *send, void *recv, size_t count, mt_work_t *work) {
     eng_count_send(e, true, (double)(count * sizeof(float)) * (double)(e->size - 1));
     e->cur.n_calls++;
-    mt_status_t st = mt_coll_all_gather(e->comm, send, recv, count, MT_DTYPE_F32, NULL, work);
-    return st == MT_OK ? MT_OK : coll_error(e, st, "all_gather", count);
+    mt_work_t local = NULL;
+    mt_status_t st = mt_coll_all_gather(e->comm, send, recv, count, MT_COLL_F32, NULL, work ? work : &local);
+    return issued(e, st, "all_gather", count, work, &local);
 }
 
-mt_status_t eng_broadcast(mt_engine_t e, bool model, void *buf, size_t count, mt_dtype_t dt, int root) {
-    eng_count_send(e, model, (double)(count * mt_dtype_size(dt)) * frac(e));
+mt_status_t eng_broadcast(mt_engine_t e, bool model, void *buf, size_t count, mt_coll_dtype_t dt, int root) {
+    eng_count_send(e, model, (double)(count * mt_coll_dtype_size(dt)) * frac(e));
     e->cur.n_calls++;
-    double t0 = mt_now();
-    mt_status_t st = mt_coll_broadcast(e->comm, buf, buf, count, dt, root, NULL, NULL);
-    e->cur.wait_s += mt_now() - t0;
-    return st == MT_OK ? MT_OK : coll_error(e, st, "broadcast", count);
+    mt_work_t local = NULL;
+    mt_status_t st = mt_coll_broadcast(e->comm, buf, buf, count, dt, root, NULL, &local);
+    return issued(e, st, "broadcast", count, NULL, &local);
 }
 
 mt_status_t eng_reduce(mt_engine_t e, void *buf, size_t count, int root) {
     eng_count_send(e, true, (double)(count * sizeof(float)) * frac(e));
     e->cur.n_calls++;
-    double t0 = mt_now();
-    mt_status_t st = mt_coll_reduce(e->comm, buf, buf, count, MT_DTYPE_F32, MT_REDOP_AVG, root, NULL, NULL);
-    e->cur.wait_s += mt_now() - t0;
-    return st == MT_OK ? MT_OK : coll_error(e, st, "reduce", count);
+    mt_work_t local = NULL;
+    mt_status_t st = mt_coll_reduce(e->comm, buf, buf, count, MT_COLL_F32, MT_REDOP_AVG, root, NULL, &local);
+    return issued(e, st, "reduce", count, NULL, &local);
 }
 
 /* On failure (a timeout names the operation) the handle is kept: the collective may still be using
@@ -208,7 +242,7 @@ mt_status_t eng_launch_grad(mt_engine_t e, int k) {
     }
     u->launched = true;
     if (u->kind == UNIT_REPL) {
-        MT_CHECK(eng_all_reduce(e, true, e->gflat + u->base, e->gflat + u->base, u->numel, MT_DTYPE_F32,
+        MT_CHECK(eng_all_reduce(e, true, e->gflat + u->base, e->gflat + u->base, u->numel, MT_COLL_F32,
                                 MT_REDOP_AVG, &u->gwork));
     } else if (e->stage == 1) {
         float *g = e->gflat + u->base;
@@ -221,6 +255,7 @@ mt_status_t eng_launch_grad(mt_engine_t e, int k) {
     }
     u->t_launch = mt_now();
     u->t_done = 0.0;
+    u->trace_us = mt_trace_on() ? mt_trace_now_us() : 0.0;
     if (e->cur.t_comm_first == 0.0) {
         e->cur.t_comm_first = u->t_launch;
     }
@@ -234,6 +269,12 @@ mt_status_t eng_launch_grad(mt_engine_t e, int k) {
 static void complete_unit(mt_engine_t e, int k) {
     unit_t *u = &e->units[k];
     u->t_done = mt_now();
+    if (mt_trace_on() && u->trace_us > 0.0) {
+        char args[96];
+        snprintf(args, sizeof(args), "\"unit\": %d, \"elements\": %zu, \"pass\": %d", k, u->len, e->micro);
+        mt_trace_span("comm", u->kind == UNIT_REPL ? "grad all_reduce" : "grad reduce_scatter", u->trace_us,
+                      mt_trace_now_us(), args);
+    }
     if (u->kind == UNIT_SHARD && e->stage >= 2 && u->gslot) {
         const float *src = u->gslot + (size_t)e->rank * u->shard;
         float *dst = e->gshard + u->sbase;

@@ -1,6 +1,7 @@
 /* DP: the DataParallel pattern, kept as the baseline that shows why DDP exists. The root of the group
- * holds the parameters of record and the optimizer; every step it broadcasts the parameters, scatters
- * each micro-batch of the global batch, and after backward the gradients are reduced (averaged) to it.
+ * holds the parameters of record and the optimizer; it scatters each micro-batch of the global batch,
+ * after backward the gradients are reduced (averaged) to it, it steps, and it broadcasts the updated
+ * parameters (the initial ones at init), so every replica is current between steps.
  * Nothing overlaps: communication waits for compute and compute for communication.
  * SPDX-License-Identifier: MIT */
 #include <stdio.h>
@@ -10,14 +11,6 @@
 
 static mt_status_t dp_layout(mt_engine_t e) {
     return eng_layout_one(e);
-}
-
-/* The root's parameters reach every replica at the start of each step. */
-static mt_status_t dp_zero_grads(mt_engine_t e) {
-    if (e->size > 1) {
-        MT_CHECK(eng_broadcast(e, true, e->pflat, e->units[0].numel, MT_DTYPE_F32, 0));
-    }
-    return MT_OK;
 }
 
 static mt_status_t dp_finish_grads(mt_engine_t e) {
@@ -35,8 +28,12 @@ static mt_status_t dp_grad_sumsq(mt_engine_t e, double *local) {
     return MT_OK;
 }
 
+/* The root updates; its parameters then reach every replica. */
 static mt_status_t dp_step(mt_engine_t e, float lr, float grad_scale) {
-    return e->rank == 0 ? mt_optim_step(e->opt, lr, grad_scale) : MT_OK;
+    if (e->rank == 0) {
+        MT_CHECK(mt_optim_step(e->opt, lr, grad_scale));
+    }
+    return e->size > 1 ? eng_broadcast(e, true, e->pflat, e->units[0].numel, MT_COLL_F32, 0) : MT_OK;
 }
 
 mt_status_t mt_engine_scatter_batch(mt_engine_t e, const int32_t *root_buf, int32_t *buf, size_t n) {
@@ -62,17 +59,23 @@ mt_status_t mt_engine_scatter_batch(mt_engine_t e, const int32_t *root_buf, int3
         return mt_error(st, "engine dp: scatter: %s", inner);
     }
     for (int r = 1; e->rank == 0 && r < e->size && st == MT_OK; r++) {
-        st = mt_coll_send(e->comm, root_buf + (size_t)r * n, n, MT_DTYPE_I32, r, NULL, NULL);
+        st = mt_coll_send(e->comm, root_buf + (size_t)r * n, n, MT_COLL_I32, r, NULL, NULL);
         eng_count_send(e, false, (double)(n * sizeof(int32_t)));
     }
     if (e->rank != 0 && st == MT_OK) {
-        st = mt_coll_recv(e->comm, buf, n, MT_DTYPE_I32, 0, NULL, NULL);
+        st = mt_coll_recv(e->comm, buf, n, MT_COLL_I32, 0, NULL, NULL);
     }
-    double t0 = mt_now();
-    mt_status_t st2 = mt_coll_group_end(e->comm, NULL, NULL);
-    e->cur.wait_s += mt_now() - t0;
+    mt_work_t w = NULL;
+    mt_status_t st2 = mt_coll_group_end(e->comm, NULL, &w); /* waited with the comm's timeout */
     e->cur.n_calls++;
     st = st != MT_OK ? st : st2;
+    if (st == MT_OK) {
+        st = eng_wait(e, &w);
+        if (st != MT_OK) {
+            eng_keep_stuck(e, w); /* the receive may still land in buf */
+        }
+        return st;
+    }
     if (st != MT_OK) {
         snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
         return mt_error(st, "engine dp (dp rank %d): scattering %zu values per rank failed: %s", e->rank, n, inner);
@@ -82,7 +85,6 @@ mt_status_t mt_engine_scatter_batch(mt_engine_t e, const int32_t *root_buf, int3
 
 const engine_ops_t mt_engine_dp_ops = {
     .layout = dp_layout,
-    .zero_grads = dp_zero_grads,
     .finish_grads = dp_finish_grads,
     .grad_sumsq = dp_grad_sumsq,
     .step = dp_step,

@@ -129,7 +129,11 @@ void mt_engine_free(mt_engine_t e) {
         return;
     }
     mt_model_set_hooks(e->model, NULL);
-    bool clean = eng_drain(e) == MT_OK;
+    bool clean = true;
+    for (int i = 0; i < e->n_stuck; i++) {
+        clean = clean && eng_wait(e, &e->stuck[i]) == MT_OK;
+    }
+    clean = clean && eng_drain(e) == MT_OK;
     for (int k = 0; clean && k < e->n_units; k++) {
         clean = eng_release_params(e, k) == MT_OK && eng_wait(e, &e->units[k].gwork) == MT_OK;
     }
@@ -157,6 +161,9 @@ void mt_engine_free(mt_engine_t e) {
     mt_free(e->mod_off);
     mt_free(e->mod_units);
     mt_free(e->fifo);
+    mt_free(e->piece_param);
+    mt_free(e->piece_lo);
+    mt_free(e->piece_hi);
     mt_free(e);
 }
 
@@ -195,16 +202,18 @@ mt_status_t mt_engine_grad_sumsq(mt_engine_t e, double *total) {
     MT_CHECK(e->ops->grad_sumsq(e, &local));
     *total = local;
     if (e->size > 1) {
-        MT_CHECK(eng_all_reduce(e, false, &local, total, 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL));
+        e->scalar[0] = local;
+        MT_CHECK(eng_all_reduce(e, false, &e->scalar[0], &e->scalar[1], 1, MT_COLL_F64, MT_REDOP_SUM, NULL));
+        *total = e->scalar[1];
     }
     return MT_OK;
 }
 
 mt_status_t mt_engine_reduce_loss(mt_engine_t e, double *loss) {
     if (e->size > 1) {
-        double sum = 0.0;
-        MT_CHECK(eng_all_reduce(e, false, loss, &sum, 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL));
-        *loss = sum / (double)e->size;
+        e->scalar[0] = *loss;
+        MT_CHECK(eng_all_reduce(e, false, &e->scalar[0], &e->scalar[1], 1, MT_COLL_F64, MT_REDOP_SUM, NULL));
+        *loss = e->scalar[1] / (double)e->size;
     }
     return MT_OK;
 }
@@ -213,45 +222,6 @@ mt_status_t mt_engine_step(mt_engine_t e, float lr, float grad_scale) {
     MT_CHECK(e->ops->step(e, lr, grad_scale));
     e->last = e->cur;
     return MT_OK;
-}
-
-/* Replicated layouts: the root copies from its own full buffer. ZeRO-3: each sharded unit is
- * all-gathered into a temporary buffer (simple and rare: tests and checkpoints). */
-mt_status_t mt_engine_gather_params(mt_engine_t e, int root, float *out) {
-    if (root < 0 || root >= e->size || (e->rank == root && !out)) {
-        return mt_error(MT_ERR_INVALID_ARG, "mt_engine_gather_params: root %d (of %d) needs an output buffer", root,
-                        e->size);
-    }
-    bool counting = e->counting;
-    e->counting = false;
-    mt_status_t st = MT_OK;
-    float *tmp = NULL;
-    for (int k = 0; k < e->n_units; k++) {
-        const unit_t *u = &e->units[k];
-        const float *src = e->pflat + (u->full ? u->base : 0);
-        if (!u->full) {
-            if (!tmp) {
-                tmp = mt_alloc(e->ppool.floats * sizeof(float), MT_MEM_COMM, "engine gather_params");
-                if (!tmp) {
-                    st = mt_error(MT_ERR_OOM, "mt_engine_gather_params: out of memory");
-                    break;
-                }
-            }
-            st = eng_all_gather(e, e->pshard + u->sbase, tmp, u->shard, NULL);
-            if (st != MT_OK) {
-                break;
-            }
-            src = tmp;
-        }
-        for (int j = 0; e->rank == root && j < u->np; j++) {
-            int i = e->unit_params[u->p0 + j];
-            const mt_param_t *p = mt_model_param(e->model, i);
-            memcpy(out + p->offset, src + e->param_pos[i], p->numel * sizeof(float));
-        }
-    }
-    mt_free(tmp);
-    e->counting = counting;
-    return st;
 }
 
 mt_optim_t mt_engine_optim(mt_engine_t e) {

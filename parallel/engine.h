@@ -63,7 +63,7 @@ mt_status_t mt_engine_init(mt_model_t model, mt_comm_t dp, const mt_engine_param
 void mt_engine_free(mt_engine_t e);
 
 /* ---- one step, as the training loop runs it ----------------------------------------------------
- *   mt_engine_zero_grads(e);                      begin the step (DP: parameters broadcast from root)
+ *   mt_engine_zero_grads(e);                      begin the step
  *   for each of grad_accum micro-batches:
  *       [DP: mt_engine_scatter_batch(...) for tokens and targets]
  *       mt_model_forward(...); mt_model_backward(..., 1.0f / grad_accum);   (the hooks fire)
@@ -76,8 +76,7 @@ void mt_engine_free(mt_engine_t e);
  * into (docs/parallel.md). All blocking waits use the communicator's timeout (MT_ERR_TIMEOUT names
  * the operation). */
 
-/* Begins a step: zeroes what this rank accumulates gradients into, resets the step's accounting,
- * and (DP) broadcasts the root's parameters to every rank. */
+/* Begins a step: zeroes what this rank accumulates gradients into and resets the step's accounting. */
 mt_status_t mt_engine_zero_grads(mt_engine_t e);
 
 /* Whether the engine's root loads the whole batch and scatters it (DP: true). Otherwise every rank
@@ -104,7 +103,7 @@ mt_status_t mt_engine_reduce_loss(mt_engine_t e, double *loss);
 
 /* Optimizer step over what this rank owns at lr, gradients multiplied by grad_scale (the clipping
  * coefficient), then the parameters are made whole again (ZeRO-1/2: all-gather of the updated shards;
- * DP: the root's update reaches the others with the next step's broadcast; ZeRO-3: gathered at use). */
+ * DP: the root steps and broadcasts its parameters; ZeRO-3: gathered at their next use). */
 mt_status_t mt_engine_step(mt_engine_t e, float lr, float grad_scale);
 
 /* Copies the full parameters, in registration order (mt_model_numel floats, p->offset layout), into out
@@ -112,8 +111,24 @@ mt_status_t mt_engine_step(mt_engine_t e, float lr, float grad_scale);
  * between steps. For tests and checkpoints; its traffic is not counted in the step's bytes. */
 mt_status_t mt_engine_gather_params(mt_engine_t e, int root, float *out);
 
-/* The optimizer over this rank's shard (for checkpoints). */
+/* The optimizer over what this rank owns (NULL on DP's ranks other than 0); its step counter is the
+ * same on every rank that has one (mt_optim_get_step / set_step for checkpoints). */
 mt_optim_t mt_engine_optim(mt_engine_t e);
+
+/* ---- state in the layout-free form (checkpoints) -------------------------------------------------
+ * Parameters, or the optimizer's first moment (AdamW m, SGD momentum buffer) or second moment (AdamW
+ * v), as mt_model_numel floats in registration order (p->offset), independent of engine, rank count
+ * and bucket size: state gathered from one engine scatters into any other. Collective over dp; call
+ * between steps; not counted in the step's bytes. */
+typedef enum { MT_ENGINE_STATE_PARAMS = 0, MT_ENGINE_STATE_OPT_M = 1, MT_ENGINE_STATE_OPT_V = 2 } mt_engine_state_t;
+
+/* Collects state `what` into out on dp rank root (out may be NULL elsewhere). MT_ERR_INVALID_ARG for a
+ * moment the optimizer does not keep, or DP's optimizer state with a root other than 0. */
+mt_status_t mt_engine_gather_state(mt_engine_t e, mt_engine_state_t what, int root, float *out);
+
+/* The reverse: root's in (mt_model_numel floats) becomes this engine's state, every rank storing what it
+ * keeps (replicas all of it, shards their slice). ZeRO-3 drops gathered copies first. */
+mt_status_t mt_engine_scatter_state(mt_engine_t e, mt_engine_state_t what, int root, const float *in);
 
 /* ---- accounting --------------------------------------------------------------------------------
  * Bytes sent per rank are counted at every collective the engine issues, as the per-rank average of a

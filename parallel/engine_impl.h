@@ -30,6 +30,7 @@ typedef struct {
     int pstate;                 /* ZeRO-3: 0 released, 1 gathering, 2 ready */
     mt_work_t pwork;
     double t_launch, t_done;    /* last pass: gradient collective issued / seen complete */
+    double trace_us;            /* launch on the trace clock (profile.trace) */
 } unit_t;
 
 /* Buffers handed out and taken back (bucket buffers, gathered parameters): best fit among the free
@@ -72,6 +73,10 @@ struct mt_engine {
     float *pshard, *gshard; /* this rank's shard (ZeRO-2: gradients; ZeRO-3: both) */
     pool_t gpool, ppool;    /* ZeRO-2/3 bucket buffers; ZeRO-3 gathered parameters */
     mt_optim_t opt;
+    /* optimizer tensor j holds parameter piece_param[j]'s unit elements [piece_lo[j], piece_hi[j]) */
+    int *piece_param;
+    size_t *piece_lo, *piece_hi;
+    int n_pieces;
 
     /* step state */
     int micro;             /* backward passes begun since zero_grads */
@@ -81,6 +86,10 @@ struct mt_engine {
     int fifo_head, fifo_n;
     mt_engine_comm_stats_t cur, last;
     bool counting;         /* count bytes (off inside gather_params) */
+    double scalar[2];      /* send/receive buffers of the loss and norm all-reduces (engine-owned: a timed-out
+                            * collective may still write into them) */
+    mt_work_t stuck[16];   /* collectives whose wait failed, waited again by mt_engine_free */
+    int n_stuck;
 };
 
 /* What differs per engine kind; NULL entries fall back to the common behaviour in comm.c/engine.c. */
@@ -106,14 +115,15 @@ void eng_bind_full(mt_engine_t e);                               /* p->data / p-
 size_t eng_round_up(size_t n, size_t m);
 
 /* comm.c: counted collectives, pools, in-flight queue, hooks */
-mt_status_t eng_all_reduce(mt_engine_t e, bool model, const void *send, void *recv, size_t count, mt_dtype_t dt,
+mt_status_t eng_all_reduce(mt_engine_t e, bool model, const void *send, void *recv, size_t count, mt_coll_dtype_t dt,
                            mt_redop_t op, mt_work_t *work);
 mt_status_t eng_reduce_scatter(mt_engine_t e, const void *send, void *recv, size_t count, mt_work_t *work);
 mt_status_t eng_all_gather(mt_engine_t e, const void *send, void *recv, size_t count, mt_work_t *work);
-mt_status_t eng_broadcast(mt_engine_t e, bool model, void *buf, size_t count, mt_dtype_t dt, int root);
+mt_status_t eng_broadcast(mt_engine_t e, bool model, void *buf, size_t count, mt_coll_dtype_t dt, int root);
 mt_status_t eng_reduce(mt_engine_t e, void *buf, size_t count, int root);
 void eng_count_send(mt_engine_t e, bool model, double bytes);
 mt_status_t eng_wait(mt_engine_t e, mt_work_t *work);            /* waits, frees, adds to wait_s */
+void eng_keep_stuck(mt_engine_t e, mt_work_t w);                 /* a failed wait: mt_engine_free retries */
 
 float *pool_get(pool_t *pl, size_t floats);   /* NULL: none free that fits (caller may pool_grow) */
 mt_status_t pool_grow(pool_t *pl, size_t floats, float **out);

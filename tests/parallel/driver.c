@@ -176,6 +176,7 @@ mt_status_t drv_run_engine(const drv_cfg_t *c, mt_comm_t dp, const mt_engine_par
     ep.optim = c->optim;
     mt_model_t model = NULL;
     mt_engine_t e = NULL;
+    float *act = NULL, *dact = NULL;
     drv_state_t s;
     memset(&s, 0, sizeof(s));
     mt_status_t st = MT_OK;
@@ -185,6 +186,15 @@ mt_status_t drv_run_engine(const drv_cfg_t *c, mt_comm_t dp, const mt_engine_par
     MT_CHECK_GOTO(mt_engine_init(model, dp, &ep, &e), st, out);
     bool scatter = mt_engine_root_loads_batch(e);
     MT_CHECK_GOTO(state_init(c, model, scatter ? N * mb : mb, mb, &s), st, out);
+    if (c->split_at > 0) {
+        size_t nact = (size_t)mb * T * (size_t)mt_model_act_width(model);
+        act = mt_alloc(nact * sizeof(float), MT_MEM_OTHER, "test stage activations");
+        dact = mt_alloc(nact * sizeof(float), MT_MEM_OTHER, "test stage activations");
+        if (!act || !dact) {
+            st = mt_error(MT_ERR_OOM, "test driver: out of memory");
+            goto out;
+        }
+    }
     double t0 = mt_now();
     for (int step = 0; step < c->steps; step++) {
         MT_CHECK_GOTO(mt_engine_zero_grads(e), st, out);
@@ -203,8 +213,16 @@ mt_status_t drv_run_engine(const drv_cfg_t *c, mt_comm_t dp, const mt_engine_par
                 MT_CHECK_GOTO(load_rows(s.data, c, step, rank * rows + k * mb, mb, s.win, s.tok, s.tgt), st, out);
             }
             float l = 0.0f;
-            MT_CHECK_GOTO(mt_model_forward(model, s.acts, 0, n, s.tok, s.tgt, NULL, NULL, &l), st, out);
-            MT_CHECK_GOTO(mt_model_backward(model, s.acts, 0, n, NULL, NULL, 1.0f / (float)ga), st, out);
+            if (c->split_at > 0) {
+                int k0 = c->split_at;
+                MT_CHECK_GOTO(mt_model_forward(model, s.acts, 0, k0, s.tok, NULL, NULL, act, NULL), st, out);
+                MT_CHECK_GOTO(mt_model_forward(model, s.acts, k0, n, NULL, s.tgt, act, NULL, &l), st, out);
+                MT_CHECK_GOTO(mt_model_backward(model, s.acts, k0, n, NULL, dact, 1.0f / (float)ga), st, out);
+                MT_CHECK_GOTO(mt_model_backward(model, s.acts, 0, k0, dact, NULL, 1.0f / (float)ga), st, out);
+            } else {
+                MT_CHECK_GOTO(mt_model_forward(model, s.acts, 0, n, s.tok, s.tgt, NULL, NULL, &l), st, out);
+                MT_CHECK_GOTO(mt_model_backward(model, s.acts, 0, n, NULL, NULL, 1.0f / (float)ga), st, out);
+            }
             loss += l;
         }
         loss /= ga;
@@ -252,6 +270,8 @@ mt_status_t drv_run_engine(const drv_cfg_t *c, mt_comm_t dp, const mt_engine_par
         MT_CHECK_GOTO(st, st, out);
     }
 out:
+    mt_free(act);
+    mt_free(dact);
     state_free(&s);
     mt_engine_free(e);
     mt_model_free(model);

@@ -21,6 +21,8 @@ typedef struct {
     float clip;              /* max global norm; 0 = off */
     uint64_t data_seed;
     bool replica_sums;       /* parallel: every rank also gathers the parameters to itself (checksums) */
+    int split_at;            /* parallel: > 0 runs modules [0, split_at) and [split_at, n) as two ranges (as
+                              * two pipeline stages would), passing activations and their gradients */
 } drv_cfg_t;
 
 typedef struct {

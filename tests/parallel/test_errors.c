@@ -109,6 +109,19 @@ static void late_rank(void) {
         printf("rank 0 after %.1f s: %s\n", mt_now() - t0, mt_last_error_msg());
     }
     MPI_Barrier(mt_rt_world()->comm); /* both ranks have issued the same calls: everything completes */
+    /* A formerly synchronous path (the loss all-reduce) times out the same way. */
+    if (rank == 1) {
+        sleep(3);
+    }
+    double loss = 1.0;
+    t0 = mt_now();
+    st = mt_engine_reduce_loss(e, &loss);
+    if (rank == 0) {
+        CHECK(st == MT_ERR_TIMEOUT && strstr(mt_last_error_msg(), "all_reduce") != NULL,
+              "reduce_loss with a late peer: %s (%s)", mt_status_str(st), mt_last_error_msg());
+        CHECK(mt_now() - t0 < 2.9, "rank 0 gave up after %.1f s", mt_now() - t0);
+    }
+    MPI_Barrier(mt_rt_world()->comm);
     mt_engine_free(e);
     mt_model_free(m);
     mt_comm_free(dp);
