@@ -272,7 +272,7 @@ static mt_status_t dp_allreduce(mt_par3d_t p3) {
         }
     }
     MT_CHECK(mt_mp_wait(
-        mt_coll_all_reduce(p3->comm[MT_AXIS_DP], p3->gbuf, p3->gbuf, off, MT_DTYPE_F32, MT_REDOP_AVG, NULL, &w_), &w_,
+        mt_coll_all_reduce(p3->comm[MT_AXIS_DP], p3->gbuf, p3->gbuf, off, MT_COLL_F32, MT_REDOP_AVG, NULL, &w_), &w_,
         -1.0));
     off = 0;
     for (int i = 0; i < np; i++) {
@@ -302,7 +302,7 @@ static mt_status_t grad_sumsq(mt_par3d_t p3, double *total) {
     for (int k = 0; k < 2; k++) {
         mt_comm_t c = p3->comm[k == 0 ? MT_AXIS_TP : MT_AXIS_PP];
         if (mt_comm_size(c) > 1) {
-            MT_CHECK(mt_mp_wait(mt_coll_all_reduce(c, &s, &s, 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL, &w_), &w_, -1.0));
+            MT_CHECK(mt_mp_wait(mt_coll_all_reduce(c, &s, &s, 1, MT_COLL_F64, MT_REDOP_SUM, NULL, &w_), &w_, -1.0));
         }
     }
     *total = s;
@@ -316,7 +316,7 @@ mt_status_t mt_par3d_eval(mt_par3d_t p3, const int32_t *tokens, const int32_t *t
     double dl = l;
     if (p3->p.dp > 1) {
         MT_CHECK(mt_mp_wait(
-            mt_coll_all_reduce(p3->comm[MT_AXIS_DP], &dl, &dl, 1, MT_DTYPE_F64, MT_REDOP_AVG, NULL, &w_), &w_, -1.0));
+            mt_coll_all_reduce(p3->comm[MT_AXIS_DP], &dl, &dl, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, &w_), &w_, -1.0));
     }
     if (loss) {
         *loss = (float)dl;
@@ -373,7 +373,7 @@ mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *t
         MT_CHECK(dp_allreduce(p3));
         if (p3->p.dp > 1) {
             MT_CHECK(
-                mt_mp_wait(mt_coll_all_reduce(p3->comm[MT_AXIS_DP], &dl, &dl, 1, MT_DTYPE_F64, MT_REDOP_AVG, NULL, &w_),
+                mt_mp_wait(mt_coll_all_reduce(p3->comm[MT_AXIS_DP], &dl, &dl, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, &w_),
                            &w_, -1.0));
         }
         double total = 0.0;
@@ -422,7 +422,7 @@ mt_status_t mt_par3d_gather_param(mt_par3d_t p3, int i, float *out) {
     size_t n = (size_t)(q->global_shape[0] * q->global_shape[1]);
     /* Which stage owns it: the stage whose range holds the owning module (found with one max-reduce over pp). */
     int owner_stage = owner ? stage : -1;
-    MT_CHECK(mt_coll_all_reduce(p3->comm[MT_AXIS_PP], &owner_stage, &owner_stage, 1, MT_DTYPE_I32, MT_REDOP_MAX, NULL,
+    MT_CHECK(mt_coll_all_reduce(p3->comm[MT_AXIS_PP], &owner_stage, &owner_stage, 1, MT_COLL_I32, MT_REDOP_MAX, NULL,
                                 NULL));
     if (!owner && !(stage == 0 && tpr == 0)) {
         return MT_OK;
@@ -445,9 +445,9 @@ mt_status_t mt_par3d_gather_param(mt_par3d_t p3, int i, float *out) {
     if (st == MT_OK && owner_stage != 0 && tpr == 0) {
         mt_work_t w = NULL;
         if (owner) {
-            st = mt_coll_send(p3->comm[MT_AXIS_PP], buf, n, MT_DTYPE_F32, 0, NULL, &w);
+            st = mt_coll_send(p3->comm[MT_AXIS_PP], buf, n, MT_COLL_F32, 0, NULL, &w);
         } else {
-            st = mt_coll_recv(p3->comm[MT_AXIS_PP], out, n, MT_DTYPE_F32, owner_stage, NULL, &w);
+            st = mt_coll_recv(p3->comm[MT_AXIS_PP], out, n, MT_COLL_F32, owner_stage, NULL, &w);
         }
         if (st == MT_OK) {
             st = mt_work_wait(w, -1.0);

@@ -54,10 +54,10 @@ static mt_status_t exchange(mt_pipeline_t pl, msg_t send, msg_t recv) {
     mt_work_t w = NULL;
     MT_CHECK(mt_coll_group_start(pl->pp_comm));
     if (send.buf) {
-        MT_CHECK(mt_coll_send(pl->pp_comm, send.buf, n, MT_DTYPE_F32, send.peer, NULL, NULL));
+        MT_CHECK(mt_coll_send(pl->pp_comm, send.buf, n, MT_COLL_F32, send.peer, NULL, NULL));
     }
     if (recv.buf) {
-        MT_CHECK(mt_coll_recv(pl->pp_comm, recv.buf, n, MT_DTYPE_F32, recv.peer, NULL, NULL));
+        MT_CHECK(mt_coll_recv(pl->pp_comm, recv.buf, n, MT_COLL_F32, recv.peer, NULL, NULL));
     }
     MT_CHECK(mt_coll_group_end(pl->pp_comm, NULL, &w));
     mt_status_t st = mt_work_wait(w, pl->p.timeout_s > 0 ? pl->p.timeout_s : -1.0);

@@ -129,8 +129,8 @@ static bool run_case(const case_t *c, int rank) {
         if (q->data && mt_pipeline_needs_param(mt_par3d_pipeline(p3), i) && c->dp > 1) {
             float *mn = malloc(q->numel * sizeof(float)), *mx = malloc(q->numel * sizeof(float));
             mt_comm_t dpc = mt_par3d_comm(p3, MT_AXIS_DP);
-            CHECK_OK(mt_coll_all_reduce(dpc, q->data, mn, q->numel, MT_DTYPE_F32, MT_REDOP_MIN, NULL, NULL));
-            CHECK_OK(mt_coll_all_reduce(dpc, q->data, mx, q->numel, MT_DTYPE_F32, MT_REDOP_MAX, NULL, NULL));
+            CHECK_OK(mt_coll_all_reduce(dpc, q->data, mn, q->numel, MT_COLL_F32, MT_REDOP_MIN, NULL, NULL));
+            CHECK_OK(mt_coll_all_reduce(dpc, q->data, mx, q->numel, MT_COLL_F32, MT_REDOP_MAX, NULL, NULL));
             CHECK(memcmp(mn, mx, q->numel * sizeof(float)) == 0, "%s: %s differs across dp replicas", c->name, q->name);
             free(mn);
             free(mx);

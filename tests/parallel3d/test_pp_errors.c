@@ -68,10 +68,10 @@ int main(int argc, char **argv) {
                                           "tagged activation of micro-batch 3") != NULL,
               "message: %s", mt_last_error_msg());
     } else {
-        CHECK_OK(mt_coll_recv(pp, buf, msg, MT_DTYPE_F32, 0, NULL, NULL));
+        CHECK_OK(mt_coll_recv(pp, buf, msg, MT_COLL_F32, 0, NULL, NULL));
         CHECK(buf[msg - 1] == 1.0f, "activation of micro-batch 0 tagged %g", buf[msg - 1]);
         buf[msg - 1] = 4.0f;
-        CHECK_OK(mt_coll_send(pp, buf, msg, MT_DTYPE_F32, 0, NULL, NULL));
+        CHECK_OK(mt_coll_send(pp, buf, msg, MT_COLL_F32, 0, NULL, NULL));
     }
     mt_pipeline_free(pl);
     pl = NULL;
@@ -95,10 +95,10 @@ int main(int argc, char **argv) {
     MPI_Barrier(w->comm);
     if (w->rank == 1) {
         /* Complete rank 0's outstanding calls: both activations, then a gradient for its receive. */
-        CHECK_OK(mt_coll_recv(pp, buf, msg, MT_DTYPE_F32, 0, NULL, NULL));
-        CHECK_OK(mt_coll_recv(pp, buf, msg, MT_DTYPE_F32, 0, NULL, NULL));
+        CHECK_OK(mt_coll_recv(pp, buf, msg, MT_COLL_F32, 0, NULL, NULL));
+        CHECK_OK(mt_coll_recv(pp, buf, msg, MT_COLL_F32, 0, NULL, NULL));
         buf[msg - 1] = -1.0f;
-        CHECK_OK(mt_coll_send(pp, buf, msg, MT_DTYPE_F32, 0, NULL, NULL));
+        CHECK_OK(mt_coll_send(pp, buf, msg, MT_COLL_F32, 0, NULL, NULL));
     }
     MPI_Barrier(w->comm);
     mt_pipeline_free(pl);

@@ -118,8 +118,8 @@ static void run_case(mt_comm_t comm, mt_tp_t tp, const eq_setup_t *s, bool sp, c
               (long long)(c1.grad_sync - c0.grad_sync));
         CHECK_OK(mt_optim_step(opt, s->lr, 1.0f));
         float lmin = loss, lmax = loss;
-        CHECK_OK(mt_coll_all_reduce(comm, &lmin, &lmin, 1, MT_DTYPE_F32, MT_REDOP_MIN, NULL, NULL));
-        CHECK_OK(mt_coll_all_reduce(comm, &lmax, &lmax, 1, MT_DTYPE_F32, MT_REDOP_MAX, NULL, NULL));
+        CHECK_OK(mt_coll_all_reduce(comm, &lmin, &lmin, 1, MT_COLL_F32, MT_REDOP_MIN, NULL, NULL));
+        CHECK_OK(mt_coll_all_reduce(comm, &lmax, &lmax, 1, MT_COLL_F32, MT_REDOP_MAX, NULL, NULL));
         CHECK(lmin == lmax, "tp ranks disagree on the loss: %.9g .. %.9g", lmin, lmax);
         if (rank == 0) {
             CHECK_CLOSE(loss, ref_loss[step], tol, 0.0);
@@ -175,8 +175,8 @@ static void run_case(mt_comm_t comm, mt_tp_t tp, const eq_setup_t *s, bool sp, c
         }
         if (p->tp_dim < 0) {
             float *mn = malloc(p->numel * sizeof(float)), *mx = malloc(p->numel * sizeof(float));
-            CHECK_OK(mt_coll_all_reduce(comm, p->data, mn, p->numel, MT_DTYPE_F32, MT_REDOP_MIN, NULL, NULL));
-            CHECK_OK(mt_coll_all_reduce(comm, p->data, mx, p->numel, MT_DTYPE_F32, MT_REDOP_MAX, NULL, NULL));
+            CHECK_OK(mt_coll_all_reduce(comm, p->data, mn, p->numel, MT_COLL_F32, MT_REDOP_MIN, NULL, NULL));
+            CHECK_OK(mt_coll_all_reduce(comm, p->data, mx, p->numel, MT_COLL_F32, MT_REDOP_MAX, NULL, NULL));
             CHECK(memcmp(mn, mx, p->numel * sizeof(float)) == 0, "sp=%d: replicated %s differs between tp ranks", sp,
                   p->name);
             free(mn);
