@@ -315,8 +315,8 @@ mt_status_t mt_par3d_eval(mt_par3d_t p3, const int32_t *tokens, const int32_t *t
     MT_CHECK(mt_pipeline_eval(p3->pl, tokens, targets, &l));
     double dl = l;
     if (p3->p.dp > 1) {
-        MT_CHECK(mt_mp_wait(
-            mt_coll_all_reduce(p3->comm[MT_AXIS_DP], &dl, &dl, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, &w_), &w_, -1.0));
+        MT_CHECK(mt_mp_wait(mt_coll_all_reduce(p3->comm[MT_AXIS_DP], &dl, &dl, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, &w_),
+                            &w_, -1.0));
     }
     if (loss) {
         *loss = (float)dl;
@@ -422,8 +422,8 @@ mt_status_t mt_par3d_gather_param(mt_par3d_t p3, int i, float *out) {
     size_t n = (size_t)(q->global_shape[0] * q->global_shape[1]);
     /* Which stage owns it: the stage whose range holds the owning module (found with one max-reduce over pp). */
     int owner_stage = owner ? stage : -1;
-    MT_CHECK(mt_coll_all_reduce(p3->comm[MT_AXIS_PP], &owner_stage, &owner_stage, 1, MT_COLL_I32, MT_REDOP_MAX, NULL,
-                                NULL));
+    MT_CHECK(
+        mt_coll_all_reduce(p3->comm[MT_AXIS_PP], &owner_stage, &owner_stage, 1, MT_COLL_I32, MT_REDOP_MAX, NULL, NULL));
     if (!owner && !(stage == 0 && tpr == 0)) {
         return MT_OK;
     }

@@ -29,9 +29,9 @@ static mt_status_t seam_all_reduce(void *ctx, float *buf, size_t count) {
     tp->counts.all_reduce++;
     tp->counts.bytes += bus_bytes(count, tp->size, 2);
     mt_status_t st =
-        tp->comm ? mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, count, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_,
-                              -1.0)
-                 : MT_OK;
+        tp->comm
+            ? mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, count, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_, -1.0)
+            : MT_OK;
     tp->counts.seconds += mt_now() - t0;
     return st;
 }
@@ -43,9 +43,9 @@ static mt_status_t seam_all_reduce_max(void *ctx, float *buf, size_t count) {
     tp->counts.all_reduce_max++;
     tp->counts.bytes += bus_bytes(count, tp->size, 2);
     mt_status_t st =
-        tp->comm ? mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, count, MT_COLL_F32, MT_REDOP_MAX, NULL, &w_), &w_,
-                              -1.0)
-                 : MT_OK;
+        tp->comm
+            ? mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, count, MT_COLL_F32, MT_REDOP_MAX, NULL, &w_), &w_, -1.0)
+            : MT_OK;
     tp->counts.seconds += mt_now() - t0;
     return st;
 }
