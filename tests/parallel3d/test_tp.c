@@ -4,7 +4,7 @@
  * parameters gathered from the shards (SGD 1e-5, AdamW 1e-4 relative; see eq_param_close). Each module's
  * collectives are counted against the design: a block does exactly 2 all-reduces forward and 2 backward
  * (sequence parallelism: 2 all-gathers + 2 reduce-scatters each way), and replicated parameters stay
- * bit-identical on every tp rank.
+ * bit-identical on every tp rank. The AdamW runs use attention recompute (model.attn_recompute).
  * SPDX-License-Identifier: MIT */
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +69,8 @@ static void run_case(mt_comm_t comm, mt_tp_t tp, const eq_setup_t *s, bool sp, c
     int B = s->global_batch, T = s->seq_len, N = B * T;
     mt_model_config_t mc = s->model;
     mt_tp_model_config(tp, sp, &mc);
+    /* the AdamW runs keep only the softmax statistics (attention recompute) on the local heads */
+    mc.attn_recompute = s->optim.kind == MT_OPTIM_ADAMW;
     mt_model_t m = NULL;
     mt_acts_t a = NULL;
     mt_optim_t opt = NULL;
