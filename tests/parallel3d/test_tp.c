@@ -4,8 +4,8 @@
  * parameters gathered from the shards (SGD 1e-5, AdamW 1e-4 relative; see eq_param_close). Each module's
  * collectives are counted against the design: a block does exactly 2 all-reduces forward and 2 backward
  * (sequence parallelism: 2 all-gathers + 2 reduce-scatters each way, the same bytes, a lower activation
- * peak), and replicated parameters stay
- * bit-identical on every tp rank. The AdamW runs use attention recompute (model.attn_recompute).
+ * peak), and replicated parameters stay bit-identical on every tp rank. The AdamW runs use attention
+ * recompute (model.attn_recompute).
  * SPDX-License-Identifier: MIT */
 #include <stdlib.h>
 #include <string.h>
