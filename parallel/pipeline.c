@@ -427,6 +427,14 @@ mt_status_t mt_pipeline_alloc_params(mt_pipeline_t pl) {
     return MT_OK;
 }
 
+/* Every step starts with all activation slots free, also after a step that failed half-way. */
+static void reset_slots(mt_pipeline_t pl) {
+    for (int i = 0; i < pl->n_acts; i++) {
+        pl->busy[i] = -1;
+    }
+    pl->in_flight = 0;
+}
+
 /* ---- the step -------------------------------------------------------------------------------- */
 
 /* Whether parameter i is read on two different stages (GPT-2's wte: embedding and head). */
@@ -515,7 +523,7 @@ mt_status_t mt_pipeline_step(mt_pipeline_t pl, const int32_t *tokens, const int3
     memset(&pl->stats, 0, sizeof(pl->stats));
     pl->stats.n_acts = pl->n_acts;
     pl->loss_sum = 0.0f;
-    pl->in_flight = 0;
+    reset_slots(pl);
     double t0 = mt_now();
     pl->final_pass = false;
     mt_status_t st = mt_pipeline_run_schedule(pl, tokens, targets);
@@ -544,7 +552,7 @@ mt_status_t mt_pipeline_eval(mt_pipeline_t pl, const int32_t *tokens, const int3
         return mt_error(MT_ERR_INVALID_ARG, "pipeline: the last stage needs the batch's targets");
     }
     pl->loss_sum = 0.0f;
-    pl->in_flight = 0;
+    reset_slots(pl);
     MT_CHECK(mt_pipeline_run_forward(pl, tokens, targets));
     float l = pl->loss_sum / (float)pl->p.microbatches;
     if (pl->pp_comm && pl->n_stages > 1) {
