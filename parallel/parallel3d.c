@@ -6,6 +6,7 @@
  *      the schedule
  *   3. dp: the engine's buckets (launched from its hooks, which run after 1 and 2) or one all-reduce
  * SPDX-License-Identifier: MIT */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,8 +26,11 @@ struct mt_par3d {
     mt_pipeline_t pl;
     float *gbuf; /* built-in dp all-reduce: the stage's gradients packed */
     size_t gbuf_n;
-    int64_t n_steps; /* steps run */
-    float *flat;     /* engine mode, dp rank 0: whole parameters for gathers, valid at flat_step */
+    int64_t n_steps;   /* steps run */
+    double grad_norm;  /* of the last step, before clipping */
+    bool norm_unknown; /* grad_norm is NaN because it is not computed (engine with tp or pp > 1) */
+    bool skipped;      /* the last step's update was skipped (non-finite) */
+    float *flat;       /* engine mode, dp rank 0: whole parameters for gathers, valid at flat_step */
     int64_t flat_step;
 };
 
@@ -95,6 +99,14 @@ mt_status_t mt_par3d_check(const mt_par3d_params_t *p, int world, const mt_model
                 "scatters every micro-batch from one root inside the training loop, which a pipeline "
                 "stage or a tp group does not run; use parallel.engine = \"ddp\" or \"zero\"",
                 tp, pp);
+        }
+        if (p->grad_clip > 0.0f && (tp > 1 || pp > 1)) {
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "optimizer.grad_clip = %g with a data-parallel engine and parallel.tp = %d, parallel.pp = "
+                            "%d: the engine's gradient norm covers the whole model it lays out on every stage and "
+                            "counts replicated parameters on every tp rank; set optimizer.grad_clip = 0 or use the "
+                            "built-in dp all-reduce",
+                            p->grad_clip, tp, pp);
         }
         if (p->engine_kind == MT_ENGINE_ZERO && p->zero_stage >= 2 && pp > 1) {
             return mt_error(MT_ERR_INVALID_ARG,
@@ -260,7 +272,7 @@ static mt_status_t dp_allreduce(mt_par3d_t p3) {
         }
     }
     MT_CHECK(mt_mp_wait(
-        mt_coll_all_reduce(p3->comm[MT_AXIS_DP], p3->gbuf, p3->gbuf, off, MT_DTYPE_F32, MT_REDOP_AVG, NULL, &w_), &w_,
+        mt_coll_all_reduce(p3->comm[MT_AXIS_DP], p3->gbuf, p3->gbuf, off, MT_COLL_F32, MT_REDOP_AVG, NULL, &w_), &w_,
         -1.0));
     off = 0;
     for (int i = 0; i < np; i++) {
@@ -273,9 +285,67 @@ static mt_status_t dp_allreduce(mt_par3d_t p3) {
     return MT_OK;
 }
 
+/* Sum of squares of the whole model's gradient, each element once: this stage's own parameters (not a
+ * tied copy), tp shards on every tp rank, replicated parameters on tp rank 0 only; summed over tp and pp.
+ * Built-in mode: the gradients are already averaged over dp, identical on every replica. */
+static mt_status_t grad_sumsq(mt_par3d_t p3, double *total) {
+    double s = 0.0;
+    int np = mt_model_n_params(p3->model);
+    for (int i = 0; i < np; i++) {
+        const mt_param_t *q = mt_model_param(p3->model, i);
+        if (!mt_pipeline_owns_param(p3->pl, i) || (q->tp_dim < 0 && p3->coords[MT_AXIS_TP] != 0)) {
+            continue;
+        }
+        s += mt_clip_sumsq(q->grad, q->numel);
+    }
+    mt_work_t w_ = NULL;
+    for (int k = 0; k < 2; k++) {
+        mt_comm_t c = p3->comm[k == 0 ? MT_AXIS_TP : MT_AXIS_PP];
+        if (mt_comm_size(c) > 1) {
+            MT_CHECK(mt_mp_wait(mt_coll_all_reduce(c, &s, &s, 1, MT_COLL_F64, MT_REDOP_SUM, NULL, &w_), &w_, -1.0));
+        }
+    }
+    *total = s;
+    return MT_OK;
+}
+
+mt_status_t mt_par3d_eval(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float *loss) {
+    mt_work_t w_ = NULL;
+    float l = 0.0f;
+    MT_CHECK(mt_pipeline_eval(p3->pl, tokens, targets, &l));
+    double dl = l;
+    if (p3->p.dp > 1) {
+        MT_CHECK(mt_mp_wait(mt_coll_all_reduce(p3->comm[MT_AXIS_DP], &dl, &dl, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, &w_),
+                            &w_, -1.0));
+    }
+    if (loss) {
+        *loss = (float)dl;
+    }
+    return MT_OK;
+}
+
+double mt_par3d_last_grad_norm(mt_par3d_t p3) {
+    return p3->grad_norm;
+}
+
+/* Whether this step's update goes ahead: a non-finite loss or (known) norm skips it when skip_nonfinite. */
+static mt_status_t finite_or_skip(mt_par3d_t p3, double loss, bool *update) {
+    bool finite = isfinite(loss) && (isfinite(p3->grad_norm) || p3->norm_unknown);
+    *update = finite;
+    p3->skipped = !finite;
+    if (!finite && !p3->p.skip_nonfinite) {
+        return mt_error(MT_ERR_INTERNAL,
+                        "step %lld: loss %g, gradient norm %g is not finite: stopping (train.on_nan = stop; lower "
+                        "optimizer.lr or set train.on_nan = \"skip\")",
+                        (long long)p3->n_steps + 1, loss, p3->grad_norm);
+    }
+    return MT_OK;
+}
+
 mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float lr, float *loss) {
     mt_work_t w_ = NULL;
     float l = 0.0f;
+    bool update = true;
     if (p3->engine) {
         MT_CHECK(mt_engine_zero_grads(p3->engine));
     } else {
@@ -286,21 +356,44 @@ mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *t
     if (p3->engine) {
         MT_CHECK(mt_engine_finish_grads(p3->engine));
         MT_CHECK(mt_engine_reduce_loss(p3->engine, &dl));
-        MT_CHECK(mt_engine_step(p3->engine, lr, 1.0f));
+        /* tp = pp = 1 whenever clipping is on here (mt_par3d_check): the engine's norm is the model's */
+        float coef = 1.0f;
+        p3->grad_norm = NAN; /* not known with tp or pp > 1: the engine's sum covers its whole layout */
+        p3->norm_unknown = p3->p.tp > 1 || p3->p.pp > 1;
+        if (!p3->norm_unknown) {
+            double total = 0.0;
+            MT_CHECK(mt_engine_grad_sumsq(p3->engine, &total));
+            coef = mt_clip_coef(total, p3->p.grad_clip, &p3->grad_norm);
+        }
+        MT_CHECK(finite_or_skip(p3, dl, &update));
+        if (update) {
+            MT_CHECK(mt_engine_step(p3->engine, lr, coef));
+        }
     } else {
         MT_CHECK(dp_allreduce(p3));
         if (p3->p.dp > 1) {
             MT_CHECK(
-                mt_mp_wait(mt_coll_all_reduce(p3->comm[MT_AXIS_DP], &dl, &dl, 1, MT_DTYPE_F64, MT_REDOP_AVG, NULL, &w_),
+                mt_mp_wait(mt_coll_all_reduce(p3->comm[MT_AXIS_DP], &dl, &dl, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, &w_),
                            &w_, -1.0));
         }
-        MT_CHECK(mt_optim_step(p3->opt, lr, 1.0f));
+        double total = 0.0;
+        MT_CHECK(grad_sumsq(p3, &total));
+        float coef = mt_clip_coef(total, p3->p.grad_clip, &p3->grad_norm);
+        p3->norm_unknown = false;
+        MT_CHECK(finite_or_skip(p3, dl, &update));
+        if (update) {
+            MT_CHECK(mt_optim_step(p3->opt, lr, coef));
+        }
     }
     p3->n_steps++;
     if (loss) {
         *loss = (float)dl;
     }
     return MT_OK;
+}
+
+bool mt_par3d_last_skipped(mt_par3d_t p3) {
+    return p3->skipped;
 }
 
 mt_status_t mt_par3d_gather_param(mt_par3d_t p3, int i, float *out) {
@@ -329,8 +422,8 @@ mt_status_t mt_par3d_gather_param(mt_par3d_t p3, int i, float *out) {
     size_t n = (size_t)(q->global_shape[0] * q->global_shape[1]);
     /* Which stage owns it: the stage whose range holds the owning module (found with one max-reduce over pp). */
     int owner_stage = owner ? stage : -1;
-    MT_CHECK(mt_coll_all_reduce(p3->comm[MT_AXIS_PP], &owner_stage, &owner_stage, 1, MT_DTYPE_I32, MT_REDOP_MAX, NULL,
-                                NULL));
+    MT_CHECK(
+        mt_coll_all_reduce(p3->comm[MT_AXIS_PP], &owner_stage, &owner_stage, 1, MT_COLL_I32, MT_REDOP_MAX, NULL, NULL));
     if (!owner && !(stage == 0 && tpr == 0)) {
         return MT_OK;
     }
@@ -352,9 +445,9 @@ mt_status_t mt_par3d_gather_param(mt_par3d_t p3, int i, float *out) {
     if (st == MT_OK && owner_stage != 0 && tpr == 0) {
         mt_work_t w = NULL;
         if (owner) {
-            st = mt_coll_send(p3->comm[MT_AXIS_PP], buf, n, MT_DTYPE_F32, 0, NULL, &w);
+            st = mt_coll_send(p3->comm[MT_AXIS_PP], buf, n, MT_COLL_F32, 0, NULL, &w);
         } else {
-            st = mt_coll_recv(p3->comm[MT_AXIS_PP], out, n, MT_DTYPE_F32, owner_stage, NULL, &w);
+            st = mt_coll_recv(p3->comm[MT_AXIS_PP], out, n, MT_COLL_F32, owner_stage, NULL, &w);
         }
         if (st == MT_OK) {
             st = mt_work_wait(w, -1.0);

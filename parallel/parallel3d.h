@@ -43,7 +43,9 @@ typedef struct {
     int zero_stage;               /* with MT_ENGINE_ZERO */
     double bucket_mb;             /* engine gradient buckets (MiB) */
     mt_optim_params_t optim;
-    double timeout_s; /* communicator timeout; <= 0: MESHTRAIN_COLL_TIMEOUT */
+    float grad_clip;     /* clip to this global gradient norm (optimizer.grad_clip); 0 = off */
+    bool skip_nonfinite; /* train.on_nan = "skip": a non-finite loss or norm skips the update (else an error) */
+    double timeout_s;    /* communicator timeout; <= 0: MESHTRAIN_COLL_TIMEOUT */
 } mt_par3d_params_t;
 
 #define MT_PAR3D_PARAMS_INIT                                                                                           \
@@ -51,7 +53,7 @@ typedef struct {
         .size = sizeof(mt_par3d_params_t), .tp = 1, .pp = 1, .dp = 0, .order = NULL, .schedule = MT_PP_1F1B,           \
         .microbatches = 1, .micro_batch = 1, .seq_len = 1, .stage_layers = NULL, .sequence_parallel = false,           \
         .dp_mode = MT_P3D_ALLREDUCE, .engine_kind = MT_ENGINE_DDP, .zero_stage = 1, .bucket_mb = 25.0,                 \
-        .optim = MT_OPTIM_PARAMS_INIT, .timeout_s = 0.0                                                                \
+        .optim = MT_OPTIM_PARAMS_INIT, .grad_clip = 0.0f, .skip_nonfinite = false, .timeout_s = 0.0                    \
     }
 
 /* Checks a combination before anything is allocated; pure arithmetic, so every rank reaches the same
@@ -60,7 +62,9 @@ typedef struct {
  * sequence parallelism with micro_batch x seq_len not divisible by tp; engine "dp" (the DataParallel
  * baseline scatters batches from one root) with tp or pp > 1; ZeRO-2/3 with pp > 1 (they reduce or gather
  * per module on every micro-batch, while a stage runs only its modules and the tied embedding's gradient
- * is completed on two stages); a stage split that does not fit. An engine with tp > 1 is the engine's
+ * is completed on two stages); grad_clip > 0 with an engine and tp or pp > 1 (an engine's norm counts the
+ * whole model it lays out on every stage and every replicated parameter once per tp rank); a stage split
+ * that does not fit. An engine with tp > 1 is the engine's
  * call (parallel/engine.c decides whether it takes tensor-parallel models, with its own message). */
 mt_status_t mt_par3d_check(const mt_par3d_params_t *p, int world_size, const mt_model_config_t *mc);
 
@@ -84,9 +88,24 @@ mt_comm_t mt_par3d_comm(mt_par3d_t p3, mt_axis_t axis);
 
 /* One optimizer step: zero gradients, the pipeline over this rank's rows (tokens/targets (rows, T), read on
  * the first / last stage only; NULL elsewhere), gradient averaging over dp (with sequence parallelism the
- * replicated gradients are first summed over tp, module by module on the last backward pass), the
- * optimizer at lr. *loss (may be NULL): the global batch's mean loss, on every rank. Collective over world. */
+ * replicated gradients are first summed over tp, module by module on the last backward pass), clipping
+ * to grad_clip by the global norm (each gradient element counted once: tp shards once each, replicated
+ * parameters once per tp group, the tied embedding once), the optimizer at lr. *loss (may be NULL): the global batch's
+ * mean loss, on every rank. Collective over world. */
 mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float lr, float *loss);
+
+/* Whether the last step's update was skipped for a non-finite loss or norm (skip_nonfinite). A
+ * non-finite step without skip_nonfinite fails with MT_ERR_INTERNAL (on every rank: the loss and norm
+ * are reduced), leaving the parameters as they were. */
+bool mt_par3d_last_skipped(mt_par3d_t p3);
+
+/* Forward only over this rank's rows of an evaluation batch (as mt_par3d_step): *loss = the global batch's
+ * mean loss on every rank. No gradients, no update. Collective over world. */
+mt_status_t mt_par3d_eval(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float *loss);
+
+/* The global gradient norm of the last step before clipping (every rank the same); NaN with an engine and
+ * tp or pp > 1, where it is not computed. */
+double mt_par3d_last_grad_norm(mt_par3d_t p3);
 
 /* The whole parameter i on world rank 0 (out: global numel floats, used there only): from the dp-rank-0
  * replica of the stage that owns it, its tp shards assembled. Collective over world. */

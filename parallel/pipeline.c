@@ -235,9 +235,9 @@ static mt_status_t check_agreement(struct mt_pipeline *pl) {
         h = (h ^ (uint64_t)pl->bounds[s]) * 1099511628211ull;
     }
     int64_t mn = (int64_t)(h >> 1), mx = mn;
-    MT_CHECK(mt_mp_wait(mt_coll_all_reduce(pl->pp_comm, &mn, &mn, 1, MT_DTYPE_I64, MT_REDOP_MIN, NULL, &w_), &w_,
+    MT_CHECK(mt_mp_wait(mt_coll_all_reduce(pl->pp_comm, &mn, &mn, 1, MT_COLL_I64, MT_REDOP_MIN, NULL, &w_), &w_,
                         pl_timeout(pl)));
-    MT_CHECK(mt_mp_wait(mt_coll_all_reduce(pl->pp_comm, &mx, &mx, 1, MT_DTYPE_I64, MT_REDOP_MAX, NULL, &w_), &w_,
+    MT_CHECK(mt_mp_wait(mt_coll_all_reduce(pl->pp_comm, &mx, &mx, 1, MT_COLL_I64, MT_REDOP_MAX, NULL, &w_), &w_,
                         pl_timeout(pl)));
     if (mn != mx) {
         return mt_error(MT_ERR_INVALID_ARG,
@@ -427,6 +427,14 @@ mt_status_t mt_pipeline_alloc_params(mt_pipeline_t pl) {
     return MT_OK;
 }
 
+/* Every step starts with all activation slots free, also after a step that failed half-way. */
+static void reset_slots(mt_pipeline_t pl) {
+    for (int i = 0; i < pl->n_acts; i++) {
+        pl->busy[i] = -1;
+    }
+    pl->in_flight = 0;
+}
+
 /* ---- the step -------------------------------------------------------------------------------- */
 
 /* Whether parameter i is read on two different stages (GPT-2's wte: embedding and head). */
@@ -448,7 +456,7 @@ static mt_status_t reduce_tied_param(mt_pipeline_t pl, int i) {
         return mt_error(MT_ERR_INVALID_ARG, "pipeline: tied parameter %s has no gradient bound", q->name);
     }
     return mt_mp_wait(
-        mt_coll_all_reduce(pl->emb_comm, q->grad, q->grad, q->numel, MT_DTYPE_F32, MT_REDOP_SUM, NULL, &w_), &w_,
+        mt_coll_all_reduce(pl->emb_comm, q->grad, q->grad, q->numel, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_,
         pl_timeout(pl));
 }
 
@@ -515,7 +523,7 @@ mt_status_t mt_pipeline_step(mt_pipeline_t pl, const int32_t *tokens, const int3
     memset(&pl->stats, 0, sizeof(pl->stats));
     pl->stats.n_acts = pl->n_acts;
     pl->loss_sum = 0.0f;
-    pl->in_flight = 0;
+    reset_slots(pl);
     double t0 = mt_now();
     pl->final_pass = false;
     mt_status_t st = mt_pipeline_run_schedule(pl, tokens, targets);
@@ -526,7 +534,29 @@ mt_status_t mt_pipeline_step(mt_pipeline_t pl, const int32_t *tokens, const int3
     MT_CHECK(reduce_tied_readers(pl));
     float l = pl->loss_sum / (float)pl->p.microbatches;
     if (pl->pp_comm && pl->n_stages > 1) {
-        MT_CHECK(mt_mp_wait(mt_coll_broadcast(pl->pp_comm, &l, &l, 1, MT_DTYPE_F32, pl->n_stages - 1, NULL, &w_), &w_,
+        MT_CHECK(mt_mp_wait(mt_coll_broadcast(pl->pp_comm, &l, &l, 1, MT_COLL_F32, pl->n_stages - 1, NULL, &w_), &w_,
+                            pl_timeout(pl)));
+    }
+    if (loss) {
+        *loss = l;
+    }
+    return MT_OK;
+}
+
+mt_status_t mt_pipeline_eval(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets, float *loss) {
+    mt_work_t w_ = NULL;
+    if (pl->lo == 0 && !tokens) {
+        return mt_error(MT_ERR_INVALID_ARG, "pipeline: the first stage needs the batch's tokens");
+    }
+    if (pl->hi == pl->n_modules && !targets) {
+        return mt_error(MT_ERR_INVALID_ARG, "pipeline: the last stage needs the batch's targets");
+    }
+    pl->loss_sum = 0.0f;
+    reset_slots(pl);
+    MT_CHECK(mt_pipeline_run_forward(pl, tokens, targets));
+    float l = pl->loss_sum / (float)pl->p.microbatches;
+    if (pl->pp_comm && pl->n_stages > 1) {
+        MT_CHECK(mt_mp_wait(mt_coll_broadcast(pl->pp_comm, &l, &l, 1, MT_COLL_F32, pl->n_stages - 1, NULL, &w_), &w_,
                             pl_timeout(pl)));
     }
     if (loss) {
@@ -549,7 +579,7 @@ mt_status_t mt_pipeline_grad_sumsq(mt_pipeline_t pl, double *total) {
         }
     }
     if (pl->pp_comm && pl->n_stages > 1) {
-        MT_CHECK(mt_mp_wait(mt_coll_all_reduce(pl->pp_comm, &s, &s, 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL, &w_), &w_,
+        MT_CHECK(mt_mp_wait(mt_coll_all_reduce(pl->pp_comm, &s, &s, 1, MT_COLL_F64, MT_REDOP_SUM, NULL, &w_), &w_,
                             pl_timeout(pl)));
     }
     *total = s;
@@ -574,9 +604,9 @@ mt_status_t mt_pipeline_gather_param(mt_pipeline_t pl, int i, int root, float *o
     mt_work_t w = NULL;
     double timeout = pl->p.timeout_s > 0 ? pl->p.timeout_s : -1.0;
     if (pl->stage == owner) {
-        MT_CHECK(mt_coll_send(pl->pp_comm, q->data, q->numel, MT_DTYPE_F32, root, NULL, &w));
+        MT_CHECK(mt_coll_send(pl->pp_comm, q->data, q->numel, MT_COLL_F32, root, NULL, &w));
     } else if (pl->stage == root) {
-        MT_CHECK(mt_coll_recv(pl->pp_comm, out, q->numel, MT_DTYPE_F32, owner, NULL, &w));
+        MT_CHECK(mt_coll_recv(pl->pp_comm, out, q->numel, MT_COLL_F32, owner, NULL, &w));
     } else {
         return MT_OK;
     }

@@ -115,6 +115,11 @@ mt_status_t mt_pipeline_alloc_params(mt_pipeline_t pl);
  * awaited for, MT_ERR_INTERNAL for a message tagged with the wrong micro-batch, the comm's errors. */
 mt_status_t mt_pipeline_step(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets, float *loss);
 
+/* Forward only (evaluation) over the m micro-batches, GPipe order, no gradients, activations released as
+ * each micro-batch finishes: *loss (may be NULL) on every stage as in mt_pipeline_step. Collective over
+ * pp_comm. */
+mt_status_t mt_pipeline_eval(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets, float *loss);
+
 /* Sum of squares of the gradients this stage owns (tied copies counted once), summed over pp_comm:
  * the same total on every stage, for global-norm clipping (mt_clip_coef). Collective over pp_comm. */
 mt_status_t mt_pipeline_grad_sumsq(mt_pipeline_t pl, double *total);

@@ -35,5 +35,7 @@ void mt_pipeline_begin_final_pass(mt_pipeline_t pl);
 
 /* Runs the configured schedule over the step's micro-batches (pipeline_sched.c). */
 mt_status_t mt_pipeline_run_schedule(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets);
+/* Forward only over the micro-batches (pipeline_sched.c). */
+mt_status_t mt_pipeline_run_forward(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets);
 
 #endif /* MT_PIPELINE_IMPL_H */

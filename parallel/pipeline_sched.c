@@ -54,10 +54,10 @@ static mt_status_t exchange(mt_pipeline_t pl, msg_t send, msg_t recv) {
     mt_work_t w = NULL;
     MT_CHECK(mt_coll_group_start(pl->pp_comm));
     if (send.buf) {
-        MT_CHECK(mt_coll_send(pl->pp_comm, send.buf, n, MT_DTYPE_F32, send.peer, NULL, NULL));
+        MT_CHECK(mt_coll_send(pl->pp_comm, send.buf, n, MT_COLL_F32, send.peer, NULL, NULL));
     }
     if (recv.buf) {
-        MT_CHECK(mt_coll_recv(pl->pp_comm, recv.buf, n, MT_DTYPE_F32, recv.peer, NULL, NULL));
+        MT_CHECK(mt_coll_recv(pl->pp_comm, recv.buf, n, MT_COLL_F32, recv.peer, NULL, NULL));
     }
     MT_CHECK(mt_coll_group_end(pl->pp_comm, NULL, &w));
     mt_status_t st = mt_work_wait(w, pl->p.timeout_s > 0 ? pl->p.timeout_s : -1.0);
@@ -218,4 +218,15 @@ static mt_status_t run_1f1b(mt_pipeline_t pl, const int32_t *tokens, const int32
 
 mt_status_t mt_pipeline_run_schedule(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets) {
     return pl->p.schedule == MT_PP_GPIPE ? run_gpipe(pl, tokens, targets) : run_1f1b(pl, tokens, targets);
+}
+
+mt_status_t mt_pipeline_run_forward(mt_pipeline_t pl, const int32_t *tokens, const int32_t *targets) {
+    for (int k = 0; k < pl->p.microbatches; k++) {
+        MT_CHECK(exchange(pl, NO_MSG, recv_act(pl, k)));
+        MT_CHECK(forward(pl, k, tokens, targets));
+        MT_CHECK(exchange(pl, send_act(pl, k), NO_MSG));
+        pl->busy[k % pl->n_acts] = -1; /* no backward: the slot is free again */
+        pl->in_flight--;
+    }
+    return MT_OK;
 }

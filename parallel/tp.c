@@ -29,9 +29,9 @@ static mt_status_t seam_all_reduce(void *ctx, float *buf, size_t count) {
     tp->counts.all_reduce++;
     tp->counts.bytes += bus_bytes(count, tp->size, 2);
     mt_status_t st =
-        tp->comm ? mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, count, MT_DTYPE_F32, MT_REDOP_SUM, NULL, &w_), &w_,
-                              -1.0)
-                 : MT_OK;
+        tp->comm
+            ? mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, count, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_, -1.0)
+            : MT_OK;
     tp->counts.seconds += mt_now() - t0;
     return st;
 }
@@ -43,9 +43,9 @@ static mt_status_t seam_all_reduce_max(void *ctx, float *buf, size_t count) {
     tp->counts.all_reduce_max++;
     tp->counts.bytes += bus_bytes(count, tp->size, 2);
     mt_status_t st =
-        tp->comm ? mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, count, MT_DTYPE_F32, MT_REDOP_MAX, NULL, &w_), &w_,
-                              -1.0)
-                 : MT_OK;
+        tp->comm
+            ? mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, count, MT_COLL_F32, MT_REDOP_MAX, NULL, &w_), &w_, -1.0)
+            : MT_OK;
     tp->counts.seconds += mt_now() - t0;
     return st;
 }
@@ -58,7 +58,7 @@ static mt_status_t seam_all_gather(void *ctx, const float *send, float *recv, si
     tp->counts.bytes += bus_bytes(count * (size_t)tp->size, tp->size, 1);
     mt_status_t st = MT_OK;
     if (tp->comm) {
-        st = mt_mp_wait(mt_coll_all_gather(tp->comm, send, recv, count, MT_DTYPE_F32, NULL, &w_), &w_, -1.0);
+        st = mt_mp_wait(mt_coll_all_gather(tp->comm, send, recv, count, MT_COLL_F32, NULL, &w_), &w_, -1.0);
     } else if (recv != send) {
         memcpy(recv, send, count * sizeof(float));
     }
@@ -74,7 +74,7 @@ static mt_status_t seam_reduce_scatter(void *ctx, const float *send, float *recv
     tp->counts.bytes += bus_bytes(count * (size_t)tp->size, tp->size, 1);
     mt_status_t st = MT_OK;
     if (tp->comm) {
-        st = mt_mp_wait(mt_coll_reduce_scatter(tp->comm, send, recv, count, MT_DTYPE_F32, MT_REDOP_SUM, NULL, &w_), &w_,
+        st = mt_mp_wait(mt_coll_reduce_scatter(tp->comm, send, recv, count, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_,
                         -1.0);
     } else if (recv != send) {
         memcpy(recv, send, count * sizeof(float));
@@ -157,7 +157,7 @@ static mt_status_t sync_replicated(mt_tp_t tp, mt_model_t m, int first, int coun
     }
     double t0 = mt_now();
     mt_status_t st =
-        mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, total, MT_DTYPE_F32, MT_REDOP_SUM, NULL, &w_), &w_, -1.0);
+        mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, total, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_, -1.0);
     tp->counts.grad_sync++;
     tp->counts.bytes += bus_bytes(total, tp->size, 2);
     tp->counts.seconds += mt_now() - t0;
@@ -209,7 +209,7 @@ mt_status_t mt_tp_gather_shard(mt_tp_t tp, const mt_param_t *p, const float *loc
     if (!all) {
         return mt_error(MT_ERR_OOM, "tp: cannot allocate the gather of %s", p->name);
     }
-    mt_status_t st = mt_mp_wait(mt_coll_all_gather(tp->comm, local, all, p->numel, MT_DTYPE_F32, NULL, &w_), &w_, -1.0);
+    mt_status_t st = mt_mp_wait(mt_coll_all_gather(tp->comm, local, all, p->numel, MT_COLL_F32, NULL, &w_), &w_, -1.0);
     if (st == MT_OK) {
         int64_t r0 = p->shape[0], c0 = p->shape[1], gcols = p->global_shape[1];
         for (int r = 0; r < tp->size; r++) {

@@ -10,7 +10,7 @@
 /* Completes the call that `issued` is the status of and that wrote *w: waits up to timeout_s (< 0: the
  * comm's default timeout) and frees the handle. Usage:
  *   mt_work_t w = NULL;
- *   MT_CHECK(mt_mp_wait(mt_coll_all_reduce(comm, buf, buf, n, MT_DTYPE_F32, MT_REDOP_SUM, NULL, &w), &w, -1));
+ *   MT_CHECK(mt_mp_wait(mt_coll_all_reduce(comm, buf, buf, n, MT_COLL_F32, MT_REDOP_SUM, NULL, &w), &w, -1));
  * (the handle is passed by address: C leaves the order of argument evaluation open). */
 static inline mt_status_t mt_mp_wait(mt_status_t issued, mt_work_t *w, double timeout_s) {
     if (issued != MT_OK) {

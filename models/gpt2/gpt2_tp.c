@@ -43,16 +43,16 @@ typedef struct {
 
 /* Saved activations of one block on this rank. */
 typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd; /* (R,C) (R) (R) */
-    float *ln1_full;                  /* (N,C) with sequence parallelism, else NULL (ln1 is full) */
+    float *ln1, *ln1_mean, *ln1_rstd; /* (N,C) (R) (R); ln1 NULL with sequence parallelism */
+    float *ln1_full;                  /* (N,C) gathered, with sequence parallelism only */
     float *qkv;                       /* (N,3Cl) local Q|K|V */
     float *atty;                      /* (N,Cl) */
     float *att, *lse;                 /* (B,NHl,T,T) or (B,NHl,T) with attn_recompute */
     float *r2;                        /* (R,C) */
-    float *ln2, *ln2_mean, *ln2_rstd; /* (R,C) (R) (R) */
-    float *ln2_full;                  /* (N,C) with sequence parallelism */
-    float *fch, *fch_gelu;            /* (N,Hl) */
-    float *out;                       /* (R,C) */
+    float *ln2, *ln2_mean, *ln2_rstd; /* as ln1 */
+    float *ln2_full;
+    float *fch, *fch_gelu; /* (N,Hl) */
+    float *out;            /* (R,C) */
 } tblk_t;
 
 static size_t rows_local(const tp_impl_t *g, size_t N) {
@@ -70,14 +70,17 @@ static size_t carve(float *base, const mt_model_config_t *c, const tp_impl_t *g,
         b->field = base ? base + off : NULL;                                                                           \
         off += (n);                                                                                                    \
     } while (0)
-    TAKE(ln1, R * C);
-    TAKE(ln1_mean, R);
-    TAKE(ln1_rstd, R);
+    /* With sequence parallelism only the gathered LayerNorm output is kept (for the weight gradients, so
+     * backward repeats no all-gather); the local rows are transient, in the workspace. */
     if (g->sp) {
+        b->ln1 = NULL;
         TAKE(ln1_full, N * C);
     } else {
+        TAKE(ln1, R * C);
         b->ln1_full = NULL;
     }
+    TAKE(ln1_mean, R);
+    TAKE(ln1_rstd, R);
     TAKE(qkv, 3 * N * (size_t)g->Cl);
     TAKE(atty, N * (size_t)g->Cl);
     if (c->attn_recompute) {
@@ -88,14 +91,15 @@ static size_t carve(float *base, const mt_model_config_t *c, const tp_impl_t *g,
         b->lse = NULL;
     }
     TAKE(r2, R * C);
-    TAKE(ln2, R * C);
-    TAKE(ln2_mean, R);
-    TAKE(ln2_rstd, R);
     if (g->sp) {
+        b->ln2 = NULL;
         TAKE(ln2_full, N * C);
     } else {
+        TAKE(ln2, R * C);
         b->ln2_full = NULL;
     }
+    TAKE(ln2_mean, R);
+    TAKE(ln2_rstd, R);
     TAKE(fch, N * (size_t)g->Hl);
     TAKE(fch_gelu, N * (size_t)g->Hl);
     TAKE(out, R * C);
@@ -106,7 +110,8 @@ static size_t carve(float *base, const mt_model_config_t *c, const tp_impl_t *g,
 /* Head buffer: lnf (R,C), mean (R), rstd (R), lnf_full (N,C) with sp, logits (N,Vl), losses (N), lse (N). */
 static size_t head_floats(const mt_model_config_t *c, const tp_impl_t *g, size_t N) {
     size_t R = rows_local(g, N);
-    return R * c->n_embd + 2 * R + (g->sp ? N * c->n_embd : 0) + N * (size_t)g->Vl + 2 * N;
+    /* ln_f's output: gathered (N,C) with sequence parallelism (the local rows are transient), else (N,C) */
+    return (g->sp ? N : R) * c->n_embd + 2 * R + N * (size_t)g->Vl + 2 * N;
 }
 
 static size_t tp_module_floats(mt_model_t m, int module, int B, int T) {
@@ -178,6 +183,11 @@ static mt_status_t tp_take_error(mt_model_t m) {
     mt_status_t st = g->err;
     g->err = MT_OK;
     return st;
+}
+
+/* The workspace's E1 region (R,C): transient local LayerNorm rows before an all-gather (forward only). */
+static float *ws_rows(const mt_model_config_t *c, tp_impl_t *g, size_t N) {
+    return g->ws + 3 * N * (size_t)c->n_embd + 2 * N * (size_t)g->Hl;
 }
 
 /* ---- communication through the seam (a failure is kept and reported by the driver) ---------- */
@@ -320,15 +330,17 @@ static void block_forward(mt_model_t m, mt_acts_t a, int l, const float *inp, tb
     size_t N = (size_t)B * T, R = rows_local(g, N);
     int p = BLOCK0 + l * NBP;
     float *part = g->ws;
-    mt_layernorm_forward(b->ln1, b->ln1_mean, b->ln1_rstd, inp, PD(p + LN1W), PD(p + LN1B), (int)R, C);
-    const float *x1 = f_forward(g, b->ln1, b->ln1_full, N, C);
+    float *ln = g->sp ? ws_rows(&m->cfg, g, N) : b->ln1;
+    mt_layernorm_forward(ln, b->ln1_mean, b->ln1_rstd, inp, PD(p + LN1W), PD(p + LN1B), (int)R, C);
+    const float *x1 = f_forward(g, ln, b->ln1_full, N, C);
     mt_matmul_forward(b->qkv, 3 * g->Cl, x1, PD(p + QKVW), PD(p + QKVB), (int)N, C, 3 * g->Cl);
     mt_attention_forward(b->atty, b->att, b->lse, b->qkv, B, T, g->Cl, g->NHl, g->attn_scratch);
     mt_matmul_forward(part, C, b->atty, PD(p + PROJW), NULL, (int)N, g->Cl, C);
     g_forward(g, part, b->r2, N, C);
     add_bias_residual(b->r2, PD(p + PROJB), inp, R, C);
-    mt_layernorm_forward(b->ln2, b->ln2_mean, b->ln2_rstd, b->r2, PD(p + LN2W), PD(p + LN2B), (int)R, C);
-    const float *x2 = f_forward(g, b->ln2, b->ln2_full, N, C);
+    ln = g->sp ? ws_rows(&m->cfg, g, N) : b->ln2;
+    mt_layernorm_forward(ln, b->ln2_mean, b->ln2_rstd, b->r2, PD(p + LN2W), PD(p + LN2B), (int)R, C);
+    const float *x2 = f_forward(g, ln, b->ln2_full, N, C);
     mt_matmul_forward(b->fch, g->Hl, x2, PD(p + FCW), PD(p + FCB), (int)N, C, g->Hl);
     mt_gelu_forward(b->fch_gelu, b->fch, N * (size_t)g->Hl);
     mt_matmul_forward(part, C, b->fch_gelu, PD(p + FCPW), NULL, (int)N, g->Hl, C);
@@ -385,14 +397,19 @@ static void head_carve(mt_model_t m, mt_acts_t a, head_t *h) {
     tp_impl_t *g = m->impl;
     size_t N = (size_t)a->B * a->T, R = rows_local(g, N), C = (size_t)m->cfg.n_embd;
     float *p = a->mod_buf[m->n_modules - 1];
-    h->lnf = p;
-    p += R * C;
+    if (g->sp) {
+        h->lnf = ws_rows(&m->cfg, g, N); /* transient: only the gathered rows are kept */
+        h->lnf_full = p;
+        p += N * C;
+    } else {
+        h->lnf = p;
+        h->lnf_full = NULL;
+        p += R * C;
+    }
     h->mean = p;
     p += R;
     h->rstd = p;
     p += R;
-    h->lnf_full = g->sp ? p : NULL;
-    p += g->sp ? N * C : 0;
     h->logits = p;
     p += N * (size_t)g->Vl;
     h->losses = p;

@@ -93,7 +93,13 @@ mt_status_t eq_serial_run(const eq_setup_t *s, double *losses, mt_model_t *out) 
         float loss = 0.0f;
         MT_CHECK_GOTO(mt_model_step(m, a, tok, tgt, true, &loss), st, exit);
         losses[step] = loss;
-        MT_CHECK_GOTO(mt_optim_step(opt, s->lr, 1.0f), st, exit);
+        double sumsq = 0.0, norm = 0.0;
+        for (int i = 0; i < mt_model_n_params(m); i++) {
+            const mt_param_t *p = mt_model_param(m, i);
+            sumsq += mt_clip_sumsq(p->grad, p->numel);
+        }
+        float coef = mt_clip_coef(sumsq, s->grad_clip, &norm);
+        MT_CHECK_GOTO(mt_optim_step(opt, s->lr, coef), st, exit);
     }
     *out = m;
     m = NULL;

@@ -17,6 +17,7 @@ typedef struct {
     int steps;
     mt_optim_params_t optim;
     float lr;
+    float grad_clip; /* global-norm clipping (0 = off, the default) */
 } eq_setup_t;
 
 /* 4 layers, 4 heads, n_embd 32, seq 16, vocab 64 (padded_vocab 128, whatever tp), global batch 8, 5 steps; SGD
@@ -27,8 +28,8 @@ void eq_setup_default(eq_setup_t *s, bool adamw);
  * The same for every layout. */
 void eq_batch(const eq_setup_t *s, int step, int row0, int n, int32_t *tokens, int32_t *targets);
 
-/* The single-process run: losses[steps] and the model with its final parameters bound (free with
- * mt_model_free). */
+/* The single-process run (clipping to grad_clip by the global norm when > 0): losses[steps] and the model with its
+ * final parameters bound (free with mt_model_free). */
 mt_status_t eq_serial_run(const eq_setup_t *s, double *losses, mt_model_t *out);
 
 /* Relative error ||a - b||_2 / max(||b||_2, 1e-30) over n floats. */

@@ -24,34 +24,42 @@ typedef struct {
     mt_p3d_dp_mode_t mode;
     mt_engine_kind_t kind;
     int zero_stage;
+    float clip; /* optimizer.grad_clip (0: off) */
 } case_t;
 
 static const case_t CASES[] = {
-    {"2x2x2 allreduce 1f1b", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1},
-    {"2x2x2 allreduce gpipe adamw", 8, 2, 2, 2, 4, MT_PP_GPIPE, false, true, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1},
-    {"2x2x2 sequence-parallel", 8, 2, 2, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1},
-    {"2x2x2 ddp", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1},
-    {"2x2x2 zero-1", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1},
-    {"2x2x2 zero-1 sp", 8, 2, 2, 2, 2, MT_PP_1F1B, true, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1},
-    {"tp2 dp2 zero-3", 4, 2, 1, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3},
-    {"tp2 dp2 zero-2 sp", 4, 2, 1, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 2},
-    {"2x2x2 ddp", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1},
-    {"2x2x2 zero-1", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1},
-    {"2x2x2 zero-1 sequence-parallel adamw", 8, 2, 2, 2, 2, MT_PP_1F1B, true, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1},
-    {"tp2 dp2 zero-3", 4, 2, 1, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3},
-    {"tp2 dp2 zero-2 sequence-parallel", 4, 2, 1, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 2},
-    {"tp1 pp2 dp4 ddp", 8, 1, 2, 4, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1},
-    {"tp1 pp2 dp4 zero-1", 8, 1, 2, 4, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1},
-    {"tp1 pp2 dp2 ddp", 4, 1, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1},
-    {"tp1 pp2 dp2 zero-1 adamw", 4, 1, 2, 2, 4, MT_PP_GPIPE, false, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1},
-    {"tp2 pp2 dp1", 4, 2, 2, 1, 4, MT_PP_1F1B, false, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1},
-    {"tp2 pp1 dp2 sequence-parallel", 4, 2, 1, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1},
+    {"2x2x2 allreduce 1f1b", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.0f},
+    {"2x2x2 allreduce gpipe adamw", 8, 2, 2, 2, 4, MT_PP_GPIPE, false, true, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.0f},
+    {"2x2x2 sequence-parallel", 8, 2, 2, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.0f},
+    {"2x2x2 sequence-parallel clipped adamw", 8, 2, 2, 2, 2, MT_PP_1F1B, true, true, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1,
+     0.05f},
+    {"tp2 pp2 dp1 clipped", 4, 2, 2, 1, 2, MT_PP_GPIPE, false, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.05f},
+    {"tp1 pp1 dp4 ddp clipped", 4, 1, 1, 4, 1, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.05f},
+    {"2x2x2 ddp", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.0f},
+    {"2x2x2 zero-1", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f},
+    {"2x2x2 zero-1 sp", 8, 2, 2, 2, 2, MT_PP_1F1B, true, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f},
+    {"tp2 dp2 zero-3", 4, 2, 1, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3, 0.0f},
+    {"tp2 dp2 zero-2 sp", 4, 2, 1, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 2, 0.0f},
+    {"2x2x2 ddp", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.0f},
+    {"2x2x2 zero-1", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f},
+    {"2x2x2 zero-1 sequence-parallel adamw", 8, 2, 2, 2, 2, MT_PP_1F1B, true, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1,
+     0.0f},
+    {"tp2 dp2 zero-3", 4, 2, 1, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3, 0.0f},
+    {"tp2 dp2 zero-2 sequence-parallel", 4, 2, 1, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 2,
+     0.0f},
+    {"tp1 pp2 dp4 ddp", 8, 1, 2, 4, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.0f},
+    {"tp1 pp2 dp4 zero-1", 8, 1, 2, 4, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f},
+    {"tp1 pp2 dp2 ddp", 4, 1, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.0f},
+    {"tp1 pp2 dp2 zero-1 adamw", 4, 1, 2, 2, 4, MT_PP_GPIPE, false, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f},
+    {"tp2 pp2 dp1", 4, 2, 2, 1, 4, MT_PP_1F1B, false, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.0f},
+    {"tp2 pp1 dp2 sequence-parallel", 4, 2, 1, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.0f},
 };
 
 /* Returns false when the engine refused a tensor-parallel model (the caller skips). */
 static bool run_case(const case_t *c, int rank) {
     eq_setup_t s;
     eq_setup_default(&s, c->adamw);
+    s.grad_clip = c->clip;
     double tol = c->adamw ? 1e-4 : 1e-5;
     double ref_loss[16] = {0};
     mt_model_t ref = NULL;
@@ -71,6 +79,7 @@ static bool run_case(const case_t *c, int rank) {
     p.engine_kind = c->kind;
     p.zero_stage = c->zero_stage;
     p.optim = s.optim;
+    p.grad_clip = c->clip;
     p.timeout_s = 60.0;
     mt_par3d_t p3 = NULL;
     mt_status_t st = mt_par3d_init(MPI_COMM_WORLD, &s.model, &p, &p3);
@@ -97,7 +106,8 @@ static bool run_case(const case_t *c, int rank) {
         if (rank == 0) {
             CHECK_CLOSE(loss, ref_loss[step], tol, 0.0);
             if (step == s.steps - 1) {
-                printf("%s: step %d loss %.7f (serial %.7f)\n", c->name, step, loss, ref_loss[step]);
+                printf("%s: step %d loss %.7f (serial %.7f), gradient norm %.4f\n", c->name, step, loss, ref_loss[step],
+                       mt_par3d_last_grad_norm(p3));
             }
         }
     }
@@ -119,8 +129,8 @@ static bool run_case(const case_t *c, int rank) {
         if (q->data && mt_pipeline_needs_param(mt_par3d_pipeline(p3), i) && c->dp > 1) {
             float *mn = malloc(q->numel * sizeof(float)), *mx = malloc(q->numel * sizeof(float));
             mt_comm_t dpc = mt_par3d_comm(p3, MT_AXIS_DP);
-            CHECK_OK(mt_coll_all_reduce(dpc, q->data, mn, q->numel, MT_DTYPE_F32, MT_REDOP_MIN, NULL, NULL));
-            CHECK_OK(mt_coll_all_reduce(dpc, q->data, mx, q->numel, MT_DTYPE_F32, MT_REDOP_MAX, NULL, NULL));
+            CHECK_OK(mt_coll_all_reduce(dpc, q->data, mn, q->numel, MT_COLL_F32, MT_REDOP_MIN, NULL, NULL));
+            CHECK_OK(mt_coll_all_reduce(dpc, q->data, mx, q->numel, MT_COLL_F32, MT_REDOP_MAX, NULL, NULL));
             CHECK(memcmp(mn, mx, q->numel * sizeof(float)) == 0, "%s: %s differs across dp replicas", c->name, q->name);
             free(mn);
             free(mx);

@@ -96,6 +96,9 @@ int main(void) {
     refused(&p, 4, &mc, "ZeRO-2/3");
     p.zero_stage = 1;
     CHECK_OK(mt_par3d_check(&p, 4, &mc));
+    p.grad_clip = 1.0f;
+    refused(&p, 4, &mc, "optimizer.grad_clip = 1 with a data-parallel engine");
+    p.grad_clip = 0.0f;
     p.engine_kind = MT_ENGINE_DDP;
     CHECK_OK(mt_par3d_check(&p, 4, &mc));
     p = base(2, 1, 2);

@@ -94,10 +94,10 @@ static int64_t run_case(const comms_t *c, const eq_setup_t *s, mt_pp_schedule_t 
         mt_param_t *p = mt_model_param(model, wte);
         CHECK(p->data != NULL, "stage %d has no wte copy", stage);
         if (stage == c->size - 1) {
-            CHECK_OK(mt_coll_send(c->pp, p->data, p->numel, MT_DTYPE_F32, 0, NULL, NULL));
+            CHECK_OK(mt_coll_send(c->pp, p->data, p->numel, MT_COLL_F32, 0, NULL, NULL));
         } else {
             float *other = malloc(p->numel * sizeof(float));
-            CHECK_OK(mt_coll_recv(c->pp, other, p->numel, MT_DTYPE_F32, c->size - 1, NULL, NULL));
+            CHECK_OK(mt_coll_recv(c->pp, other, p->numel, MT_COLL_F32, c->size - 1, NULL, NULL));
             CHECK(memcmp(other, p->data, p->numel * sizeof(float)) == 0,
                   "pp=%d %s m=%d: the last stage's wte differs from the first stage's", c->size, name, m);
             free(other);

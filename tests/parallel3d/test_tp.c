@@ -3,8 +3,9 @@
  * serial weights, and over 5 steps matches the single-process run in every step's loss and in the final
  * parameters gathered from the shards (SGD 1e-5, AdamW 1e-4 relative; see eq_param_close). Each module's
  * collectives are counted against the design: a block does exactly 2 all-reduces forward and 2 backward
- * (sequence parallelism: 2 all-gathers + 2 reduce-scatters each way), and replicated parameters stay
- * bit-identical on every tp rank.
+ * (sequence parallelism: 2 all-gathers + 2 reduce-scatters each way, the same bytes, a lower activation
+ * peak), and replicated parameters stay bit-identical on every tp rank. The AdamW runs use attention
+ * recompute (model.attn_recompute).
  * SPDX-License-Identifier: MIT */
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "collectives/coll.h"
 #include "eqref.h"
 #include "parallel/tp.h"
+#include "runtime/alloc.h"
 #include "runtime/rt.h"
 #include "testutil.h"
 
@@ -68,6 +70,8 @@ static void run_case(mt_comm_t comm, mt_tp_t tp, const eq_setup_t *s, bool sp, c
     int B = s->global_batch, T = s->seq_len, N = B * T;
     mt_model_config_t mc = s->model;
     mt_tp_model_config(tp, sp, &mc);
+    /* the AdamW runs keep only the softmax statistics (attention recompute) on the local heads */
+    mc.attn_recompute = s->optim.kind == MT_OPTIM_ADAMW;
     mt_model_t m = NULL;
     mt_acts_t a = NULL;
     mt_optim_t opt = NULL;
@@ -90,6 +94,10 @@ static void run_case(mt_comm_t comm, mt_tp_t tp, const eq_setup_t *s, bool sp, c
               p->name);
         free(g);
     }
+    mt_mem_stats_t ms;
+    mt_mem_stats(MT_MEM_HOST, &ms);
+    int64_t act_base = ms.current[MT_MEM_ACTIVATIONS];
+    mt_mem_reset_peak(MT_MEM_HOST);
     CHECK_OK(mt_acts_init(m, B, T, &a));
     CHECK_OK(mt_optim_init(&s->optim, &opt));
     CHECK_OK(eq_optim_add_bound(opt, m, NULL));
@@ -113,8 +121,8 @@ static void run_case(mt_comm_t comm, mt_tp_t tp, const eq_setup_t *s, bool sp, c
               (long long)(c1.grad_sync - c0.grad_sync));
         CHECK_OK(mt_optim_step(opt, s->lr, 1.0f));
         float lmin = loss, lmax = loss;
-        CHECK_OK(mt_coll_all_reduce(comm, &lmin, &lmin, 1, MT_DTYPE_F32, MT_REDOP_MIN, NULL, NULL));
-        CHECK_OK(mt_coll_all_reduce(comm, &lmax, &lmax, 1, MT_DTYPE_F32, MT_REDOP_MAX, NULL, NULL));
+        CHECK_OK(mt_coll_all_reduce(comm, &lmin, &lmin, 1, MT_COLL_F32, MT_REDOP_MIN, NULL, NULL));
+        CHECK_OK(mt_coll_all_reduce(comm, &lmax, &lmax, 1, MT_COLL_F32, MT_REDOP_MAX, NULL, NULL));
         CHECK(lmin == lmax, "tp ranks disagree on the loss: %.9g .. %.9g", lmin, lmax);
         if (rank == 0) {
             CHECK_CLOSE(loss, ref_loss[step], tol, 0.0);
@@ -122,6 +130,18 @@ static void run_case(mt_comm_t comm, mt_tp_t tp, const eq_setup_t *s, bool sp, c
                 printf("tp=%d sp=%d %s step %d: loss %.7f (serial %.7f)\n", size, sp,
                        s->optim.kind == MT_OPTIM_ADAMW ? "adamw" : "sgd", step, loss, ref_loss[step]);
             }
+        }
+    }
+    /* Sequence parallelism holds less activation memory (the residual stream is split over tp). */
+    mt_mem_stats(MT_MEM_HOST, &ms);
+    static int64_t act_peak[2];
+    act_peak[sp] = ms.peak[MT_MEM_ACTIVATIONS] - act_base;
+    if (sp) {
+        CHECK(act_peak[1] < act_peak[0], "tp=%d: activation peak with sequence parallelism %lld >= without %lld", size,
+              (long long)act_peak[1], (long long)act_peak[0]);
+        if (rank == 0 && s->optim.kind == MT_OPTIM_SGD) {
+            printf("tp=%d activation peak: %lld B without sequence parallelism, %lld B with\n", size,
+                   (long long)act_peak[0], (long long)act_peak[1]);
         }
     }
     /* Collectives per module of step 0, against the design. */
@@ -158,8 +178,8 @@ static void run_case(mt_comm_t comm, mt_tp_t tp, const eq_setup_t *s, bool sp, c
         }
         if (p->tp_dim < 0) {
             float *mn = malloc(p->numel * sizeof(float)), *mx = malloc(p->numel * sizeof(float));
-            CHECK_OK(mt_coll_all_reduce(comm, p->data, mn, p->numel, MT_DTYPE_F32, MT_REDOP_MIN, NULL, NULL));
-            CHECK_OK(mt_coll_all_reduce(comm, p->data, mx, p->numel, MT_DTYPE_F32, MT_REDOP_MAX, NULL, NULL));
+            CHECK_OK(mt_coll_all_reduce(comm, p->data, mn, p->numel, MT_COLL_F32, MT_REDOP_MIN, NULL, NULL));
+            CHECK_OK(mt_coll_all_reduce(comm, p->data, mx, p->numel, MT_COLL_F32, MT_REDOP_MAX, NULL, NULL));
             CHECK(memcmp(mn, mx, p->numel * sizeof(float)) == 0, "sp=%d: replicated %s differs between tp ranks", sp,
                   p->name);
             free(mn);
