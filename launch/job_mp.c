@@ -282,7 +282,7 @@ static mt_status_t pipeline_eval(mp_ctx_t *c, const mt_batch_t *b, double *loss)
         const int32_t *tok = b->inputs + k * B * T, *tgt = b->targets + k * B * T;
         if (lo > 0) {
             double t0 = TRACE_T0();
-            MT_CHECK(traced_wait(mt_coll_recv(c->pp_comm, c->eval_in, act, MT_DTYPE_F32, c->stage - 1, NULL, &w), &w,
+            MT_CHECK(traced_wait(mt_coll_recv(c->pp_comm, c->eval_in, act, MT_COLL_F32, c->stage - 1, NULL, &w), &w,
                                  c->pp_comm, "eval recv", act * sizeof(float), t0));
         }
         float l = 0.0f;
@@ -290,14 +290,14 @@ static mt_status_t pipeline_eval(mp_ctx_t *c, const mt_batch_t *b, double *loss)
                                   lo > 0 ? c->eval_in : NULL, hi < n ? c->eval_out : NULL, hi == n ? &l : NULL));
         if (hi < n) {
             double t0 = TRACE_T0();
-            MT_CHECK(traced_wait(mt_coll_send(c->pp_comm, c->eval_out, act, MT_DTYPE_F32, c->stage + 1, NULL, &w), &w,
+            MT_CHECK(traced_wait(mt_coll_send(c->pp_comm, c->eval_out, act, MT_COLL_F32, c->stage + 1, NULL, &w), &w,
                                  c->pp_comm, "eval send", act * sizeof(float), t0));
         }
         sum += (double)l;
     }
     double mean = sum / (double)info->grad_accum;
     double t0 = TRACE_T0();
-    MT_CHECK(traced_wait(mt_coll_broadcast(c->pp_comm, &mean, &mean, 1, MT_DTYPE_F64, c->pp_size - 1, NULL, &w), &w,
+    MT_CHECK(traced_wait(mt_coll_broadcast(c->pp_comm, &mean, &mean, 1, MT_COLL_F64, c->pp_size - 1, NULL, &w), &w,
                          c->pp_comm, "broadcast", sizeof(double), t0));
     *loss = mean;
     return MT_OK;
@@ -333,7 +333,7 @@ static mt_status_t mp_finish_grads(void *ctx) {
     }
     mt_work_t w = NULL;
     double t0 = TRACE_T0();
-    MT_CHECK(traced_wait(mt_coll_all_reduce(c->dp_comm, c->gbuf, c->gbuf, off, MT_DTYPE_F32, MT_REDOP_AVG, NULL, &w),
+    MT_CHECK(traced_wait(mt_coll_all_reduce(c->dp_comm, c->gbuf, c->gbuf, off, MT_COLL_F32, MT_REDOP_AVG, NULL, &w),
                          &w, c->dp_comm, "all_reduce", off * sizeof(float), t0));
     off = 0;
     for (int i = 0; i < np; i++) {
@@ -360,7 +360,7 @@ static mt_status_t mp_grad_sumsq(void *ctx, double *total) {
     }
     mt_work_t w = NULL;
     double t0 = TRACE_T0();
-    MT_CHECK(traced_wait(mt_coll_all_reduce(c->tppp_comm, &s, &s, 1, MT_DTYPE_F64, MT_REDOP_SUM, NULL, &w), &w,
+    MT_CHECK(traced_wait(mt_coll_all_reduce(c->tppp_comm, &s, &s, 1, MT_COLL_F64, MT_REDOP_SUM, NULL, &w), &w,
                          c->tppp_comm, "all_reduce", sizeof(double), t0));
     *total = s;
     return MT_OK;
@@ -377,7 +377,7 @@ static mt_status_t mp_reduce_loss(void *ctx, double *loss) {
     }
     mt_work_t w = NULL;
     double t0 = TRACE_T0();
-    return traced_wait(mt_coll_all_reduce(c->dp_comm, loss, loss, 1, MT_DTYPE_F64, MT_REDOP_AVG, NULL, &w), &w,
+    return traced_wait(mt_coll_all_reduce(c->dp_comm, loss, loss, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, &w), &w,
                        c->dp_comm, "all_reduce", sizeof(double), t0);
 }
 
