@@ -19,11 +19,14 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: meshtrain train [CONFIG.toml] [--section.key=value ...]\n"
-            "Trains the model the config describes: forward, backward over train.grad_accum micro-batches,\n"
-            "clipping to optimizer.grad_clip, an optimizer step, validation every train.eval_every steps, and a\n"
-            "progress line per train.log_every steps (step, loss, lr, gradient norm, ms, tokens/s).\n"
-            "Without CONFIG it runs the embedded default job (launch/configs/demo.toml).\n"
+            "usage: [mpirun -np N | srun -n N] meshtrain train [CONFIG.toml] [--section.key=value ...]\n"
+            "Trains the model the config describes on the parallel.tp x parallel.pp x parallel.dp mesh of the N\n"
+            "ranks: forward, backward over train.grad_accum micro-batches, clipping to optimizer.grad_clip, an\n"
+            "optimizer step, validation every train.eval_every steps, a progress line per train.log_every steps\n"
+            "(loss, lr, gradient norm, ms, tokens/s, MFU, memory, exposed communication, ETA) and a summary.\n"
+            "metrics.jsonl, profile.trace / profile.memory and checkpoint.* write metrics, a timeline, the\n"
+            "allocator history and checkpoints (docs/metrics.md, docs/training.md, docs/checkpoints.md).\n"
+            "Without CONFIG it runs the embedded default job (launch/configs/demo.toml: tp 2 x dp 2 on 4 ranks).\n"
             "`meshtrain config --help` lists every key. Exit status: 0 done, 2 bad input, 1 failure.\n");
 }
 
