@@ -8,8 +8,10 @@
 #   r1    1 process        from A/step-4, checkpoints every 2 -> B   steps 5-8 vs ref
 #   r2    pp2 x dp2        from B/step-6                              steps 7-8 vs ref
 #   r3    tp2 x pp2        from A/step-4, checkpoints every 2 -> C    steps 5-8 vs ref
-#   r4    2 ranks ZeRO-3   from C/step-6                              steps 7-8 vs ref
+#   r4    2 ranks ZeRO-3   from A/step-4, checkpoints every 2 -> D    steps 5-8 vs ref
 #   r5    tp2 x dp2        from A/step-4                              steps 5-8 EQUAL to w's
+#   r6    tp2 x pp2        from D/step-6 (ZeRO-3 shards)              steps 7-8 vs ref
+#   r7    4 ranks ZeRO-3   from C/step-6 (tp2 x pp2 shards)           steps 7-8 vs ref
 #   reshard_mp.sh MESHTRAIN MPIEXEC [MPIEXEC_FLAGS...]
 # SPDX-License-Identifier: MIT
 set -u
@@ -42,8 +44,11 @@ run r2 4 --parallel.tp=1 --parallel.pp=2 --checkpoint.resume="$dir/B/step-000000
 run r3 4 --parallel.tp=2 --parallel.pp=2 --checkpoint.resume="$dir/A/step-00000004" --checkpoint.dir="$dir/C" \
     --checkpoint.every=2
 run r4 2 --parallel.tp=1 --parallel.pp=1 --parallel.engine=zero --parallel.zero_stage=3 \
-    --checkpoint.resume="$dir/C/step-00000006"
+    --checkpoint.resume="$dir/A/step-00000004" --checkpoint.dir="$dir/D" --checkpoint.every=2
 run r5 4 --parallel.tp=2 --parallel.pp=1 --checkpoint.resume="$dir/A/step-00000004"
+run r6 4 --parallel.tp=2 --parallel.pp=2 --checkpoint.resume="$dir/D/step-00000006"
+run r7 4 --parallel.tp=1 --parallel.pp=1 --parallel.engine=zero --parallel.zero_stage=3 \
+    --checkpoint.resume="$dir/C/step-00000006"
 grep -q "engine tensor-parallel" "$dir/w.out" && grep -q "engine pipeline" "$dir/r3.out" \
     || { echo "reshard_mp: the runs did not use the model-parallel engines"; exit 1; }
 python3 - "$dir" <<'PY'
@@ -54,7 +59,7 @@ def losses(name):
 ref = losses("ref")
 assert sorted(ref) == list(range(1, 9)), ref
 bad = 0
-for name, first in (("w", 1), ("r1", 5), ("r2", 7), ("r3", 5), ("r4", 7), ("r5", 5)):
+for name, first in (("w", 1), ("r1", 5), ("r2", 7), ("r3", 5), ("r4", 5), ("r5", 5), ("r6", 7), ("r7", 7)):
     got = losses(name)
     assert sorted(got) == list(range(first, 9)), f"{name}: steps {sorted(got)}, expected {first}..8"
     for s, l in got.items():
