@@ -295,6 +295,9 @@ static mt_status_t evaluate(job_t *j, double *val_loss) {
         sum += l;
     }
     *val_loss = sum / (double)nb;
+    if (j->engine->take_comm_s) {
+        j->engine->take_comm_s(j->ectx); /* evaluation's communication is no step's */
+    }
     return MT_OK;
 }
 
@@ -500,6 +503,15 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         MT_CHECK(j->engine->zero_grads(j->ectx));
         double loss = 0.0, sumsq = 0.0, norm = 0.0;
         MT_CHECK(run_batch(j, b, true, &loss, &rec));
+        if (j->engine->take_comm_s) { /* communication inside forward/backward is not compute */
+            double c = j->engine->take_comm_s(j->ectx), fb = rec.fwd_s + rec.bwd_s;
+            c = fb > 0 ? MT_MIN(c, fb) : 0.0;
+            if (fb > 0) {
+                rec.fwd_s -= c * rec.fwd_s / fb;
+                rec.bwd_s -= c * rec.bwd_s / fb;
+            }
+            rec.comm_s += c;
+        }
         double tc = mt_now();
         MT_TRACE_BEGIN(t_comm);
         MT_CHECK(j->engine->finish_grads(j->ectx));
@@ -508,7 +520,7 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         float lr = mt_lr_at(&j->sched, s);
         MT_CHECK(j->engine->reduce_loss(j->ectx, &loss));
         MT_TRACE_END(t_comm, "comm", "gradients: finish, norm, loss");
-        rec.comm_s = mt_now() - tc;
+        rec.comm_s += mt_now() - tc;
         bool finite = isfinite(loss) && isfinite(norm);
         if (finite) {
             double to = mt_now();

@@ -95,6 +95,10 @@ typedef struct {
      * info->grad_accum micro-batches, e.g. by a pipeline schedule; *loss = this rank's mean loss of the
      * batch before reduce_loss. */
     mt_status_t (*run_batch)(void *ctx, const mt_batch_t *b, bool backward, double *loss);
+    /* Optional: seconds this rank spent blocked in communication inside forward and backward since the
+     * last call (tensor-parallel collectives, pipeline messages); the loop reports them as exposed
+     * communication instead of compute. */
+    double (*take_comm_s)(void *ctx);
 } mt_job_engine_t;
 
 /* The engine of a single process: the model's own flat buffers, one optimizer over every parameter

@@ -30,6 +30,7 @@ typedef struct {
     size_t gbuf_n;
     const mt_tp_ops_t *tp_inner; /* parallel/tp.c's seam; the model gets tp_traced, which adds trace spans */
     mt_tp_ops_t tp_traced;
+    double comm_s; /* blocked in tp collectives and pipeline messages since take_comm_s */
     mt_acts_t eval_acts; /* pipeline evaluation: forward only, one micro-batch at a time */
     float *eval_in, *eval_out;
 } mp_ctx_t;
@@ -90,44 +91,60 @@ static void tp_span(mp_ctx_t *c, const char *op, size_t bytes, double t0) {
 
 static mt_status_t tp_all_reduce_sum(void *ctx, float *buf, size_t count) {
     mp_ctx_t *c = ctx;
+    double w0 = mt_now();
     if (!mt_trace_on()) {
-        return c->tp_inner->all_reduce_sum(c->tp_inner->ctx, buf, count);
+        mt_status_t st = c->tp_inner->all_reduce_sum(c->tp_inner->ctx, buf, count);
+        c->comm_s += mt_now() - w0;
+        return st;
     }
     double t0 = mt_trace_now_us();
     mt_status_t st = c->tp_inner->all_reduce_sum(c->tp_inner->ctx, buf, count);
+    c->comm_s += mt_now() - w0;
     tp_span(c, "tp all_reduce", count * sizeof(float), t0);
     return st;
 }
 
 static mt_status_t tp_all_gather(void *ctx, const float *send, float *recv, size_t count) {
     mp_ctx_t *c = ctx;
+    double w0 = mt_now();
     if (!mt_trace_on()) {
-        return c->tp_inner->all_gather(c->tp_inner->ctx, send, recv, count);
+        mt_status_t st = c->tp_inner->all_gather(c->tp_inner->ctx, send, recv, count);
+        c->comm_s += mt_now() - w0;
+        return st;
     }
     double t0 = mt_trace_now_us();
     mt_status_t st = c->tp_inner->all_gather(c->tp_inner->ctx, send, recv, count);
+    c->comm_s += mt_now() - w0;
     tp_span(c, "tp all_gather", count * sizeof(float), t0);
     return st;
 }
 
 static mt_status_t tp_reduce_scatter_sum(void *ctx, const float *send, float *recv, size_t count) {
     mp_ctx_t *c = ctx;
+    double w0 = mt_now();
     if (!mt_trace_on()) {
-        return c->tp_inner->reduce_scatter_sum(c->tp_inner->ctx, send, recv, count);
+        mt_status_t st = c->tp_inner->reduce_scatter_sum(c->tp_inner->ctx, send, recv, count);
+        c->comm_s += mt_now() - w0;
+        return st;
     }
     double t0 = mt_trace_now_us();
     mt_status_t st = c->tp_inner->reduce_scatter_sum(c->tp_inner->ctx, send, recv, count);
+    c->comm_s += mt_now() - w0;
     tp_span(c, "tp reduce_scatter", count * sizeof(float) * (size_t)c->tp_size, t0);
     return st;
 }
 
 static mt_status_t tp_all_reduce_max(void *ctx, float *buf, size_t count) {
     mp_ctx_t *c = ctx;
+    double w0 = mt_now();
     if (!mt_trace_on()) {
-        return c->tp_inner->all_reduce_max(c->tp_inner->ctx, buf, count);
+        mt_status_t st = c->tp_inner->all_reduce_max(c->tp_inner->ctx, buf, count);
+        c->comm_s += mt_now() - w0;
+        return st;
     }
     double t0 = mt_trace_now_us();
     mt_status_t st = c->tp_inner->all_reduce_max(c->tp_inner->ctx, buf, count);
+    c->comm_s += mt_now() - w0;
     tp_span(c, "tp all_reduce_max", count * sizeof(float), t0);
     return st;
 }
@@ -310,8 +327,18 @@ static mt_status_t mp_run_batch(void *ctx, const mt_batch_t *b, bool backward, d
     }
     float l = 0.0f;
     MT_CHECK(mt_pipeline_step(c->pl, b->inputs, b->targets, &l));
+    mt_pipeline_stats_t ps;
+    mt_pipeline_stats(c->pl, &ps);
+    c->comm_s += ps.comm_wait_s;
     *loss = (double)l;
     return MT_OK;
+}
+
+static double mp_take_comm_s(void *ctx) {
+    mp_ctx_t *c = ctx;
+    double s = c->comm_s;
+    c->comm_s = 0.0;
+    return s;
 }
 
 static mt_status_t mp_finish_grads(void *ctx) {
@@ -480,7 +507,7 @@ static void mp_ckpt_set_step(void *ctx, int64_t t) {
     .init = mp_init, .zero_grads = mp_zero_grads, .finish_grads = mp_finish_grads,                           \
     .grad_sumsq = mp_grad_sumsq, .step = mp_step, .reduce_loss = mp_reduce_loss, .free = mp_free,            \
     .ckpt_pieces = mp_ckpt_pieces, .ckpt_get_step = mp_ckpt_get_step, .ckpt_set_step = mp_ckpt_set_step,     \
-    .setup_model = mp_setup_model
+    .setup_model = mp_setup_model, .take_comm_s = mp_take_comm_s
 
 static const mt_job_engine_t tp_engine = {.name = "tensor-parallel", MP_ENGINE_FIELDS};
 static const mt_job_engine_t pp_engine = {.name = "pipeline", MP_ENGINE_FIELDS, .run_batch = mp_run_batch};
