@@ -180,7 +180,32 @@ double mt_job_metrics_peak(const job_metrics_t *m, const char **source) {
 
 /* ---- set-up ------------------------------------------------------------------------------------ */
 
-static mt_status_t open_out(const char *path, FILE **out) {
+/* A resumed job continues its metrics file: the lines of steps up to the checkpoint are kept (a stopped
+ * run may have logged steps after it, which the resumed run repeats), the rest is dropped. */
+static void keep_until(const char *path, int64_t last_step) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return;
+    }
+    char tmp[1100];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *o = fopen(tmp, "w");
+    char *line = NULL;
+    size_t cap = 0;
+    while (o && getline(&line, &cap, f) > 0) {
+        long long step = 0;
+        if (sscanf(line, "{\"step\": %lld", &step) == 1 && step <= last_step) {
+            fputs(line, o);
+        }
+    }
+    free(line);
+    fclose(f);
+    if (o && fclose(o) == 0) {
+        rename(tmp, path);
+    }
+}
+
+static mt_status_t open_out(const char *path, int64_t resume_step, FILE **out) {
     /* create the parent directory if missing (one level: "out/demo/metrics.jsonl" needs out/ and out/demo) */
     char dir[1024];
     snprintf(dir, sizeof(dir), "%s", path);
@@ -191,7 +216,10 @@ static mt_status_t open_out(const char *path, FILE **out) {
             *c = '/';
         }
     }
-    *out = fopen(path, "w");
+    if (resume_step > 0) {
+        keep_until(path, resume_step);
+    }
+    *out = fopen(path, resume_step > 0 ? "a" : "w");
     if (!*out) {
         return mt_error(MT_ERR_INVALID_ARG, "metrics.jsonl: cannot create %s: %s (choose a writable path)", path,
                         strerror(errno));
@@ -217,14 +245,14 @@ mt_status_t mt_job_metrics_init(job_t *j, job_metrics_t **out) {
     if (st == MT_OK && path[0]) {
         snprintf(m->path, sizeof(m->path), "%s", path);
         if (j->rank == 0) {
-            st = open_out(path, &m->jsonl);
+            st = open_out(path, j->start_step, &m->jsonl);
         }
         if (st == MT_OK && mt_config_bool(cfg, "metrics.per_rank")) {
             const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
             size_t stem = dot && (!slash || dot > slash) ? (size_t)(dot - path) : strlen(path);
             snprintf(m->rank_path, sizeof(m->rank_path), "%.*s.rank%d%s", (int)stem, path, j->rank,
                      path + stem);
-            st = open_out(m->rank_path, &m->rank_file);
+            st = open_out(m->rank_path, j->start_step, &m->rank_file);
         }
     } else if (st == MT_OK && mt_config_bool(cfg, "metrics.per_rank") && j->rank == 0) {
         MT_WARN("metrics.per_rank = true but metrics.jsonl is empty: no metrics files are written");

@@ -29,8 +29,10 @@ static void resume_case(const char *opt_kind, const char *momentum) {
     char kind[64];
     snprintf(kind, sizeof(kind), "--optimizer.kind=%s", opt_kind);
     const char *plain[] = {"--train.steps=8", "--train.eval_every=4", "--train.eval_batches=1", kind, momentum, NULL};
+    char metrics[220];
+    snprintf(metrics, sizeof(metrics), "--metrics.jsonl=%s/%s.jsonl", root, opt_kind);
     const char *with_ck[] = {"--train.steps=8", "--train.eval_every=4", "--train.eval_batches=1", kind, momentum,
-                             dirarg, "--checkpoint.every=2", "--checkpoint.keep=2", NULL};
+                             dirarg, "--checkpoint.every=2", "--checkpoint.keep=2", metrics, NULL};
     mt_job_result_t a, b, c;
     CHECK_OK(jt_run(1, plain, 0, NULL, &a));
     CHECK_OK(jt_run(1, with_ck, 5, NULL, &b)); /* interrupted after step 5: checkpoints at 2 and 4 */
@@ -55,6 +57,20 @@ static void resume_case(const char *opt_kind, const char *momentum) {
         CHECK(c.grad_norm[s] == a.grad_norm[s], "%s resume: step %d norm equal", opt_kind, s + 1);
     }
     CHECK(isnan(c.loss[0]), "steps before the checkpoint were not run");
+    /* the metrics file continues: steps 1-4 of the stopped run, 5-8 of the resumed one, each once */
+    char *text = jt_slurp(metrics + strlen("--metrics.jsonl="), NULL);
+    int lines = 0;
+    for (char *line = text; text && *line; lines++) {
+        long long step = 0;
+        double loss = 0;
+        CHECK(sscanf(line, "{\"step\": %lld, \"loss\": %lf", &step, &loss) == 2 && step == lines + 1 &&
+                  loss == a.loss[lines],
+              "metrics line %d is step %lld with the uninterrupted run's loss", lines + 1, step);
+        char *nl = strchr(line, '\n');
+        line = nl ? nl + 1 : line + strlen(line);
+    }
+    CHECK(lines == 8, "the resumed metrics file has 8 lines: %d", lines);
+    free(text);
     CHECK(c.n_evals == 1 && a.n_evals == 2 && c.val_loss[0] == a.val_loss[1], "validation after step 8 equal");
     CHECK(!exists("%s/%s/step-00000002", opt_kind) && !exists("%s/%s/step-00000004", opt_kind) &&
               exists("%s/%s/step-00000006/manifest.json", opt_kind) &&
