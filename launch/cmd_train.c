@@ -14,20 +14,19 @@
 #include "job.h"
 #include "runtime/config.h"
 #include "runtime/mesh.h"
-#include "runtime/topo.h"
 #include "runtime/rt.h"
+#include "runtime/topo.h"
 
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: [mpirun -np N | srun -n N] meshtrain train [CONFIG.toml] [--section.key=value ...]\n"
-            "Trains the model the config describes on the parallel.tp x parallel.pp x parallel.dp mesh of the N\n"
-            "ranks: forward, backward over train.grad_accum micro-batches, clipping to optimizer.grad_clip, an\n"
-            "optimizer step, validation every train.eval_every steps, a progress line per train.log_every steps\n"
-            "(loss, lr, gradient norm, ms, tokens/s, MFU, memory, exposed communication, ETA) and a summary.\n"
-            "metrics.jsonl, profile.trace / profile.memory and checkpoint.* write metrics, a timeline, the\n"
-            "allocator history and checkpoints (docs/metrics.md, docs/training.md, docs/checkpoints.md).\n"
-            "Without CONFIG it runs the embedded default job (launch/configs/demo.toml: tp 2 x dp 2 on 4 ranks).\n"
-            "`meshtrain config --help` lists every key. Exit status: 0 done, 2 bad input, 1 failure.\n");
+    fprintf(out, "usage: [mpirun -np N | srun -n N] meshtrain train [CONFIG.toml] [--section.key=value ...]\n"
+                 "Trains the model the config describes on the parallel.tp x parallel.pp x parallel.dp mesh of the N\n"
+                 "ranks: forward, backward over train.grad_accum micro-batches, clipping to optimizer.grad_clip, an\n"
+                 "optimizer step, validation every train.eval_every steps, a progress line per train.log_every steps\n"
+                 "(loss, lr, gradient norm, ms, tokens/s, MFU, memory, exposed communication, ETA) and a summary.\n"
+                 "metrics.jsonl, profile.trace / profile.memory and checkpoint.* write metrics, a timeline, the\n"
+                 "allocator history and checkpoints (docs/metrics.md, docs/training.md, docs/checkpoints.md).\n"
+                 "Without CONFIG it runs the embedded default job (launch/configs/demo.toml: tp 2 x dp 2 on 4 ranks).\n"
+                 "`meshtrain config --help` lists every key. Exit status: 0 done, 2 bad input, 1 failure.\n");
 }
 
 /* Groups along one axis as "{0,2} {1,3}" (at most a few shown). */
@@ -107,16 +106,18 @@ int mt_cmd_train(int argc, char **argv) {
             if (help) {
                 usage(stdout);
             } else {
-                fprintf(stderr, "meshtrain train: unexpected argument '%s' (keys are --section.key=value; see "
-                                "--help)\n", a);
+                fprintf(stderr,
+                        "meshtrain train: unexpected argument '%s' (keys are --section.key=value; see "
+                        "--help)\n",
+                        a);
             }
         }
         mt_config_cli_free(&cli);
         return help ? 0 : 2;
     }
     mt_config_t *cfg = NULL;
-    mt_status_t st = mt_config_load_world(w->comm, cli.path ? cli.path : MT_CONFIG_EMBEDDED, cli.n_overrides,
-                                          cli.overrides, &cfg);
+    mt_status_t st =
+        mt_config_load_world(w->comm, cli.path ? cli.path : MT_CONFIG_EMBEDDED, cli.n_overrides, cli.overrides, &cfg);
     mt_config_cli_free(&cli);
     if (st != MT_OK) {
         return 2;

@@ -345,19 +345,23 @@ static mt_status_t model_init_source(const mt_config_t *cfg, mt_model_config_t *
         return MT_OK;
     }
     if (strncmp(init, "llmc:", 5) != 0 || init[5] == '\0') {
-        return mt_error(MT_ERR_INVALID_ARG, "model.init = \"%s\": expected \"random\" or \"llmc:PATH\" (an llm.c GPT-2 "
-                        "checkpoint)", init);
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "model.init = \"%s\": expected \"random\" or \"llmc:PATH\" (an llm.c GPT-2 "
+                        "checkpoint)",
+                        init);
     }
     const char *path = init + 5;
     if (mc->kind != MT_MODEL_GPT2) {
-        return mt_error(MT_ERR_INVALID_ARG, "model.init = \"%s\" is a GPT-2 checkpoint but model.kind = \"%s\": set "
-                        "model.kind = \"gpt2\"", init, mt_config_str(cfg, "model.kind"));
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "model.init = \"%s\" is a GPT-2 checkpoint but model.kind = \"%s\": set "
+                        "model.kind = \"gpt2\"",
+                        init, mt_config_str(cfg, "model.kind"));
     }
     static const struct {
         const char *key;
         unsigned bit;
-    } keys[] = {{"model.n_layer", MT_LLMC_SET_N_LAYER}, {"model.n_head", MT_LLMC_SET_N_HEAD},
-                {"model.n_embd", MT_LLMC_SET_N_EMBD},   {"model.seq_len", MT_LLMC_SET_SEQ_LEN},
+    } keys[] = {{"model.n_layer", MT_LLMC_SET_N_LAYER},  {"model.n_head", MT_LLMC_SET_N_HEAD},
+                {"model.n_embd", MT_LLMC_SET_N_EMBD},    {"model.seq_len", MT_LLMC_SET_SEQ_LEN},
                 {"model.vocab_size", MT_LLMC_SET_VOCAB}, {"model.padded_vocab", MT_LLMC_SET_PADDED_VOCAB}};
     unsigned mask = 0;
     for (size_t i = 0; i < MT_ARRAY_LEN(keys); i++) {
@@ -452,8 +456,7 @@ static void print_header(job_t *j) {
     if (j->opts->mesh_desc) {
         fprintf(j->out, "mesh: %s\n", j->opts->mesh_desc);
     } else {
-        fprintf(j->out, "mesh: %d rank%s = dp %d x tp 1 x pp 1\n", j->world, j->world == 1 ? "" : "s",
-                j->info.dp_size);
+        fprintf(j->out, "mesh: %d rank%s = dp %d x tp 1 x pp 1\n", j->world, j->world == 1 ? "" : "s", j->info.dp_size);
     }
     double n = (double)j->n_params;
     fprintf(j->out,
@@ -476,8 +479,9 @@ static void print_header(job_t *j) {
     }
     if (!strcmp(mt_config_str(cfg, "data.kind"), "synthetic")) {
         int64_t v = mt_model_config(j->model)->vocab_size;
-        fprintf(j->out, "synthetic data: Markov chain with %d successors per token; a perfect model reaches loss "
-                        "%.4f, a uniform guess %.4f\n",
+        fprintf(j->out,
+                "synthetic data: Markov chain with %d successors per token; a perfect model reaches loss "
+                "%.4f, a uniform guess %.4f\n",
                 (int)MT_MIN((int64_t)MT_SYNTH_BRANCH, v), mt_synth_entropy(v), log((double)v));
     }
     fflush(j->out);
@@ -600,8 +604,12 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
         opts = *opts_in;
     }
     const mt_world_t *w = mt_rt_world();
-    job_t j = {.cfg = cfg, .opts = &opts, .engine = opts.engine ? opts.engine : mt_job_engine_local(),
-               .rank = w->rank, .world = w->size, .comm = w->comm};
+    job_t j = {.cfg = cfg,
+               .opts = &opts,
+               .engine = opts.engine ? opts.engine : mt_job_engine_local(),
+               .rank = w->rank,
+               .world = w->size,
+               .comm = w->comm};
     j.out = w->rank == 0 ? opts.progress : NULL;
     mt_job_result_t r = {0};
     int64_t steps = mt_config_int(cfg, "train.steps"), eval_every = mt_config_int(cfg, "train.eval_every");

@@ -26,7 +26,7 @@
 
 #define CKPT_FORMAT "meshtrain-checkpoint"
 #define CKPT_VERSION 1
-#define CKPT_MAX_DIM (INT64_C(1) << 32)     /* any dimension beyond this is not a real tensor */
+#define CKPT_MAX_DIM (INT64_C(1) << 32) /* any dimension beyond this is not a real tensor */
 #define CKPT_MAX_NUMEL (INT64_C(1) << 40)
 
 /* Test knob: the Nth checkpoint this process writes stops rank 0 with _exit(86) after every shard file
@@ -34,11 +34,11 @@
 MT_PARAM(ckpt_test_crash, "CKPT_TEST_CRASH", 0)
 
 struct job_ckpt {
-    char dir[1024];         /* checkpoint.dir ("" = no saving) */
+    char dir[1024]; /* checkpoint.dir ("" = no saving) */
     int64_t every, keep;
-    char resume[1100];      /* step directory to resume from ("" = none) */
+    char resume[1100]; /* step directory to resume from ("" = none) */
     int n_saved;
-    bool on_signal;         /* handlers installed (checkpoint.on_signal with a checkpoint.dir) */
+    bool on_signal; /* handlers installed (checkpoint.on_signal with a checkpoint.dir) */
     struct sigaction old_term, old_int;
 };
 
@@ -105,8 +105,8 @@ static mt_status_t slurp(const char *path, size_t max, char **out, size_t *len) 
     struct stat sb;
     if (fstat(fileno(f), &sb) != 0 || sb.st_size < 0 || (size_t)sb.st_size > max) {
         fclose(f);
-        return mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s is %lld bytes, more than the %zu a manifest may have",
-                        path, (long long)sb.st_size, max);
+        return mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s is %lld bytes, more than the %zu a manifest may have", path,
+                        (long long)sb.st_size, max);
     }
     char *buf = malloc((size_t)sb.st_size + 1);
     if (!buf) {
@@ -154,7 +154,8 @@ static mt_status_t resolve(const char *path, char *out, size_t len, const char *
         text[--n] = '\0';
     }
     if (n == 0 || strchr(text, '/')) {
-        mt_status_t st = mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s does not name a step directory (\"%s\")", l, text);
+        mt_status_t st =
+            mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s does not name a step directory (\"%s\")", l, text);
         free(text);
         return st;
     }
@@ -302,10 +303,10 @@ static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_pi
             shard_t sh = {.ndim = pc[i].ndim};
             int64_t crc = 0;
             sh.file = mt_json_get_str(sj, "file");
-            if (!read_dims(mt_json_get(sj, "lo"), sh.ndim, sh.lo) || !read_dims(mt_json_get(sj, "hi"), sh.ndim, sh.hi) ||
-                !mt_json_get_int(sj, "offset", &sh.offset) || !mt_json_get_int(sj, "bytes", &sh.bytes) ||
-                !mt_json_get_int(sj, "crc32c", &crc) || !sh.file || strchr(sh.file, '/') || sh.offset < 0 ||
-                crc < 0 || crc > UINT32_MAX) {
+            if (!read_dims(mt_json_get(sj, "lo"), sh.ndim, sh.lo) ||
+                !read_dims(mt_json_get(sj, "hi"), sh.ndim, sh.hi) || !mt_json_get_int(sj, "offset", &sh.offset) ||
+                !mt_json_get_int(sj, "bytes", &sh.bytes) || !mt_json_get_int(sj, "crc32c", &crc) || !sh.file ||
+                strchr(sh.file, '/') || sh.offset < 0 || crc < 0 || crc > UINT32_MAX) {
                 st = mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: shard %d of tensor %s is malformed in the manifest",
                               dir, k, pc[i].tensor);
                 break;
@@ -360,8 +361,8 @@ static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_pi
                 buf = malloc(buf_cap);
                 if (!buf) {
                     buf_cap = 0;
-                    st = mt_error(MT_ERR_OOM, "checkpoint: out of memory reading %lld bytes of %s",
-                                  (long long)sh.bytes, path);
+                    st = mt_error(MT_ERR_OOM, "checkpoint: out of memory reading %lld bytes of %s", (long long)sh.bytes,
+                                  path);
                     break;
                 }
             }
@@ -408,8 +409,10 @@ static mt_status_t check_header(const mt_json_t *man, const char *path) {
     const char *fmt = mt_json_get_str(man, "format");
     int64_t ver = 0;
     if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0 || !mt_json_get_int(man, "version", &ver)) {
-        return mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s is not a meshtrain checkpoint manifest (no \"format\": "
-                        "\"%s\" or no \"version\")", path, CKPT_FORMAT);
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "checkpoint: %s is not a meshtrain checkpoint manifest (no \"format\": "
+                        "\"%s\" or no \"version\")",
+                        path, CKPT_FORMAT);
     }
     if (ver != CKPT_VERSION) {
         return mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s has format version %lld; this meshtrain reads version %d",
@@ -686,11 +689,11 @@ static mt_status_t write_shard(const char *path, const mt_ckpt_piece_t *pc, int 
                 done += (size_t)w;
             }
         }
-        len += (size_t)snprintf(m + len, cap - len, "%s %d %lld %lld %lld %lld %lld %lld %lld %lld %u\n",
-                                pc[i].tensor, pc[i].ndim, (long long)pc[i].shape[0],
-                                (long long)(pc[i].ndim > 1 ? pc[i].shape[1] : 0), (long long)pc[i].lo[0],
-                                (long long)(pc[i].ndim > 1 ? pc[i].lo[1] : 0), (long long)pc[i].hi[0],
-                                (long long)(pc[i].ndim > 1 ? pc[i].hi[1] : 0), (long long)off, (long long)bytes, crc);
+        len += (size_t)snprintf(m + len, cap - len, "%s %d %lld %lld %lld %lld %lld %lld %lld %lld %u\n", pc[i].tensor,
+                                pc[i].ndim, (long long)pc[i].shape[0], (long long)(pc[i].ndim > 1 ? pc[i].shape[1] : 0),
+                                (long long)pc[i].lo[0], (long long)(pc[i].ndim > 1 ? pc[i].lo[1] : 0),
+                                (long long)pc[i].hi[0], (long long)(pc[i].ndim > 1 ? pc[i].hi[1] : 0), (long long)off,
+                                (long long)bytes, crc);
         off += bytes;
     }
     if (st == MT_OK && fsync(fd) != 0) {
@@ -774,19 +777,23 @@ static mt_status_t write_manifest(job_t *j, const char *path, int64_t step, char
     const mt_model_config_t *mc = mt_model_config(j->model);
     fprintf(f, "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"step\": %lld,\n  \"optimizer_step\": %lld,\n",
             CKPT_FORMAT, CKPT_VERSION, (long long)step, (long long)j->engine->ckpt_get_step(j->ectx));
-    fprintf(f, "  \"data\": {\"kind\": \"%s\", \"order\": \"%s\", \"next_step\": %lld, \"global_batch\": %lld, "
-               "\"seq_len\": %lld},\n",
+    fprintf(f,
+            "  \"data\": {\"kind\": \"%s\", \"order\": \"%s\", \"next_step\": %lld, \"global_batch\": %lld, "
+            "\"seq_len\": %lld},\n",
             mt_config_str(cfg, "data.kind"), mt_config_str(cfg, "data.order"), (long long)step,
             (long long)j->info.global_batch, (long long)j->info.seq_len);
-    fprintf(f, "  \"rng\": {\"init_seed\": %llu, \"data_seed\": %lld, \"generator\": \"counter-based: values depend "
-               "only on (seed, step, row, position), so the data position is next_step\"},\n",
+    fprintf(f,
+            "  \"rng\": {\"init_seed\": %llu, \"data_seed\": %lld, \"generator\": \"counter-based: values depend "
+            "only on (seed, step, row, position), so the data position is next_step\"},\n",
             (unsigned long long)mc->seed, (long long)mt_config_int(cfg, "train.seed"));
-    fprintf(f, "  \"model\": {\"kind\": \"%s\", \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, \"seq_len\": %d, "
-               "\"vocab_size\": %d, \"padded_vocab\": %d, \"seed\": %llu, \"n_params\": %zu},\n",
-            mc->kind == MT_MODEL_MLP ? "mlp" : "gpt2", mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len,
-            mc->vocab_size, mc->padded_vocab, (unsigned long long)mc->seed, mt_model_numel(j->model));
-    fprintf(f, "  \"mesh\": {\"world\": %d, \"tp\": %lld, \"pp\": %lld, \"dp\": %d, \"order\": \"%s\", \"engine\": "
-               "\"%s\", \"zero_stage\": %lld},\n",
+    fprintf(f,
+            "  \"model\": {\"kind\": \"%s\", \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, \"seq_len\": %d, "
+            "\"vocab_size\": %d, \"padded_vocab\": %d, \"seed\": %llu, \"n_params\": %zu},\n",
+            mc->kind == MT_MODEL_MLP ? "mlp" : "gpt2", mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len, mc->vocab_size,
+            mc->padded_vocab, (unsigned long long)mc->seed, mt_model_numel(j->model));
+    fprintf(f,
+            "  \"mesh\": {\"world\": %d, \"tp\": %lld, \"pp\": %lld, \"dp\": %d, \"order\": \"%s\", \"engine\": "
+            "\"%s\", \"zero_stage\": %lld},\n",
             j->world, (long long)mt_config_int(cfg, "parallel.tp"), (long long)mt_config_int(cfg, "parallel.pp"),
             j->info.dp_size, mt_config_str(cfg, "parallel.order"), j->engine->name,
             (long long)mt_config_int(cfg, "parallel.zero_stage"));
@@ -955,8 +962,10 @@ static mt_status_t save(job_ckpt_t *c, job_t *j, int64_t step) {
     }
     c->n_saved++;
     if (mt_param_ckpt_test_crash() == c->n_saved && j->rank == 0) {
-        fprintf(stderr, "meshtrain: MESHTRAIN_CKPT_TEST_CRASH: stopping in the middle of checkpoint %s (shard files "
-                        "written, no manifest)\n", name);
+        fprintf(stderr,
+                "meshtrain: MESHTRAIN_CKPT_TEST_CRASH: stopping in the middle of checkpoint %s (shard files "
+                "written, no manifest)\n",
+                name);
         fflush(stderr);
         _exit(86);
     }
@@ -1070,8 +1079,10 @@ mt_status_t mt_job_ckpt_after_step(job_ckpt_t *c, job_t *j, int64_t s, bool last
         return mt_error(MT_ERR_SYSTEM,
                         "stopped by %s after step %lld; checkpoint %s/step-%08lld written: run the same command "
                         "again to resume (checkpoint.resume = \"auto\")",
-                        sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a signal", (long long)s + 1, c->dir,
-                        (long long)s + 1);
+                        sig == SIGTERM  ? "SIGTERM"
+                        : sig == SIGINT ? "SIGINT"
+                                        : "a signal",
+                        (long long)s + 1, c->dir, (long long)s + 1);
     }
     return st;
 }

@@ -37,8 +37,8 @@ typedef struct {
     mt_data_t train, val;
     int rank, world;
     MPI_Comm comm;
-    FILE *out; /* progress on rank 0, else NULL */
-    int64_t start_step; /* first step to run (0, or the step a checkpoint was written after) */
+    FILE *out;              /* progress on rank 0, else NULL */
+    int64_t start_step;     /* first step to run (0, or the step a checkpoint was written after) */
     double flops_per_token; /* of the whole (unsharded) model, for MFU */
     int64_t n_params;       /* of the whole model */
     job_metrics_t *metrics;

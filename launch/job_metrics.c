@@ -22,17 +22,17 @@ MT_PARAM_STR(sgemm_cache, "SGEMM_CACHE", "")
 MT_PARAM(peak_gflops_core, "PEAK_GFLOPS_PER_CORE", 0)
 
 struct job_metrics {
-    FILE *jsonl;      /* rank 0: metrics.jsonl */
-    FILE *rank_file;  /* metrics.per_rank: this rank's own figures */
+    FILE *jsonl;     /* rank 0: metrics.jsonl */
+    FILE *rank_file; /* metrics.per_rank: this rank's own figures */
     char path[1024], rank_path[1040];
     double peak_flops; /* the job's peak FLOP/s, 0 = unknown */
     char peak_src[256];
     char cache_path[1024]; /* rank 0: the sgemm cache file the peak came from or went to ("" = none) */
     int64_t log_every, steps, first_step;
-    double tokens;    /* global tokens per step */
-    double sum_s;     /* step time of steps run so far (for the ETA), excluding the first */
+    double tokens; /* global tokens per step */
+    double sum_s;  /* step time of steps run so far (for the ETA), excluding the first */
     int64_t n_timed;
-    double steady_s;  /* steady-state steps: time and count */
+    double steady_s; /* steady-state steps: time and count */
     int64_t n_steady, steady_from;
     double last_loss, last_val;
     bool have_val;
@@ -121,15 +121,17 @@ static double sgemm_per_core(int threads, char *src, size_t src_len, char *cache
         }
         mkdir(dir, 0755);
         FILE *f = fopen(tmp, "w");
-        if (f && fprintf(f, "%.3f\n# sgemm 1024^3 GFLOP/s per core with %d OpenBLAS threads on %s\n", rate / 1e9,
-                         threads, host) > 0 && fclose(f) == 0 && rename(tmp, path) == 0) {
+        if (f &&
+            fprintf(f, "%.3f\n# sgemm 1024^3 GFLOP/s per core with %d OpenBLAS threads on %s\n", rate / 1e9, threads,
+                    host) > 0 &&
+            fclose(f) == 0 && rename(tmp, path) == 0) {
             snprintf(src, src_len, "%.1f GFLOP/s per core (sgemm measured now, cached in %s)", rate / 1e9, path);
         } else {
             if (f) {
                 unlink(tmp);
             }
-            snprintf(src, src_len, "%.1f GFLOP/s per core (sgemm measured now; cache %s not writable)",
-                     rate / 1e9, path);
+            snprintf(src, src_len, "%.1f GFLOP/s per core (sgemm measured now; cache %s not writable)", rate / 1e9,
+                     path);
         }
     } else {
         snprintf(src, src_len, "%.1f GFLOP/s per core (sgemm measured now, cache off)", rate / 1e9);
@@ -166,8 +168,7 @@ static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
     MT_MPI_CHECK(MPI_Allreduce(&mine, &cores, 1, MPI_DOUBLE, MPI_SUM, j->comm));
     m->peak_flops = per_core * cores;
     char more[96];
-    snprintf(more, sizeof(more), " x %.0f core%s = %.1f GFLOP/s", cores, cores == 1 ? "" : "s",
-             m->peak_flops / 1e9);
+    snprintf(more, sizeof(more), " x %.0f core%s = %.1f GFLOP/s", cores, cores == 1 ? "" : "s", m->peak_flops / 1e9);
     size_t l = strlen(m->peak_src);
     snprintf(m->peak_src + l, sizeof(m->peak_src) - l, "%s", more);
     return MT_OK;
@@ -250,8 +251,7 @@ mt_status_t mt_job_metrics_init(job_t *j, job_metrics_t **out) {
         if (st == MT_OK && mt_config_bool(cfg, "metrics.per_rank")) {
             const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
             size_t stem = dot && (!slash || dot > slash) ? (size_t)(dot - path) : strlen(path);
-            snprintf(m->rank_path, sizeof(m->rank_path), "%.*s.rank%d%s", (int)stem, path, j->rank,
-                     path + stem);
+            snprintf(m->rank_path, sizeof(m->rank_path), "%.*s.rank%d%s", (int)stem, path, j->rank, path + stem);
             st = open_out(m->rank_path, j->start_step, &m->rank_file);
         }
     } else if (st == MT_OK && mt_config_bool(cfg, "metrics.per_rank") && j->rank == 0) {
@@ -398,8 +398,10 @@ mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *r
         /* The model ran faster than the "peak": the sgemm was measured while other work shared the cores. */
         MT_WARN("the job reached %.0f%% of the peak it measures MFU against (%s): that peak is too low, measured "
                 "while the cores were busy%s%s",
-                100.0 * res->mfu, m->peak_src, m->cache_path[0] ? "; removing the cache so the next job measures "
-                                                                  "again: " : "",
+                100.0 * res->mfu, m->peak_src,
+                m->cache_path[0] ? "; removing the cache so the next job measures "
+                                   "again: "
+                                 : "",
                 m->cache_path);
         if (m->cache_path[0]) {
             unlink(m->cache_path);

@@ -30,7 +30,7 @@ typedef struct {
     size_t gbuf_n;
     const mt_tp_ops_t *tp_inner; /* parallel/tp.c's seam; the model gets tp_traced, which adds trace spans */
     mt_tp_ops_t tp_traced;
-    double comm_s; /* blocked in tp collectives and pipeline messages since take_comm_s */
+    double comm_s;       /* blocked in tp collectives and pipeline messages since take_comm_s */
     mt_acts_t eval_acts; /* pipeline evaluation: forward only, one micro-batch at a time */
     float *eval_in, *eval_out;
 } mp_ctx_t;
@@ -176,8 +176,8 @@ static mt_status_t mp_setup_model(const mt_job_info_t *info, mt_model_config_t *
     MT_CHECK(mt_comm_init_mesh(info->comm, mesh, MT_AXIS_BIT(MT_AXIS_TP), &cp, &c->tp_comm));
     MT_CHECK(mt_comm_init_mesh(info->comm, mesh, MT_AXIS_BIT(MT_AXIS_PP), &cp, &c->pp_comm));
     MT_CHECK(mt_comm_init_mesh(info->comm, mesh, MT_AXIS_BIT(MT_AXIS_DP), &cp, &c->dp_comm));
-    MT_CHECK(mt_comm_init_mesh(info->comm, mesh, MT_AXIS_BIT(MT_AXIS_TP) | MT_AXIS_BIT(MT_AXIS_PP), &cp,
-                               &c->tppp_comm));
+    MT_CHECK(
+        mt_comm_init_mesh(info->comm, mesh, MT_AXIS_BIT(MT_AXIS_TP) | MT_AXIS_BIT(MT_AXIS_PP), &cp, &c->tppp_comm));
     int er[2];
     if (mt_mesh_embedding_group(mesh, rank, er) == 2 && (er[0] == rank || er[1] == rank)) {
         cp.name = "emb";
@@ -360,8 +360,8 @@ static mt_status_t mp_finish_grads(void *ctx) {
     }
     mt_work_t w = NULL;
     double t0 = TRACE_T0();
-    MT_CHECK(traced_wait(mt_coll_all_reduce(c->dp_comm, c->gbuf, c->gbuf, off, MT_COLL_F32, MT_REDOP_AVG, NULL, &w),
-                         &w, c->dp_comm, "all_reduce", off * sizeof(float), t0));
+    MT_CHECK(traced_wait(mt_coll_all_reduce(c->dp_comm, c->gbuf, c->gbuf, off, MT_COLL_F32, MT_REDOP_AVG, NULL, &w), &w,
+                         c->dp_comm, "all_reduce", off * sizeof(float), t0));
     off = 0;
     for (int i = 0; i < np; i++) {
         mt_param_t *p = mt_model_param(c->model, i);
@@ -503,11 +503,11 @@ static void mp_ckpt_set_step(void *ctx, int64_t t) {
     mt_optim_set_step(((mp_ctx_t *)ctx)->opt, t);
 }
 
-#define MP_ENGINE_FIELDS                                                                                     \
-    .init = mp_init, .zero_grads = mp_zero_grads, .finish_grads = mp_finish_grads,                           \
-    .grad_sumsq = mp_grad_sumsq, .step = mp_step, .reduce_loss = mp_reduce_loss, .free = mp_free,            \
-    .ckpt_pieces = mp_ckpt_pieces, .ckpt_get_step = mp_ckpt_get_step, .ckpt_set_step = mp_ckpt_set_step,     \
-    .setup_model = mp_setup_model, .take_comm_s = mp_take_comm_s
+#define MP_ENGINE_FIELDS                                                                                               \
+    .init = mp_init, .zero_grads = mp_zero_grads, .finish_grads = mp_finish_grads, .grad_sumsq = mp_grad_sumsq,        \
+    .step = mp_step, .reduce_loss = mp_reduce_loss, .free = mp_free, .ckpt_pieces = mp_ckpt_pieces,                    \
+    .ckpt_get_step = mp_ckpt_get_step, .ckpt_set_step = mp_ckpt_set_step, .setup_model = mp_setup_model,               \
+    .take_comm_s = mp_take_comm_s
 
 static const mt_job_engine_t tp_engine = {.name = "tensor-parallel", MP_ENGINE_FIELDS};
 static const mt_job_engine_t pp_engine = {.name = "pipeline", MP_ENGINE_FIELDS, .run_batch = mp_run_batch};

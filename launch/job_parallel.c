@@ -181,7 +181,7 @@ static mt_status_t par_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **piece
     plist_t l = {0};
     bool root = e->rank == 0;
     bool has_opt = mt_engine_optim(e) != NULL; /* DP: the root only */
-    int k = 0;                                   /* optimizer tensor index, in eng_register_optim's order */
+    int k = 0;                                 /* optimizer tensor index, in eng_register_optim's order */
     mt_status_t st = MT_OK;
     for (int ui = 0; ui < e->n_units && st == MT_OK; ui++) {
         const unit_t *u = &e->units[ui];

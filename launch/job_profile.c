@@ -111,7 +111,8 @@ mt_status_t mt_job_profile_init(job_t *j, job_profile_t **out) {
     if (p->first >= n_steps) {
         if (j->rank == 0) {
             MT_WARN("profile.steps = \"%s\" starts after the job's last step (train.steps = %lld): nothing is "
-                    "profiled", steps, (long long)n_steps);
+                    "profiled",
+                    steps, (long long)n_steps);
         }
         p->trace = p->memory = NULL;
         p->done = true;
@@ -204,8 +205,10 @@ mt_status_t mt_job_profile_step_end(job_profile_t *p, job_t *j, int64_t s) {
     }
     if (st == MT_OK && j->out) {
         if (p->trace) {
-            fprintf(j->out, "trace of steps %lld-%lld written to %s (open in https://ui.perfetto.dev or "
-                            "chrome://tracing)\n", (long long)p->first + 1, (long long)p->last + 1, p->trace);
+            fprintf(j->out,
+                    "trace of steps %lld-%lld written to %s (open in https://ui.perfetto.dev or "
+                    "chrome://tracing)\n",
+                    (long long)p->first + 1, (long long)p->last + 1, p->trace);
         }
         if (p->memory) {
             char pattern[1100];

@@ -31,8 +31,16 @@ static void resume_case(const char *opt_kind, const char *momentum) {
     const char *plain[] = {"--train.steps=8", "--train.eval_every=4", "--train.eval_batches=1", kind, momentum, NULL};
     char metrics[220];
     snprintf(metrics, sizeof(metrics), "--metrics.jsonl=%s/%s.jsonl", root, opt_kind);
-    const char *with_ck[] = {"--train.steps=8", "--train.eval_every=4", "--train.eval_batches=1", kind, momentum,
-                             dirarg, "--checkpoint.every=2", "--checkpoint.keep=2", metrics, NULL};
+    const char *with_ck[] = {"--train.steps=8",
+                             "--train.eval_every=4",
+                             "--train.eval_batches=1",
+                             kind,
+                             momentum,
+                             dirarg,
+                             "--checkpoint.every=2",
+                             "--checkpoint.keep=2",
+                             metrics,
+                             NULL};
     mt_job_result_t a, b, c;
     CHECK_OK(jt_run(1, plain, 0, NULL, &a));
     CHECK_OK(jt_run(1, with_ck, 5, NULL, &b)); /* interrupted after step 5: checkpoints at 2 and 4 */
@@ -46,7 +54,8 @@ static void resume_case(const char *opt_kind, const char *momentum) {
     char *lt = jt_slurp(latest, NULL);
     CHECK(lt && !strcmp(lt, "step-00000004\n"), "latest names step 4: %s", lt ? lt : "(none)");
     free(lt);
-    CHECK(exists("%s/%s/step-00000002/manifest.json", opt_kind) && exists("%s/%s/step-00000004/rank-00000.bin", opt_kind),
+    CHECK(exists("%s/%s/step-00000002/manifest.json", opt_kind) &&
+              exists("%s/%s/step-00000004/rank-00000.bin", opt_kind),
           "steps 2 and 4 kept");
     CHECK_OK(jt_run(1, with_ck, 0, NULL, &c)); /* resume = auto */
     CHECK(c.first_step == 4 && c.n_steps == 8, "resumed after step 4 and ran to 8: first %lld, n %lld",
@@ -112,7 +121,8 @@ static void test_bad_checkpoints(void) {
     flip_byte(path, 4096 + 3);
     expect_refused(step8, "CRC32C mismatch in", NULL);
     mt_model_t m = NULL;
-    CHECK(mt_job_ckpt_read_model(step8, &m, NULL, NULL, 0) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "CRC32C"),
+    CHECK(mt_job_ckpt_read_model(step8, &m, NULL, NULL, 0) == MT_ERR_INVALID_ARG &&
+              strstr(mt_last_error_msg(), "CRC32C"),
           "export refuses the corrupt checkpoint: %s", mt_last_error_msg());
     flip_byte(path, 4096 + 3); /* repaired */
     /* a truncated shard file */
