@@ -1006,15 +1006,20 @@ static mt_status_t save(job_ckpt_t *c, job_t *j, int64_t step) {
         if (st == MT_OK) {
             st = fsync_path(tmp);
         }
-        if (st == MT_OK && exists(final)) { /* the same step written before (a resumed run repeats it) */
-            char old[1200];
-            snprintf(old, sizeof(old), "%s/.old-%s", c->dir, name);
-            rm_rf(old);
-            if (rename(final, old) != 0) {
-                st = mt_error(MT_ERR_IO, "checkpoint: cannot move the previous %s aside: %s", final, strerror(errno));
+        if (st == MT_OK && exists(final)) {
+            /* The same step written before (a fresh run over an old directory): swap the two directories in
+             * one step, so `latest`, which may name this step, never points at a missing directory; the old
+             * one (now under the temporary name) is removed by prune. Without RENAME_EXCHANGE (old kernels,
+             * some file systems) the old one is moved aside first. */
+            if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) != 0) {
+                char old[1200];
+                snprintf(old, sizeof(old), "%s/.old-%s", c->dir, name);
+                rm_rf(old);
+                if (rename(final, old) != 0 || rename(tmp, final) != 0) {
+                    st = mt_error(MT_ERR_IO, "checkpoint: replacing %s failed: %s", final, strerror(errno));
+                }
             }
-        }
-        if (st == MT_OK && rename(tmp, final) != 0) {
+        } else if (st == MT_OK && rename(tmp, final) != 0) {
             st = mt_error(MT_ERR_IO, "checkpoint: rename %s -> %s: %s", tmp, final, strerror(errno));
         }
         if (st == MT_OK) {

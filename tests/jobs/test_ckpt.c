@@ -85,6 +85,17 @@ static void resume_case(const char *opt_kind, const char *momentum) {
               exists("%s/%s/step-00000006/manifest.json", opt_kind) &&
               exists("%s/%s/step-00000008/manifest.json", opt_kind),
           "keep = 2: steps 6 and 8 remain, 2 and 4 pruned");
+    /* a fresh run over the same directory replaces steps 6 and 8 in place (swapped atomically) */
+    const char *again[] = {"--train.steps=8", kind, momentum, dirarg, "--checkpoint.every=2", "--checkpoint.keep=2",
+                           "--checkpoint.resume=none", NULL};
+    mt_job_result_t d;
+    CHECK_OK(jt_run(1, again, 0, NULL, &d));
+    CHECK(d.first_step == 0 && d.n_steps == 8, "resume = none starts afresh");
+    CHECK(exists("%s/%s/step-00000008/manifest.json", opt_kind) &&
+              exists("%s/%s/step-00000006/manifest.json", opt_kind) && !exists("%s/%s/.tmp-step-00000008", opt_kind) &&
+              !exists("%s/%s/.old-step-00000008", opt_kind),
+          "replaced checkpoints complete, nothing left behind");
+    mt_job_result_free(&d);
     mt_job_result_free(&a);
     mt_job_result_free(&b);
     mt_job_result_free(&c);
