@@ -9,6 +9,8 @@
 #   r4    4 ranks DDP           from C/step-6                              steps 7-8 vs ref
 #   r5    2 ranks ZeRO-3        from B/step-6 (written by 1 process)       steps 7-8 vs ref
 #   r6    2 ranks ZeRO-3        from A/step-4: the same layout             steps 5-8 EQUAL to w's (bit for bit)
+#   r7    2 ranks DP            from A/step-4, checkpoint after 6 -> E     steps 5-8 vs ref (optimizer on rank 0 only)
+#   r8    4 ranks ZeRO-2        from E/step-6 (written by DP)              steps 7-8 vs ref
 # and `meshtrain export` reads A (ZeRO-3 shards) and B (one process) into the same llm.c file format.
 #   reshard.sh MESHTRAIN MPIEXEC [MPIEXEC_FLAGS...]
 # SPDX-License-Identifier: MIT
@@ -43,6 +45,8 @@ run r3 2 --parallel.engine=zero --parallel.zero_stage=2 --checkpoint.resume="$di
 run r4 4 --parallel.engine=ddp --checkpoint.resume="$dir/C/step-00000006"
 run r5 2 --parallel.engine=zero --parallel.zero_stage=3 --checkpoint.resume="$dir/B/step-00000006"
 run r6 2 --parallel.engine=zero --parallel.zero_stage=3 --checkpoint.resume="$dir/A/step-00000004"
+run r7 2 --parallel.engine=dp --checkpoint.resume="$dir/A/step-00000004" --checkpoint.dir="$dir/E" --checkpoint.every=2
+run r8 4 --parallel.engine=zero --parallel.zero_stage=2 --checkpoint.resume="$dir/E/step-00000006"
 python3 - "$dir" <<'PY'
 import json, sys
 d = sys.argv[1]
@@ -51,7 +55,7 @@ def losses(name):
 ref = losses("ref")
 assert sorted(ref) == list(range(1, 9)), ref
 bad = 0
-for name, first in (("w", 1), ("r1", 5), ("r2", 7), ("r3", 5), ("r4", 7), ("r5", 7)):
+for name, first in (("w", 1), ("r1", 5), ("r2", 7), ("r3", 5), ("r4", 7), ("r5", 7), ("r7", 5), ("r8", 7)):
     got = losses(name)
     assert sorted(got) == list(range(first, 9)), f"{name}: steps {sorted(got)}, expected {first}..8"
     for s, l in got.items():
