@@ -441,6 +441,9 @@ static mt_status_t agree(MPI_Comm comm, mt_status_t st);
  * metrics, profiling hooks. Collective: the ranks agree after each part, so a rank that fails locally
  * (a file it cannot create) never leaves the others waiting in the next part's collectives. */
 static mt_status_t setup_services(job_t *j) {
+    if (j->engine != mt_job_engine_local()) {
+        MT_CHECK(agree(j->comm, mt_job_init_llmc(j)));
+    }
     MT_CHECK(agree(j->comm, mt_job_ckpt_init(j, &j->ckpt)));
     MT_CHECK(agree(j->comm, mt_job_ckpt_resume(j->ckpt, j)));
     MT_CHECK(agree(j->comm, mt_job_metrics_init(j, &j->metrics)));

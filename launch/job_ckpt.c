@@ -20,6 +20,7 @@
 
 #include "job_impl.h"
 #include "job_json.h"
+#include "models/llmc.h"
 #include "runtime/crc32c.h"
 #include "runtime/rt.h"
 #include "runtime/trace.h"
@@ -643,6 +644,58 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
         fprintf(j->out, "resumed from checkpoint %s (after step %lld)\n", c->resume, (long long)step);
     }
     return MT_OK;
+}
+
+mt_status_t mt_job_init_llmc(job_t *j) {
+    if (!j->info.init_llmc || !j->engine->ckpt_pieces) {
+        return MT_OK;
+    }
+    /* the whole model in the file's shape, read by every rank; each rank copies the boxes it holds */
+    mt_model_config_t mc = *mt_model_config(j->model);
+    mc.tp_rank = 0;
+    mc.tp_size = 1;
+    mc.tp_ops = NULL;
+    mt_llmc_header_t h;
+    MT_CHECK(mt_llmc_read_header(j->info.init_llmc, &h));
+    MT_CHECK(mt_llmc_apply_header(&h, j->info.init_llmc, 0, &mc));
+    mt_model_t whole = NULL;
+    mt_ckpt_piece_t *pc = NULL;
+    int n = 0;
+    mt_status_t st = mt_model_init(&mc, &whole);
+    if (st == MT_OK) {
+        st = mt_model_alloc_params(whole);
+    }
+    if (st == MT_OK) {
+        st = mt_llmc_load(whole, j->info.init_llmc);
+    }
+    if (st == MT_OK) {
+        st = j->engine->ckpt_pieces(j->ectx, false, &pc, &n);
+    }
+    for (int i = 0; i < n && st == MT_OK; i++) {
+        if (strncmp(pc[i].tensor, "param/", 6) != 0) {
+            continue; /* optimizer state starts at zero */
+        }
+        int k = mt_model_find_param(whole, pc[i].tensor + 6);
+        const mt_param_t *p = k >= 0 ? mt_model_param(whole, k) : NULL;
+        if (!p || p->ndim != pc[i].ndim || (p->ndim == 2 && p->global_shape[1] != pc[i].shape[1])) {
+            st = mt_error(MT_ERR_INTERNAL, "model.init: %s has no counterpart in the llm.c model", pc[i].tensor);
+            break;
+        }
+        /* rows beyond the file's (padding when tensor parallelism pads the vocabulary further) are zero */
+        int64_t rows = p->global_shape[0];
+        if (pc[i].ndim == 2) {
+            zero_rows(&pc[i], rows, pc[i].hi[0]);
+        } else if (pc[i].hi[0] > rows) {
+            memset(pc[i].data + MT_MAX(rows - pc[i].lo[0], 0), 0,
+                   (size_t)(pc[i].hi[0] - MT_MAX(rows, pc[i].lo[0])) * sizeof(float));
+        }
+        int64_t lo[2] = {0, 0}, hi[2] = {rows, p->ndim == 2 ? p->global_shape[1] : 1};
+        copy_overlap(pc[i].ndim, lo, hi, p->data, pc[i].lo, pc[i].hi, pc[i].data, pc[i].ld);
+    }
+    free(pc);
+    mt_model_free(whole);
+    MT_CHECK(st);
+    return j->engine->ckpt_loaded ? j->engine->ckpt_loaded(j->ectx) : MT_OK;
 }
 
 void mt_job_ckpt_free(job_ckpt_t *c) {

@@ -83,5 +83,9 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j);
 /* Writes a checkpoint after step s (0-based) when checkpoint.every says so or s is the last. Collective. */
 mt_status_t mt_job_ckpt_after_step(job_ckpt_t *c, job_t *j, int64_t s, bool last);
 void mt_job_ckpt_free(job_ckpt_t *c);
+/* model.init = "llmc:PATH" for engines that store the weights in their own layout (everything but the
+ * single-process engine, which loads the file itself): every rank reads the file into a whole model
+ * and copies the boxes its engine holds (ckpt_pieces). Local. */
+mt_status_t mt_job_init_llmc(job_t *j);
 
 #endif

@@ -217,12 +217,6 @@ static mt_status_t mp_init(const mt_job_info_t *info, void **ctx) {
                         "(set parallel.engine = \"ddp\"; ZeRO and DP run with tp = pp = 1)",
                         kind, c->tp_size, c->pp_size);
     }
-    if (info->init_llmc) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "model.init = \"llmc:%s\" with tp = %d, pp = %d: start from the llm.c weights on one rank "
-                        "and write a checkpoint (checkpoint.dir), then resume it under this layout",
-                        info->init_llmc, c->tp_size, c->pp_size);
-    }
     int64_t mb = mt_config_int(cfg, "parallel.microbatches");
     if (mb > 0 && mb != info->grad_accum) {
         return mt_error(MT_ERR_INVALID_ARG,

@@ -40,12 +40,6 @@ static mt_status_t par_init(const mt_job_info_t *info, void **ctx) {
     ep.persist_threshold = mt_config_int(cfg, "parallel.zero_persist_threshold");
     ep.grad_accum = (int)info->grad_accum;
     ep.optim = info->optim;
-    if (info->init_llmc) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "model.init = \"llmc:%s\" with the data-parallel engine \"%s\": start from the llm.c weights "
-                        "on one rank and write a checkpoint (checkpoint.dir), then resume it here",
-                        info->init_llmc, kind);
-    }
     par_ctx_t *c = calloc(1, sizeof(*c));
     if (!c) {
         return mt_error(MT_ERR_OOM, "parallel engine: out of memory");
