@@ -14,7 +14,7 @@
  * target logit over tp: logits are never gathered.
  * Shapes: N = B*T rows, R = rows held outside the regions (N, or N/tp with sequence parallelism), C
  * channels, Cl = C/tp, NHl = NH/tp local heads, Hl = 4C/tp local MLP width, Vl = Vp/tp local vocabulary
- * rows of which Vr < V - v0 are real (v0 = first global row of this rank).
+ * rows of which the first Vr = clamp(V - v0, 0, Vl) are real (v0 = first global row of this rank).
  * SPDX-License-Identifier: MIT */
 #include <math.h>
 #include <stdio.h>
