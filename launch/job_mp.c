@@ -210,7 +210,7 @@ static mt_status_t mp_init(const mt_job_info_t *info, void **ctx) {
     }
     const mt_config_t *cfg = info->cfg;
     const char *kind = mt_config_str(cfg, "parallel.engine");
-    if (strcmp(kind, "ddp") != 0) {
+    if (strcmp(kind, "ddp") != 0 && c->dp_size > 1) { /* with dp = 1 there is nothing to choose */
         return mt_error(MT_ERR_INVALID_ARG,
                         "parallel.engine = \"%s\" with parallel.tp = %d, parallel.pp = %d: with tensor or pipeline "
                         "parallelism the training loop averages gradients over dp with one all-reduce per step "

@@ -7,7 +7,7 @@
 #   w     tp2 x dp2, checkpoints after 4 and 8 -> A
 #   r1    1 process        from A/step-4, checkpoints every 2 -> B   steps 5-8 vs ref
 #   r2    pp2 x dp2        from B/step-6                              steps 7-8 vs ref
-#   r3    tp2 x pp2        from A/step-4, checkpoints every 2 -> C    steps 5-8 vs ref
+#   r3    tp2 x pp2 (dp 1, ZeRO-1 asked: nothing to shard) from A/step-4, checkpoints every 2 -> C  steps 5-8
 #   r4    2 ranks ZeRO-3   from A/step-4, checkpoints every 2 -> D    steps 5-8 vs ref
 #   r5    tp2 x dp2        from A/step-4                              steps 5-8 EQUAL to w's
 #   r6    tp2 x pp2        from D/step-6 (ZeRO-3 shards)              steps 7-8 vs ref
@@ -41,8 +41,8 @@ run w 4 --parallel.tp=2 --parallel.pp=1 --checkpoint.dir="$dir/A" --checkpoint.e
 run r1 1 --parallel.tp=1 --parallel.pp=1 --checkpoint.resume="$dir/A/step-00000004" --checkpoint.dir="$dir/B" \
     --checkpoint.every=2 --checkpoint.keep=5
 run r2 4 --parallel.tp=1 --parallel.pp=2 --checkpoint.resume="$dir/B/step-00000006"
-run r3 4 --parallel.tp=2 --parallel.pp=2 --checkpoint.resume="$dir/A/step-00000004" --checkpoint.dir="$dir/C" \
-    --checkpoint.every=2
+run r3 4 --parallel.tp=2 --parallel.pp=2 --parallel.engine=zero --parallel.zero_stage=1 \
+    --checkpoint.resume="$dir/A/step-00000004" --checkpoint.dir="$dir/C" --checkpoint.every=2
 run r4 2 --parallel.tp=1 --parallel.pp=1 --parallel.engine=zero --parallel.zero_stage=3 \
     --checkpoint.resume="$dir/A/step-00000004" --checkpoint.dir="$dir/D" --checkpoint.every=2
 run r5 4 --parallel.tp=2 --parallel.pp=1 --checkpoint.resume="$dir/A/step-00000004"
