@@ -390,6 +390,7 @@ static mt_status_t setup(job_t *j) {
         info->dp_size = mt_rt_world()->size;
         info->dp_rank = j->rank;
     }
+    mt_model_config_t whole_cfg = mc; /* the model as configured, before any tensor-parallel padding */
     if (j->engine->setup_model) {
         MT_CHECK(j->engine->setup_model(info, &mc, &j->ectx));
     }
@@ -422,13 +423,10 @@ static mt_status_t setup(job_t *j) {
         }
     }
     MT_CHECK(j->engine->init(info, &j->ectx));
-    /* Model FLOPs per token of the whole model, whatever slice of it this rank holds. */
+    /* Model FLOPs per token of the whole model as configured, whatever slice of it this rank holds (the
+     * same figure in every layout, so their MFU compare). */
     mt_model_t whole = NULL;
-    mt_model_config_t wc = *mt_model_config(j->model);
-    wc.tp_rank = 0;
-    wc.tp_size = 1;
-    wc.tp_ops = NULL;
-    MT_CHECK(mt_model_init(&wc, &whole));
+    MT_CHECK(mt_model_init(&whole_cfg, &whole));
     j->flops_per_token = mt_model_flops_per_token(whole, (int)info->seq_len);
     j->n_params = (int64_t)mt_model_numel(whole);
     mt_model_free(whole);

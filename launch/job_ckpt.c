@@ -554,7 +554,14 @@ mt_status_t mt_job_ckpt_init(job_t *j, job_ckpt_t **out) {
     /* rank 0 decides what to resume from; everyone gets its verdict */
     mt_status_t st = MT_OK;
     char msg[1024] = "";
-    if (j->rank == 0) {
+    if (j->rank == 0 && dir[0]) { /* a directory that cannot take checkpoints is found now, not after training */
+        st = mkdir_p(dir) == MT_OK ? MT_OK : MT_ERR_INVALID_ARG; /* bad input: the message names the path */
+        if (st == MT_OK && (!is_dir(dir) || access(dir, W_OK | X_OK) != 0)) {
+            st = mt_error(MT_ERR_INVALID_ARG, "checkpoint.dir = \"%s\" is not a writable directory (%s)", dir,
+                          is_dir(dir) ? strerror(errno) : "a file is in the way");
+        }
+    }
+    if (j->rank == 0 && st == MT_OK) {
         if (resume_path) {
             st = resolve(resume, c->resume, sizeof(c->resume), "checkpoint.resume");
         } else if (!strcmp(resume, "auto") && dir[0]) {
@@ -564,9 +571,9 @@ mt_status_t mt_job_ckpt_init(job_t *j, job_ckpt_t **out) {
                 st = resolve(dir, c->resume, sizeof(c->resume), "checkpoint.dir");
             }
         }
-        if (st != MT_OK) {
-            snprintf(msg, sizeof(msg), "%s", mt_last_error_msg());
-        }
+    }
+    if (j->rank == 0 && st != MT_OK) {
+        snprintf(msg, sizeof(msg), "%s", mt_last_error_msg());
     }
     int sti = (int)st;
     MT_MPI_CHECK(MPI_Bcast(&sti, 1, MPI_INT, 0, j->comm));
