@@ -444,6 +444,10 @@ static mt_status_t setup_services(job_t *j) {
     }
     MT_CHECK(agree(j->comm, mt_job_ckpt_init(j, &j->ckpt)));
     MT_CHECK(agree(j->comm, mt_job_ckpt_resume(j->ckpt, j)));
+    if (j->out && mt_job_ckpt_resumed_from(j->ckpt)) { /* said once every rank has loaded its part */
+        fprintf(j->out, "resumed from checkpoint %s (after step %lld)\n", mt_job_ckpt_resumed_from(j->ckpt),
+                (long long)j->start_step);
+    }
     MT_CHECK(agree(j->comm, mt_job_metrics_init(j, &j->metrics)));
     MT_CHECK(agree(j->comm, mt_job_profile_init(j, &j->profile)));
     mt_job_profile_hooks(j->profile, j);

@@ -647,10 +647,11 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
         MT_CHECK(j->engine->ckpt_loaded(j->ectx));
     }
     j->start_step = step;
-    if (j->out) {
-        fprintf(j->out, "resumed from checkpoint %s (after step %lld)\n", c->resume, (long long)step);
-    }
     return MT_OK;
+}
+
+const char *mt_job_ckpt_resumed_from(const job_ckpt_t *c) {
+    return c && c->resume[0] ? c->resume : NULL;
 }
 
 mt_status_t mt_job_init_llmc(job_t *j) {

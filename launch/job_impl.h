@@ -80,6 +80,8 @@ void mt_job_profile_free(job_profile_t *p, job_t *j);
 mt_status_t mt_job_ckpt_init(job_t *j, job_ckpt_t **out);
 /* Loads the resume checkpoint (if any) into the engine's storage and sets j->start_step. Collective. */
 mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j);
+/* The step directory the job resumed from, or NULL. */
+const char *mt_job_ckpt_resumed_from(const job_ckpt_t *c);
 /* Writes a checkpoint after step s (0-based) when checkpoint.every says so or s is the last. Collective. */
 mt_status_t mt_job_ckpt_after_step(job_ckpt_t *c, job_t *j, int64_t s, bool last);
 void mt_job_ckpt_free(job_ckpt_t *c);
