@@ -21,7 +21,8 @@ typedef struct {
 } opts_t;
 
 static void usage(void) {
-    fprintf(stderr, "usage: bench_ddp [--engine dp|ddp|zero|zero1|zero2|zero3[,...]] [--stage 1|2|3] [--layers L] [--embd C] [--heads H]\n"
+    fprintf(stderr, "usage: bench_ddp [--engine dp|ddp|zero|zero1|zero2|zero3[,...]] [--stage 1|2|3] [--layers L] "
+                    "[--embd C] [--heads H]\n"
                     "                 [--vocab V] [--batch rows per rank] [--seq T] [--steps S] [--warmup W]\n"
                     "                 [--accum micro-batches] [--bucket-mb MB] [--first-bucket-mb MB]\n");
 }

@@ -31,10 +31,11 @@ typedef enum {
     MT_COLL_DTYPE_COUNT
 } mt_coll_dtype_t;
 
-/* Reductions. Floating types accumulate in f32 (f16, bf16: every pairwise combine is done in f32 and
- * rounded once) or in their own type (f32, f64). AVG is the exact SUM divided by the group size in
- * the accumulation type (integers: C division, truncating toward zero). PROD/MAX/MIN of u8 wrap /
- * compare as unsigned. */
+/* Reductions. Floating types accumulate in f32 (f16, bf16: MPI backend: every pairwise combine is done
+ * in f32 and rounded once; NCCL backend: NCCL's own arithmetic) or in their own type (f32, f64). AVG is
+ * the SUM divided by the group size in the accumulation type, rounded once (f16/bf16: the sum arrives
+ * rounded to 16 bits, then sum/n is computed in f32 and rounded; integers: C division, truncating toward
+ * zero). PROD/MAX/MIN of u8 wrap / compare as unsigned. */
 typedef enum { MT_REDOP_SUM = 0, MT_REDOP_AVG, MT_REDOP_MAX, MT_REDOP_MIN, MT_REDOP_PROD, MT_REDOP_COUNT } mt_redop_t;
 
 /* Bytes per element (0 for an invalid dtype). */

@@ -13,6 +13,7 @@
 #include "cmd.h"
 #include "collectives/coll.h"
 #include "runtime/alloc.h"
+#include "runtime/mesh.h"
 #include "runtime/rt.h"
 
 #if MT_HAVE_NCCL
@@ -62,7 +63,8 @@ static void usage(FILE *out) {
             "  --backend B      mpi (host memory) | nccl (device memory) (mpi)\n"
             "  --group G        world|tp|dp|pp: benchmark this rank's group on the mesh (world)\n"
             "  --tp N --pp N [--dp N]  mesh sizes for --group (also --parallel.tp=N --parallel.pp=N --parallel.dp=N)\n"
-            "  --order O        mesh order, fastest first (also --parallel.order=O) (tp-dp-pp)\n"
+            "  --order O        mesh order, fastest first (also --parallel.order=O) (tp-dp-pp); groups are the\n"
+            "                   runtime's own (runtime/mesh.h), as `meshtrain topo --dry-run` prints them\n"
             "  --compare-raw    also time the plain MPI call on the same buffers; print ours/raw (mpi backend)\n"
             "  --json FILE      also write the results as JSON\n"
             "Sizes are total bytes as in nccl-tests: per-rank count = count / ranks for reduce_scatter, allgather,\n"
@@ -284,58 +286,6 @@ static int parse(int argc, char **argv, int rank, bench_opts_t *o) {
         return bad(rank, "--compare-raw times plain MPI on host buffers: it goes with --backend mpi only%s", "");
     }
     return -1;
-}
-
-/* Axis order "tp-dp-pp" -> axis index per position (0 tp, 1 dp, 2 pp), fastest first. */
-static bool parse_order(const char *s, int pos[3]) {
-    static const char *names[3] = {"tp", "dp", "pp"};
-    char buf[32];
-    snprintf(buf, sizeof(buf), "%s", s);
-    int n = 0, seen = 0;
-    for (char *save = NULL, *t = strtok_r(buf, "-", &save); t; t = strtok_r(NULL, "-", &save)) {
-        int a = -1;
-        for (int i = 0; i < 3; i++) {
-            if (!strcmp(t, names[i])) {
-                a = i;
-            }
-        }
-        if (a < 0 || n == 3 || (seen & (1 << a))) {
-            return false;
-        }
-        seen |= 1 << a;
-        pos[n++] = a;
-    }
-    return n == 3;
-}
-
-/* This rank's group along one mesh axis: ranks that differ only in that coordinate, in rank order. */
-static int mesh_group(int world, const int size[3], const int pos[3], int rank, int axis, int *out) {
-    int me[3], c[3], n = 0;
-    for (int r = 0; r < world; r++) {
-        int x = r;
-        for (int k = 0; k < 3; k++) {
-            c[pos[k]] = x % size[pos[k]];
-            x /= size[pos[k]];
-        }
-        if (r == rank) {
-            memcpy(me, c, sizeof(me));
-        }
-    }
-    for (int r = 0; r < world; r++) {
-        int x = r;
-        for (int k = 0; k < 3; k++) {
-            c[pos[k]] = x % size[pos[k]];
-            x /= size[pos[k]];
-        }
-        bool same = true;
-        for (int a = 0; a < 3; a++) {
-            same &= a == axis || c[a] == me[a];
-        }
-        if (same) {
-            out[n++] = r;
-        }
-    }
-    return n;
 }
 
 /* ---- buffers: host (mt_alloc) or device (cudaMalloc) ------------------------------------------------ */
@@ -696,7 +646,10 @@ static double bus_factor(bench_op_t op, int n) {
 /* ---- the table ------------------------------------------------------------------------------------ */
 
 static const char *nccl_type_name(mt_coll_dtype_t d) {
-    static const char *names[MT_COLL_DTYPE_COUNT] = {"float", "double", "half", "bfloat16", "int32", "int64", "uint8"};
+    static const char *names[MT_COLL_DTYPE_COUNT] = {
+        [MT_COLL_F32] = "float", [MT_COLL_F64] = "double", [MT_COLL_F16] = "half", [MT_COLL_BF16] = "bfloat16",
+        [MT_COLL_I32] = "int32", [MT_COLL_I64] = "int64",  [MT_COLL_U8] = "uint8",
+    };
     return names[d];
 }
 
@@ -848,39 +801,26 @@ int mt_cmd_bench(int argc, char **argv) {
     if (rc >= 0) {
         return rc;
     }
-    /* the group */
-    int size[3] = {o.tp, 0, o.pp}, pos[3];
-    if (!parse_order(o.order, pos)) {
-        return bad(w->rank, "--order %s: expected a '-'-separated permutation of tp, dp, pp (e.g. tp-dp-pp)", o.order);
+    /* the group: the world, or this rank's group along one axis of the runtime's mesh (runtime/mesh.h) */
+    mt_mesh_t *mesh = NULL;
+    if (mt_mesh_create(w->size, o.tp, o.pp, o.dp, o.order, &mesh) != MT_OK) {
+        char msg[512];
+        snprintf(msg, sizeof(msg), "--tp %d --pp %d --dp %d --order %s: %s", o.tp, o.pp, o.dp, o.order,
+                 mt_last_error_msg());
+        return bad(w->rank, "%s", msg);
     }
-    if (w->size % (o.tp * o.pp)) {
-        char msg[128];
-        snprintf(msg, sizeof(msg), "tp=%d x pp=%d does not divide the %d ranks", o.tp, o.pp, w->size);
-        return bad(w->rank, "%s: pick --tp/--pp whose product divides the number of ranks", msg);
+    if (!strcmp(o.group, "world") && (o.tp > 1 || o.pp > 1) && w->rank == 0) {
+        fprintf(stderr, "meshtrain bench coll: note: --tp/--pp only matter with --group tp|dp|pp\n");
     }
-    size[1] = o.dp ? o.dp : w->size / (o.tp * o.pp);
-    if (size[0] * size[1] * size[2] != w->size) {
-        char msg[128];
-        snprintf(msg, sizeof(msg), "tp=%d x dp=%d x pp=%d != %d ranks", size[0], size[1], size[2], w->size);
-        return bad(w->rank, "%s: leave --dp at 0 to derive it", msg);
-    }
-    if (!strcmp(o.group, "world") && (o.tp > 1 || o.pp > 1)) {
-        if (w->rank == 0) {
-            fprintf(stderr, "meshtrain bench coll: note: --tp/--pp only matter with --group tp|dp|pp\n");
-        }
-    }
-    int *ranks = mt_alloc(sizeof(int) * (size_t)w->size, MT_MEM_OTHER, "bench");
     int n = w->size;
-    if (!strcmp(o.group, "world")) {
-        for (int i = 0; i < n; i++) {
-            ranks[i] = i;
-        }
-    } else {
-        int axis = !strcmp(o.group, "tp") ? 0 : !strcmp(o.group, "dp") ? 1 : 2;
-        n = mesh_group(w->size, size, pos, w->rank, axis, ranks);
+    unsigned axis_bit = 0;
+    if (strcmp(o.group, "world")) {
+        mt_axis_t axis = !strcmp(o.group, "tp") ? MT_AXIS_TP : !strcmp(o.group, "dp") ? MT_AXIS_DP : MT_AXIS_PP;
+        axis_bit = MT_AXIS_BIT(axis);
+        n = mt_mesh_axis_size(mesh, axis);
     }
     if (o.root >= n) {
-        mt_free(ranks);
+        mt_mesh_free(mesh);
         char msg[64];
         snprintf(msg, sizeof(msg), "-r %d", o.root);
         return bad(w->rank, "%s: the root must be a rank of the group (< its size)", msg);
@@ -889,7 +829,7 @@ int mt_cmd_bench(int argc, char **argv) {
     if (o.device) {
         int ndev = 0;
         if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-            mt_free(ranks);
+            mt_mesh_free(mesh);
             if (w->rank == 0) {
                 fprintf(stderr, "meshtrain bench coll: --backend nccl needs a CUDA device and this node has none\n");
             }
@@ -903,8 +843,9 @@ int mt_cmd_bench(int argc, char **argv) {
     p.memory = o.device ? MT_COMM_MEM_DEVICE : MT_COMM_MEM_HOST;
     p.backend = o.device ? "nccl" : NULL;
     mt_comm_t comm = NULL;
-    mt_status_t st = mt_comm_init_ranks(w->comm, ranks, n, &p, &comm);
-    mt_free(ranks);
+    mt_status_t st =
+        axis_bit ? mt_comm_init_mesh(w->comm, mesh, axis_bit, &p, &comm) : mt_comm_init(w->comm, &p, &comm);
+    mt_mesh_free(mesh);
     if (st != MT_OK) {
         fprintf(stderr, "meshtrain bench coll: rank %d: cannot create the %s communicator: %s\n", w->rank, o.group,
                 mt_last_error_msg());

@@ -82,8 +82,8 @@ mt_status_t eng_reduce_scatter(mt_engine_t e, const void *send, void *recv, size
     eng_count_send(e, true, (double)(count * sizeof(float)) * (double)(e->size - 1));
     e->cur.n_calls++;
     mt_work_t local = NULL;
-    mt_status_t st = mt_coll_reduce_scatter(e->comm, send, recv, count, MT_COLL_F32, MT_REDOP_AVG, NULL,
-                                            work ? work : &local);
+    mt_status_t st =
+        mt_coll_reduce_scatter(e->comm, send, recv, count, MT_COLL_F32, MT_REDOP_AVG, NULL, work ? work : &local);
     return issued(e, st, "reduce_scatter", count, work, &local);
 }
 
@@ -242,8 +242,8 @@ mt_status_t eng_launch_grad(mt_engine_t e, int k) {
     }
     u->launched = true;
     if (u->kind == UNIT_REPL) {
-        MT_CHECK(eng_all_reduce(e, true, e->gflat + u->base, e->gflat + u->base, u->numel, MT_COLL_F32,
-                                MT_REDOP_AVG, &u->gwork));
+        MT_CHECK(eng_all_reduce(e, true, e->gflat + u->base, e->gflat + u->base, u->numel, MT_COLL_F32, MT_REDOP_AVG,
+                                &u->gwork));
     } else if (e->stage == 1) {
         float *g = e->gflat + u->base;
         MT_CHECK(eng_reduce_scatter(e, g, g + (size_t)e->rank * u->shard, u->shard, &u->gwork));

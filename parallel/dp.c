@@ -44,7 +44,8 @@ mt_status_t mt_engine_scatter_batch(mt_engine_t e, const int32_t *root_buf, int3
                         e->name);
     }
     if (!buf || (e->rank == 0 && !root_buf)) {
-        return mt_error(MT_ERR_INVALID_ARG, "engine dp: scatter_batch needs buf on every rank and root_buf on the root");
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "engine dp: scatter_batch needs buf on every rank and root_buf on the root");
     }
     if (e->rank == 0) {
         memcpy(buf, root_buf, n * sizeof(int32_t));

@@ -32,7 +32,8 @@ static mt_status_t check_params(mt_model_t model, mt_comm_t dp, const mt_engine_
         return mt_error(MT_ERR_INVALID_ARG, "mt_engine_init: params.size not set (start from MT_ENGINE_PARAMS_INIT)");
     }
     if (p->kind < MT_ENGINE_DP || p->kind > MT_ENGINE_ZERO) {
-        return mt_error(MT_ERR_INVALID_ARG, "parallel.engine: unknown engine %d (expected dp, ddp or zero)", (int)p->kind);
+        return mt_error(MT_ERR_INVALID_ARG, "parallel.engine: unknown engine %d (expected dp, ddp or zero)",
+                        (int)p->kind);
     }
     if (p->kind == MT_ENGINE_ZERO && (p->zero_stage < 1 || p->zero_stage > 3)) {
         return mt_error(MT_ERR_INVALID_ARG, "parallel.zero_stage = %d: ZeRO has stages 1, 2 and 3", p->zero_stage);
@@ -42,17 +43,19 @@ static mt_status_t check_params(mt_model_t model, mt_comm_t dp, const mt_engine_
                         p->grad_accum);
     }
     if (!(p->bucket_mb > 0.0) || !(p->first_bucket_mb > 0.0)) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "parallel.bucket_mb = %g, first bucket %g MiB: bucket sizes must be positive (default 25 and 1)",
-                        p->bucket_mb, p->first_bucket_mb);
+        return mt_error(
+            MT_ERR_INVALID_ARG,
+            "parallel.bucket_mb = %g, first bucket %g MiB: bucket sizes must be positive (default 25 and 1)",
+            p->bucket_mb, p->first_bucket_mb);
     }
     if (p->persist_threshold < 0) {
         return mt_error(MT_ERR_INVALID_ARG, "parallel.zero_persist_threshold = %lld: must be >= 0",
                         (long long)p->persist_threshold);
     }
     if (mt_model_config(model)->tp_size != 1) {
-        return mt_error(MT_ERR_INVALID_ARG, "engine: the model is tensor-parallel (tp_size %d); data-parallel engines "
-                                            "take a model whose parameters are this rank's tp shard with tp_size 1 here",
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "engine: the model is tensor-parallel (tp_size %d); data-parallel engines "
+                        "take a model whose parameters are this rank's tp shard with tp_size 1 here",
                         mt_model_config(model)->tp_size);
     }
     for (int i = 0; i < mt_model_n_params(model); i++) {

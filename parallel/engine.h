@@ -22,20 +22,20 @@ extern "C" {
 typedef enum { MT_ENGINE_DP = 0, MT_ENGINE_DDP = 1, MT_ENGINE_ZERO = 2 } mt_engine_kind_t;
 
 typedef struct {
-    size_t size;                 /* sizeof(mt_engine_params_t) */
-    mt_engine_kind_t kind;       /* parallel.engine */
-    int zero_stage;              /* 1, 2 or 3 when kind == MT_ENGINE_ZERO (parallel.zero_stage) */
-    int grad_accum;              /* micro-batches (backward passes) per step on this rank, >= 1 */
-    double bucket_mb;            /* DDP / ZeRO-1/2 gradient bucket cap in MiB (parallel.bucket_mb) */
-    double first_bucket_mb;      /* cap of the first bucket (the last parameters), so communication starts early */
-    int64_t persist_threshold;   /* ZeRO-3: parameters with fewer elements stay whole (parallel.zero_persist_threshold) */
-    mt_optim_params_t optim;     /* the optimizer every engine runs over what its rank owns */
+    size_t size;               /* sizeof(mt_engine_params_t) */
+    mt_engine_kind_t kind;     /* parallel.engine */
+    int zero_stage;            /* 1, 2 or 3 when kind == MT_ENGINE_ZERO (parallel.zero_stage) */
+    int grad_accum;            /* micro-batches (backward passes) per step on this rank, >= 1 */
+    double bucket_mb;          /* DDP / ZeRO-1/2 gradient bucket cap in MiB (parallel.bucket_mb) */
+    double first_bucket_mb;    /* cap of the first bucket (the last parameters), so communication starts early */
+    int64_t persist_threshold; /* ZeRO-3: parameters with fewer elements stay whole (parallel.zero_persist_threshold) */
+    mt_optim_params_t optim;   /* the optimizer every engine runs over what its rank owns */
 } mt_engine_params_t;
 
-#define MT_ENGINE_PARAMS_INIT                                                                              \
-    {                                                                                                      \
-        .size = sizeof(mt_engine_params_t), .kind = MT_ENGINE_DDP, .zero_stage = 1, .grad_accum = 1,       \
-        .bucket_mb = 25.0, .first_bucket_mb = 1.0, .persist_threshold = 0, .optim = MT_OPTIM_PARAMS_INIT   \
+#define MT_ENGINE_PARAMS_INIT                                                                                          \
+    {                                                                                                                  \
+        .size = sizeof(mt_engine_params_t), .kind = MT_ENGINE_DDP, .zero_stage = 1, .grad_accum = 1,                   \
+        .bucket_mb = 25.0, .first_bucket_mb = 1.0, .persist_threshold = 0, .optim = MT_OPTIM_PARAMS_INIT               \
     }
 
 typedef struct mt_engine *mt_engine_t;
@@ -143,15 +143,15 @@ mt_status_t mt_engine_scatter_state(mt_engine_t e, mt_engine_state_t what, int r
  * ZeRO), ZeRO-3 3Ψ(N-1)/N per micro-batch (plus 2x a tied parameter's unit, gathered again for the
  * module that shares it), DP 2Ψ(N-1)/N without any overlap, plus the batch its root scatters. */
 typedef struct {
-    double bytes_model;     /* gradients and parameters moved this step (the figure theory predicts) */
-    double bytes_other;     /* loss, norm and batch traffic this step */
-    int64_t n_calls;        /* collectives issued this step */
-    double t_backward_end;  /* mt_now() at the last post_backward of the step's last micro-batch */
-    double t_comm_first;    /* launch of the first gradient collective of the last micro-batch */
-    double t_comm_done;     /* completion of the last one (first observed: polled at every hook) */
-    double comm_busy_s;     /* length of the union of [launch, done] of those gradient collectives */
-    double comm_hidden_s;   /* the part of that union before t_backward_end */
-    double wait_s;          /* time spent blocked on communication this step (finish, gathers, step) */
+    double bytes_model;    /* gradients and parameters moved this step (the figure theory predicts) */
+    double bytes_other;    /* loss, norm and batch traffic this step */
+    int64_t n_calls;       /* collectives issued this step */
+    double t_backward_end; /* mt_now() at the last post_backward of the step's last micro-batch */
+    double t_comm_first;   /* launch of the first gradient collective of the last micro-batch */
+    double t_comm_done;    /* completion of the last one (first observed: polled at every hook) */
+    double comm_busy_s;    /* length of the union of [launch, done] of those gradient collectives */
+    double comm_hidden_s;  /* the part of that union before t_backward_end */
+    double wait_s;         /* time spent blocked on communication this step (finish, gathers, step) */
 } mt_engine_comm_stats_t;
 
 /* The figures of the last completed step (after mt_engine_step). */

@@ -17,20 +17,20 @@ typedef enum { UNIT_REPL = 0, UNIT_SHARD = 1 } unit_kind_t;
 
 typedef struct {
     unit_kind_t kind;
-    int p0, np;                 /* parameters: e->unit_params[p0 .. p0 + np) */
-    size_t numel, len, shard;   /* real elements, padded length, len / N (SHARD) */
-    size_t base;                /* offset in the full flat buffers (units that have full storage) */
-    size_t sbase;               /* offset of this rank's shard in the shard buffers (SHARD) */
-    bool full;                  /* has full storage in e->pflat / e->gflat */
-    int pending;                /* parameters whose gradient is incomplete in this backward pass */
-    bool launched;              /* gradient collective issued in this pass */
-    mt_work_t gwork;            /* that collective, while in flight */
-    float *gslot;               /* ZeRO-2/3: the bucket buffer this pass's gradient accumulates into */
-    float *pslot;               /* ZeRO-3: the gathered parameters */
-    int pstate;                 /* ZeRO-3: 0 released, 1 gathering, 2 ready */
+    int p0, np;               /* parameters: e->unit_params[p0 .. p0 + np) */
+    size_t numel, len, shard; /* real elements, padded length, len / N (SHARD) */
+    size_t base;              /* offset in the full flat buffers (units that have full storage) */
+    size_t sbase;             /* offset of this rank's shard in the shard buffers (SHARD) */
+    bool full;                /* has full storage in e->pflat / e->gflat */
+    int pending;              /* parameters whose gradient is incomplete in this backward pass */
+    bool launched;            /* gradient collective issued in this pass */
+    mt_work_t gwork;          /* that collective, while in flight */
+    float *gslot;             /* ZeRO-2/3: the bucket buffer this pass's gradient accumulates into */
+    float *pslot;             /* ZeRO-3: the gathered parameters */
+    int pstate;               /* ZeRO-3: 0 released, 1 gathering, 2 ready */
     mt_work_t pwork;
-    double t_launch, t_done;    /* last pass: gradient collective issued / seen complete */
-    double trace_us;            /* launch on the trace clock (profile.trace) */
+    double t_launch, t_done; /* last pass: gradient collective issued / seen complete */
+    double trace_us;         /* launch on the trace clock (profile.trace) */
 } unit_t;
 
 /* Buffers handed out and taken back (bucket buffers, gathered parameters): best fit among the free
@@ -40,7 +40,7 @@ typedef struct {
     size_t *sizes; /* floats of each buffer */
     bool *busy;
     int n, cap;
-    size_t floats; /* the largest request it will see (largest sharded unit) */
+    size_t floats;       /* the largest request it will see (largest sharded unit) */
     int64_t bytes, peak; /* allocator bytes held now / at most */
     const char *owner;
 } pool_t;
@@ -60,13 +60,13 @@ struct mt_engine {
     /* layout */
     unit_t *units;
     int n_units;
-    int *unit_params;    /* parameter indices grouped by unit */
-    int *param_unit;     /* parameter -> unit */
-    size_t *param_pos;   /* parameter -> element offset in its unit */
-    size_t flat_len;     /* elements of the full buffers (sum of len over full units) */
-    size_t shard_len;    /* elements of the shard buffers (sum of shard over SHARD units) */
-    int *mod_off;        /* CSR: module m's SHARD units (params it owns or reads tied) are */
-    int *mod_units;      /*   mod_units[mod_off[m] .. mod_off[m + 1]) */
+    int *unit_params;  /* parameter indices grouped by unit */
+    int *param_unit;   /* parameter -> unit */
+    size_t *param_pos; /* parameter -> element offset in its unit */
+    size_t flat_len;   /* elements of the full buffers (sum of len over full units) */
+    size_t shard_len;  /* elements of the shard buffers (sum of shard over SHARD units) */
+    int *mod_off;      /* CSR: module m's SHARD units (params it owns or reads tied) are */
+    int *mod_units;    /*   mod_units[mod_off[m] .. mod_off[m + 1]) */
 
     /* storage (mt_alloc) */
     float *pflat, *gflat;   /* full parameters / gradients of full units */
@@ -79,22 +79,22 @@ struct mt_engine {
     int n_pieces;
 
     /* step state */
-    int micro;             /* backward passes begun since zero_grads */
+    int micro; /* backward passes begun since zero_grads */
     int last_bwd_module;
     bool in_backward;
-    int *fifo;             /* gradient collectives in flight, in issue order (unit indices) */
+    int *fifo; /* gradient collectives in flight, in issue order (unit indices) */
     int fifo_head, fifo_n;
     mt_engine_comm_stats_t cur, last;
-    bool counting;         /* count bytes (off inside gather_params) */
-    double scalar[2];      /* send/receive buffers of the loss and norm all-reduces (engine-owned: a timed-out
-                            * collective may still write into them) */
-    mt_work_t stuck[16];   /* collectives whose wait failed, waited again by mt_engine_free */
+    bool counting;       /* count bytes (off inside gather_params) */
+    double scalar[2];    /* send/receive buffers of the loss and norm all-reduces (engine-owned: a timed-out
+                          * collective may still write into them) */
+    mt_work_t stuck[16]; /* collectives whose wait failed, waited again by mt_engine_free */
     int n_stuck;
 };
 
 /* What differs per engine kind; NULL entries fall back to the common behaviour in comm.c/engine.c. */
 typedef struct engine_ops {
-    mt_status_t (*layout)(mt_engine_t e);       /* builds e->units */
+    mt_status_t (*layout)(mt_engine_t e); /* builds e->units */
     mt_status_t (*zero_grads)(mt_engine_t e);
     mt_status_t (*finish_grads)(mt_engine_t e);
     mt_status_t (*grad_sumsq)(mt_engine_t e, double *local);
@@ -109,9 +109,9 @@ mt_status_t eng_layout_one(mt_engine_t e);                       /* one replicat
 mt_status_t eng_layout_modules(mt_engine_t e);                   /* ZeRO-3 module units + persistent */
 mt_status_t eng_layout_finish(mt_engine_t e);                    /* lengths, offsets, CSR, param maps */
 mt_status_t eng_alloc_storage(mt_engine_t e);
-mt_status_t eng_init_values(mt_engine_t e);                      /* initial weights, consistent over ranks */
-mt_status_t eng_register_optim(mt_engine_t e);                   /* what this rank owns */
-void eng_bind_full(mt_engine_t e);                               /* p->data / p->grad into full buffers */
+mt_status_t eng_init_values(mt_engine_t e);    /* initial weights, consistent over ranks */
+mt_status_t eng_register_optim(mt_engine_t e); /* what this rank owns */
+void eng_bind_full(mt_engine_t e);             /* p->data / p->grad into full buffers */
 size_t eng_round_up(size_t n, size_t m);
 
 /* comm.c: counted collectives, pools, in-flight queue, hooks */
@@ -122,19 +122,19 @@ mt_status_t eng_all_gather(mt_engine_t e, const void *send, void *recv, size_t c
 mt_status_t eng_broadcast(mt_engine_t e, bool model, void *buf, size_t count, mt_coll_dtype_t dt, int root);
 mt_status_t eng_reduce(mt_engine_t e, void *buf, size_t count, int root);
 void eng_count_send(mt_engine_t e, bool model, double bytes);
-mt_status_t eng_wait(mt_engine_t e, mt_work_t *work);            /* waits, frees, adds to wait_s */
-void eng_keep_stuck(mt_engine_t e, mt_work_t w);                 /* a failed wait: mt_engine_free retries */
+mt_status_t eng_wait(mt_engine_t e, mt_work_t *work); /* waits, frees, adds to wait_s */
+void eng_keep_stuck(mt_engine_t e, mt_work_t w);      /* a failed wait: mt_engine_free retries */
 
-float *pool_get(pool_t *pl, size_t floats);   /* NULL: none free that fits (caller may pool_grow) */
+float *pool_get(pool_t *pl, size_t floats); /* NULL: none free that fits (caller may pool_grow) */
 mt_status_t pool_grow(pool_t *pl, size_t floats, float **out);
 void pool_put(pool_t *pl, float *buf);
 void pool_free(pool_t *pl);
 int64_t pool_bytes(const pool_t *pl);
 
-mt_status_t eng_launch_grad(mt_engine_t e, int u);  /* the unit's gradient collective, asynchronous */
-mt_status_t eng_poll(mt_engine_t e);                /* completes finished collectives at the queue head */
-mt_status_t eng_drain(mt_engine_t e);               /* waits for every gradient collective in flight */
-mt_status_t eng_finish_common(mt_engine_t e);       /* launch what was not launched, then drain */
+mt_status_t eng_launch_grad(mt_engine_t e, int u); /* the unit's gradient collective, asynchronous */
+mt_status_t eng_poll(mt_engine_t e);               /* completes finished collectives at the queue head */
+mt_status_t eng_drain(mt_engine_t e);              /* waits for every gradient collective in flight */
+mt_status_t eng_finish_common(mt_engine_t e);      /* launch what was not launched, then drain */
 bool eng_unit_comms_this_pass(mt_engine_t e, int u);
 void eng_install_hooks(mt_engine_t e);
 mt_status_t eng_release_params(mt_engine_t e, int u); /* ZeRO-3 */

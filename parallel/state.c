@@ -51,7 +51,8 @@ static float *where(mt_engine_t e, mt_engine_state_t what, const unit_t *u, int 
 
 static mt_status_t check(mt_engine_t e, mt_engine_state_t what, int root, const void *buf, const char *fn) {
     if (root < 0 || root >= e->size || (e->rank == root && !buf)) {
-        return mt_error(MT_ERR_INVALID_ARG, "%s: root %d (of %d) needs a buffer of the model's size", fn, root, e->size);
+        return mt_error(MT_ERR_INVALID_ARG, "%s: root %d (of %d) needs a buffer of the model's size", fn, root,
+                        e->size);
     }
     if (what < MT_ENGINE_STATE_PARAMS || what > MT_ENGINE_STATE_OPT_V) {
         return mt_error(MT_ERR_INVALID_ARG, "%s: unknown state %d", fn, (int)what);

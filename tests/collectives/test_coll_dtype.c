@@ -62,7 +62,8 @@ int main(int argc, char **argv) {
     /* the MPI reductions against f32 arithmetic rounded once, odd lengths, unaligned starts */
     int bad_op = 0;
     uint16_t a[80], b[80], want[80];
-    for (int dt = MT_COLL_F16; dt <= MT_COLL_BF16; dt++) {
+    for (int dt16 = 0; dt16 < 2; dt16++) {
+        int dt = dt16 ? MT_COLL_BF16 : MT_COLL_F16;
         for (int op = 0; op < MT_REDOP_COUNT; op++) {
             MPI_Datatype t;
             MPI_Op mop;

@@ -166,8 +166,9 @@ mt_status_t drv_run_engine(const drv_cfg_t *c, mt_comm_t dp, const mt_engine_par
     memset(r, 0, sizeof(*r));
     int N = mt_comm_size(dp), rank = mt_comm_rank(dp), ga = c->grad_accum;
     if (c->global_batch % (N * ga) != 0) {
-        return mt_error(MT_ERR_INVALID_ARG, "test driver: global batch %d does not split over %d ranks x %d micro-batches",
-                        c->global_batch, N, ga);
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "test driver: global batch %d does not split over %d ranks x %d micro-batches", c->global_batch,
+                        N, ga);
     }
     int rows = c->global_batch / N, mb = rows / ga;
     size_t T = (size_t)c->seq_len;

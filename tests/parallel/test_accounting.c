@@ -78,7 +78,8 @@ static void check_memory(const char *what, mt_engine_kind_t kind, int stage, con
     if (stage < 2) {
         CHECK(comm == 0, "%s: %lld bytes of communication buffers; expected none (in place)", what, (long long)comm);
     } else {
-        CHECK(r->mem.grad_buffers <= grad_bound, "%s: %d bucket buffers, bound %d", what, r->mem.grad_buffers, grad_bound);
+        CHECK(r->mem.grad_buffers <= grad_bound, "%s: %d bucket buffers, bound %d", what, r->mem.grad_buffers,
+              grad_bound);
         CHECK(stage == 3 || r->mem.param_buffers == 0, "%s: ZeRO-2 gathers nothing", what);
         CHECK(r->mem.param_buffers <= param_bound, "%s: %d gathered buffers, bound %d", what, r->mem.param_buffers,
               param_bound);
@@ -87,7 +88,8 @@ static void check_memory(const char *what, mt_engine_kind_t kind, int stage, con
               r->mem.param_buffers, (long long)unit_bytes);
     }
     if (rank == 0) {
-        printf("%-8s N=%d: Ψ %.0f, state %.2f MB (theory %.2f MB, %.3f x 16Ψ), comm buffers %.2f MB (%d+%d of <= %.2f MB)\n",
+        printf("%-8s N=%d: Ψ %.0f, state %.2f MB (theory %.2f MB, %.3f x 16Ψ), comm buffers %.2f MB (%d+%d of <= %.2f "
+               "MB)\n",
                what, N, psi, state / 1e6, expect / 1e6, state / (16 * psi), comm / 1e6, r->mem.grad_buffers,
                r->mem.param_buffers, unit_bytes / 1e6);
     }

@@ -25,8 +25,8 @@ typedef struct {
     int stage;
     double bucket_mb, first_mb; /* small: several buckets even for these tiny models */
     int64_t persist;
-    int grad_accum;             /* 0: the config's (2) */
-    int split_at;               /* > 0: forward/backward as two module ranges (pipeline-stage style) */
+    int grad_accum; /* 0: the config's (2) */
+    int split_at;   /* > 0: forward/backward as two module ranges (pipeline-stage style) */
 } variant_t;
 
 static const variant_t variants[] = {
@@ -121,9 +121,10 @@ static void run_model(mt_comm_t dp, bool gpt2, bool adamw) {
             for (int s = 0; s < ref.steps; s++) {
                 clipped += ref.norm[s] > cv.clip;
             }
-            CHECK(clipped >= 2, "%s: clipping must be active (norms above %g in %d of %d steps)", what, cv.clip, clipped,
-                  ref.steps);
-            CHECK(N == 1 || ref.numel % (size_t)N != 0 || gpt2, "mlp parameter count %zu must not divide by %d", ref.numel, N);
+            CHECK(clipped >= 2, "%s: clipping must be active (norms above %g in %d of %d steps)", what, cv.clip,
+                  clipped, ref.steps);
+            CHECK(N == 1 || ref.numel % (size_t)N != 0 || gpt2, "mlp parameter count %zu must not divide by %d",
+                  ref.numel, N);
         }
         mt_engine_params_t ep = MT_ENGINE_PARAMS_INIT;
         ep.kind = var->kind;

@@ -15,11 +15,25 @@ static mt_status_t run(const char *engine, int stage, mt_job_result_t *res) {
     char eng[64], stg[64];
     snprintf(eng, sizeof(eng), "--parallel.engine=%s", engine);
     snprintf(stg, sizeof(stg), "--parallel.zero_stage=%d", stage);
-    char *ov[] = {"--model.kind=gpt2", "--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32",
-                  "--model.seq_len=16", "--model.vocab_size=96", "--train.steps=5", "--train.global_batch=8",
-                  "--train.micro_batch=2", "--train.grad_accum=2", "--train.eval_every=0", "--optimizer.kind=sgd",
-                  "--optimizer.lr=0.05", "--optimizer.schedule=constant", "--optimizer.grad_clip=0.25",
-                  "--parallel.tp=1", "--parallel.bucket_mb=0.01", eng, stg};
+    char *ov[] = {"--model.kind=gpt2",
+                  "--model.n_layer=2",
+                  "--model.n_head=2",
+                  "--model.n_embd=32",
+                  "--model.seq_len=16",
+                  "--model.vocab_size=96",
+                  "--train.steps=5",
+                  "--train.global_batch=8",
+                  "--train.micro_batch=2",
+                  "--train.grad_accum=2",
+                  "--train.eval_every=0",
+                  "--optimizer.kind=sgd",
+                  "--optimizer.lr=0.05",
+                  "--optimizer.schedule=constant",
+                  "--optimizer.grad_clip=0.25",
+                  "--parallel.tp=1",
+                  "--parallel.bucket_mb=0.01",
+                  eng,
+                  stg};
     mt_config_t *cfg = NULL;
     MT_CHECK(mt_config_load_world(mt_rt_world()->comm, NULL, (int)(sizeof(ov) / sizeof(ov[0])), ov, &cfg));
     mt_job_opts_t opts = MT_JOB_OPTS_INIT;

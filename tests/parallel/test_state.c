@@ -75,8 +75,8 @@ static mt_status_t side_step(const drv_cfg_t *c, mt_comm_t dp, mt_data_t d, side
     return mt_engine_step(s->e, c->lr, mt_clip_coef(sumsq, c->clip, NULL));
 }
 
-static void pair(mt_comm_t dp, mt_data_t d, const drv_cfg_t *c, mt_engine_kind_t ka, int sa, mt_engine_kind_t kb, int sb,
-                 const char *what) {
+static void pair(mt_comm_t dp, mt_data_t d, const drv_cfg_t *c, mt_engine_kind_t ka, int sa, mt_engine_kind_t kb,
+                 int sb, const char *what) {
     int rank = mt_comm_rank(dp);
     size_t numel = 0;
     side_t a, b;
