@@ -320,14 +320,14 @@ int main(int argc, char **argv) {
     buf_a = mt_alloc(buf_bytes + GUARD, MT_MEM_COMM, "test");
     buf_b = mt_alloc(buf_bytes + GUARD, MT_MEM_COMM, "test");
 
-    /* The world: a group of w->size ranks, backend by priority (self for 1 rank, mpi otherwise). */
+    /* The world: a group of w->size ranks, backend by priority (self for 1 rank, shm otherwise). */
     mt_comm_params_t p = MT_COMM_PARAMS_INIT;
     p.name = "world";
     mt_comm_t world = NULL;
     CHECK_OK(mt_comm_init(w->comm, &p, &world));
     CHECK(mt_comm_size(world) == w->size && mt_comm_rank(world) == w->rank, "world comm %d/%d",
           mt_comm_rank(world), mt_comm_size(world));
-    CHECK(!strcmp(mt_comm_backend_name(world), w->size == 1 ? "self" : "mpi"), "backend %s",
+    CHECK(!strcmp(mt_comm_backend_name(world), w->size == 1 ? "self" : "shm"), "backend %s",
           mt_comm_backend_name(world));
     run_all(world);
 
