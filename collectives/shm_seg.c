@@ -270,6 +270,8 @@ mt_status_t mt_shm_fail(mt_shm_t *s, mt_status_t st) {
     return st;
 }
 
+static mt_status_t peer_error(mt_shm_t *s, int p, mt_status_t st, const char *what, double waited);
+
 mt_status_t mt_shm_begin(mt_shm_t *s, const char *op_name, int kind, size_t count, mt_dtype_t dtype, int op,
                          int root) {
     s->op_name = op_name;
@@ -279,6 +281,11 @@ mt_status_t mt_shm_begin(mt_shm_t *s, const char *op_name, int kind, size_t coun
         char w[256];
         where(s, w, sizeof(w));
         return mt_error(MT_ERR_REMOTE, "%s: the node's shared-memory group failed in an earlier call", w);
+    }
+    for (int p = 0; p < s->n; p++) {
+        if (atomic_load_explicit(&s->hdr->ctrl[p].failed, memory_order_acquire)) {
+            return peer_error(s, p, MT_ERR_REMOTE, "failed in an earlier call (see its own error)", 0.0);
+        }
     }
     s->call++;
     struct shm_desc *d = &s->hdr->ctrl[s->rank].desc[s->call & 1];
@@ -298,8 +305,8 @@ void mt_shm_arrive(mt_shm_t *s) {
 static mt_status_t peer_error(mt_shm_t *s, int p, mt_status_t st, const char *what, double waited) {
     char w[256];
     where(s, w, sizeof(w));
-    mt_error(st, "%s: %s local rank %d (comm rank %d, pid %d) at sync step %u after %.3f s", w, what, p,
-             s->group_ranks[p], (int)s->hdr->ctrl[p].pid, s->step, waited);
+    mt_error(st, "%s: local rank %d (comm rank %d, pid %d) %s; waited %.3f s at sync step %u", w, p,
+             s->group_ranks[p], (int)s->hdr->ctrl[p].pid, what, waited, s->step);
     return mt_shm_fail(s, st);
 }
 
@@ -344,16 +351,16 @@ mt_status_t mt_shm_wait(mt_shm_t *s, int p) {
         }
         now = mt_now();
         if (atomic_load_explicit(&c->failed, memory_order_acquire)) {
-            return peer_error(s, p, MT_ERR_REMOTE, "stopped: failure reported by", now - t0);
+            return peer_error(s, p, MT_ERR_REMOTE, "failed (see its own error)", now - t0);
         }
         if (now - last_check > 0.05) {
             last_check = now;
             if (kill((pid_t)c->pid, 0) != 0 && errno == ESRCH) {
-                return peer_error(s, p, MT_ERR_REMOTE, "the process is gone of", now - t0);
+                return peer_error(s, p, MT_ERR_REMOTE, "has died (its process is gone)", now - t0);
             }
         }
         if (now - t0 > s->timeout_s) {
-            return peer_error(s, p, MT_ERR_TIMEOUT, "timed out waiting for", now - t0);
+            return peer_error(s, p, MT_ERR_TIMEOUT, "did not arrive within the timeout (MESHTRAIN_COLL_TIMEOUT)", now - t0);
         }
     }
 }
