@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "collectives/coll_impl.h"
+#include "collectives/coll_nccl_kernels.h"
 #include "runtime/alloc.h"
 
 struct nccl_ctx {
@@ -50,10 +51,15 @@ static ncclDataType_t nccl_type(mt_dtype_t d) {
     }
 }
 
-/* ncclAvg divides the sum by the group size (integers: after the sum, truncating). */
-static ncclRedOp_t nccl_op(mt_redop_t op) {
+static bool is_float(mt_dtype_t d) {
+    return d == MT_DTYPE_F32 || d == MT_DTYPE_F64 || d == MT_DTYPE_F16 || d == MT_DTYPE_BF16;
+}
+
+/* avg: integers use ncclAvg (the sum, then a truncating division: exact); floating types a sum followed
+ * by our division kernel, because ncclAvg scales each input by 1/n before summing (not the exact sum/n). */
+static ncclRedOp_t nccl_op(mt_dtype_t d, mt_redop_t op) {
     switch (op) {
-    case MT_REDOP_AVG: return ncclAvg;
+    case MT_REDOP_AVG: return is_float(d) ? ncclSum : ncclAvg;
     case MT_REDOP_MAX: return ncclMax;
     case MT_REDOP_MIN: return ncclMin;
     case MT_REDOP_PROD: return ncclProd;
@@ -153,13 +159,28 @@ static mt_status_t d2d(const void *src, void *dst, size_t bytes, mt_stream_t str
     return CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream));
 }
 
+/* The division after a floating-point sum that makes avg (no-op for other ops and integer types). */
+static mt_status_t avg_fixup(struct nccl_ctx *x, void *buf, size_t count, mt_dtype_t d, mt_redop_t op,
+                             mt_stream_t stream) {
+    if (op != MT_REDOP_AVG || !is_float(d) || x->size == 1) {
+        return MT_OK;
+    }
+    int kind = d == MT_DTYPE_F32   ? MT_COLL_NCCL_DIV_F32
+               : d == MT_DTYPE_F64 ? MT_COLL_NCCL_DIV_F64
+               : d == MT_DTYPE_F16 ? MT_COLL_NCCL_DIV_F16
+                                   : MT_COLL_NCCL_DIV_BF16;
+    return CUDA_OK((cudaError_t)mt_coll_nccl_divide(buf, count, kind, x->size, stream));
+}
+
 static mt_status_t nccl_all_reduce(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
                                    mt_redop_t op, mt_stream_t stream) {
     struct nccl_ctx *x = ctx;
     if (x->size == 1) {
         return d2d(send, recv, count * mt_dtype_size(dtype), stream);
     }
-    return NCCL_OK(ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), x->nccl, (cudaStream_t)stream));
+    MT_CHECK(NCCL_OK(ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(dtype, op), x->nccl,
+                                   (cudaStream_t)stream)));
+    return avg_fixup(x, recv, count, dtype, op, stream);
 }
 
 static mt_status_t nccl_reduce_scatter(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
@@ -171,8 +192,9 @@ static mt_status_t nccl_reduce_scatter(void *ctx, const void *send, void *recv, 
     }
     void *own_block = (char *)send + bytes * (size_t)x->rank;
     void *out = recv == send ? own_block : recv; /* recv == send: NCCL in place, then moved to the start */
-    MT_CHECK(NCCL_OK(ncclReduceScatter(send, out, count, nccl_type(dtype), nccl_op(op), x->nccl,
+    MT_CHECK(NCCL_OK(ncclReduceScatter(send, out, count, nccl_type(dtype), nccl_op(dtype, op), x->nccl,
                                        (cudaStream_t)stream)));
+    MT_CHECK(avg_fixup(x, out, count, dtype, op, stream));
     return out != recv ? d2d(out, recv, bytes, stream) : MT_OK;
 }
 
@@ -206,7 +228,9 @@ static mt_status_t nccl_reduce(void *ctx, const void *send, void *recv, size_t c
     if (x->size == 1) {
         return d2d(send, recv, count * mt_dtype_size(dtype), stream);
     }
-    return NCCL_OK(ncclReduce(send, recv, count, nccl_type(dtype), nccl_op(op), root, x->nccl, (cudaStream_t)stream));
+    MT_CHECK(NCCL_OK(ncclReduce(send, recv, count, nccl_type(dtype), nccl_op(dtype, op), root, x->nccl,
+                                (cudaStream_t)stream)));
+    return x->rank == root ? avg_fixup(x, recv, count, dtype, op, stream) : MT_OK;
 }
 
 /* All-to-all as one group of sends and receives; in place goes through the scratch copy of send. */
