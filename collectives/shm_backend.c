@@ -14,11 +14,12 @@
 #include "runtime/alloc.h"
 
 MT_PARAM_STR(coll_algo, "COLL_ALGO", "auto")
-MT_PARAM(shm_chunk, "SHM_CHUNK", 256 * 1024)
+MT_PARAM(shm_chunk, "SHM_CHUNK", 0)
 MT_PARAM(shm_spin_us, "SHM_SPIN_US", -1)
 MT_PARAM(shm_yield_us, "SHM_YIELD_US", 2000)
 MT_PARAM_STR(shm_method, "SHM_METHOD", "auto")
 MT_PARAM(shm_min_bytes, "SHM_MIN_BYTES", 0)
+MT_PARAM(shm_timeout, "SHM_TIMEOUT", 300)
 MT_PARAM(shm_fake_node_size, "SHM_FAKE_NODE_SIZE", 0)
 
 typedef enum { ALGO_AUTO = 0, ALGO_SHM, ALGO_MPI } algo_t;
@@ -173,7 +174,9 @@ static mt_status_t shm_init_ctx(mt_comm_t comm, const struct mt_comm_info *info,
         mt_shm_params_t sp = {
             .name = info->name,
             .chunk_bytes = (size_t)mt_param_shm_chunk(),
-            .timeout_s = comm->timeout_s,
+            /* The comm's timeout bounds every wait on a work handle (the call keeps running, as on MPI, and
+             * may complete later); this one ends the call itself: a peer that is alive but never comes. */
+            .timeout_s = MT_MAX(comm->timeout_s, (double)mt_param_shm_timeout()),
             .spin_us = (double)mt_param_shm_spin_us(),
             .yield_us = (double)mt_param_shm_yield_us(),
             .method = !strcasecmp(m, "memfd") ? MT_SHM_METHOD_MEMFD
@@ -230,9 +233,16 @@ fail:
     return st;
 }
 
-/* The per-call choice: the same on every rank (kind and size are, active and min_bytes are agreed). */
+/* The per-call choice: the same on every rank (kind and size are, active and min_bytes are agreed).
+ * Also sets how this call waits: an asynchronous call runs on the comm's progress thread while the
+ * caller computes, and must not yield its time slices to that computation. */
 static bool use_shm(const struct shm_ctx *x, size_t bytes) {
-    return x->active && (x->algo == ALGO_SHM || bytes >= x->min_bytes);
+    bool use = x->active && (x->algo == ALGO_SHM || bytes >= x->min_bytes);
+    if (use && x->shm) {
+        const struct mt_comm *c = x->comm;
+        mt_shm_set_yield(x->shm, !(c->thread_started && pthread_equal(pthread_self(), c->thread)));
+    }
+    return use;
 }
 
 /* A node holding one rank of the comm has no segment: its "node-local" collectives are copies. */
@@ -334,7 +344,7 @@ static mt_status_t shm_reduce(void *ctx, const void *send, void *recv, size_t co
 
 static mt_status_t shm_barrier(void *ctx, mt_stream_t stream) {
     struct shm_ctx *x = ctx;
-    if (x->n_nodes > 1 || !x->active) {
+    if (x->n_nodes > 1 || !use_shm(x, 0)) {
         return mt_coll_backend_mpi.barrier(x->mpi, stream);
     }
     return mt_shm_barrier(x->shm);

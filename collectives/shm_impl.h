@@ -48,7 +48,7 @@ struct mt_shm {
     char *slots;
     size_t bytes, chunk, accounted;
     mt_shm_method_t method;
-    double timeout_s, spin_s, yield_s;
+    double timeout_s, spin_s, yield_s, yield_cfg_s;
     const _Atomic uint64_t *seq_completed;
 
     uint32_t step;  /* sync steps taken (the same on every rank) */

@@ -156,16 +156,18 @@ mt_status_t mt_shm_init(MPI_Comm local, const mt_shm_params_t *prm, mt_shm_t **o
     for (int r = 0; r < n; r++) {
         s->group_ranks[r] = prm->group_ranks ? prm->group_ranks[r] : r;
     }
-    s->chunk = round_up(prm->chunk_bytes < PAGE ? PAGE : prm->chunk_bytes, PAGE);
+    /* More ranks than CPUs to run them (on any rank of the node): a spinning waiter would steal the time
+     * of the rank it waits for, and every sync costs a trip through the scheduler, so sync less often. */
+    cpu_set_t set;
+    int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    int over = n > cpus, any_over = 0;
+    MPI_Allreduce(&over, &any_over, 1, MPI_INT, MPI_MAX, local);
+    unsigned long long chunk = prm->chunk_bytes ? prm->chunk_bytes : any_over ? (2u << 20) : (512u << 10);
+    MPI_Bcast(&chunk, 1, MPI_UNSIGNED_LONG_LONG, 0, local); /* the layout is local rank 0's */
+    s->chunk = round_up(chunk < PAGE ? PAGE : (size_t)chunk, PAGE);
     s->timeout_s = prm->timeout_s > 0 ? prm->timeout_s : 300.0;
-    s->spin_s = prm->spin_us * 1e-6;
-    if (prm->spin_us < 0) {
-        /* More ranks than CPUs to run them: a spinning waiter steals the time of the rank it waits for. */
-        cpu_set_t set;
-        int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-        s->spin_s = n > cpus ? 0.0 : 20e-6;
-    }
-    s->yield_s = prm->yield_us > 0 ? prm->yield_us * 1e-6 : 0.0;
+    s->spin_s = prm->spin_us < 0 ? (any_over ? 0.0 : 20e-6) : prm->spin_us * 1e-6;
+    s->yield_cfg_s = s->yield_s = prm->yield_us > 0 ? prm->yield_us * 1e-6 : 0.0;
     s->seq_completed = prm->seq_completed;
     size_t hdr = round_up(sizeof(struct shm_header), PAGE);
     size_t slot = 4 * s->chunk;
@@ -227,6 +229,8 @@ void mt_shm_free(mt_shm_t *s) {
     }
     mt_free(s);
 }
+
+void mt_shm_set_yield(mt_shm_t *s, bool yield) { s->yield_s = yield ? s->yield_cfg_s : 0.0; }
 
 int mt_shm_rank(const mt_shm_t *s) { return s->rank; }
 int mt_shm_size(const mt_shm_t *s) { return s->n; }
@@ -360,7 +364,7 @@ mt_status_t mt_shm_wait(mt_shm_t *s, int p) {
             }
         }
         if (now - t0 > s->timeout_s) {
-            return peer_error(s, p, MT_ERR_TIMEOUT, "did not arrive within the timeout (MESHTRAIN_COLL_TIMEOUT)", now - t0);
+            return peer_error(s, p, MT_ERR_TIMEOUT, "did not arrive within the timeout (MESHTRAIN_SHM_TIMEOUT)", now - t0);
         }
     }
 }

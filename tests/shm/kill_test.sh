@@ -16,7 +16,7 @@ fail() { echo "FAIL: $*"; echo "--- job output:"; cat "$dir/out"; exit 1; }
 
 # --enable-recovery: Open MPI keeps the survivors running after a rank dies, so they must notice by
 # themselves (otherwise mpirun kills them and the test would prove nothing about our detection).
-MESHTRAIN_SHM_METHOD=$method MESHTRAIN_COLL_TIMEOUT=30 MESHTRAIN_SHM_MIN_BYTES=0 \
+MESHTRAIN_SHM_METHOD=$method MESHTRAIN_COLL_TIMEOUT=30 MESHTRAIN_SHM_TIMEOUT=30 MESHTRAIN_SHM_MIN_BYTES=0 \
     timeout -s KILL 100 "$mpiexec" -np "$np" "${flags[@]}" --enable-recovery "$exe" "$dir/pids" > "$dir/out" 2>&1 &
 job=$!
 for _ in $(seq 1 600); do
