@@ -211,6 +211,14 @@ mt_status_t mt_coll_group_end(mt_comm_t comm, mt_stream_t stream, mt_work_t *wor
 /* Returns (or completes, asynchronously) when every rank of the comm has entered the barrier. */
 mt_status_t mt_coll_barrier(mt_comm_t comm, mt_stream_t stream, mt_work_t *work);
 
+/* ---- for benchmarks -------------------------------------------------------------------------------- */
+
+/* The MPI datatype and reduction the MPI backend passes to MPI for (dtype, op): f16/bf16 are
+ * MPI_UINT16_T with this library's user-defined ops; avg is the sum (the backend divides afterwards).
+ * Lets `meshtrain bench coll --compare-raw` time the plain MPI call with identical arguments. MPI must
+ * be initialised. MT_ERR_INVALID_ARG for a bad dtype/op, MT_ERR_MPI if the user ops cannot be made. */
+mt_status_t mt_coll_mpi_types(mt_dtype_t dtype, mt_redop_t op, MPI_Datatype *type, MPI_Op *mpi_op);
+
 #ifdef __cplusplus
 }
 #endif

@@ -29,7 +29,7 @@ static MPI_Datatype mpi_type(mt_dtype_t d) {
     }
 }
 
-static MPI_Op mpi_op(mt_dtype_t d, mt_redop_t op) {
+static MPI_Op mpi_op_of(mt_dtype_t d, mt_redop_t op) {
     if (d == MT_DTYPE_F16 || d == MT_DTYPE_BF16) {
         return mt_coll_mpi_op16(d, op);
     }
@@ -39,6 +39,19 @@ static MPI_Op mpi_op(mt_dtype_t d, mt_redop_t op) {
     case MT_REDOP_PROD: return MPI_PROD;
     default: return MPI_SUM; /* sum, and avg before its division */
     }
+}
+
+mt_status_t mt_coll_mpi_types(mt_dtype_t dtype, mt_redop_t op, MPI_Datatype *type, MPI_Op *mpi_op) {
+    if ((unsigned)dtype >= MT_DTYPE_COUNT || (unsigned)op >= MT_REDOP_COUNT) {
+        return mt_error(MT_ERR_INVALID_ARG, "mt_coll_mpi_types: invalid dtype %d or op %d", (int)dtype, (int)op);
+    }
+    int rc = mt_coll_mpi_redop_init();
+    if (rc != MPI_SUCCESS) {
+        return mt_coll_mpi_status(rc, "MPI_Op_create (f16/bf16 reductions)");
+    }
+    *type = mpi_type(dtype);
+    *mpi_op = mpi_op_of(dtype, op);
+    return MT_OK;
 }
 
 #define MPI_OK(call) mt_coll_mpi_status((call), #call)
@@ -86,7 +99,7 @@ static mt_status_t mpi_all_reduce(void *ctx, const void *send, void *recv, size_
         mt_coll_local_copy(send, recv, count * mt_dtype_size(dtype));
         return MT_OK;
     }
-    int rc = MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_type(dtype), mpi_op(dtype, op),
+    int rc = MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_type(dtype), mpi_op_of(dtype, op),
                            m->comm);
     if (rc != MPI_SUCCESS) {
         return MPI_OK(rc);
@@ -110,7 +123,7 @@ static mt_status_t mpi_reduce_scatter(void *ctx, const void *send, void *recv, s
     bool in_place = recv == send || recv == own_block;
     void *out = in_place ? (void *)send : recv;
     MT_CHECK(MPI_OK(MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : send, out, (int)count, mpi_type(dtype),
-                                             mpi_op(dtype, op), m->comm)));
+                                             mpi_op_of(dtype, op), m->comm)));
     if (in_place && recv != send) {
         memmove(recv, send, bytes); /* [0, bytes) and [rank*bytes, ...) may overlap for count 0 only */
     }
@@ -158,7 +171,7 @@ static mt_status_t mpi_reduce(void *ctx, const void *send, void *recv, size_t co
         return MT_OK;
     }
     const void *s = (m->rank == root && send == recv) ? MPI_IN_PLACE : send;
-    MT_CHECK(MPI_OK(MPI_Reduce(s, m->rank == root ? recv : NULL, (int)count, mpi_type(dtype), mpi_op(dtype, op), root,
+    MT_CHECK(MPI_OK(MPI_Reduce(s, m->rank == root ? recv : NULL, (int)count, mpi_type(dtype), mpi_op_of(dtype, op), root,
                                m->comm)));
     if (op == MT_REDOP_AVG && m->rank == root) {
         mt_coll_divide(recv, count, dtype, m->size);

@@ -6,5 +6,6 @@
 
 int mt_cmd_config(int argc, char **argv);
 int mt_cmd_version(int argc, char **argv);
+int mt_cmd_bench(int argc, char **argv);
 
 #endif

@@ -16,6 +16,7 @@ typedef struct {
 static const subcommand_t subcommands[] = {
     {"config", mt_cmd_config, "print the effective configuration, or every error in it"},
     {"version", mt_cmd_version, "print version, git commit and the components this build has"},
+    {"bench", mt_cmd_bench, "collective microbenchmarks (`meshtrain bench coll`, nccl-tests style)"},
 };
 
 static void usage(FILE *out) {
