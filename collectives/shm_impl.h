@@ -49,6 +49,7 @@ struct mt_shm {
     size_t bytes, chunk, accounted;
     mt_shm_method_t method;
     double timeout_s, spin_s, yield_s, yield_cfg_s;
+    double spin_cur_s; /* adaptive: halves when the spin did not see the peer arrive, grows back when it did */
     const _Atomic uint64_t *seq_completed;
 
     uint32_t step;  /* sync steps taken (the same on every rank) */

@@ -166,7 +166,7 @@ mt_status_t mt_shm_init(MPI_Comm local, const mt_shm_params_t *prm, mt_shm_t **o
     MPI_Bcast(&chunk, 1, MPI_UNSIGNED_LONG_LONG, 0, local); /* the layout is local rank 0's */
     s->chunk = round_up(chunk < PAGE ? PAGE : (size_t)chunk, PAGE);
     s->timeout_s = prm->timeout_s > 0 ? prm->timeout_s : 300.0;
-    s->spin_s = prm->spin_us < 0 ? (any_over ? 0.0 : 20e-6) : prm->spin_us * 1e-6;
+    s->spin_cur_s = s->spin_s = prm->spin_us < 0 ? (any_over ? 0.0 : 20e-6) : prm->spin_us * 1e-6;
     s->yield_cfg_s = s->yield_s = prm->yield_us > 0 ? prm->yield_us * 1e-6 : 0.0;
     s->seq_completed = prm->seq_completed;
     size_t hdr = round_up(sizeof(struct shm_header), PAGE);
@@ -321,16 +321,20 @@ mt_status_t mt_shm_wait(mt_shm_t *s, int p) {
         return MT_OK;
     }
     double t0 = mt_now(), now = t0;
-    /* 1. spin (only when every rank can have its own CPU) */
-    while (now - t0 < s->spin_s) {
+    /* 1. spin (only when every rank can have its own CPU). Adaptive: when the peer shares our CPU (other
+     *    jobs' load can put both there) it cannot arrive while we spin, so the budget halves on every
+     *    miss and doubles back on every hit. */
+    while (now - t0 < s->spin_cur_s) {
         for (int k = 0; k < 64; k++) {
             cpu_relax();
             if (reached(atomic_load_explicit(&c->step, memory_order_acquire), want)) {
+                s->spin_cur_s = MT_MIN(s->spin_s, 2 * s->spin_cur_s + 1e-6);
                 return MT_OK;
             }
         }
         now = mt_now();
     }
+    s->spin_cur_s *= 0.5;
     /* 2. yield: lets a peer sharing our CPU run, and keeps us on the run queue so we see its step
      *    within a time slice (a futex sleep costs a wake-up syscall and tens of us of latency) */
     do {
