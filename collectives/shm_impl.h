@@ -48,8 +48,11 @@ struct mt_shm {
     char *slots;
     size_t bytes, chunk, accounted;
     mt_shm_method_t method;
-    double timeout_s, spin_s, yield_s, yield_cfg_s;
-    double spin_cur_s; /* adaptive: halves when the spin did not see the peer arrive, grows back when it did */
+    double timeout_s, yield_s, yield_cfg_s;
+    /* spin budget in polls (a poll is one pause + one load; calibrated at init, clock reads cost ~250 ns
+     * on these VMs): adaptive, halves when the spin did not see the peer arrive, doubles when it did */
+    uint32_t spin_max, spin_cur;
+    uint64_t stats[4]; /* waits satisfied at once, while spinning, while yielding, after sleeping */
     const _Atomic uint64_t *seq_completed;
 
     uint32_t step;  /* sync steps taken (the same on every rank) */

@@ -25,6 +25,34 @@
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Polls (pause + load) per microsecond, measured once per process (best of 3 short runs). */
+static double polls_per_us(void) {
+    static double rate;
+    if (rate == 0) {
+        _Atomic uint32_t x = 0;
+        double best = 0;
+        for (int k = 0; k < 3; k++) {
+            double t0 = mt_now();
+            for (int i = 0; i < 4096; i++) {
+                cpu_relax();
+                (void)atomic_load_explicit(&x, memory_order_acquire);
+            }
+            double r = 4096 / ((mt_now() - t0) * 1e6);
+            best = r > best ? r : best;
+        }
+        rate = best > 0 ? best : 10;
+    }
+    return rate;
+}
+
 /* ---- creation -------------------------------------------------------------------------------------- */
 
 struct seg_offer {
@@ -162,11 +190,12 @@ mt_status_t mt_shm_init(MPI_Comm local, const mt_shm_params_t *prm, mt_shm_t **o
     int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
     int over = n > cpus, any_over = 0;
     MPI_Allreduce(&over, &any_over, 1, MPI_INT, MPI_MAX, local);
-    unsigned long long chunk = prm->chunk_bytes ? prm->chunk_bytes : any_over ? (2u << 20) : (512u << 10);
+    unsigned long long chunk = prm->chunk_bytes ? prm->chunk_bytes : any_over ? (2u << 20) : (1u << 20);
     MPI_Bcast(&chunk, 1, MPI_UNSIGNED_LONG_LONG, 0, local); /* the layout is local rank 0's */
     s->chunk = round_up(chunk < PAGE ? PAGE : (size_t)chunk, PAGE);
     s->timeout_s = prm->timeout_s > 0 ? prm->timeout_s : 300.0;
-    s->spin_cur_s = s->spin_s = prm->spin_us < 0 ? (any_over ? 0.0 : 20e-6) : prm->spin_us * 1e-6;
+    double spin_us = prm->spin_us < 0 ? (any_over ? 0.0 : 20.0) : prm->spin_us;
+    s->spin_cur = s->spin_max = (uint32_t)MT_MIN(spin_us * polls_per_us(), 1e8);
     s->yield_cfg_s = s->yield_s = prm->yield_us > 0 ? prm->yield_us * 1e-6 : 0.0;
     s->seq_completed = prm->seq_completed;
     size_t hdr = round_up(sizeof(struct shm_header), PAGE);
@@ -223,6 +252,10 @@ void mt_shm_free(mt_shm_t *s) {
     if (!s) {
         return;
     }
+    MT_TRACE(MT_LOG_COLL, "comm %s: shm local rank %d: waits satisfied at once %llu, spinning %llu, yielding %llu, "
+             "after a futex sleep %llu; spin budget %u of %u polls", s->name, s->rank,
+             (unsigned long long)s->stats[0], (unsigned long long)s->stats[1], (unsigned long long)s->stats[2],
+             (unsigned long long)s->stats[3], s->spin_cur, s->spin_max);
     if (s->hdr) {
         mt_mem_account(MT_MEM_HOST, MT_MEM_COMM, -(int64_t)s->accounted, s->hdr, "coll_shm");
         munmap(s->hdr, s->bytes);
@@ -238,14 +271,6 @@ size_t mt_shm_bytes(const mt_shm_t *s) { return s->bytes; }
 const char *mt_shm_method_name(const mt_shm_t *s) { return s->method == MT_SHM_METHOD_POSIX ? "posix" : "memfd"; }
 
 /* ---- synchronisation ----------------------------------------------------------------------------- */
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
 
 /* step counters wrap: a is at or past b when the signed distance is >= 0 */
 static inline bool reached(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 0; }
@@ -318,28 +343,28 @@ mt_status_t mt_shm_wait(mt_shm_t *s, int p) {
     struct shm_ctrl *c = &s->hdr->ctrl[p];
     const uint32_t want = s->step;
     if (reached(atomic_load_explicit(&c->step, memory_order_acquire), want)) {
+        s->stats[0]++;
         return MT_OK;
     }
-    double t0 = mt_now(), now = t0;
     /* 1. spin (only when every rank can have its own CPU). Adaptive: when the peer shares our CPU (other
      *    jobs' load can put both there) it cannot arrive while we spin, so the budget halves on every
      *    miss and doubles back on every hit. */
-    while (now - t0 < s->spin_cur_s) {
-        for (int k = 0; k < 64; k++) {
-            cpu_relax();
-            if (reached(atomic_load_explicit(&c->step, memory_order_acquire), want)) {
-                s->spin_cur_s = MT_MIN(s->spin_s, 2 * s->spin_cur_s + 1e-6);
-                return MT_OK;
-            }
+    for (uint32_t k = 0; k < s->spin_cur; k++) {
+        cpu_relax();
+        if (reached(atomic_load_explicit(&c->step, memory_order_acquire), want)) {
+            s->spin_cur = MT_MIN(s->spin_max, 2 * s->spin_cur + 16);
+            s->stats[1]++;
+            return MT_OK;
         }
-        now = mt_now();
     }
-    s->spin_cur_s *= 0.5;
+    s->spin_cur /= 2;
+    double t0 = mt_now(), now = t0;
     /* 2. yield: lets a peer sharing our CPU run, and keeps us on the run queue so we see its step
      *    within a time slice (a futex sleep costs a wake-up syscall and tens of us of latency) */
     do {
         sched_yield();
         if (reached(atomic_load_explicit(&c->step, memory_order_acquire), want)) {
+            s->stats[2]++;
             return MT_OK;
         }
         now = mt_now();
@@ -355,6 +380,7 @@ mt_status_t mt_shm_wait(mt_shm_t *s, int p) {
         }
         atomic_fetch_sub_explicit(&c->waiters, 1, memory_order_relaxed);
         if (reached(atomic_load_explicit(&c->step, memory_order_acquire), want)) {
+            s->stats[3]++;
             return MT_OK;
         }
         now = mt_now();
