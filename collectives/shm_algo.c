@@ -176,8 +176,8 @@ mt_status_t mt_shm_reduce_scatter(mt_shm_t *s, const void *send_, void *recv_, s
         }
         MT_CHECK(mt_shm_sync(s, off == 0));
         for (int r = 0; r < n; r++) {
-            in[r] = (r == me && !own_aliases) ? (const void *)own
-                                               : (const void *)(shm_area(s, r, s->round, SHM_IN) + (size_t)me * per_block);
+            const char *slot = shm_area(s, r, s->round, SHM_IN) + (size_t)me * per_block;
+            in[r] = (r == me && !own_aliases) ? (const void *)own : (const void *)slot;
         }
         mt_shm_reduce_kernel(recv + off, in, n, len / es, dtype, op, n);
         s->round++;

@@ -394,7 +394,8 @@ mt_status_t mt_shm_wait(mt_shm_t *s, int p) {
             }
         }
         if (now - t0 > s->timeout_s) {
-            return peer_error(s, p, MT_ERR_TIMEOUT, "did not arrive within the timeout (MESHTRAIN_SHM_TIMEOUT)", now - t0);
+            return peer_error(s, p, MT_ERR_TIMEOUT, "did not arrive within the timeout (MESHTRAIN_SHM_TIMEOUT)",
+                              now - t0);
         }
     }
 }

@@ -23,7 +23,8 @@ static inline uint64_t tl_hash(uint64_t x) {
 static inline void tl_fill(void *buf, mt_dtype_t d, mt_redop_t op, int r, uint64_t seed, size_t n) {
     for (size_t i = 0; i < n; i++) {
         uint64_t h = tl_hash(seed * 0x9e3779b97f4a7c15ull + (uint64_t)r * 0x100000001b3ull + i);
-        double f = op == MT_REDOP_PROD ? 0.75 + (double)(h % 10007) / 20014.0 : ((double)(h % 20011) - 10005.0) / 2501.0;
+        double f = op == MT_REDOP_PROD ? 0.75 + (double)(h % 10007) / 20014.0
+                                       : ((double)(h % 20011) - 10005.0) / 2501.0;
         int64_t k = op == MT_REDOP_PROD ? (int64_t)(h % 5) - 2 : (int64_t)(h % 2001) - 1000;
         switch (d) {
         case MT_DTYPE_F32: ((float *)buf)[i] = (float)f; break;

@@ -1,7 +1,8 @@
 /* The shared-memory collectives against the MPI path: every op x dtype x reduction x in-place form x
  * size (0 to a few MiB, plus a few tens-of-MiB cases) on the world and on groups that are not the whole
- * node (scrambled rank lists), each call run on a comm forced to the mpi backend and on one forced to
- * shm, both compared with a scalar reference. Which results are bit-identical:
+ * node (scrambled rank lists: the odd ranks + 0, and 2 ranks of a 4-rank job), each call run on a comm
+ * forced to the mpi backend and on one forced to shm, both compared with a scalar reference. Which
+ * results are bit-identical:
  *   - to the reference, always (the shm path reduces in rank order 0..n-1, independent of chunking);
  *   - to MPI: data movement (all_gather, broadcast), integers, max/min always; f32/f64 sum/prod and
  *     f16/bf16 sum/prod/max/min with 2 ranks; avg of f32/f64 with 2 ranks. Otherwise within the
@@ -55,7 +56,9 @@ static double getd(const void *b, mt_dtype_t d, size_t i) {
     }
 }
 
-static bool is_float(mt_dtype_t d) { return d == MT_DTYPE_F32 || d == MT_DTYPE_F64 || d == MT_DTYPE_F16 || d == MT_DTYPE_BF16; }
+static bool is_float(mt_dtype_t d) {
+    return d == MT_DTYPE_F32 || d == MT_DTYPE_F64 || d == MT_DTYPE_F16 || d == MT_DTYPE_BF16;
+}
 
 /* Whether shm and MPI must agree bit for bit (see the file comment). u8 sum/avg: Open MPI 4.1's AVX
  * reduction saturates unsigned char sums for vector-length counts while its scalar loop wraps
@@ -229,7 +232,8 @@ static void test_all(mt_comm_t cm, mt_comm_t cs, struct bufs *b, bool full) {
                 for (size_t k = 0; k < MT_ARRAY_LEN(counts); k++) {
                     int n_ip = kind == OP_RS || kind == OP_AG ? 3 : 2;
                     /* keep the large counts to one in-place form and the common dtypes */
-                    if (counts[k] > 10000 && (!full || !(d == MT_DTYPE_F32 || d == MT_DTYPE_BF16 || d == MT_DTYPE_I32))) {
+                    bool big_ok = d == MT_DTYPE_F32 || d == MT_DTYPE_BF16 || d == MT_DTYPE_I32;
+                    if (counts[k] > 10000 && (!full || !big_ok)) {
                         continue;
                     }
                     for (int ip = 0; ip < n_ip; ip++) {
@@ -357,6 +361,11 @@ int main(int argc, char **argv) {
         if (member) {
             test_group(w->comm, g, n, &b, 0, false);
         }
+    }
+    /* 2 ranks of a 4+-rank job (ranks 1 and 2, in reverse order) */
+    if (w->size >= 4 && (w->rank == 1 || w->rank == 2)) {
+        int g[2] = {2, 1};
+        test_group(w->comm, g, 2, &b, 0, false);
     }
     if (w->rank == 0) {
         printf("%d cases, %d of them bit-identical to mpi\n", n_cases, n_bitwise_mpi);

@@ -1,7 +1,7 @@
-/* Failure paths of the shared-memory collectives, 2 ranks, MESHTRAIN_COLL_TIMEOUT=MESHTRAIN_SHM_TIMEOUT=2: ranks issuing
- * different calls get MT_ERR_INVALID_USAGE naming the peer's call; a rank that never arrives makes the
- * other time out (MT_ERR_TIMEOUT naming rank, op and sequence number) within the timeout; after a
- * failure every later call on either rank fails at once (MT_ERR_REMOTE) instead of hanging.
+/* Failure paths of the shared-memory collectives, 2 ranks, MESHTRAIN_COLL_TIMEOUT=MESHTRAIN_SHM_TIMEOUT=2:
+ * ranks issuing different calls get MT_ERR_INVALID_USAGE naming the peer's call; a rank that never
+ * arrives makes the other time out (MT_ERR_TIMEOUT naming rank, op and sequence number) within the
+ * timeout; after a failure every later call on either rank fails at once (MT_ERR_REMOTE), no hang.
  * SPDX-License-Identifier: MIT */
 #include <string.h>
 #include <unistd.h>
