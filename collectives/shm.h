@@ -22,7 +22,7 @@ typedef enum { MT_SHM_METHOD_AUTO = 0, MT_SHM_METHOD_MEMFD, MT_SHM_METHOD_POSIX 
 
 typedef struct {
     const char *name;                     /* comm name for messages and the segment's name */
-    size_t chunk_bytes;                   /* bytes per rank per pipeline round (rounded to 4 KiB); 0: 1 MiB,
+    size_t chunk_bytes;                   /* bytes per rank per pipeline round (rounded to 4 KiB); 0: 512 KiB,
                                              or 2 MiB where the node has more local ranks than CPUs */
     double timeout_s;                     /* every wait fails with MT_ERR_TIMEOUT after this long */
     double spin_us;                       /* busy-poll this long before yielding; < 0: decide (oversubscription) */

@@ -190,7 +190,7 @@ mt_status_t mt_shm_init(MPI_Comm local, const mt_shm_params_t *prm, mt_shm_t **o
     int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
     int over = n > cpus, any_over = 0;
     MPI_Allreduce(&over, &any_over, 1, MPI_INT, MPI_MAX, local);
-    unsigned long long chunk = prm->chunk_bytes ? prm->chunk_bytes : any_over ? (2u << 20) : (1u << 20);
+    unsigned long long chunk = prm->chunk_bytes ? prm->chunk_bytes : any_over ? (2u << 20) : (512u << 10);
     MPI_Bcast(&chunk, 1, MPI_UNSIGNED_LONG_LONG, 0, local); /* the layout is local rank 0's */
     s->chunk = round_up(chunk < PAGE ? PAGE : (size_t)chunk, PAGE);
     s->timeout_s = prm->timeout_s > 0 ? prm->timeout_s : 300.0;
