@@ -20,7 +20,7 @@
  * Small all-reduces (<= SMALL_BYTES) take one sync: everyone copies in, then every rank reduces all of
  * it itself, in the same rank order (so results stay identical across ranks). Tried for large 2-rank
  * all-reduces too (one sync per round instead of two, 3 reads + 2 writes per element instead of
- * 2.5 + 2): measured side by side it was slower (time/raw 0.65-0.73 against 0.45-0.55 at 1-4 MiB).
+ * 2.5 + 2): measured side by side it was slower (time/raw 0.55-0.73 against 0.45-0.60 at 1-4 MiB).
  * SPDX-License-Identifier: MIT */
 #include <string.h>
 
