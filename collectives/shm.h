@@ -26,7 +26,8 @@ typedef struct {
                                              or 2 MiB where the node has more local ranks than CPUs */
     double timeout_s;                     /* every wait fails with MT_ERR_TIMEOUT after this long */
     double spin_us;                       /* busy-poll this long before yielding; < 0: decide (oversubscription) */
-    double yield_us;                      /* then sched_yield() this long before sleeping on a futex */
+    double yield_us;                      /* then sched_yield() this long before sleeping on a futex; < 0:
+                                             2 ms, or 20 ms where the node has more local ranks than CPUs */
     mt_shm_method_t method;
     const _Atomic uint64_t *seq_completed; /* the comm's counter: the running call is *seq_completed + 1 (or NULL) */
     const int *group_ranks;               /* local rank -> rank in the comm (for messages; NULL: identity) */
@@ -36,11 +37,6 @@ typedef struct {
  * collective over local. On failure every rank returns the same error status (the ranks agree through
  * local), with the reason in mt_last_error_msg(), and nothing is left mapped or named. */
 mt_status_t mt_shm_init(MPI_Comm local, const mt_shm_params_t *params, mt_shm_t **out);
-
-/* How waits behave from now on: yielding (the caller has nothing else to run, as in a synchronous call)
- * or not (an asynchronous call on a progress thread: its process's own threads compute meanwhile, and a
- * yielding waiter would hand them whole time slices; it sleeps on the futex after the spin instead). */
-void mt_shm_set_yield(mt_shm_t *s, bool yield);
 
 /* Unmaps and frees (not collective; the kernel frees the memory when the last rank unmaps). NULL ok. */
 void mt_shm_free(mt_shm_t *s);

@@ -16,7 +16,7 @@
 MT_PARAM_STR(coll_algo, "COLL_ALGO", "auto")
 MT_PARAM(shm_chunk, "SHM_CHUNK", 0)
 MT_PARAM(shm_spin_us, "SHM_SPIN_US", -1)
-MT_PARAM(shm_yield_us, "SHM_YIELD_US", 2000)
+MT_PARAM(shm_yield_us, "SHM_YIELD_US", -1)
 MT_PARAM_STR(shm_method, "SHM_METHOD", "auto")
 MT_PARAM(shm_min_bytes, "SHM_MIN_BYTES", 0)
 MT_PARAM(shm_timeout, "SHM_TIMEOUT", 300)
@@ -233,16 +233,9 @@ fail:
     return st;
 }
 
-/* The per-call choice: the same on every rank (kind and size are, active and min_bytes are agreed).
- * Also sets how this call waits: an asynchronous call runs on the comm's progress thread while the
- * caller computes, and must not yield its time slices to that computation. */
+/* The per-call choice: the same on every rank (kind and size are, active and min_bytes are agreed). */
 static bool use_shm(const struct shm_ctx *x, size_t bytes) {
-    bool use = x->active && (x->algo == ALGO_SHM || bytes >= x->min_bytes);
-    if (use && x->shm) {
-        const struct mt_comm *c = x->comm;
-        mt_shm_set_yield(x->shm, !(c->thread_started && pthread_equal(pthread_self(), c->thread)));
-    }
-    return use;
+    return x->active && (x->algo == ALGO_SHM || bytes >= x->min_bytes);
 }
 
 /* A node holding one rank of the comm has no segment: its "node-local" collectives are copies. */

@@ -48,7 +48,7 @@ struct mt_shm {
     char *slots;
     size_t bytes, chunk, accounted;
     mt_shm_method_t method;
-    double timeout_s, yield_s, yield_cfg_s;
+    double timeout_s, yield_s;
     /* spin budget in polls (a poll is one pause + one load; calibrated at init, clock reads cost ~250 ns
      * on these VMs): adaptive, halves when the spin did not see the peer arrive, doubles when it did */
     uint32_t spin_max, spin_cur;
