@@ -52,21 +52,21 @@ size_t mt_shm_bytes(const mt_shm_t *s);
  * local group. count == 0 returns at once. Results are the same on every rank and do not depend on the
  * chunk size: each element is reduced by one rank, over ranks in order 0..n-1, in the accumulation type
  * (f16/bf16 in f32 rounded once at the end, f32/f64 in their own type, integers wrapping). AVG divides
- * the exact accumulated sum by n (integers: truncating).
+ * the sum, rounded to the dtype, by n in the accumulation type (integers: truncating), as coll.h says.
  * Errors: MT_ERR_TIMEOUT (a peer did not reach a step in timeout_s), MT_ERR_REMOTE (a peer died or
  * failed), MT_ERR_INVALID_USAGE (the ranks issued different calls); the message names the comm, the
  * local and comm rank, the op and the call's sequence number. After any error the segment is failed:
  * every later call (here and on the peers) returns MT_ERR_REMOTE. */
-mt_status_t mt_shm_all_reduce(mt_shm_t *s, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+mt_status_t mt_shm_all_reduce(mt_shm_t *s, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                               mt_redop_t op);
 /* recv on root only (ignored elsewhere, may be NULL). */
-mt_status_t mt_shm_reduce(mt_shm_t *s, const void *send, void *recv, size_t count, mt_dtype_t dtype, mt_redop_t op,
+mt_status_t mt_shm_reduce(mt_shm_t *s, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype, mt_redop_t op,
                           int root);
-mt_status_t mt_shm_reduce_scatter(mt_shm_t *s, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+mt_status_t mt_shm_reduce_scatter(mt_shm_t *s, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                   mt_redop_t op);
-mt_status_t mt_shm_all_gather(mt_shm_t *s, const void *send, void *recv, size_t count, mt_dtype_t dtype);
+mt_status_t mt_shm_all_gather(mt_shm_t *s, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype);
 /* send is read on root only; root's recv gets a copy too (nothing when send == recv). */
-mt_status_t mt_shm_broadcast(mt_shm_t *s, const void *send, void *recv, size_t count, mt_dtype_t dtype, int root);
+mt_status_t mt_shm_broadcast(mt_shm_t *s, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype, int root);
 mt_status_t mt_shm_barrier(mt_shm_t *s);
 
 /* ---- the backend (shm_backend.c) ------------------------------------------------------------------ */
@@ -80,7 +80,7 @@ mt_status_t mt_coll_shm_info(mt_comm_t comm, bool *active, int *n_nodes, int *lo
 
 /* out[i] = op over r = 0..n-1 of in[r][i] (rank order), accumulated as described above; avg divides by
  * div (pass the group size; 1 for no division). out must not overlap any in[r]. */
-void mt_shm_reduce_kernel(void *restrict out, const void *const *in, int n, size_t count, mt_dtype_t dtype,
+void mt_shm_reduce_kernel(void *restrict out, const void *const *in, int n, size_t count, mt_coll_dtype_t dtype,
                           mt_redop_t op, int div);
 
 /* The 16-bit conversions the kernels use (branch-free so they vectorise), exported for the tests that

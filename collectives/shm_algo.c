@@ -56,9 +56,9 @@ static void copy(void *dst, const void *src, size_t len) {
 }
 
 /* Rounds of a reduction in which each rank reduces one slice (all-reduce, reduce to root). */
-static mt_status_t reduce_rounds(mt_shm_t *s, const char *send, char *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t reduce_rounds(mt_shm_t *s, const char *send, char *recv, size_t count, mt_coll_dtype_t dtype,
                                  mt_redop_t op, int root) {
-    const size_t es = mt_dtype_size(dtype), total = count * es;
+    const size_t es = mt_coll_dtype_size(dtype), total = count * es;
     const size_t per_round = s->chunk / es * es;
     const int me = s->rank, n = s->n;
     const bool all = root < 0;
@@ -103,9 +103,9 @@ static mt_status_t reduce_rounds(mt_shm_t *s, const char *send, char *recv, size
 
 /* One sync per round: every rank (or root only) reduces the whole round from all inputs, its own read
  * straight from its send buffer unless that overlaps recv (in place). */
-static mt_status_t reduce_full(mt_shm_t *s, const char *send, char *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t reduce_full(mt_shm_t *s, const char *send, char *recv, size_t count, mt_coll_dtype_t dtype,
                                mt_redop_t op, int root) {
-    const size_t es = mt_dtype_size(dtype), total = count * es, per_round = s->chunk / es * es;
+    const size_t es = mt_coll_dtype_size(dtype), total = count * es, per_round = s->chunk / es * es;
     const bool mine = root < 0 || root == s->rank;
     const void *in[MT_SHM_MAX_RANKS];
     for (size_t off = 0; off < total; off += per_round) {
@@ -126,31 +126,31 @@ static mt_status_t reduce_full(mt_shm_t *s, const char *send, char *recv, size_t
 }
 
 static mt_status_t reduce_any(mt_shm_t *s, const char *name, int kind, const void *send, void *recv, size_t count,
-                              mt_dtype_t dtype, mt_redop_t op, int root) {
+                              mt_coll_dtype_t dtype, mt_redop_t op, int root) {
     if (count == 0) {
         return MT_OK;
     }
     MT_CHECK(mt_shm_begin(s, name, kind, count, dtype, (int)op, root));
-    size_t total = count * mt_dtype_size(dtype);
+    size_t total = count * mt_coll_dtype_size(dtype);
     if (total <= SMALL_BYTES) {
         return reduce_full(s, send, recv, count, dtype, op, root);
     }
     return reduce_rounds(s, send, recv, count, dtype, op, root);
 }
 
-mt_status_t mt_shm_all_reduce(mt_shm_t *s, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+mt_status_t mt_shm_all_reduce(mt_shm_t *s, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                               mt_redop_t op) {
     return reduce_any(s, "all_reduce", K_ALL_REDUCE, send, recv, count, dtype, op, -1);
 }
 
-mt_status_t mt_shm_reduce(mt_shm_t *s, const void *send, void *recv, size_t count, mt_dtype_t dtype, mt_redop_t op,
+mt_status_t mt_shm_reduce(mt_shm_t *s, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype, mt_redop_t op,
                           int root) {
     return reduce_any(s, "reduce", K_REDUCE, send, recv, count, dtype, op, root);
 }
 
 /* Round k carries elements [off, off+m) of every block: rank r copies in the blocks of the others,
  * syncs, and reduces block r from every slot (its own from its send buffer) straight into recv. */
-mt_status_t mt_shm_reduce_scatter(mt_shm_t *s, const void *send_, void *recv_, size_t count, mt_dtype_t dtype,
+mt_status_t mt_shm_reduce_scatter(mt_shm_t *s, const void *send_, void *recv_, size_t count, mt_coll_dtype_t dtype,
                                   mt_redop_t op) {
     if (count == 0) {
         return MT_OK;
@@ -158,7 +158,7 @@ mt_status_t mt_shm_reduce_scatter(mt_shm_t *s, const void *send_, void *recv_, s
     MT_CHECK(mt_shm_begin(s, "reduce_scatter", K_REDUCE_SCATTER, count, dtype, (int)op, -1));
     const char *send = send_;
     char *recv = recv_;
-    const size_t es = mt_dtype_size(dtype), bytes = count * es;
+    const size_t es = mt_coll_dtype_size(dtype), bytes = count * es;
     const int me = s->rank, n = s->n;
     const size_t per_block = s->chunk / (size_t)n / es * es; /* >= es: chunk >= 4 KiB, n <= 64, es <= 8 */
     const void *in[MT_SHM_MAX_RANKS];
@@ -184,14 +184,14 @@ mt_status_t mt_shm_reduce_scatter(mt_shm_t *s, const void *send_, void *recv_, s
 }
 
 /* Round k: each rank publishes elements [off, off+m) of its input, syncs, copies every rank's into recv. */
-mt_status_t mt_shm_all_gather(mt_shm_t *s, const void *send_, void *recv_, size_t count, mt_dtype_t dtype) {
+mt_status_t mt_shm_all_gather(mt_shm_t *s, const void *send_, void *recv_, size_t count, mt_coll_dtype_t dtype) {
     if (count == 0) {
         return MT_OK;
     }
     MT_CHECK(mt_shm_begin(s, "all_gather", K_ALL_GATHER, count, dtype, 0, -1));
     const char *send = send_;
     char *recv = recv_;
-    const size_t es = mt_dtype_size(dtype), bytes = count * es, per_round = s->chunk / es * es;
+    const size_t es = mt_coll_dtype_size(dtype), bytes = count * es, per_round = s->chunk / es * es;
     for (size_t off = 0; off < bytes; off += per_round) {
         size_t len = bytes - off < per_round ? bytes - off : per_round;
         copy(shm_area(s, s->rank, s->round, SHM_IN), send + off, len);
@@ -206,14 +206,15 @@ mt_status_t mt_shm_all_gather(mt_shm_t *s, const void *send_, void *recv_, size_
 }
 
 /* Round k: root publishes elements [off, off+m), syncs, the others copy them out. */
-mt_status_t mt_shm_broadcast(mt_shm_t *s, const void *send_, void *recv_, size_t count, mt_dtype_t dtype, int root) {
+mt_status_t mt_shm_broadcast(mt_shm_t *s, const void *send_, void *recv_, size_t count, mt_coll_dtype_t dtype,
+                             int root) {
     if (count == 0) {
         return MT_OK;
     }
     MT_CHECK(mt_shm_begin(s, "broadcast", K_BROADCAST, count, dtype, 0, root));
     const char *send = send_;
     char *recv = recv_;
-    const size_t es = mt_dtype_size(dtype), bytes = count * es, per_round = s->chunk / es * es;
+    const size_t es = mt_coll_dtype_size(dtype), bytes = count * es, per_round = s->chunk / es * es;
     for (size_t off = 0; off < bytes; off += per_round) {
         size_t len = bytes - off < per_round ? bytes - off : per_round;
         if (s->rank == root) {
@@ -232,6 +233,6 @@ mt_status_t mt_shm_broadcast(mt_shm_t *s, const void *send_, void *recv_, size_t
 }
 
 mt_status_t mt_shm_barrier(mt_shm_t *s) {
-    MT_CHECK(mt_shm_begin(s, "barrier", K_BARRIER, 0, MT_DTYPE_U8, 0, -1));
+    MT_CHECK(mt_shm_begin(s, "barrier", K_BARRIER, 0, MT_COLL_U8, 0, -1));
     return mt_shm_sync(s, true);
 }

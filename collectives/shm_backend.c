@@ -239,19 +239,19 @@ static bool use_shm(const struct shm_ctx *x, size_t bytes) {
 }
 
 /* A node holding one rank of the comm has no segment: its "node-local" collectives are copies. */
-static mt_status_t node_reduce(struct shm_ctx *x, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t node_reduce(struct shm_ctx *x, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                mt_redop_t op) {
     if (!x->shm) {
-        mt_coll_local_copy(send, recv, count * mt_dtype_size(dtype));
+        mt_coll_local_copy(send, recv, count * mt_coll_dtype_size(dtype));
         return MT_OK;
     }
     return mt_shm_reduce(x->shm, send, recv, count, dtype, op, 0);
 }
 
-static mt_status_t node_bcast(struct shm_ctx *x, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t node_bcast(struct shm_ctx *x, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                               int root) {
     if (!x->shm) {
-        mt_coll_local_copy(send, recv, count * mt_dtype_size(dtype));
+        mt_coll_local_copy(send, recv, count * mt_coll_dtype_size(dtype));
         return MT_OK;
     }
     return mt_shm_broadcast(x->shm, send, recv, count, dtype, root);
@@ -264,10 +264,10 @@ static mt_status_t node_bcast(struct shm_ctx *x, const void *send, void *recv, s
  *     2. r0 <==== MPI all-reduce among leaders ====> r2
  *     3. shm bcast from r0    3. shm bcast from r2
  */
-static mt_status_t shm_all_reduce(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t shm_all_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                   mt_redop_t op, mt_stream_t stream) {
     struct shm_ctx *x = ctx;
-    if (!use_shm(x, count * mt_dtype_size(dtype))) {
+    if (!use_shm(x, count * mt_coll_dtype_size(dtype))) {
         return mt_coll_backend_mpi.all_reduce(x->mpi, send, recv, count, dtype, op, stream);
     }
     if (x->n_nodes == 1) {
@@ -286,10 +286,10 @@ static mt_status_t shm_all_reduce(void *ctx, const void *send, void *recv, size_
 }
 
 /* Hierarchical broadcast: inside root's node first, then among leaders, then inside the other nodes. */
-static mt_status_t shm_broadcast(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype, int root,
+static mt_status_t shm_broadcast(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype, int root,
                                  mt_stream_t stream) {
     struct shm_ctx *x = ctx;
-    if (!use_shm(x, count * mt_dtype_size(dtype))) {
+    if (!use_shm(x, count * mt_coll_dtype_size(dtype))) {
         return mt_coll_backend_mpi.broadcast(x->mpi, send, recv, count, dtype, root, stream);
     }
     if (x->n_nodes == 1) {
@@ -308,28 +308,28 @@ static mt_status_t shm_broadcast(void *ctx, const void *send, void *recv, size_t
     return MT_OK;
 }
 
-static mt_status_t shm_reduce_scatter(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t shm_reduce_scatter(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                       mt_redop_t op, mt_stream_t stream) {
     struct shm_ctx *x = ctx;
-    if (x->n_nodes > 1 || !use_shm(x, count * mt_dtype_size(dtype) * (size_t)x->size)) {
+    if (x->n_nodes > 1 || !use_shm(x, count * mt_coll_dtype_size(dtype) * (size_t)x->size)) {
         return mt_coll_backend_mpi.reduce_scatter(x->mpi, send, recv, count, dtype, op, stream);
     }
     return mt_shm_reduce_scatter(x->shm, send, recv, count, dtype, op);
 }
 
-static mt_status_t shm_all_gather(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t shm_all_gather(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                   mt_stream_t stream) {
     struct shm_ctx *x = ctx;
-    if (x->n_nodes > 1 || !use_shm(x, count * mt_dtype_size(dtype) * (size_t)x->size)) {
+    if (x->n_nodes > 1 || !use_shm(x, count * mt_coll_dtype_size(dtype) * (size_t)x->size)) {
         return mt_coll_backend_mpi.all_gather(x->mpi, send, recv, count, dtype, stream);
     }
     return mt_shm_all_gather(x->shm, send, recv, count, dtype);
 }
 
-static mt_status_t shm_reduce(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype, mt_redop_t op,
-                              int root, mt_stream_t stream) {
+static mt_status_t shm_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
+                              mt_redop_t op, int root, mt_stream_t stream) {
     struct shm_ctx *x = ctx;
-    if (x->n_nodes > 1 || !use_shm(x, count * mt_dtype_size(dtype))) {
+    if (x->n_nodes > 1 || !use_shm(x, count * mt_coll_dtype_size(dtype))) {
         return mt_coll_backend_mpi.reduce(x->mpi, send, recv, count, dtype, op, root, stream);
     }
     return mt_shm_reduce(x->shm, send, recv, count, dtype, op, x->local_of[root]);
@@ -345,17 +345,17 @@ static mt_status_t shm_barrier(void *ctx, mt_stream_t stream) {
 
 /* ---- not accelerated: the MPI backend's own calls on our MPI context ------------------------------- */
 
-static mt_status_t shm_all_to_all(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t shm_all_to_all(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                   mt_stream_t stream) {
     return mt_coll_backend_mpi.all_to_all(((struct shm_ctx *)ctx)->mpi, send, recv, count, dtype, stream);
 }
 
-static mt_status_t shm_send(void *ctx, const void *buf, size_t count, mt_dtype_t dtype, int peer,
+static mt_status_t shm_send(void *ctx, const void *buf, size_t count, mt_coll_dtype_t dtype, int peer,
                             mt_stream_t stream) {
     return mt_coll_backend_mpi.send(((struct shm_ctx *)ctx)->mpi, buf, count, dtype, peer, stream);
 }
 
-static mt_status_t shm_recv(void *ctx, void *buf, size_t count, mt_dtype_t dtype, int peer, mt_stream_t stream) {
+static mt_status_t shm_recv(void *ctx, void *buf, size_t count, mt_coll_dtype_t dtype, int peer, mt_stream_t stream) {
     return mt_coll_backend_mpi.recv(((struct shm_ctx *)ctx)->mpi, buf, count, dtype, peer, stream);
 }
 

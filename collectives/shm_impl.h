@@ -62,7 +62,7 @@ struct mt_shm {
     /* the running call, for messages */
     const char *op_name;
     size_t op_count;
-    mt_dtype_t op_dtype;
+    mt_coll_dtype_t op_dtype;
 };
 
 static inline char *shm_area(const mt_shm_t *s, int r, uint64_t round, int area) {
@@ -70,7 +70,8 @@ static inline char *shm_area(const mt_shm_t *s, int r, uint64_t round, int area)
 }
 
 /* Starts a call: fails at once if the segment failed earlier, publishes the descriptor. */
-mt_status_t mt_shm_begin(mt_shm_t *s, const char *op_name, int kind, size_t count, mt_dtype_t dtype, int op, int root);
+mt_status_t mt_shm_begin(mt_shm_t *s, const char *op_name, int kind, size_t count, mt_coll_dtype_t dtype, int op,
+                         int root);
 /* Publishes arrival at the next step (release) and wakes sleepers. */
 void mt_shm_arrive(mt_shm_t *s);
 /* Waits (acquire) until local rank p has arrived at the current step: spin, yield, then futex sleep,

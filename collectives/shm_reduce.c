@@ -61,7 +61,8 @@ float mt_shm_bf16_to_f32(uint16_t h) { return bf16_load(h); }
 uint16_t mt_shm_f32_to_bf16(float f) { return bf16_store(f); }
 
 /* One kernel per (type, combine): acc = in[0]; acc = combine(acc, in[r]) for r = 1..n-1; out = acc
- * (divided by div for avg). */
+ * (divided by div for avg: the sum rounded to T first, as coll.h specifies for f16/bf16; a no-op round
+ * trip for the other types). */
 #define DEF_KERNEL(NAME, T, ACC, LOAD, STORE, COMBINE)                                               \
     static void NAME(void *restrict out_, const void *const *in, int n, size_t count, int avg_div) { \
         T *restrict out = out_;                                                                      \
@@ -82,7 +83,7 @@ uint16_t mt_shm_f32_to_bf16(float f) { return bf16_store(f); }
             if (avg_div > 1) {                                                                       \
                 ACC d = (ACC)avg_div;                                                                \
                 for (size_t i = 0; i < m; i++) {                                                     \
-                    acc[i] = (ACC)(acc[i] / d);                                                      \
+                    acc[i] = (ACC)(LOAD(STORE(acc[i])) / d);                                         \
                 }                                                                                    \
             }                                                                                        \
             T *restrict o = out + b;                                                                 \
@@ -133,17 +134,17 @@ DEF_KERNEL(k_u8_min, uint8_t, uint8_t, ID, ID, MIN)
 typedef void (*kernel_fn)(void *restrict out, const void *const *in, int n, size_t count, int avg_div);
 
 /* [dtype][sum, prod, max, min] */
-static const kernel_fn kernels[MT_DTYPE_COUNT][4] = {
-    [MT_DTYPE_F32] = {k_f32_sum, k_f32_prod, k_f32_max, k_f32_min},
-    [MT_DTYPE_F64] = {k_f64_sum, k_f64_prod, k_f64_max, k_f64_min},
-    [MT_DTYPE_F16] = {k_f16_sum, k_f16_prod, k_f16_max, k_f16_min},
-    [MT_DTYPE_BF16] = {k_bf16_sum, k_bf16_prod, k_bf16_max, k_bf16_min},
-    [MT_DTYPE_I32] = {k_i32_sum, k_i32_prod, k_i32_max, k_i32_min},
-    [MT_DTYPE_I64] = {k_i64_sum, k_i64_prod, k_i64_max, k_i64_min},
-    [MT_DTYPE_U8] = {k_u8_sum, k_u8_prod, k_u8_max, k_u8_min},
+static const kernel_fn kernels[MT_COLL_DTYPE_COUNT][4] = {
+    [MT_COLL_F32] = {k_f32_sum, k_f32_prod, k_f32_max, k_f32_min},
+    [MT_COLL_F64] = {k_f64_sum, k_f64_prod, k_f64_max, k_f64_min},
+    [MT_COLL_F16] = {k_f16_sum, k_f16_prod, k_f16_max, k_f16_min},
+    [MT_COLL_BF16] = {k_bf16_sum, k_bf16_prod, k_bf16_max, k_bf16_min},
+    [MT_COLL_I32] = {k_i32_sum, k_i32_prod, k_i32_max, k_i32_min},
+    [MT_COLL_I64] = {k_i64_sum, k_i64_prod, k_i64_max, k_i64_min},
+    [MT_COLL_U8] = {k_u8_sum, k_u8_prod, k_u8_max, k_u8_min},
 };
 
-void mt_shm_reduce_kernel(void *restrict out, const void *const *in, int n, size_t count, mt_dtype_t dtype,
+void mt_shm_reduce_kernel(void *restrict out, const void *const *in, int n, size_t count, mt_coll_dtype_t dtype,
                           mt_redop_t op, int div) {
     int k = 0;
     switch (op) {
@@ -154,6 +155,6 @@ void mt_shm_reduce_kernel(void *restrict out, const void *const *in, int n, size
     case MT_REDOP_MIN: k = 3; break;
     default: MT_ABORT("shm reduce: op %d not validated", (int)op);
     }
-    MT_ASSERT((unsigned)dtype < MT_DTYPE_COUNT && n >= 1);
+    MT_ASSERT((unsigned)dtype < MT_COLL_DTYPE_COUNT && n >= 1);
     kernels[dtype][k](out, in, n, count, op == MT_REDOP_AVG ? div : 1);
 }

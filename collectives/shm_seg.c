@@ -288,7 +288,8 @@ static uint64_t call_seq(const mt_shm_t *s) {
 /* "comm tp: shm all_reduce (call 12, 4096 x f32) on local rank 0 (comm rank 2)" */
 static void where(const mt_shm_t *s, char *buf, size_t len) {
     snprintf(buf, len, "comm %s: shm %s (call %llu, %zu x %s) on local rank %d (comm rank %d)", s->name,
-             s->op_name ? s->op_name : "?", (unsigned long long)call_seq(s), s->op_count, mt_dtype_name(s->op_dtype),
+             s->op_name ? s->op_name : "?", (unsigned long long)call_seq(s), s->op_count,
+             mt_coll_dtype_name(s->op_dtype),
              s->rank, s->group_ranks[s->rank]);
 }
 
@@ -303,7 +304,7 @@ mt_status_t mt_shm_fail(mt_shm_t *s, mt_status_t st) {
 
 static mt_status_t peer_error(mt_shm_t *s, int p, mt_status_t st, const char *what, double waited);
 
-mt_status_t mt_shm_begin(mt_shm_t *s, const char *op_name, int kind, size_t count, mt_dtype_t dtype, int op,
+mt_status_t mt_shm_begin(mt_shm_t *s, const char *op_name, int kind, size_t count, mt_coll_dtype_t dtype, int op,
                          int root) {
     s->op_name = op_name;
     s->op_count = count;
@@ -422,7 +423,8 @@ mt_status_t mt_shm_sync(mt_shm_t *s, bool check) {
                 mt_error(MT_ERR_INVALID_USAGE, "%s: local rank %d (comm rank %d) issued a different call (#%llu: "
                          "kind %u, count %llu, dtype %s, op %u, root %d): every rank must issue the same "
                          "collectives in the same order", w, p, s->group_ranks[p], (unsigned long long)theirs->call,
-                         theirs->kind, (unsigned long long)theirs->count, mt_dtype_name((mt_dtype_t)theirs->dtype),
+                         theirs->kind, (unsigned long long)theirs->count,
+                         mt_coll_dtype_name((mt_coll_dtype_t)theirs->dtype),
                          theirs->op, theirs->root);
                 return mt_shm_fail(s, MT_ERR_INVALID_USAGE);
             }

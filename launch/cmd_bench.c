@@ -13,23 +13,32 @@
 #include "cmd.h"
 #include "collectives/coll.h"
 #include "runtime/alloc.h"
+#include "runtime/mesh.h"
 #include "runtime/rt.h"
 
 #if MT_HAVE_NCCL
 #include <cuda_runtime.h>
 #endif
 
-typedef enum { OP_ALLREDUCE = 0, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BROADCAST, OP_REDUCE, OP_ALLTOALL, OP_SENDRECV,
-               OP_N } bench_op_t;
-static const char *op_names[OP_N] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall",
-                                     "sendrecv"};
+typedef enum {
+    OP_ALLREDUCE = 0,
+    OP_REDUCE_SCATTER,
+    OP_ALLGATHER,
+    OP_BROADCAST,
+    OP_REDUCE,
+    OP_ALLTOALL,
+    OP_SENDRECV,
+    OP_N
+} bench_op_t;
+static const char *op_names[OP_N] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
+                                     "reduce",    "alltoall",       "sendrecv"};
 
 typedef struct {
     bool ops[OP_N];
     int64_t min_bytes, max_bytes, factor;
-    mt_dtype_t dtype;
+    mt_coll_dtype_t dtype;
     mt_redop_t redop;
-    int iters, warmup, check, root;
+    int iters, warmup, check, root, rounds;
     bool device, compare_raw;
     const char *group, *json, *order;
     int tp, pp, dp;
@@ -48,16 +57,19 @@ static void usage(FILE *out) {
             "  -o, --op_type R  sum|avg|max|min|prod (sum)\n"
             "  -n, --iters N    timed iterations per measurement (20)\n"
             "  -w, --warmup_iters N  untimed iterations first (5)\n"
+            "  --rounds N       timing rounds; the median is reported (3)\n"
             "  -c, --check 0|1  fill buffers with rank- and index-dependent values, count wrong results (1)\n"
             "  -r, --root R     root of broadcast/reduce (0)\n"
             "  --backend B      mpi (host memory) | nccl (device memory) (mpi)\n"
             "  --group G        world|tp|dp|pp: benchmark this rank's group on the mesh (world)\n"
             "  --tp N --pp N [--dp N]  mesh sizes for --group (also --parallel.tp=N --parallel.pp=N --parallel.dp=N)\n"
-            "  --order O        mesh order, fastest first (also --parallel.order=O) (tp-dp-pp)\n"
+            "  --order O        mesh order, fastest first (also --parallel.order=O) (tp-dp-pp); groups are the\n"
+            "                   runtime's own (runtime/mesh.h), as `meshtrain topo --dry-run` prints them\n"
             "  --compare-raw    also time the plain MPI call on the same buffers; print ours/raw (mpi backend)\n"
             "  --json FILE      also write the results as JSON\n"
             "Sizes are total bytes as in nccl-tests: per-rank count = count / ranks for reduce_scatter, allgather,\n"
-            "alltoall. Times are the median of 3 rounds of -n iterations, each round the slowest rank's mean.\n");
+            "alltoall. Times are the median of --rounds rounds of -n iterations, each round the slowest rank's mean;\n"
+            "with --compare-raw ours and raw alternate within each round (who goes first alternates too).\n");
 }
 
 static int bad(int rank, const char *fmt, const char *arg) {
@@ -86,28 +98,42 @@ static int parse(int argc, char **argv, int rank, bench_opts_t *o) {
     o->min_bytes = 8;
     o->max_bytes = 8 << 20;
     o->factor = 2;
-    o->dtype = MT_DTYPE_F32;
+    o->dtype = MT_COLL_F32;
     o->redop = MT_REDOP_SUM;
     o->iters = 20;
+    o->rounds = 3;
     o->warmup = 5;
     o->check = 1;
     o->group = "world";
     o->order = "tp-dp-pp";
     o->tp = o->pp = 1;
-    enum { O_OP = 256, O_BACKEND, O_GROUP, O_TP, O_PP, O_DP, O_ORDER, O_RAW, O_JSON, O_HELP };
+    enum { O_OP = 256, O_ROUNDS, O_BACKEND, O_GROUP, O_TP, O_PP, O_DP, O_ORDER, O_RAW, O_JSON, O_HELP };
     static const struct option longs[] = {
-        {"op", required_argument, NULL, O_OP},       {"minbytes", required_argument, NULL, 'b'},
-        {"maxbytes", required_argument, NULL, 'e'},  {"stepfactor", required_argument, NULL, 'f'},
-        {"datatype", required_argument, NULL, 'd'},  {"op_type", required_argument, NULL, 'o'},
-        {"iters", required_argument, NULL, 'n'},     {"warmup_iters", required_argument, NULL, 'w'},
-        {"check", required_argument, NULL, 'c'},     {"root", required_argument, NULL, 'r'},
-        {"backend", required_argument, NULL, O_BACKEND}, {"group", required_argument, NULL, O_GROUP},
-        {"tp", required_argument, NULL, O_TP},       {"pp", required_argument, NULL, O_PP},
-        {"dp", required_argument, NULL, O_DP},       {"order", required_argument, NULL, O_ORDER},
-        {"parallel.tp", required_argument, NULL, O_TP}, {"parallel.pp", required_argument, NULL, O_PP},
-        {"parallel.dp", required_argument, NULL, O_DP}, {"parallel.order", required_argument, NULL, O_ORDER},
-        {"compare-raw", no_argument, NULL, O_RAW},   {"json", required_argument, NULL, O_JSON},
-        {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
+        {"op", required_argument, NULL, O_OP},
+        {"minbytes", required_argument, NULL, 'b'},
+        {"maxbytes", required_argument, NULL, 'e'},
+        {"stepfactor", required_argument, NULL, 'f'},
+        {"datatype", required_argument, NULL, 'd'},
+        {"op_type", required_argument, NULL, 'o'},
+        {"iters", required_argument, NULL, 'n'},
+        {"warmup_iters", required_argument, NULL, 'w'},
+        {"check", required_argument, NULL, 'c'},
+        {"root", required_argument, NULL, 'r'},
+        {"rounds", required_argument, NULL, O_ROUNDS},
+        {"backend", required_argument, NULL, O_BACKEND},
+        {"group", required_argument, NULL, O_GROUP},
+        {"tp", required_argument, NULL, O_TP},
+        {"pp", required_argument, NULL, O_PP},
+        {"dp", required_argument, NULL, O_DP},
+        {"order", required_argument, NULL, O_ORDER},
+        {"parallel.tp", required_argument, NULL, O_TP},
+        {"parallel.pp", required_argument, NULL, O_PP},
+        {"parallel.dp", required_argument, NULL, O_DP},
+        {"parallel.order", required_argument, NULL, O_ORDER},
+        {"compare-raw", no_argument, NULL, O_RAW},
+        {"json", required_argument, NULL, O_JSON},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     opterr = 0;
     optind = 1;
@@ -135,8 +161,10 @@ static int parse(int argc, char **argv, int rank, bench_opts_t *o) {
                 }
             }
             if (!found) {
-                return bad(rank, "--op %s: expected allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall|"
-                           "sendrecv|all", optarg);
+                return bad(rank,
+                           "--op %s: expected allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall|"
+                           "sendrecv|all",
+                           optarg);
             }
             break;
         }
@@ -159,7 +187,7 @@ static int parse(int argc, char **argv, int rank, bench_opts_t *o) {
             break;
         }
         case 'd':
-            if (!mt_dtype_parse(optarg, &o->dtype)) {
+            if (!mt_coll_dtype_parse(optarg, &o->dtype)) {
                 return bad(rank, "-d %s: expected f32|f64|f16|bf16|i32|i64|u8", optarg);
             }
             break;
@@ -176,6 +204,11 @@ static int parse(int argc, char **argv, int rank, bench_opts_t *o) {
         case 'w':
             if (!parse_int(optarg, 0, 1 << 30, &o->warmup)) {
                 return bad(rank, "-w %s: expected a number of warm-up iterations >= 0", optarg);
+            }
+            break;
+        case O_ROUNDS:
+            if (!parse_int(optarg, 1, 1000, &o->rounds)) {
+                return bad(rank, "--rounds %s: expected a number of timing rounds >= 1", optarg);
             }
             break;
         case 'c':
@@ -223,16 +256,24 @@ static int parse(int argc, char **argv, int rank, bench_opts_t *o) {
                 return bad(rank, "--dp %s: expected an integer >= 0 (0 = world / (tp x pp))", optarg);
             }
             break;
-        case O_ORDER: o->order = optarg; break;
-        case O_RAW: o->compare_raw = true; break;
-        case O_JSON: o->json = optarg; break;
+        case O_ORDER:
+            o->order = optarg;
+            break;
+        case O_RAW:
+            o->compare_raw = true;
+            break;
+        case O_JSON:
+            o->json = optarg;
+            break;
         case 'h':
             if (rank == 0) {
                 usage(stdout);
             }
             return 0;
-        case ':': return bad(rank, "option %s needs a value", argv[optind - 1]);
-        default: return bad(rank, "unknown option '%s'", argv[optind - 1]);
+        case ':':
+            return bad(rank, "option %s needs a value", argv[optind - 1]);
+        default:
+            return bad(rank, "unknown option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) {
@@ -245,58 +286,6 @@ static int parse(int argc, char **argv, int rank, bench_opts_t *o) {
         return bad(rank, "--compare-raw times plain MPI on host buffers: it goes with --backend mpi only%s", "");
     }
     return -1;
-}
-
-/* Axis order "tp-dp-pp" -> axis index per position (0 tp, 1 dp, 2 pp), fastest first. */
-static bool parse_order(const char *s, int pos[3]) {
-    static const char *names[3] = {"tp", "dp", "pp"};
-    char buf[32];
-    snprintf(buf, sizeof(buf), "%s", s);
-    int n = 0, seen = 0;
-    for (char *save = NULL, *t = strtok_r(buf, "-", &save); t; t = strtok_r(NULL, "-", &save)) {
-        int a = -1;
-        for (int i = 0; i < 3; i++) {
-            if (!strcmp(t, names[i])) {
-                a = i;
-            }
-        }
-        if (a < 0 || n == 3 || (seen & (1 << a))) {
-            return false;
-        }
-        seen |= 1 << a;
-        pos[n++] = a;
-    }
-    return n == 3;
-}
-
-/* This rank's group along one mesh axis: ranks that differ only in that coordinate, in rank order. */
-static int mesh_group(int world, const int size[3], const int pos[3], int rank, int axis, int *out) {
-    int me[3], c[3], n = 0;
-    for (int r = 0; r < world; r++) {
-        int x = r;
-        for (int k = 0; k < 3; k++) {
-            c[pos[k]] = x % size[pos[k]];
-            x /= size[pos[k]];
-        }
-        if (r == rank) {
-            memcpy(me, c, sizeof(me));
-        }
-    }
-    for (int r = 0; r < world; r++) {
-        int x = r;
-        for (int k = 0; k < 3; k++) {
-            c[pos[k]] = x % size[pos[k]];
-            x /= size[pos[k]];
-        }
-        bool same = true;
-        for (int a = 0; a < 3; a++) {
-            same &= a == axis || c[a] == me[a];
-        }
-        if (same) {
-            out[n++] = r;
-        }
-    }
-    return n;
 }
 
 /* ---- buffers: host (mt_alloc) or device (cudaMalloc) ------------------------------------------------ */
@@ -368,39 +357,62 @@ static double val(int r, size_t i, mt_redop_t op, int n) {
     return 1.0 + (double)(((size_t)r * 3 + i) % 4);
 }
 
-static void set_el(void *buf, mt_dtype_t d, size_t i, double v) {
+static void set_el(void *buf, mt_coll_dtype_t d, size_t i, double v) {
     switch (d) {
-    case MT_DTYPE_F32: ((float *)buf)[i] = (float)v; break;
-    case MT_DTYPE_F64: ((double *)buf)[i] = v; break;
-    case MT_DTYPE_F16: ((uint16_t *)buf)[i] = mt_f32_to_f16((float)v); break;
-    case MT_DTYPE_BF16: ((uint16_t *)buf)[i] = mt_f32_to_bf16((float)v); break;
-    case MT_DTYPE_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case MT_DTYPE_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    default: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case MT_COLL_F32:
+        ((float *)buf)[i] = (float)v;
+        break;
+    case MT_COLL_F64:
+        ((double *)buf)[i] = v;
+        break;
+    case MT_COLL_F16:
+        ((uint16_t *)buf)[i] = mt_f32_to_f16((float)v);
+        break;
+    case MT_COLL_BF16:
+        ((uint16_t *)buf)[i] = mt_f32_to_bf16((float)v);
+        break;
+    case MT_COLL_I32:
+        ((int32_t *)buf)[i] = (int32_t)v;
+        break;
+    case MT_COLL_I64:
+        ((int64_t *)buf)[i] = (int64_t)v;
+        break;
+    default:
+        ((uint8_t *)buf)[i] = (uint8_t)v;
+        break;
     }
 }
 
-static double get_el(const void *buf, mt_dtype_t d, size_t i) {
+static double get_el(const void *buf, mt_coll_dtype_t d, size_t i) {
     switch (d) {
-    case MT_DTYPE_F32: return ((const float *)buf)[i];
-    case MT_DTYPE_F64: return ((const double *)buf)[i];
-    case MT_DTYPE_F16: return mt_f16_to_f32(((const uint16_t *)buf)[i]);
-    case MT_DTYPE_BF16: return mt_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case MT_DTYPE_I32: return ((const int32_t *)buf)[i];
-    case MT_DTYPE_I64: return (double)((const int64_t *)buf)[i];
-    default: return ((const uint8_t *)buf)[i];
+    case MT_COLL_F32:
+        return ((const float *)buf)[i];
+    case MT_COLL_F64:
+        return ((const double *)buf)[i];
+    case MT_COLL_F16:
+        return mt_f16_to_f32(((const uint16_t *)buf)[i]);
+    case MT_COLL_BF16:
+        return mt_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case MT_COLL_I32:
+        return ((const int32_t *)buf)[i];
+    case MT_COLL_I64:
+        return (double)((const int64_t *)buf)[i];
+    default:
+        return ((const uint8_t *)buf)[i];
     }
 }
 
-static double reduced(int n, size_t i, mt_dtype_t d, mt_redop_t op) {
+static double reduced(int n, size_t i, mt_coll_dtype_t d, mt_redop_t op) {
     double acc = val(0, i, op, n);
     for (int r = 1; r < n; r++) {
         double v = val(r, i, op, n);
-        acc = op == MT_REDOP_MAX ? fmax(acc, v) : op == MT_REDOP_MIN ? fmin(acc, v) : op == MT_REDOP_PROD ? acc * v
-                                                                                                       : acc + v;
+        acc = op == MT_REDOP_MAX    ? fmax(acc, v)
+              : op == MT_REDOP_MIN  ? fmin(acc, v)
+              : op == MT_REDOP_PROD ? acc * v
+                                    : acc + v;
     }
     if (op == MT_REDOP_AVG) {
-        bool integral = d == MT_DTYPE_I32 || d == MT_DTYPE_I64 || d == MT_DTYPE_U8;
+        bool integral = d == MT_COLL_I32 || d == MT_COLL_I64 || d == MT_COLL_U8;
         acc = integral ? floor(acc / n) : acc / n;
     }
     return acc;
@@ -408,9 +420,12 @@ static double reduced(int n, size_t i, mt_dtype_t d, mt_redop_t op) {
 
 /* Relative tolerance: exact for integers and for sums of small integers in f32/f64; 16-bit floats may
  * round the final value (large groups) and avg rounds a division. */
-static bool close_enough(double got, double want, mt_dtype_t d, int n) {
-    double eps = d == MT_DTYPE_BF16 ? 1.0 / 128 : d == MT_DTYPE_F16 ? 1.0 / 1024 : d == MT_DTYPE_F32 ? 1.2e-7
-                 : d == MT_DTYPE_F64 ? 2.3e-16 : 0.0;
+static bool close_enough(double got, double want, mt_coll_dtype_t d, int n) {
+    double eps = d == MT_COLL_BF16  ? 1.0 / 128
+                 : d == MT_COLL_F16 ? 1.0 / 1024
+                 : d == MT_COLL_F32 ? 1.2e-7
+                 : d == MT_COLL_F64 ? 2.3e-16
+                                    : 0.0;
     return fabs(got - want) <= eps * fabs(want) * (2.0 + log2((double)n));
 }
 
@@ -439,14 +454,15 @@ static size_t per_rank_count(bench_op_t op, size_t count, int n) {
  * all-gather send == recv + rank*count. sendrecv has no in-place form (the same call runs). */
 static mt_status_t run_once(const ctx_t *x, bench_op_t op, const bench_opts_t *o, buf_t *sb, buf_t *rb, size_t pc,
                             bool in_place, bool raw) {
-    size_t es = mt_dtype_size(o->dtype);
+    size_t es = mt_coll_dtype_size(o->dtype);
     void *s = sb->p, *r = rb->p;
     int root = o->root, next = (x->rank + 1) % x->n, prev = (x->rank + x->n - 1) % x->n;
     MPI_Comm mc = mt_comm_mpi(x->comm);
     if (raw) {
         int rc = MPI_SUCCESS, ic = (int)pc;
         switch (op) {
-        case OP_ALLREDUCE: rc = MPI_Allreduce(in_place ? MPI_IN_PLACE : s, in_place ? s : r, ic, x->mtype, x->mop, mc);
+        case OP_ALLREDUCE:
+            rc = MPI_Allreduce(in_place ? MPI_IN_PLACE : s, in_place ? s : r, ic, x->mtype, x->mop, mc);
             break;
         case OP_REDUCE_SCATTER:
             rc = MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : s, in_place ? s : r, ic, x->mtype, x->mop, mc);
@@ -455,7 +471,9 @@ static mt_status_t run_once(const ctx_t *x, bench_op_t op, const bench_opts_t *o
             rc = in_place ? MPI_Allgather(MPI_IN_PLACE, ic, x->mtype, r, ic, x->mtype, mc)
                           : MPI_Allgather(s, ic, x->mtype, r, ic, x->mtype, mc);
             break;
-        case OP_BROADCAST: rc = MPI_Bcast(in_place ? s : r, ic, x->mtype, root, mc); break;
+        case OP_BROADCAST:
+            rc = MPI_Bcast(in_place ? s : r, ic, x->mtype, root, mc);
+            break;
         case OP_REDUCE:
             rc = MPI_Reduce(in_place && x->rank == root ? MPI_IN_PLACE : s, in_place ? s : r, ic, x->mtype, x->mop,
                             root, mc);
@@ -466,35 +484,40 @@ static mt_status_t run_once(const ctx_t *x, bench_op_t op, const bench_opts_t *o
         case OP_SENDRECV:
             rc = MPI_Sendrecv(s, ic, x->mtype, next, 0x6d74, r, ic, x->mtype, prev, 0x6d74, mc, MPI_STATUS_IGNORE);
             break;
-        default: break;
+        default:
+            break;
         }
         return rc == MPI_SUCCESS ? MT_OK : mt_error(MT_ERR_MPI, "raw MPI call failed (%d)", rc);
     }
     switch (op) {
-    case OP_ALLREDUCE: return mt_coll_all_reduce(x->comm, s, in_place ? s : r, pc, o->dtype, o->redop, x->stream, NULL);
+    case OP_ALLREDUCE:
+        return mt_coll_all_reduce(x->comm, s, in_place ? s : r, pc, o->dtype, o->redop, x->stream, NULL);
     case OP_REDUCE_SCATTER:
         return mt_coll_reduce_scatter(x->comm, s, in_place ? s : r, pc, o->dtype, o->redop, x->stream, NULL);
     case OP_ALLGATHER:
         return mt_coll_all_gather(x->comm, in_place ? (char *)r + pc * es * (size_t)x->rank : s, r, pc, o->dtype,
                                   x->stream, NULL);
-    case OP_BROADCAST: return mt_coll_broadcast(x->comm, s, in_place ? s : r, pc, o->dtype, root, x->stream, NULL);
+    case OP_BROADCAST:
+        return mt_coll_broadcast(x->comm, s, in_place ? s : r, pc, o->dtype, root, x->stream, NULL);
     case OP_REDUCE:
         return mt_coll_reduce(x->comm, s, in_place ? s : r, pc, o->dtype, o->redop, root, x->stream, NULL);
-    case OP_ALLTOALL: return mt_coll_all_to_all(x->comm, s, in_place ? s : r, pc, o->dtype, x->stream, NULL);
+    case OP_ALLTOALL:
+        return mt_coll_all_to_all(x->comm, s, in_place ? s : r, pc, o->dtype, x->stream, NULL);
     case OP_SENDRECV: {
         MT_CHECK(mt_coll_group_start(x->comm));
         MT_CHECK(mt_coll_send(x->comm, s, pc, o->dtype, next, x->stream, NULL));
         MT_CHECK(mt_coll_recv(x->comm, r, pc, o->dtype, prev, x->stream, NULL));
         return mt_coll_group_end(x->comm, x->stream, NULL);
     }
-    default: return MT_ERR_INTERNAL;
+    default:
+        return MT_ERR_INTERNAL;
     }
 }
 
 /* Fills the inputs for -c 1 and counts wrong outputs on this rank after one call. */
 static mt_status_t check_once(const ctx_t *x, bench_op_t op, const bench_opts_t *o, buf_t *sb, buf_t *rb, size_t pc,
                               bool in_place, int64_t *wrong) {
-    size_t es = mt_dtype_size(o->dtype);
+    size_t es = mt_coll_dtype_size(o->dtype);
     int n = x->n, me = x->rank, root = o->root;
     size_t send_n = (op == OP_REDUCE_SCATTER || op == OP_ALLTOALL) ? pc * (size_t)n : pc;
     size_t recv_n = (op == OP_ALLGATHER || op == OP_ALLTOALL) ? pc * (size_t)n : pc;
@@ -505,8 +528,9 @@ static mt_status_t check_once(const ctx_t *x, bench_op_t op, const bench_opts_t 
     }
     /* inputs */
     for (size_t i = 0; i < send_n; i++) {
-        double v = op == OP_ALLTOALL ? 1.0 + (double)(((size_t)me * 5 + (i / (pc ? pc : 1)) * 3 + i % (pc ? pc : 1)) % 7)
-                                     : val(me, i, o->redop, n);
+        double v = op == OP_ALLTOALL
+                       ? 1.0 + (double)(((size_t)me * 5 + (i / (pc ? pc : 1)) * 3 + i % (pc ? pc : 1)) % 7)
+                       : val(me, i, o->redop, n);
         set_el(h, o->dtype, i, v);
     }
     /* poison the output with zeros: a call that writes nothing is caught (no expected value is zero) */
@@ -535,12 +559,24 @@ static mt_status_t check_once(const ctx_t *x, bench_op_t op, const bench_opts_t 
         double want;
         switch (op) {
         case OP_ALLREDUCE:
-        case OP_REDUCE: want = reduced(n, i, o->dtype, o->redop); break;
-        case OP_REDUCE_SCATTER: want = reduced(n, (size_t)me * pc + i, o->dtype, o->redop); break;
-        case OP_ALLGATHER: want = val((int)(i / pc), i % pc, o->redop, n); break;
-        case OP_BROADCAST: want = val(root, i, o->redop, n); break;
-        case OP_ALLTOALL: want = 1.0 + (double)(((i / pc) * 5 + (size_t)me * 3 + i % pc) % 7); break;
-        default: want = val((me + n - 1) % n, i, o->redop, n); break;
+        case OP_REDUCE:
+            want = reduced(n, i, o->dtype, o->redop);
+            break;
+        case OP_REDUCE_SCATTER:
+            want = reduced(n, (size_t)me * pc + i, o->dtype, o->redop);
+            break;
+        case OP_ALLGATHER:
+            want = val((int)(i / pc), i % pc, o->redop, n);
+            break;
+        case OP_BROADCAST:
+            want = val(root, i, o->redop, n);
+            break;
+        case OP_ALLTOALL:
+            want = 1.0 + (double)(((i / pc) * 5 + (size_t)me * 3 + i % pc) % 7);
+            break;
+        default:
+            want = val((me + n - 1) % n, i, o->redop, n);
+            break;
         }
         bad += !close_enough(get_el(h, o->dtype, i), want, o->dtype, n);
     }
@@ -550,14 +586,20 @@ static mt_status_t check_once(const ctx_t *x, bench_op_t op, const bench_opts_t 
     return MT_OK;
 }
 
-static double median3(double a, double b, double c) {
-    return a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
 
-/* Median over 3 rounds of the slowest rank's mean time per call, ours and (alternating) raw. */
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Median over the rounds of the slowest rank's mean time per call, ours and (alternating) raw. */
 static mt_status_t time_op(const ctx_t *x, bench_op_t op, const bench_opts_t *o, buf_t *sb, buf_t *rb, size_t pc,
                            bool in_place, result_t *res) {
-    double t_ours[3], t_raw[3] = {0, 0, 0};
+    double t_ours[1000], t_raw[1000];
     for (int w = 0; w < o->warmup; w++) {
         MT_CHECK(run_once(x, op, o, sb, rb, pc, in_place, false));
         if (o->compare_raw) {
@@ -565,7 +607,8 @@ static mt_status_t time_op(const ctx_t *x, bench_op_t op, const bench_opts_t *o,
         }
     }
     stream_sync(x->stream, o->device);
-    for (int round = 0; round < 3; round++) {
+    for (int round = 0; round < o->rounds; round++) {
+        t_raw[round] = 0;
         for (int which = 0; which < (o->compare_raw ? 2 : 1); which++) {
             bool raw = (which + round) % 2 == 1 && o->compare_raw; /* alternate who goes first */
             if (!o->compare_raw) {
@@ -582,37 +625,43 @@ static mt_status_t time_op(const ctx_t *x, bench_op_t op, const bench_opts_t *o,
             (raw ? t_raw : t_ours)[round] = worst;
         }
     }
-    res->time_us = 1e6 * median3(t_ours[0], t_ours[1], t_ours[2]);
-    res->raw_us = 1e6 * median3(t_raw[0], t_raw[1], t_raw[2]);
+    res->time_us = 1e6 * median(t_ours, o->rounds);
+    res->raw_us = 1e6 * median(t_raw, o->rounds);
     return MT_OK;
 }
 
 static double bus_factor(bench_op_t op, int n) {
     switch (op) {
-    case OP_ALLREDUCE: return 2.0 * (n - 1) / n;
+    case OP_ALLREDUCE:
+        return 2.0 * (n - 1) / n;
     case OP_REDUCE_SCATTER:
     case OP_ALLGATHER:
-    case OP_ALLTOALL: return (double)(n - 1) / n;
-    default: return 1.0;
+    case OP_ALLTOALL:
+        return (double)(n - 1) / n;
+    default:
+        return 1.0;
     }
 }
 
 /* ---- the table ------------------------------------------------------------------------------------ */
 
-static const char *nccl_type_name(mt_dtype_t d) {
-    static const char *names[MT_DTYPE_COUNT] = {"float", "double", "half", "bfloat16", "int32", "int64", "uint8"};
+static const char *nccl_type_name(mt_coll_dtype_t d) {
+    static const char *names[MT_COLL_DTYPE_COUNT] = {
+        [MT_COLL_F32] = "float", [MT_COLL_F64] = "double", [MT_COLL_F16] = "half", [MT_COLL_BF16] = "bfloat16",
+        [MT_COLL_I32] = "int32", [MT_COLL_I64] = "int64",  [MT_COLL_U8] = "uint8",
+    };
     return names[d];
 }
 
 static int run_bench(const ctx_t *x, bench_op_t op, const bench_opts_t *o, FILE *json, bool first_json,
                      double *avg_busbw_out) {
-    size_t es = mt_dtype_size(o->dtype);
+    size_t es = mt_coll_dtype_size(o->dtype);
     bool rooted = op == OP_BROADCAST || op == OP_REDUCE;
     bool reduces = op == OP_ALLREDUCE || op == OP_REDUCE_SCATTER || op == OP_REDUCE;
     int me = mt_rt_world()->rank;
     if (me == 0) {
         printf("#\n# %s: %d ranks in group '%s' (backend %s), dtype %s%s%s\n", op_names[op], x->n, o->group,
-               mt_comm_backend_name(x->comm), mt_dtype_name(o->dtype), reduces ? ", redop " : "",
+               mt_comm_backend_name(x->comm), mt_coll_dtype_name(o->dtype), reduces ? ", redop " : "",
                reduces ? mt_redop_name(o->redop) : "");
         printf("#%61s%-32s%s\n", "", "out-of-place", o->compare_raw ? "            in-place" : "in-place");
         printf("#%11s %13s %9s %7s %7s %9s %7s %7s %6s", "size", "count", "type", "redop", "root", "time", "algbw",
@@ -635,10 +684,11 @@ static int run_bench(const ctx_t *x, bench_op_t op, const bench_opts_t *o, FILE 
         }
         printf("\n");
         if (json) {
-            fprintf(json, "%s\n  {\"op\": \"%s\", \"ranks\": %d, \"group\": \"%s\", \"backend\": \"%s\", "
-                    "\"dtype\": \"%s\", \"redop\": \"%s\", \"iters\": %d, \"rows\": [", first_json ? "" : ",",
-                    op_names[op], x->n, o->group, mt_comm_backend_name(x->comm), mt_dtype_name(o->dtype),
-                    reduces ? mt_redop_name(o->redop) : "none", o->iters);
+            fprintf(json,
+                    "%s\n  {\"op\": \"%s\", \"ranks\": %d, \"group\": \"%s\", \"backend\": \"%s\", "
+                    "\"dtype\": \"%s\", \"redop\": \"%s\", \"iters\": %d, \"rounds\": %d, \"rows\": [",
+                    first_json ? "" : ",", op_names[op], x->n, o->group, mt_comm_backend_name(x->comm),
+                    mt_coll_dtype_name(o->dtype), reduces ? mt_redop_name(o->redop) : "none", o->iters, o->rounds);
         }
     }
     double bw_sum = 0;
@@ -751,39 +801,26 @@ int mt_cmd_bench(int argc, char **argv) {
     if (rc >= 0) {
         return rc;
     }
-    /* the group */
-    int size[3] = {o.tp, 0, o.pp}, pos[3];
-    if (!parse_order(o.order, pos)) {
-        return bad(w->rank, "--order %s: expected a '-'-separated permutation of tp, dp, pp (e.g. tp-dp-pp)", o.order);
+    /* the group: the world, or this rank's group along one axis of the runtime's mesh (runtime/mesh.h) */
+    mt_mesh_t *mesh = NULL;
+    if (mt_mesh_create(w->size, o.tp, o.pp, o.dp, o.order, &mesh) != MT_OK) {
+        char msg[512];
+        snprintf(msg, sizeof(msg), "--tp %d --pp %d --dp %d --order %s: %s", o.tp, o.pp, o.dp, o.order,
+                 mt_last_error_msg());
+        return bad(w->rank, "%s", msg);
     }
-    if (w->size % (o.tp * o.pp)) {
-        char msg[128];
-        snprintf(msg, sizeof(msg), "tp=%d x pp=%d does not divide the %d ranks", o.tp, o.pp, w->size);
-        return bad(w->rank, "%s: pick --tp/--pp whose product divides the number of ranks", msg);
+    if (!strcmp(o.group, "world") && (o.tp > 1 || o.pp > 1) && w->rank == 0) {
+        fprintf(stderr, "meshtrain bench coll: note: --tp/--pp only matter with --group tp|dp|pp\n");
     }
-    size[1] = o.dp ? o.dp : w->size / (o.tp * o.pp);
-    if (size[0] * size[1] * size[2] != w->size) {
-        char msg[128];
-        snprintf(msg, sizeof(msg), "tp=%d x dp=%d x pp=%d != %d ranks", size[0], size[1], size[2], w->size);
-        return bad(w->rank, "%s: leave --dp at 0 to derive it", msg);
-    }
-    if (!strcmp(o.group, "world") && (o.tp > 1 || o.pp > 1)) {
-        if (w->rank == 0) {
-            fprintf(stderr, "meshtrain bench coll: note: --tp/--pp only matter with --group tp|dp|pp\n");
-        }
-    }
-    int *ranks = mt_alloc(sizeof(int) * (size_t)w->size, MT_MEM_OTHER, "bench");
     int n = w->size;
-    if (!strcmp(o.group, "world")) {
-        for (int i = 0; i < n; i++) {
-            ranks[i] = i;
-        }
-    } else {
-        int axis = !strcmp(o.group, "tp") ? 0 : !strcmp(o.group, "dp") ? 1 : 2;
-        n = mesh_group(w->size, size, pos, w->rank, axis, ranks);
+    unsigned axis_bit = 0;
+    if (strcmp(o.group, "world")) {
+        mt_axis_t axis = !strcmp(o.group, "tp") ? MT_AXIS_TP : !strcmp(o.group, "dp") ? MT_AXIS_DP : MT_AXIS_PP;
+        axis_bit = MT_AXIS_BIT(axis);
+        n = mt_mesh_axis_size(mesh, axis);
     }
     if (o.root >= n) {
-        mt_free(ranks);
+        mt_mesh_free(mesh);
         char msg[64];
         snprintf(msg, sizeof(msg), "-r %d", o.root);
         return bad(w->rank, "%s: the root must be a rank of the group (< its size)", msg);
@@ -792,7 +829,7 @@ int mt_cmd_bench(int argc, char **argv) {
     if (o.device) {
         int ndev = 0;
         if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-            mt_free(ranks);
+            mt_mesh_free(mesh);
             if (w->rank == 0) {
                 fprintf(stderr, "meshtrain bench coll: --backend nccl needs a CUDA device and this node has none\n");
             }
@@ -806,8 +843,9 @@ int mt_cmd_bench(int argc, char **argv) {
     p.memory = o.device ? MT_COMM_MEM_DEVICE : MT_COMM_MEM_HOST;
     p.backend = o.device ? "nccl" : NULL;
     mt_comm_t comm = NULL;
-    mt_status_t st = mt_comm_init_ranks(w->comm, ranks, n, &p, &comm);
-    mt_free(ranks);
+    mt_status_t st =
+        axis_bit ? mt_comm_init_mesh(w->comm, mesh, axis_bit, &p, &comm) : mt_comm_init(w->comm, &p, &comm);
+    mt_mesh_free(mesh);
     if (st != MT_OK) {
         fprintf(stderr, "meshtrain bench coll: rank %d: cannot create the %s communicator: %s\n", w->rank, o.group,
                 mt_last_error_msg());
@@ -842,9 +880,9 @@ int mt_cmd_bench(int argc, char **argv) {
         return 2;
     }
     if (w->rank == 0) {
-        printf("# meshtrain bench coll: %d ranks, sizes %lld..%lld x%lld, %d warm-up + 3 x %d timed iterations%s\n",
-               w->size, (long long)o.min_bytes, (long long)o.max_bytes, (long long)o.factor, o.warmup, o.iters,
-               o.compare_raw ? ", raw MPI compared" : "");
+        printf("# meshtrain bench coll: %d ranks, sizes %lld..%lld x%lld, %d warm-up + %d x %d timed iterations%s\n",
+               w->size, (long long)o.min_bytes, (long long)o.max_bytes, (long long)o.factor, o.warmup, o.rounds,
+               o.iters, o.compare_raw ? ", raw MPI compared" : "");
     }
     /* Ranks in different groups run the same sequence concurrently; timing barriers span the world. */
     rc = 0;

@@ -50,6 +50,14 @@ int mt_mesh_pp_next(const mt_mesh_t *mesh, int rank);
  * (for tied embeddings). Writes 1 rank when pp = 1, else 2; returns the count. */
 int mt_mesh_embedding_group(const mt_mesh_t *mesh, int rank, int ranks[2]);
 
+/* Size of a group along axes_mask (the product of those axes' sizes; 1 for mask 0). */
+int mt_mesh_group_size(const mt_mesh_t *mesh, unsigned axes_mask);
+
+/* Parses a '-'-separated list of axis names ("tp", "tp-dp", "pp-dp-tp") into a mask; order (may be
+ * NULL, room for MT_AXIS_N) gets the axes as written and *n_axes (may be NULL) their count. Fails with
+ * MT_ERR_INVALID_ARG naming the unknown or repeated axis. */
+mt_status_t mt_mesh_parse_axes(const char *s, unsigned *mask, int order[MT_AXIS_N], int *n_axes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -41,6 +41,8 @@ mt_build() {
 # Open MPI as root and with more ranks than cores (see docs/launching.md).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# More ranks than cores here: OpenMP workers must sleep, not spin, between parallel regions.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 mt_install_deps
 mt_build

@@ -22,7 +22,7 @@ static double time_one(mt_comm_t c, MPI_Comm mpi, float *s, float *r, size_t n, 
     for (int i = 0; i < iters; i++) {
         if (raw) {
             MPI_Allreduce(s, r, (int)n, MPI_FLOAT, MPI_SUM, mpi);
-        } else if (mt_coll_all_reduce(c, s, r, n, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL) != MT_OK) {
+        } else if (mt_coll_all_reduce(c, s, r, n, MT_COLL_F32, MT_REDOP_SUM, NULL, NULL) != MT_OK) {
             fprintf(stderr, "all_reduce failed: %s\n", mt_last_error_msg());
             MPI_Abort(mpi, 1);
         }

@@ -4,9 +4,9 @@
  * forced to the mpi backend and on one forced to shm, both compared with a scalar reference. Which
  * results are bit-identical:
  *   - to the reference, always (the shm path reduces in rank order 0..n-1, independent of chunking);
- *   - to MPI: data movement (all_gather, broadcast), integers, max/min always; f32/f64 sum/prod and
- *     f16/bf16 sum/prod/max/min with 2 ranks; avg of f32/f64 with 2 ranks. Otherwise within the
- *     rounding of a different summation order (f16/bf16: MPI rounds after every pairwise combine).
+ *   - to MPI: data movement (all_gather, broadcast), integers (but u8 sum/avg, see below), max/min
+ *     always; every reduction of every type with 2 ranks. Otherwise within the rounding of a different
+ *     summation order (f16/bf16: MPI rounds after every pairwise combine).
  * Also: asynchronous calls and sequence numbers, and (MESHTRAIN_SHM_FAKE_NODE_SIZE, argument
  * --expect-nodes N) the hierarchical multi-node path.
  * SPDX-License-Identifier: MIT */
@@ -38,54 +38,51 @@ static bool guard_ok(const unsigned char *p, size_t used) {
     return true;
 }
 
-static double eps_of(mt_dtype_t d) {
+static double eps_of(mt_coll_dtype_t d) {
     switch (d) {
-    case MT_DTYPE_F16: return 1.0 / 1024;
-    case MT_DTYPE_BF16: return 1.0 / 128;
-    case MT_DTYPE_F32: return 1.2e-7;
+    case MT_COLL_F16: return 1.0 / 1024;
+    case MT_COLL_BF16: return 1.0 / 128;
+    case MT_COLL_F32: return 1.2e-7;
     default: return 2.3e-16;
     }
 }
 
-static double getd(const void *b, mt_dtype_t d, size_t i) {
+static double getd(const void *b, mt_coll_dtype_t d, size_t i) {
     switch (d) {
-    case MT_DTYPE_F32: return ((const float *)b)[i];
-    case MT_DTYPE_F64: return ((const double *)b)[i];
-    case MT_DTYPE_F16: return mt_f16_to_f32(((const uint16_t *)b)[i]);
+    case MT_COLL_F32: return ((const float *)b)[i];
+    case MT_COLL_F64: return ((const double *)b)[i];
+    case MT_COLL_F16: return mt_f16_to_f32(((const uint16_t *)b)[i]);
     default: return mt_bf16_to_f32(((const uint16_t *)b)[i]);
     }
 }
 
-static bool is_float(mt_dtype_t d) {
-    return d == MT_DTYPE_F32 || d == MT_DTYPE_F64 || d == MT_DTYPE_F16 || d == MT_DTYPE_BF16;
+static bool is_float(mt_coll_dtype_t d) {
+    return d == MT_COLL_F32 || d == MT_COLL_F64 || d == MT_COLL_F16 || d == MT_COLL_BF16;
 }
 
 /* Whether shm and MPI must agree bit for bit (see the file comment). u8 sum/avg: Open MPI 4.1's AVX
  * reduction saturates unsigned char sums for vector-length counts while its scalar loop wraps
  * (open-mpi/ompi#8045, "wontfix"); the shm path wraps everywhere, as C and the reference do, so those
  * are checked against the reference only. */
-static bool mpi_comparable(mt_dtype_t d, mt_redop_t op) {
-    return !(d == MT_DTYPE_U8 && (op == MT_REDOP_SUM || op == MT_REDOP_AVG));
+static bool mpi_comparable(mt_coll_dtype_t d, mt_redop_t op) {
+    return !(d == MT_COLL_U8 && (op == MT_REDOP_SUM || op == MT_REDOP_AVG));
 }
 
-static bool mpi_bitwise(int kind, mt_dtype_t d, mt_redop_t op, int n) {
+static bool mpi_bitwise(int kind, mt_coll_dtype_t d, mt_redop_t op, int n) {
     if (kind == OP_AG || kind == OP_BC || !is_float(d) || n == 1) {
         return true;
     }
     if (op == MT_REDOP_MAX || op == MT_REDOP_MIN) {
         return true;
     }
-    if (n > 2) {
-        return false;
-    }
-    return op != MT_REDOP_AVG || d == MT_DTYPE_F32 || d == MT_DTYPE_F64;
+    return n <= 2;
 }
 
 /* Runs one call with in-place form ip (0: out of place; 1, 2: the op's in-place forms) into recv. */
-static mt_status_t run(mt_comm_t c, int kind, int ip, struct bufs *b, unsigned char *recv, size_t count, mt_dtype_t d,
-                       mt_redop_t op, int root, mt_work_t *work) {
+static mt_status_t run(mt_comm_t c, int kind, int ip, struct bufs *b, unsigned char *recv, size_t count,
+                       mt_coll_dtype_t d, mt_redop_t op, int root, mt_work_t *work) {
     int n = mt_comm_size(c), r = mt_comm_rank(c);
-    size_t es = mt_dtype_size(d), bytes = count * es;
+    size_t es = mt_coll_dtype_size(d), bytes = count * es;
     switch (kind) {
     case OP_AR:
         if (ip) {
@@ -122,9 +119,9 @@ static mt_status_t run(mt_comm_t c, int kind, int ip, struct bufs *b, unsigned c
 }
 
 /* Expected result on this rank into b->ref (bytes returned), from every rank's input made locally. */
-static size_t expected(int kind, struct bufs *b, size_t count, mt_dtype_t d, mt_redop_t op, int n, int r, int root,
+static size_t expected(int kind, struct bufs *b, size_t count, mt_coll_dtype_t d, mt_redop_t op, int n, int r, int root,
                        uint64_t seed) {
-    size_t es = mt_dtype_size(d), in_count = kind == OP_RS ? count * (size_t)n : count;
+    size_t es = mt_coll_dtype_size(d), in_count = kind == OP_RS ? count * (size_t)n : count;
     const void *in[8];
     for (int p = 0; p < n; p++) {
         unsigned char *x = b->inputs + (size_t)p * in_count * es;
@@ -161,8 +158,8 @@ static bool g_single_node = true; /* the shm comm under test lies on one node (e
 
 /* Elements of two float results further apart than the rounding of n terms of magnitude <= 4 (a
  * different summation order; f16/bf16 also rounded at every pairwise combine on the MPI side). */
-static int n_far(const void *x, const void *y, mt_dtype_t d, mt_redop_t op, int n, size_t count) {
-    double tol = eps_of(d) * (op == MT_REDOP_PROD ? 4.0 : 8.0 * n) * (d == MT_DTYPE_F16 || d == MT_DTYPE_BF16 ? 2 : 1);
+static int n_far(const void *x, const void *y, mt_coll_dtype_t d, mt_redop_t op, int n, size_t count) {
+    double tol = eps_of(d) * (op == MT_REDOP_PROD ? 4.0 : 8.0 * n) * (d == MT_COLL_F16 || d == MT_COLL_BF16 ? 2 : 1);
     int bad = 0;
     for (size_t i = 0; i < count; i++) {
         bad += !(fabs(getd(x, d, i) - getd(y, d, i)) <= tol);
@@ -170,10 +167,10 @@ static int n_far(const void *x, const void *y, mt_dtype_t d, mt_redop_t op, int 
     return bad;
 }
 
-static void one_case(mt_comm_t cm, mt_comm_t cs, struct bufs *b, int kind, int ip, size_t count, mt_dtype_t d,
+static void one_case(mt_comm_t cm, mt_comm_t cs, struct bufs *b, int kind, int ip, size_t count, mt_coll_dtype_t d,
                      mt_redop_t op, uint64_t seed) {
     int n = mt_comm_size(cs), r = mt_comm_rank(cs), root = (int)(seed % (uint64_t)n);
-    size_t es = mt_dtype_size(d);
+    size_t es = mt_coll_dtype_size(d);
     size_t recv_bytes = (kind == OP_AG || (kind == OP_RS && ip)) ? count * es * (size_t)n : count * es;
     tl_fill(b->send, d, op, r, seed, kind == OP_RS ? count * (size_t)n : count);
     memset(b->recv_mpi, 0x5a, recv_bytes);
@@ -183,7 +180,8 @@ static void one_case(mt_comm_t cm, mt_comm_t cs, struct bufs *b, int kind, int i
     mt_status_t sm = run(cm, kind, ip, b, b->recv_mpi, count, d, op, root, NULL);
     mt_status_t ss = run(cs, kind, ip, b, b->recv_shm, count, d, op, root, NULL);
     CHECK(sm == MT_OK && ss == MT_OK, "%s %s %s count %zu ip %d: mpi %s, shm %s (%s)", op_names[kind],
-          mt_dtype_name(d), mt_redop_name(op), count, ip, mt_status_str(sm), mt_status_str(ss), mt_last_error_msg());
+          mt_coll_dtype_name(d), mt_redop_name(op), count, ip, mt_status_str(sm), mt_status_str(ss),
+          mt_last_error_msg());
     size_t want = expected(kind, b, count, d, op, n, r, root, seed);
     /* in-place reduce_scatter (form 1) leaves the result at block r */
     size_t at = (kind == OP_RS && ip == 1) ? (size_t)r * count * es : 0;
@@ -193,16 +191,16 @@ static void one_case(mt_comm_t cm, mt_comm_t cs, struct bufs *b, int kind, int i
     bool exact = movement || !is_float(d) || op == MT_REDOP_MAX || op == MT_REDOP_MIN;
     if (g_single_node) {
         CHECK(memcmp(b->recv_shm + at, b->ref, want) == 0, "%s %s %s n=%d count %zu ip %d: shm differs from the "
-              "rank-order reference", op_names[kind], mt_dtype_name(d), mt_redop_name(op), n, count, ip);
+              "rank-order reference", op_names[kind], mt_coll_dtype_name(d), mt_redop_name(op), n, count, ip);
     } else if (movement || mpi_comparable(d, op)) {
         /* several nodes: MPI between node leaders (or for the whole op) sets the order */
         if (exact) {
             CHECK(memcmp(b->recv_shm + at, b->ref, want) == 0, "%s %s %s n=%d count %zu ip %d (multi-node): shm "
-                  "differs from the reference", op_names[kind], mt_dtype_name(d), mt_redop_name(op), n, count, ip);
+                  "differs from the reference", op_names[kind], mt_coll_dtype_name(d), mt_redop_name(op), n, count, ip);
         } else {
             int bad = n_far(b->recv_shm + at, b->ref, d, op, n, want / es);
             CHECK(bad == 0, "%s %s %s n=%d count %zu (multi-node): %d elements differ from the reference beyond "
-                  "rounding", op_names[kind], mt_dtype_name(d), mt_redop_name(op), n, count, bad);
+                  "rounding", op_names[kind], mt_coll_dtype_name(d), mt_redop_name(op), n, count, bad);
         }
     }
     if (!movement && !mpi_comparable(d, op)) {
@@ -211,12 +209,13 @@ static void one_case(mt_comm_t cm, mt_comm_t cs, struct bufs *b, int kind, int i
     if (mpi_bitwise(kind, d, op, n) || (exact && !g_single_node)) {
         n_bitwise_mpi++;
         CHECK(memcmp(b->recv_shm + at, b->recv_mpi + at, want) == 0, "%s %s %s n=%d count %zu ip %d: shm and mpi "
-              "differ where they must be bit-identical", op_names[kind], mt_dtype_name(d), mt_redop_name(op), n, count,
+              "differ where they must be bit-identical", op_names[kind], mt_coll_dtype_name(d), mt_redop_name(op), n,
+              count,
               ip);
     } else {
         int bad = n_far(b->recv_shm + at, b->recv_mpi + at, d, op, n, want / es);
         CHECK(bad == 0, "%s %s %s n=%d count %zu: %d elements of shm and mpi differ beyond rounding", op_names[kind],
-              mt_dtype_name(d), mt_redop_name(op), n, count, bad);
+              mt_coll_dtype_name(d), mt_redop_name(op), n, count, bad);
     }
 }
 
@@ -226,18 +225,18 @@ static void test_all(mt_comm_t cm, mt_comm_t cs, struct bufs *b, bool full) {
     const size_t counts[] = {0, 1, 7, 1000, 9001, 150001};
     uint64_t seed = 1;
     for (int kind = 0; kind < OP_N; kind++) {
-        for (int d = 0; d < MT_DTYPE_COUNT; d++) {
+        for (int d = 0; d < MT_COLL_DTYPE_COUNT; d++) {
             int n_ops = (kind == OP_AG || kind == OP_BC) ? 1 : MT_REDOP_COUNT;
             for (int op = 0; op < n_ops; op++) {
                 for (size_t k = 0; k < MT_ARRAY_LEN(counts); k++) {
                     int n_ip = kind == OP_RS || kind == OP_AG ? 3 : 2;
                     /* keep the large counts to one in-place form and the common dtypes */
-                    bool big_ok = d == MT_DTYPE_F32 || d == MT_DTYPE_BF16 || d == MT_DTYPE_I32;
+                    bool big_ok = d == MT_COLL_F32 || d == MT_COLL_BF16 || d == MT_COLL_I32;
                     if (counts[k] > 10000 && (!full || !big_ok)) {
                         continue;
                     }
                     for (int ip = 0; ip < n_ip; ip++) {
-                        one_case(cm, cs, b, kind, ip, counts[k], (mt_dtype_t)d, (mt_redop_t)op, seed++);
+                        one_case(cm, cs, b, kind, ip, counts[k], (mt_coll_dtype_t)d, (mt_redop_t)op, seed++);
                     }
                 }
             }
@@ -247,11 +246,11 @@ static void test_all(mt_comm_t cm, mt_comm_t cs, struct bufs *b, bool full) {
         return;
     }
     /* a few large messages: 24 MiB all-reduce, 8 MiB per rank reduce-scatter and all-gather, 16 MiB bcast */
-    one_case(cm, cs, b, OP_AR, 1, 6u << 20, MT_DTYPE_F32, MT_REDOP_SUM, seed++);
-    one_case(cm, cs, b, OP_AR, 0, 6u << 20, MT_DTYPE_BF16, MT_REDOP_AVG, seed++);
-    one_case(cm, cs, b, OP_RS, 0, 2u << 20, MT_DTYPE_F32, MT_REDOP_SUM, seed++);
-    one_case(cm, cs, b, OP_AG, 0, 2u << 20, MT_DTYPE_F32, MT_REDOP_SUM, seed++);
-    one_case(cm, cs, b, OP_BC, 0, 4u << 20, MT_DTYPE_F32, MT_REDOP_SUM, seed++);
+    one_case(cm, cs, b, OP_AR, 1, 6u << 20, MT_COLL_F32, MT_REDOP_SUM, seed++);
+    one_case(cm, cs, b, OP_AR, 0, 6u << 20, MT_COLL_BF16, MT_REDOP_AVG, seed++);
+    one_case(cm, cs, b, OP_RS, 0, 2u << 20, MT_COLL_F32, MT_REDOP_SUM, seed++);
+    one_case(cm, cs, b, OP_AG, 0, 2u << 20, MT_COLL_F32, MT_REDOP_SUM, seed++);
+    one_case(cm, cs, b, OP_BC, 0, 4u << 20, MT_COLL_F32, MT_REDOP_SUM, seed++);
 }
 
 /* Asynchronous calls: queued in order, the same sequence numbers as on the mpi comm, same results. */
@@ -265,7 +264,7 @@ static void test_async(mt_comm_t cm, mt_comm_t cs, struct bufs *b) {
         for (size_t j = 0; j < count; j++) {
             x[i][j] = (float)((j + (size_t)i) % 13) * (float)(mt_comm_rank(cs) + 1);
         }
-        CHECK_OK(mt_coll_all_reduce(cs, x[i], x[i], count, MT_DTYPE_F32, MT_REDOP_SUM, NULL, &w[i]));
+        CHECK_OK(mt_coll_all_reduce(cs, x[i], x[i], count, MT_COLL_F32, MT_REDOP_SUM, NULL, &w[i]));
         CHECK(mt_work_seq(w[i]) == s0 + 1 + (uint64_t)i, "async call %d has seq %llu, want %llu", i,
               (unsigned long long)mt_work_seq(w[i]), (unsigned long long)(s0 + 1 + (uint64_t)i));
     }

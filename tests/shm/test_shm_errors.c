@@ -33,11 +33,11 @@ int main(int argc, char **argv) {
 
     /* 1. different calls: all_reduce on rank 0, all_gather on rank 1 */
     mt_comm_t c = make("mismatch");
-    mt_status_t st = w->rank == 0 ? mt_coll_all_reduce(c, a, b, 256, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL)
-                                  : mt_coll_all_gather(c, a, b, 256, MT_DTYPE_F32, NULL, NULL);
+    mt_status_t st = w->rank == 0 ? mt_coll_all_reduce(c, a, b, 256, MT_COLL_F32, MT_REDOP_SUM, NULL, NULL)
+                                  : mt_coll_all_gather(c, a, b, 256, MT_COLL_F32, NULL, NULL);
     CHECK(st == MT_ERR_INVALID_USAGE, "mismatched calls returned %s (%s)", mt_status_str(st), mt_last_error_msg());
     CHECK(strstr(mt_last_error_msg(), "issued a different call") != NULL, "message: %s", mt_last_error_msg());
-    st = mt_coll_all_reduce(c, a, b, 256, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL);
+    st = mt_coll_all_reduce(c, a, b, 256, MT_COLL_F32, MT_REDOP_SUM, NULL, NULL);
     CHECK(st == MT_ERR_REMOTE, "a call after the failure returned %s", mt_status_str(st));
     mt_comm_free(c);
     MPI_Barrier(w->comm);
@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
     c = make("timeout");
     double t0 = mt_now();
     if (w->rank == 0) {
-        st = mt_coll_all_reduce(c, a, b, 256, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL);
+        st = mt_coll_all_reduce(c, a, b, 256, MT_COLL_F32, MT_REDOP_SUM, NULL, NULL);
         double dt = mt_now() - t0;
         CHECK(st == MT_ERR_TIMEOUT, "missing peer: %s (%s)", mt_status_str(st), mt_last_error_msg());
         CHECK(dt >= 1.9 && dt < 10, "timed out after %.2f s, want about 2", dt);
@@ -57,7 +57,7 @@ int main(int argc, char **argv) {
     MPI_Barrier(w->comm); /* rank 1 waits here (over MPI) until rank 0 has timed out */
     if (w->rank == 1) {
         t0 = mt_now();
-        st = mt_coll_all_reduce(c, a, b, 256, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL);
+        st = mt_coll_all_reduce(c, a, b, 256, MT_COLL_F32, MT_REDOP_SUM, NULL, NULL);
         CHECK(st == MT_ERR_REMOTE && mt_now() - t0 < 1.0, "after the peer failed: %s in %.2f s (%s)",
               mt_status_str(st), mt_now() - t0, mt_last_error_msg());
     }

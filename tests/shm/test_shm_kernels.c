@@ -69,21 +69,21 @@ static void test_kernels(void) {
     for (int r = 0; r < 5; r++) {
         in[r] = mt_alloc(maxn * 8, MT_MEM_OTHER, "test");
     }
-    for (int d = 0; d < MT_DTYPE_COUNT; d++) {
-        size_t es = mt_dtype_size((mt_dtype_t)d);
+    for (int d = 0; d < MT_COLL_DTYPE_COUNT; d++) {
+        size_t es = mt_coll_dtype_size((mt_coll_dtype_t)d);
         for (int op = 0; op < MT_REDOP_COUNT; op++) {
             for (int n = 1; n <= 5; n++) {
                 for (size_t l = 0; l < MT_ARRAY_LEN(lens); l++) {
                     size_t len = lens[l];
                     for (int r = 0; r < n; r++) {
-                        tl_fill(in[r], (mt_dtype_t)d, (mt_redop_t)op, r, 7 + len, len);
+                        tl_fill(in[r], (mt_coll_dtype_t)d, (mt_redop_t)op, r, 7 + len, len);
                     }
                     memset(out, 0xcd, maxn * 8);
                     memset(ref, 0xcd, maxn * 8);
-                    mt_shm_reduce_kernel(out, (const void *const *)in, n, len, (mt_dtype_t)d, (mt_redop_t)op, n);
-                    tl_reference(ref, (const void *const *)in, n, len, (mt_dtype_t)d, (mt_redop_t)op);
+                    mt_shm_reduce_kernel(out, (const void *const *)in, n, len, (mt_coll_dtype_t)d, (mt_redop_t)op, n);
+                    tl_reference(ref, (const void *const *)in, n, len, (mt_coll_dtype_t)d, (mt_redop_t)op);
                     CHECK(memcmp(out, ref, maxn * es) == 0, "kernel %s %s n=%d len=%zu differs from the reference",
-                          mt_dtype_name((mt_dtype_t)d), mt_redop_name((mt_redop_t)op), n, len);
+                          mt_coll_dtype_name((mt_coll_dtype_t)d), mt_redop_name((mt_redop_t)op), n, len);
                 }
             }
         }

@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
     MPI_Gather(&me, 1, MPI_INT, pids, 1, MPI_INT, 0, w->comm);
     double t0 = mt_now();
     for (long k = 1; mt_now() - t0 < 60.0; k++) {
-        mt_status_t st = mt_coll_all_reduce(c, x, x, count, MT_DTYPE_F32, MT_REDOP_AVG, NULL, NULL);
+        mt_status_t st = mt_coll_all_reduce(c, x, x, count, MT_COLL_F32, MT_REDOP_AVG, NULL, NULL);
         if (st != MT_OK) {
             printf("survivor rank %d: all_reduce %ld failed: %s: %s\n", w->rank, k, mt_status_str(st),
                    mt_last_error_msg());

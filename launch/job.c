@@ -1,0 +1,505 @@
+/* The training loop behind `meshtrain train` and the equivalence tests: config -> model, data, engine;
+ * then per step: batch, micro-batch forward/backward, global-norm clip, optimizer step, evaluation and
+ * a progress line. The single-process engine lives here too; parallel engines plug in through
+ * mt_job_engine_t without changing the loop.
+ * SPDX-License-Identifier: MIT */
+#include "job.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/data/data.h"
+#include "models/llmc.h"
+#include "runtime/alloc.h"
+#include "runtime/rt.h"
+
+/* ---- config -> component parameters ---------------------------------------------------------- */
+
+void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out) {
+    mt_model_config_t m = MT_MODEL_CONFIG_INIT;
+    m.kind = strcmp(mt_config_str(cfg, "model.kind"), "mlp") ? MT_MODEL_GPT2 : MT_MODEL_MLP;
+    m.n_layer = (int)mt_config_int(cfg, "model.n_layer");
+    m.n_head = (int)mt_config_int(cfg, "model.n_head");
+    m.n_embd = (int)mt_config_int(cfg, "model.n_embd");
+    m.seq_len = (int)mt_config_int(cfg, "model.seq_len");
+    m.vocab_size = (int)mt_config_int(cfg, "model.vocab_size");
+    m.padded_vocab = (int)mt_config_int(cfg, "model.padded_vocab");
+    m.recompute = strcmp(mt_config_str(cfg, "model.recompute"), "block") ? MT_RECOMPUTE_NONE : MT_RECOMPUTE_BLOCK;
+    m.attn_recompute = mt_config_bool(cfg, "model.attn_recompute");
+    m.seed = (uint64_t)mt_config_int(cfg, "train.seed");
+    *out = m;
+}
+
+void mt_job_optim_config(const mt_config_t *cfg, mt_optim_params_t *optim, mt_lr_sched_t *sched) {
+    mt_optim_params_t o = MT_OPTIM_PARAMS_INIT;
+    o.kind = strcmp(mt_config_str(cfg, "optimizer.kind"), "sgd") ? MT_OPTIM_ADAMW : MT_OPTIM_SGD;
+    o.beta1 = (float)mt_config_float(cfg, "optimizer.beta1");
+    o.beta2 = (float)mt_config_float(cfg, "optimizer.beta2");
+    o.eps = (float)mt_config_float(cfg, "optimizer.eps");
+    o.weight_decay = (float)mt_config_float(cfg, "optimizer.weight_decay");
+    o.momentum = (float)mt_config_float(cfg, "optimizer.momentum");
+    *optim = o;
+    mt_lr_sched_t s = {0};
+    if (!mt_lr_kind_parse(mt_config_str(cfg, "optimizer.schedule"), &s.kind)) {
+        s.kind = MT_LR_COSINE; /* the schema admits only constant|cosine */
+    }
+    s.lr = (float)mt_config_float(cfg, "optimizer.lr");
+    s.min_lr = (float)mt_config_float(cfg, "optimizer.min_lr");
+    s.warmup_steps = mt_config_int(cfg, "optimizer.warmup_steps");
+    s.total_steps = mt_config_int(cfg, "train.steps");
+    *sched = s;
+}
+
+/* ---- the single-process engine ---------------------------------------------------------------- */
+
+typedef struct {
+    mt_model_t model;
+    mt_optim_t opt;
+} local_engine_t;
+
+static void local_free(void *ctx) {
+    local_engine_t *e = ctx;
+    if (e) {
+        mt_optim_free(e->opt);
+        free(e);
+    }
+}
+
+static mt_status_t local_init(const mt_job_info_t *info, void **ctx) {
+    *ctx = NULL;
+    if (info->dp_size != 1) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "the single-process engine runs one data-parallel rank, but dp = %d: run with one rank or "
+                        "choose a data-parallel engine (parallel.engine)",
+                        info->dp_size);
+    }
+    local_engine_t *e = calloc(1, sizeof(*e));
+    if (!e) {
+        return mt_error(MT_ERR_OOM, "local engine: out of memory");
+    }
+    e->model = info->model;
+    mt_status_t st = MT_OK;
+    MT_CHECK_GOTO(mt_model_alloc_params(e->model), st, fail);
+    MT_CHECK_GOTO(mt_model_alloc_grads(e->model), st, fail);
+    mt_model_init_weights(e->model);
+    if (info->init_llmc) {
+        MT_CHECK_GOTO(mt_llmc_load(e->model, info->init_llmc), st, fail);
+    }
+    MT_CHECK_GOTO(mt_optim_init(&info->optim, &e->opt), st, fail);
+    for (int i = 0; i < mt_model_n_params(e->model); i++) {
+        mt_param_t *p = mt_model_param(e->model, i);
+        MT_CHECK_GOTO(mt_optim_add(e->opt, p->name, p->data, p->grad, p->numel, p->is_weight2d, NULL), st, fail);
+    }
+    *ctx = e;
+    return MT_OK;
+fail:
+    local_free(e);
+    return st;
+}
+
+static mt_status_t local_zero_grads(void *ctx) {
+    local_engine_t *e = ctx;
+    mt_model_zero_grads(e->model);
+    return MT_OK;
+}
+
+static mt_status_t local_finish_grads(void *ctx) {
+    return MT_OK; /* one rank: the accumulated gradient is already the batch mean */
+}
+
+static mt_status_t local_grad_sumsq(void *ctx, double *total) {
+    local_engine_t *e = ctx;
+    double s = 0.0;
+    for (int i = 0; i < mt_model_n_params(e->model); i++) {
+        const mt_param_t *p = mt_model_param(e->model, i);
+        s += mt_clip_sumsq(p->grad, p->numel);
+    }
+    *total = s;
+    return MT_OK;
+}
+
+static mt_status_t local_step(void *ctx, float lr, float grad_scale) {
+    local_engine_t *e = ctx;
+    return mt_optim_step(e->opt, lr, grad_scale);
+}
+
+static mt_status_t local_reduce_loss(void *ctx, double *loss) {
+    return MT_OK;
+}
+
+static const mt_job_engine_t local_engine = {
+    .name = "local",
+    .init = local_init,
+    .zero_grads = local_zero_grads,
+    .finish_grads = local_finish_grads,
+    .grad_sumsq = local_grad_sumsq,
+    .step = local_step,
+    .reduce_loss = local_reduce_loss,
+    .free = local_free,
+};
+
+const mt_job_engine_t *mt_job_engine_local(void) {
+    return &local_engine;
+}
+
+/* ---- the loop ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    const mt_config_t *cfg;
+    const mt_job_opts_t *opts;
+    const mt_job_engine_t *engine;
+    void *ectx;
+    mt_job_info_t info;
+    mt_lr_sched_t sched;
+    mt_model_t model;
+    mt_acts_t acts;
+    mt_data_t train, val;
+    int rank;
+    FILE *out; /* progress on rank 0, else NULL */
+} job_t;
+
+static mt_status_t check_layout(const mt_config_t *cfg, const mt_job_opts_t *opts, int world) {
+    int64_t tp = mt_config_int(cfg, "parallel.tp"), pp = mt_config_int(cfg, "parallel.pp");
+    if (tp != 1 || pp != 1) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "parallel.tp = %lld, parallel.pp = %lld: this training loop runs tp = 1 and pp = 1 (set "
+                        "--parallel.tp=1 --parallel.pp=1)",
+                        (long long)tp, (long long)pp);
+    }
+    if (!opts->engine && world != 1) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "%d ranks but no data-parallel engine: the single-process loop runs on one rank (start "
+                        "it without mpirun, or with -np 1)",
+                        world);
+    }
+    const char *prec = mt_config_str(cfg, "precision.compute");
+    if (strcmp(prec, "fp32") != 0) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "precision.compute = \"%s\": the training loop computes in fp32 (set precision.compute = "
+                        "\"fp32\")",
+                        prec);
+    }
+    return MT_OK;
+}
+
+static mt_status_t open_data(job_t *j, bool val, mt_data_t *out) {
+    const mt_config_t *cfg = j->cfg;
+    mt_data_params_t p = MT_DATA_PARAMS_INIT;
+    const char *kind = mt_config_str(cfg, "data.kind");
+    if (!mt_data_kind_parse(kind, &p.kind)) {
+        return mt_error(MT_ERR_INVALID_ARG, "data.kind = \"%s\": expected \"synthetic\" or \"shards\"", kind);
+    }
+    if (!mt_data_order_parse(mt_config_str(cfg, "data.order"), &p.order)) {
+        return mt_error(MT_ERR_INVALID_ARG, "data.order = \"%s\": expected \"random\" or \"sequential\"",
+                        mt_config_str(cfg, "data.order"));
+    }
+    p.glob = mt_config_str(cfg, val ? "data.val" : "data.train");
+    p.what = val ? "data.val" : "data.train";
+    if (val) {
+        p.order = MT_DATA_SEQUENTIAL; /* every evaluation reads the same first eval_batches windows */
+    }
+    p.seed = (uint64_t)mt_config_int(cfg, "train.seed");
+    p.split = val ? 1 : 0;
+    p.global_batch = j->info.global_batch;
+    p.seq_len = j->info.seq_len;
+    p.vocab_size = mt_model_config(j->model)->vocab_size;
+    p.dp_rank = j->info.dp_rank;
+    p.dp_size = j->info.dp_size;
+    p.prefetch = j->opts->prefetch;
+    return mt_data_open(&p, out);
+}
+
+/* Forward (and backward) of one step's batch over its micro-batches; *loss = mean of the micro-batch
+ * means, which is the mean over the whole batch because every micro-batch has B*T targets. Backward
+ * scales each micro-batch's loss gradient by 1/grad_accum so the accumulated gradient is that mean's. */
+static mt_status_t run_batch(job_t *j, const mt_batch_t *b, bool backward, double *loss) {
+    int n = mt_model_n_modules(j->model);
+    int64_t mb = j->info.micro_batch, T = j->info.seq_len, ga = j->info.grad_accum;
+    double sum = 0.0;
+    for (int64_t k = 0; k < ga; k++) {
+        const int32_t *tok = b->inputs + k * mb * T, *tgt = b->targets + k * mb * T;
+        float l = 0.0f;
+        MT_CHECK(mt_model_forward(j->model, j->acts, 0, n, tok, tgt, NULL, NULL, &l));
+        if (backward) {
+            MT_CHECK(mt_model_backward(j->model, j->acts, 0, n, NULL, NULL, 1.0f / (float)ga));
+        }
+        sum += (double)l;
+    }
+    *loss = sum / (double)ga;
+    return MT_OK;
+}
+
+static mt_status_t evaluate(job_t *j, double *val_loss) {
+    int64_t nb = mt_config_int(j->cfg, "train.eval_batches");
+    double sum = 0.0;
+    for (int64_t i = 0; i < nb; i++) {
+        const mt_batch_t *b = NULL;
+        MT_CHECK(mt_data_get(j->val, i, &b));
+        double l = 0.0;
+        MT_CHECK(run_batch(j, b, false, &l));
+        MT_CHECK(j->engine->reduce_loss(j->ectx, &l));
+        sum += l;
+    }
+    *val_loss = sum / (double)nb;
+    return MT_OK;
+}
+
+static mt_status_t result_alloc(mt_job_result_t *r, int64_t steps, int64_t evals) {
+    memset(r, 0, sizeof(*r));
+    r->loss = calloc((size_t)MT_MAX(steps, 1), sizeof(double));
+    r->lr = calloc((size_t)MT_MAX(steps, 1), sizeof(float));
+    r->grad_norm = calloc((size_t)MT_MAX(steps, 1), sizeof(double));
+    r->eval_step = calloc((size_t)MT_MAX(evals, 1), sizeof(int64_t));
+    r->val_loss = calloc((size_t)MT_MAX(evals, 1), sizeof(double));
+    if (!r->loss || !r->lr || !r->grad_norm || !r->eval_step || !r->val_loss) {
+        mt_job_result_free(r);
+        return mt_error(MT_ERR_OOM, "training results for %lld steps: out of memory", (long long)steps);
+    }
+    return MT_OK;
+}
+
+void mt_job_result_free(mt_job_result_t *r) {
+    if (!r) {
+        return;
+    }
+    free(r->loss);
+    free(r->lr);
+    free(r->grad_norm);
+    free(r->eval_step);
+    free(r->val_loss);
+    memset(r, 0, sizeof(*r));
+}
+
+static bool explicit_key(const mt_config_t *cfg, const char *key) {
+    mt_cfg_source_t src = mt_config_source(cfg, key);
+    return src == MT_CFG_SRC_FILE || src == MT_CFG_SRC_OVERRIDE;
+}
+
+/* model.init: "random", or "llmc:PATH" whose header sets the architecture (a key set explicitly to
+ * another value is an error naming both); *llmc = PATH (borrowed from cfg) or NULL. */
+static mt_status_t model_init_source(const mt_config_t *cfg, mt_model_config_t *mc, const char **llmc) {
+    const char *init = mt_config_str(cfg, "model.init");
+    *llmc = NULL;
+    if (!strcmp(init, "random")) {
+        return MT_OK;
+    }
+    if (strncmp(init, "llmc:", 5) != 0 || init[5] == '\0') {
+        return mt_error(MT_ERR_INVALID_ARG, "model.init = \"%s\": expected \"random\" or \"llmc:PATH\" (an llm.c GPT-2 "
+                        "checkpoint)", init);
+    }
+    const char *path = init + 5;
+    if (mc->kind != MT_MODEL_GPT2) {
+        return mt_error(MT_ERR_INVALID_ARG, "model.init = \"%s\" is a GPT-2 checkpoint but model.kind = \"%s\": set "
+                        "model.kind = \"gpt2\"", init, mt_config_str(cfg, "model.kind"));
+    }
+    static const struct {
+        const char *key;
+        unsigned bit;
+    } keys[] = {{"model.n_layer", MT_LLMC_SET_N_LAYER}, {"model.n_head", MT_LLMC_SET_N_HEAD},
+                {"model.n_embd", MT_LLMC_SET_N_EMBD},   {"model.seq_len", MT_LLMC_SET_SEQ_LEN},
+                {"model.vocab_size", MT_LLMC_SET_VOCAB}, {"model.padded_vocab", MT_LLMC_SET_PADDED_VOCAB}};
+    unsigned mask = 0;
+    for (size_t i = 0; i < MT_ARRAY_LEN(keys); i++) {
+        mask |= explicit_key(cfg, keys[i].key) ? keys[i].bit : 0u;
+    }
+    mt_llmc_header_t h;
+    MT_CHECK(mt_llmc_read_header(path, &h));
+    MT_CHECK(mt_llmc_apply_header(&h, path, mask, mc));
+    *llmc = path;
+    return MT_OK;
+}
+
+static mt_status_t setup(job_t *j) {
+    const mt_config_t *cfg = j->cfg;
+    mt_model_config_t mc;
+    mt_job_model_config(cfg, &mc);
+    mt_job_info_t *info = &j->info;
+    MT_CHECK(model_init_source(cfg, &mc, &info->init_llmc));
+    MT_CHECK(mt_model_init(&mc, &j->model));
+    info->cfg = cfg;
+    info->model = j->model;
+    mt_job_optim_config(cfg, &info->optim, &j->sched);
+    info->global_batch = mt_config_int(cfg, "train.global_batch");
+    info->micro_batch = mt_config_int(cfg, "train.micro_batch");
+    info->grad_accum = mt_config_int(cfg, "train.grad_accum");
+    info->seq_len = mt_model_config(j->model)->seq_len; /* the checkpoint's when model.init = llmc:PATH */
+    info->comm = mt_rt_world()->comm;
+    if (j->opts->dp_size > 0) {
+        info->dp_size = j->opts->dp_size;
+        info->dp_rank = j->opts->dp_rank;
+    } else {
+        info->dp_size = mt_rt_world()->size;
+        info->dp_rank = j->rank;
+    }
+    if (info->dp_rank < 0 || info->dp_rank >= info->dp_size) {
+        return mt_error(MT_ERR_INVALID_ARG, "data-parallel rank %d outside [0, %d)", info->dp_rank, info->dp_size);
+    }
+    if (info->micro_batch * info->grad_accum * info->dp_size != info->global_batch) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "train.global_batch = %lld but micro_batch x grad_accum x dp = %lld x %lld x %d: make them "
+                        "agree",
+                        (long long)info->global_batch, (long long)info->micro_batch, (long long)info->grad_accum,
+                        info->dp_size);
+    }
+    MT_CHECK(mt_acts_init(j->model, (int)info->micro_batch, (int)info->seq_len, &j->acts));
+    MT_CHECK(open_data(j, false, &j->train));
+    if (mt_config_int(cfg, "train.eval_every") > 0) {
+        bool synthetic = !strcmp(mt_config_str(cfg, "data.kind"), "synthetic");
+        if (synthetic || mt_config_str(cfg, "data.val")[0] != '\0') {
+            MT_CHECK(open_data(j, true, &j->val));
+        } else if (j->out) {
+            fprintf(j->out, "note: train.eval_every = %lld but data.val is empty: no validation\n",
+                    (long long)mt_config_int(cfg, "train.eval_every"));
+        }
+    }
+    MT_CHECK(j->engine->init(info, &j->ectx));
+    return MT_OK;
+}
+
+static void print_header(job_t *j) {
+    const mt_config_t *cfg = j->cfg;
+    double n = (double)mt_model_numel(j->model);
+    fprintf(j->out,
+            "meshtrain train: %s (n_layer %lld, n_embd %lld), %.3fM parameters | %lld steps of %lld x %lld tokens "
+            "(micro-batch %lld x %lld) | %s lr %g %s | data %s | engine %s\n",
+            mt_config_str(cfg, "model.kind"), (long long)mt_model_config(j->model)->n_layer,
+            (long long)mt_model_config(j->model)->n_embd, n / 1e6, (long long)mt_config_int(cfg, "train.steps"),
+            (long long)j->info.global_batch, (long long)j->info.seq_len, (long long)j->info.micro_batch,
+            (long long)j->info.grad_accum, mt_config_str(cfg, "optimizer.kind"), j->sched.lr,
+            mt_config_str(cfg, "optimizer.schedule"), mt_config_str(cfg, "data.kind"), j->engine->name);
+    if (j->info.init_llmc) {
+        fprintf(j->out, "initial weights: llm.c checkpoint %s\n", j->info.init_llmc);
+    }
+    if (!strcmp(mt_config_str(cfg, "data.kind"), "synthetic")) {
+        int64_t v = mt_model_config(j->model)->vocab_size;
+        fprintf(j->out, "synthetic data: Markov chain with %d successors per token; a perfect model reaches loss "
+                        "%.4f, a uniform guess %.4f\n",
+                (int)MT_MIN((int64_t)MT_SYNTH_BRANCH, v), mt_synth_entropy(v), log((double)v));
+    }
+    fflush(j->out);
+}
+
+static mt_status_t train(job_t *j, mt_job_result_t *r) {
+    const mt_config_t *cfg = j->cfg;
+    int64_t steps = mt_config_int(cfg, "train.steps"), eval_every = mt_config_int(cfg, "train.eval_every");
+    int64_t log_every = mt_config_int(cfg, "train.log_every");
+    float clip = (float)mt_config_float(cfg, "optimizer.grad_clip");
+    bool skip_nan = !strcmp(mt_config_str(cfg, "train.on_nan"), "skip");
+    double tokens = (double)(j->info.global_batch * j->info.seq_len), train_s = 0.0;
+    for (int64_t s = 0; s < steps; s++) {
+        double t0 = mt_now();
+        const mt_batch_t *b = NULL;
+        MT_CHECK(mt_data_get(j->train, s, &b));
+        MT_CHECK(j->engine->zero_grads(j->ectx));
+        double loss = 0.0, sumsq = 0.0, norm = 0.0;
+        MT_CHECK(run_batch(j, b, true, &loss));
+        MT_CHECK(j->engine->finish_grads(j->ectx));
+        MT_CHECK(j->engine->grad_sumsq(j->ectx, &sumsq));
+        float coef = mt_clip_coef(sumsq, clip, &norm);
+        float lr = mt_lr_at(&j->sched, s);
+        MT_CHECK(j->engine->reduce_loss(j->ectx, &loss));
+        bool finite = isfinite(loss) && isfinite(norm);
+        if (finite) {
+            MT_CHECK(j->engine->step(j->ectx, lr, coef));
+        } else if (skip_nan) {
+            r->n_skipped++;
+            MT_WARN("step %lld: loss %g, gradient norm %g: skipping the update (train.on_nan = skip)", (long long)s + 1,
+                    loss, norm);
+        } else {
+            r->loss[s] = loss;
+            r->n_steps = s + 1;
+            return mt_error(MT_ERR_INTERNAL,
+                            "step %lld: loss %g, gradient norm %g is not finite: stopping (train.on_nan = stop; "
+                            "lower optimizer.lr or set train.on_nan = \"skip\")",
+                            (long long)s + 1, loss, norm);
+        }
+        double dt = mt_now() - t0;
+        train_s += dt;
+        r->loss[s] = loss;
+        r->lr[s] = lr;
+        r->grad_norm[s] = norm;
+        r->n_steps = s + 1;
+        if (j->out && ((s + 1) % log_every == 0 || s == 0 || s + 1 == steps)) {
+            fprintf(j->out, "step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n",
+                    (long long)s + 1, (long long)steps, loss, lr, norm, dt * 1e3, tokens / dt);
+            fflush(j->out);
+        }
+        if (j->val && eval_every > 0 && ((s + 1) % eval_every == 0 || s + 1 == steps)) {
+            double vl = 0.0;
+            MT_CHECK(evaluate(j, &vl));
+            r->eval_step[r->n_evals] = s + 1;
+            r->val_loss[r->n_evals++] = vl;
+            if (j->out) {
+                fprintf(j->out, "step %5lld/%lld | val loss %.6f (%lld batches)\n", (long long)s + 1,
+                        (long long)steps, vl, (long long)mt_config_int(cfg, "train.eval_batches"));
+                fflush(j->out);
+            }
+        }
+    }
+    r->seconds = train_s;
+    r->tokens_per_s = train_s > 0 ? tokens * (double)steps / train_s : 0.0;
+    return MT_OK;
+}
+
+/* Every rank returns the same status, the numerically largest of all ranks' (so a bad-input verdict and
+ * its exit status are the same everywhere); ranks that were fine get the message "another rank failed". */
+static mt_status_t agree(MPI_Comm comm, mt_status_t st) {
+    int mine = (int)st, worst = 0;
+    if (MPI_Allreduce(&mine, &worst, 1, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS) {
+        return mt_error(MT_ERR_MPI, "training: agreeing on the outcome failed");
+    }
+    if (st == MT_OK && worst != MT_OK) {
+        return mt_error((mt_status_t)worst, "another rank failed (its message is above)");
+    }
+    return st;
+}
+
+mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_job_result_t *res) {
+    mt_job_opts_t opts = MT_JOB_OPTS_INIT;
+    if (opts_in) {
+        if (opts_in->size != sizeof(mt_job_opts_t)) {
+            return mt_error(MT_ERR_INVALID_ARG, "mt_job_run: opts.size not set (use MT_JOB_OPTS_INIT)");
+        }
+        opts = *opts_in;
+    }
+    const mt_world_t *w = mt_rt_world();
+    job_t j = {.cfg = cfg, .opts = &opts, .engine = opts.engine ? opts.engine : mt_job_engine_local(),
+               .rank = w->rank};
+    j.out = w->rank == 0 ? opts.progress : NULL;
+    mt_job_result_t r = {0};
+    int64_t steps = mt_config_int(cfg, "train.steps"), eval_every = mt_config_int(cfg, "train.eval_every");
+    int64_t evals = eval_every > 0 ? steps / eval_every + 1 : 0;
+    mt_status_t st = check_layout(cfg, &opts, w->size);
+    if (st == MT_OK) {
+        st = result_alloc(&r, steps, evals);
+    }
+    if (st == MT_OK) {
+        st = setup(&j);
+        if (st == MT_ERR_IO) {
+            st = MT_ERR_INVALID_ARG; /* an input file (data, checkpoint) that cannot be read is bad input */
+        }
+    }
+    st = agree(w->comm, st);
+    if (st == MT_OK) {
+        r.n_params = (int64_t)mt_model_numel(j.model);
+        if (j.out) {
+            print_header(&j);
+        }
+        st = train(&j, &r);
+        st = agree(w->comm, st);
+    }
+    if (j.ectx) {
+        j.engine->free(j.ectx);
+    }
+    mt_data_close(j.train);
+    mt_data_close(j.val);
+    mt_acts_free(j.acts);
+    mt_model_free(j.model);
+    if (res) {
+        *res = r; /* on failure: the steps that ran */
+    } else {
+        mt_job_result_free(&r);
+    }
+    return st;
+}

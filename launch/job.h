@@ -1,0 +1,113 @@
+/* The training loop as a library: build the model from the config, then per step load the batch,
+ * run forward/backward over the micro-batches (gradients averaged exactly as one big batch), clip by
+ * global norm, step the optimizer, evaluate every train.eval_every steps and print a progress line.
+ * Parallel engines plug in through mt_job_engine_t: they own parameter and gradient storage, hook the
+ * model's modules, finish gradient communication, and compute the norm and the step over what their
+ * rank owns. mt_job_run returns every step's loss so runs can be compared exactly.
+ * SPDX-License-Identifier: MIT */
+#ifndef MT_JOB_H
+#define MT_JOB_H
+
+#include <mpi.h>
+#include <stdio.h>
+
+#include "models/model.h"
+#include "models/optim/optim.h"
+#include "runtime/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What an engine is told about the job when it is created. Pointers are valid for the whole run. */
+typedef struct {
+    const mt_config_t *cfg;
+    mt_model_t model;            /* built, no storage bound yet: the engine binds p->data / p->grad */
+    mt_optim_params_t optim;     /* from optimizer.* */
+    const char *init_llmc;       /* model.init = "llmc:PATH": PATH, loaded after the random init; else NULL */
+    int64_t global_batch;        /* sequences per step over all dp ranks */
+    int64_t micro_batch;         /* sequences per micro-batch on this rank */
+    int64_t grad_accum;          /* micro-batches per step on this rank */
+    int64_t seq_len;
+    int dp_rank, dp_size;        /* this rank's slice of the global batch */
+    MPI_Comm comm;               /* the job's world communicator */
+} mt_job_info_t;
+
+/* A data-parallel (or other) engine. The loop calls, per step:
+ *   zero_grads; for each micro-batch: forward + backward of the whole model (the engine's model hooks
+ *   run around every module); finish_grads; grad_sumsq; step(lr, clip coefficient); reduce_loss.
+ * Every function returns a status; a failure stops the run with that status. */
+typedef struct {
+    const char *name;
+    /* Binds p->data and p->grad of every parameter (storage the engine owns), writes the initial weights
+     * (mt_model_init_weights / mt_model_param_init_values, then the checkpoint info->init_llmc), creates its optimizer over what this rank
+     * owns, and installs its hooks with mt_model_set_hooks. *ctx is passed to everything below. */
+    mt_status_t (*init)(const mt_job_info_t *info, void **ctx);
+    /* Zeroes the gradients this rank accumulates into before the first micro-batch of a step. */
+    mt_status_t (*zero_grads)(void *ctx);
+    /* After the last micro-batch's backward: completes outstanding gradient communication so the
+     * gradients of what this rank owns are the global-batch average. */
+    mt_status_t (*finish_grads)(void *ctx);
+    /* The sum of squares of the whole model's averaged gradient (over all ranks: each contributes the
+     * partial sum of what it owns, combined with an all-reduce), so clipping uses the global norm. */
+    mt_status_t (*grad_sumsq)(void *ctx, double *total);
+    /* Optimizer step over what this rank owns at learning rate lr, each gradient multiplied by
+     * grad_scale (the clipping coefficient), then whatever makes the parameters whole again. */
+    mt_status_t (*step)(void *ctx, float lr, float grad_scale);
+    /* Turns this rank's mean loss of the step into the global-batch mean (in place), for reporting. */
+    mt_status_t (*reduce_loss)(void *ctx, double *loss);
+    void (*free)(void *ctx);
+} mt_job_engine_t;
+
+/* The engine of a single process: the model's own flat buffers, one optimizer over every parameter
+ * (weight decay on 2-D weights), nothing to communicate. */
+const mt_job_engine_t *mt_job_engine_local(void);
+
+typedef struct {
+    size_t size;                  /* sizeof(mt_job_opts_t) */
+    const mt_job_engine_t *engine; /* NULL: mt_job_engine_local() (requires a world of one rank) */
+    FILE *progress;               /* progress lines on rank 0; NULL: none (stdout in `meshtrain train`) */
+    bool prefetch;                /* background data loading (default true) */
+    int dp_rank, dp_size;         /* this rank's data-parallel coordinate, from the caller's device mesh;
+                                   * dp_size 0: dp = world size and dp_rank = world rank (tp = pp = 1) */
+} mt_job_opts_t;
+
+#define MT_JOB_OPTS_INIT                                                                                     \
+    {                                                                                                        \
+        .size = sizeof(mt_job_opts_t), .engine = NULL, .progress = NULL, .prefetch = true, .dp_rank = 0,     \
+        .dp_size = 0                                                                                         \
+    }
+
+typedef struct {
+    int64_t n_steps;     /* steps run (== train.steps unless stopped early) */
+    double *loss;        /* [n_steps] training loss of each step: mean cross-entropy over the global batch */
+    float *lr;           /* [n_steps] learning rate used */
+    double *grad_norm;   /* [n_steps] global gradient norm before clipping */
+    int64_t n_evals;
+    int64_t *eval_step;  /* [n_evals] evaluation after this many steps */
+    double *val_loss;    /* [n_evals] mean validation loss over train.eval_batches batches */
+    int64_t n_skipped;   /* steps skipped for a non-finite loss/gradient (train.on_nan = skip) */
+    int64_t n_params;    /* parameters of the model */
+    double seconds;      /* wall time of the training steps (excluding set-up and evaluation) */
+    double tokens_per_s; /* global tokens per second over the run */
+} mt_job_result_t;
+
+/* Runs the job the config describes. res (may be NULL) receives the per-step figures; free them with
+ * mt_job_result_free. Collective over the world communicator: every rank returns the same status.
+ * Errors: MT_ERR_INVALID_ARG for bad input (model shape, data files, a layout the engine cannot run)
+ * with a message saying which key or file and how to fix it; MT_ERR_INTERNAL when a loss or gradient
+ * turns non-finite with train.on_nan = "stop"; anything the model, data or engine return. */
+mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts, mt_job_result_t *res);
+
+void mt_job_result_free(mt_job_result_t *res);
+
+/* Fills a model configuration from the model.* keys and train.seed (tp_size 1). */
+void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out);
+
+/* Fills optimizer parameters and the learning-rate schedule from optimizer.* and train.steps. */
+void mt_job_optim_config(const mt_config_t *cfg, mt_optim_params_t *optim, mt_lr_sched_t *sched);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MT_JOB_H */

@@ -1,0 +1,321 @@
+/* GPT-2 as published (Radford et al. 2019; the layout of llm.c): token + learned position embedding,
+ * n_layer pre-LayerNorm blocks (LN -> causal MHA -> residual, LN -> MLP 4C with GELU(tanh) -> residual),
+ * final LayerNorm, output projection tied to the token embedding, LN eps 1e-5, no dropout.
+ * Modules: 0 = embedding, 1..L = blocks, L+1 = head (ln_f + tied projection + softmax/cross-entropy).
+ * Shape legend: B batch, T time, C channels, NH heads, hs = C/NH, N = B*T, V vocab, Vp padded vocab.
+ * SPDX-License-Identifier: MIT */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/layers/layers.h"
+#include "models/model_impl.h"
+#include "runtime/alloc.h"
+
+/* Parameters of a block, in registration order (also llm.c's per-layer order). */
+enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, NBP };
+#define BLOCK0 2 /* wte, wpe come first */
+
+typedef struct {
+    float *recomp;   /* recompute = block: one block's internal activations */
+    float *gscratch; /* backward scratch: dr2 (N,C), dA (N,C), dfg (N,4C), dfc (N,4C) */
+    float *attn_scratch;
+    size_t rows; /* N the workspace fits */
+    int T;       /* T the attention scratch fits */
+    size_t attn_floats; /* attention scratch size (per-thread rows: grows with the OpenMP thread count) */
+} gpt2_impl_t;
+
+/* Saved activations of one block. */
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd; /* (N,C) (N) (N) */
+    float *qkv;                       /* (N,3C) */
+    float *atty;                      /* (N,C) attention output before the projection */
+    float *att;                       /* (B,NH,T,T) probabilities, or NULL with attn_recompute */
+    float *lse;                       /* (B,NH,T) per-row log-sum-exp with attn_recompute, else NULL */
+    float *r2;                        /* (N,C) residual after attention */
+    float *ln2, *ln2_mean, *ln2_rstd; /* (N,C) (N) (N) */
+    float *fch, *fch_gelu;            /* (N,4C) */
+    float *out;                       /* (N,C) block output = next module's input */
+} blk_t;
+
+/* Points b's fields into base (NULL base: just count). Returns floats used. */
+static size_t carve_block(float *base, const mt_model_config_t *c, int B, int T, bool with_out, blk_t *b) {
+    size_t N = (size_t)B * T, C = (size_t)c->n_embd, off = 0;
+    blk_t tmp;
+    if (!b) {
+        b = &tmp;
+    }
+#define TAKE(field, n)                                                                                                 \
+    do {                                                                                                               \
+        b->field = base ? base + off : NULL;                                                                           \
+        off += (n);                                                                                                    \
+    } while (0)
+    TAKE(ln1, N * C);
+    TAKE(ln1_mean, N);
+    TAKE(ln1_rstd, N);
+    TAKE(qkv, 3 * N * C);
+    TAKE(atty, N * C);
+    if (c->attn_recompute) {
+        TAKE(lse, (size_t)B * c->n_head * T);
+        b->att = NULL;
+    } else {
+        TAKE(att, (size_t)B * c->n_head * T * T);
+        b->lse = NULL;
+    }
+    TAKE(r2, N * C);
+    TAKE(ln2, N * C);
+    TAKE(ln2_mean, N);
+    TAKE(ln2_rstd, N);
+    TAKE(fch, 4 * N * C);
+    TAKE(fch_gelu, 4 * N * C);
+    if (with_out) {
+        TAKE(out, N * C);
+    } else {
+        b->out = NULL;
+    }
+#undef TAKE
+    return off;
+}
+
+/* The block's activations: its own buffer, or (recompute = block) the shared scratch plus its own output. */
+static void block_acts(mt_model_t m, mt_acts_t a, int module, blk_t *b) {
+    gpt2_impl_t *g = m->impl;
+    if (m->cfg.recompute == MT_RECOMPUTE_BLOCK) {
+        carve_block(g->recomp, &m->cfg, a->B, a->T, false, b);
+        b->out = a->mod_buf[module];
+    } else {
+        carve_block(a->mod_buf[module], &m->cfg, a->B, a->T, true, b);
+    }
+}
+
+static size_t head_floats(const mt_model_config_t *c, size_t N) {
+    return N * c->n_embd + 2 * N + N * (size_t)c->padded_vocab + 2 * N;
+}
+
+static size_t gpt2_module_floats(mt_model_t m, int module, int B, int T) {
+    const mt_model_config_t *c = &m->cfg;
+    size_t N = (size_t)B * T;
+    if (module == 0) {
+        return N * c->n_embd;
+    }
+    if (module == m->n_modules - 1) {
+        return head_floats(c, N);
+    }
+    if (c->recompute == MT_RECOMPUTE_BLOCK) {
+        return N * c->n_embd;
+    }
+    return carve_block(NULL, c, B, T, true, NULL);
+}
+
+static float *gpt2_module_out(mt_model_t m, mt_acts_t a, int module) {
+    if (module == m->n_modules - 1) {
+        return NULL;
+    }
+    if (module == 0 || m->cfg.recompute == MT_RECOMPUTE_BLOCK) {
+        return a->mod_buf[module];
+    }
+    blk_t b;
+    carve_block(a->mod_buf[module], &m->cfg, a->B, a->T, true, &b);
+    return b.out;
+}
+
+static mt_status_t gpt2_ensure_workspace(mt_model_t m, int B, int T) {
+    gpt2_impl_t *g = m->impl;
+    const mt_model_config_t *c = &m->cfg;
+    size_t N = (size_t)B * T;
+    if (N > g->rows || T > g->T) {
+        size_t rows = N > g->rows ? N : g->rows;
+        int tt = T > g->T ? T : g->T;
+        /* Scratch is sized for (rows, tt); blocks are carved per (B, T) and never exceed it because
+         * B*T <= rows and every term grows with B*T or B*T*T <= rows*tt. */
+        if (c->recompute == MT_RECOMPUTE_BLOCK) {
+            size_t need = carve_block(NULL, c, (int)rows, 1, false, NULL);
+            if (!c->attn_recompute) {
+                need += rows * (size_t)c->n_head * tt; /* B*NH*T*T <= rows*NH*tt */
+            }
+            MT_CHECK(mt_model_realloc_scratch(&g->recomp, need, "gpt2 recompute scratch"));
+        }
+        MT_CHECK(mt_model_realloc_scratch(&g->gscratch, 10 * rows * c->n_embd, "gpt2 backward scratch"));
+        g->rows = rows;
+        g->T = tt;
+    }
+    size_t af = mt_attention_scratch_floats(g->T); /* re-checked: the thread count may have grown since */
+    if (af > g->attn_floats) {
+        MT_CHECK(mt_model_realloc_scratch(&g->attn_scratch, af, "attention scratch"));
+        g->attn_floats = af;
+    }
+    return MT_OK;
+}
+
+static void gpt2_free_impl(mt_model_t m) {
+    gpt2_impl_t *g = m->impl;
+    if (g) {
+        mt_free(g->recomp);
+        mt_free(g->gscratch);
+        mt_free(g->attn_scratch);
+        free(g);
+    }
+}
+
+#define PD(i) (m->params[(i)].data)
+#define PG(i) (m->params[(i)].grad)
+
+/* inp (N,C) -> b (all fields; out only when need_out). */
+static void block_forward(mt_model_t m, mt_acts_t a, int l, const float *inp, blk_t *b, bool need_out) {
+    const mt_model_config_t *c = &m->cfg;
+    int B = a->B, T = a->T, N = B * T, C = c->n_embd;
+    int p = BLOCK0 + l * NBP;
+    gpt2_impl_t *g = m->impl;
+    mt_layernorm_forward(b->ln1, b->ln1_mean, b->ln1_rstd, inp, PD(p + LN1W), PD(p + LN1B), N, C);
+    mt_matmul_forward(b->qkv, 3 * C, b->ln1, PD(p + QKVW), PD(p + QKVB), N, C, 3 * C);
+    mt_attention_forward(b->atty, b->att, b->lse, b->qkv, B, T, C, c->n_head, g->attn_scratch);
+    mt_matmul_forward(b->r2, C, b->atty, PD(p + PROJW), PD(p + PROJB), N, C, C);
+    mt_residual_forward(b->r2, b->r2, inp, (size_t)N * C);
+    mt_layernorm_forward(b->ln2, b->ln2_mean, b->ln2_rstd, b->r2, PD(p + LN2W), PD(p + LN2B), N, C);
+    mt_matmul_forward(b->fch, 4 * C, b->ln2, PD(p + FCW), PD(p + FCB), N, C, 4 * C);
+    mt_gelu_forward(b->fch_gelu, b->fch, (size_t)N * 4 * C);
+    if (need_out) {
+        mt_matmul_forward(b->out, C, b->fch_gelu, PD(p + FCPW), PD(p + FCPB), N, 4 * C, C);
+        mt_residual_forward(b->out, b->out, b->r2, (size_t)N * C);
+    }
+}
+
+static void gpt2_forward(mt_model_t m, mt_acts_t a, int module, const float *inp) {
+    const mt_model_config_t *c = &m->cfg;
+    int B = a->B, T = a->T, N = B * T, C = c->n_embd, L = c->n_layer;
+    if (module == 0) {
+        mt_embedding_forward(a->mod_buf[0], a->tokens, PD(0), PD(1), B, T, C);
+    } else if (module <= L) {
+        blk_t b;
+        block_acts(m, a, module, &b);
+        block_forward(m, a, module - 1, inp, &b, true);
+    } else {
+        int p = BLOCK0 + L * NBP, Vp = c->padded_vocab;
+        float *lnf = a->mod_buf[module], *mean = lnf + (size_t)N * C, *rstd = mean + N, *logits = rstd + N;
+        float *losses = logits + (size_t)N * Vp, *lse = losses + N;
+        mt_layernorm_forward(lnf, mean, rstd, inp, PD(p), PD(p + 1), N, C);
+        /* logits (N, Vp): only the V real vocabulary columns are computed; padded rows of wte are never used */
+        mt_matmul_forward(logits, Vp, lnf, PD(0), NULL, N, C, c->vocab_size);
+        a->n_valid = mt_softmax_ce_forward(losses, lse, &a->loss, logits, a->targets, N, c->vocab_size, Vp);
+    }
+}
+
+static void gpt2_backward(mt_model_t m, mt_acts_t a, int module, const float *inp, const float *dout, float *dinp,
+                          float scale) {
+    const mt_model_config_t *c = &m->cfg;
+    gpt2_impl_t *g = m->impl;
+    int B = a->B, T = a->T, N = B * T, C = c->n_embd, L = c->n_layer;
+    size_t NC = (size_t)N * C;
+    float *dr2 = g->gscratch, *dA = dr2 + NC, *dfg = dA + NC, *dfc = dfg + 4 * NC;
+    if (module == 0) {
+        mt_embedding_backward(PG(0), PG(1), dout, a->tokens, B, T, C);
+        return;
+    }
+    if (module == L + 1) {
+        int p = BLOCK0 + L * NBP, Vp = c->padded_vocab, V = c->vocab_size;
+        float *lnf = a->mod_buf[module], *mean = lnf + NC, *rstd = mean + N, *logits = rstd + N;
+        float *lse = logits + (size_t)N * Vp + N;
+        memset(dinp, 0, NC * sizeof(float));
+        if (a->n_valid == 0) {
+            return; /* every target ignored: the loss is the constant 0 */
+        }
+        /* dlogits = scale/n_valid (softmax - onehot), in place over the logits */
+        mt_softmax_ce_backward(logits, logits, lse, a->targets, N, V, Vp, scale / (float)a->n_valid);
+        memset(dA, 0, NC * sizeof(float));
+        mt_matmul_backward(dA, PG(0), NULL, logits, Vp, lnf, PD(0), N, C, V);
+        mt_layernorm_backward(dinp, PG(p), PG(p + 1), dA, inp, PD(p), mean, rstd, N, C);
+        return;
+    }
+    int l = module - 1, p = BLOCK0 + l * NBP;
+    blk_t b;
+    block_acts(m, a, module, &b);
+    if (c->recompute == MT_RECOMPUTE_BLOCK) {
+        block_forward(m, a, l, inp, &b, false); /* same inputs, same kernels: bit-identical activations */
+    }
+    /* MLP branch: out = r2 + fcproj(gelu(fc(ln2(r2)))) */
+    memcpy(dr2, dout, NC * sizeof(float));
+    memset(dfg, 0, 4 * NC * sizeof(float));
+    mt_matmul_backward(dfg, PG(p + FCPW), PG(p + FCPB), dout, C, b.fch_gelu, PD(p + FCPW), N, 4 * C, C);
+    memset(dfc, 0, 4 * NC * sizeof(float));
+    mt_gelu_backward(dfc, b.fch, dfg, 4 * NC);
+    memset(dA, 0, NC * sizeof(float));
+    mt_matmul_backward(dA, PG(p + FCW), PG(p + FCB), dfc, 4 * C, b.ln2, PD(p + FCW), N, C, 4 * C);
+    mt_layernorm_backward(dr2, PG(p + LN2W), PG(p + LN2B), dA, b.r2, PD(p + LN2W), b.ln2_mean, b.ln2_rstd, N, C);
+    /* attention branch: r2 = inp + proj(attn(qkv(ln1(inp)))) */
+    memcpy(dinp, dr2, NC * sizeof(float));
+    memset(dA, 0, NC * sizeof(float));
+    mt_matmul_backward(dA, PG(p + PROJW), PG(p + PROJB), dr2, C, b.atty, PD(p + PROJW), N, C, C);
+    float *dqkv = dfg; /* (N,3C) fits in the (N,4C) buffer, free again */
+    memset(dqkv, 0, 3 * NC * sizeof(float));
+    mt_attention_backward(dqkv, dA, b.qkv, b.att, b.lse, B, T, C, c->n_head, g->attn_scratch);
+    memset(dA, 0, NC * sizeof(float));
+    mt_matmul_backward(dA, PG(p + QKVW), PG(p + QKVB), dqkv, 3 * C, b.ln1, PD(p + QKVW), N, C, 3 * C);
+    mt_layernorm_backward(dinp, PG(p + LN1W), PG(p + LN1B), dA, inp, PD(p + LN1W), b.ln1_mean, b.ln1_rstd, N, C);
+}
+
+static const mt_model_ops_t gpt2_ops = {
+    .module_floats = gpt2_module_floats,
+    .module_out = gpt2_module_out,
+    .ensure_workspace = gpt2_ensure_workspace,
+    .free_impl = gpt2_free_impl,
+    .forward = gpt2_forward,
+    .backward = gpt2_backward,
+};
+
+mt_status_t mt_gpt2_build(mt_model_t m) {
+    mt_model_config_t *c = &m->cfg;
+    if (c->n_head < 1 || c->n_embd % c->n_head != 0) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2: n_embd (%d) must be a multiple of n_head (%d)", c->n_embd,
+                        c->n_head);
+    }
+    if (c->padded_vocab < c->vocab_size) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2: padded_vocab (%d) is smaller than vocab_size (%d)", c->padded_vocab,
+                        c->vocab_size);
+    }
+    if (c->tp_size > 1 && c->n_head % c->tp_size != 0) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2: n_head (%d) must be a multiple of tp_size (%d)", c->n_head,
+                        c->tp_size);
+    }
+    gpt2_impl_t *g = calloc(1, sizeof(*g));
+    if (!g) {
+        return mt_error(MT_ERR_OOM, "gpt2: out of memory");
+    }
+    m->impl = g;
+    m->ops = &gpt2_ops;
+    m->width = c->n_embd;
+    int64_t C = c->n_embd, L = c->n_layer;
+    float std = 0.02f, res_std = (float)(0.02 / sqrt(2.0 * (double)L));
+    char name[MT_PARAM_NAME_MAX];
+    MT_CHECK(mt_model_add_module(m, "embedding"));
+    MT_CHECK(mt_model_add_param(m, "wte", 2, c->padded_vocab, C, std, 0, -1, 1));
+    m->init_rows[0] = c->vocab_size; /* padded rows start (and, never used, stay) at zero */
+    m->params[0].tied_module = (int)L + 1;
+    MT_CHECK(mt_model_add_param(m, "wpe", 2, c->seq_len, C, std, 0, -1, 1));
+    for (int l = 0; l < L; l++) {
+        snprintf(name, sizeof(name), "block.%d", l);
+        MT_CHECK(mt_model_add_module(m, name));
+#define P(suffix, nd, d0, d1, sd, cst, tpd, parts)                                                                     \
+    do {                                                                                                               \
+        snprintf(name, sizeof(name), "h.%d.%s", l, suffix);                                                            \
+        MT_CHECK(mt_model_add_param(m, name, nd, d0, d1, sd, cst, tpd, parts));                                        \
+    } while (0)
+        P("ln_1.weight", 1, C, 1, 0, 1, -1, 1);
+        P("ln_1.bias", 1, C, 1, 0, 0, -1, 1);
+        P("attn.qkv.weight", 2, 3 * C, C, std, 0, 0, 3); /* column-parallel, Q|K|V each split by heads */
+        P("attn.qkv.bias", 1, 3 * C, 1, 0, 0, 0, 3);
+        P("attn.proj.weight", 2, C, C, res_std, 0, 1, 1); /* row-parallel */
+        P("attn.proj.bias", 1, C, 1, 0, 0, -1, 1);
+        P("ln_2.weight", 1, C, 1, 0, 1, -1, 1);
+        P("ln_2.bias", 1, C, 1, 0, 0, -1, 1);
+        P("mlp.fc.weight", 2, 4 * C, C, std, 0, 0, 1);
+        P("mlp.fc.bias", 1, 4 * C, 1, 0, 0, 0, 1);
+        P("mlp.proj.weight", 2, C, 4 * C, res_std, 0, 1, 1);
+        P("mlp.proj.bias", 1, C, 1, 0, 0, -1, 1);
+#undef P
+    }
+    MT_CHECK(mt_model_add_module(m, "head"));
+    MT_CHECK(mt_model_add_param(m, "ln_f.weight", 1, C, 1, 0, 1, -1, 1));
+    MT_CHECK(mt_model_add_param(m, "ln_f.bias", 1, C, 1, 0, 0, -1, 1));
+    return MT_OK;
+}

@@ -1,0 +1,557 @@
+/* The generic model: parameter registry, flat storage, layout-independent initialisation, hooks, and
+ * the module-range forward/backward driver over per-micro-batch activation objects. Model families
+ * (gpt2/, mlp/) supply the per-module math through mt_model_ops_t.
+ * SPDX-License-Identifier: MIT */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/model_impl.h"
+#include "runtime/alloc.h"
+
+/* ---- registry ------------------------------------------------------------------------------- */
+
+mt_status_t mt_model_add_module(mt_model_t m, const char *name) {
+    int n = m->n_modules + 1;
+    void *names = realloc(m->module_names, (size_t)n * sizeof(*m->module_names));
+    int *first = realloc(m->mod_first, (size_t)n * sizeof(int));
+    int *count = first ? realloc(m->mod_count, (size_t)n * sizeof(int)) : NULL;
+    if (names) {
+        m->module_names = names;
+    }
+    if (first) {
+        m->mod_first = first;
+    }
+    if (count) {
+        m->mod_count = count;
+    }
+    if (!names || !first || !count) {
+        return mt_error(MT_ERR_OOM, "model: out of memory registering module %s", name);
+    }
+    snprintf(m->module_names[n - 1], MT_MODULE_NAME_MAX, "%s", name);
+    m->mod_first[n - 1] = m->n_params;
+    m->mod_count[n - 1] = 0;
+    m->n_modules = n;
+    return MT_OK;
+}
+
+mt_status_t mt_model_add_param(mt_model_t m, const char *name, int ndim, int64_t d0, int64_t d1, float init_std,
+                               float init_const, int tp_dim, int tp_parts) {
+    MT_ASSERT(m->n_modules > 0 && ndim >= 1 && ndim <= MT_PARAM_MAX_DIM);
+    if (m->n_params == m->cap_params) {
+        int cap = m->cap_params ? 2 * m->cap_params : 64;
+        mt_param_t *p = realloc(m->params, (size_t)cap * sizeof(*p));
+        int64_t *r = p ? realloc(m->init_rows, (size_t)cap * sizeof(int64_t)) : NULL;
+        if (p) {
+            m->params = p;
+        }
+        if (r) {
+            m->init_rows = r;
+        }
+        if (!p || !r) {
+            return mt_error(MT_ERR_OOM, "model: out of memory registering parameter %s", name);
+        }
+        m->cap_params = cap;
+    }
+    int tp = m->cfg.tp_size;
+    if (tp_dim >= ndim) {
+        tp_dim = -1;
+    }
+    mt_param_t *p = &m->params[m->n_params];
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "%s", name);
+    p->ndim = ndim;
+    p->global_shape[0] = d0;
+    p->global_shape[1] = ndim > 1 ? d1 : 1;
+    p->shape[0] = p->global_shape[0];
+    p->shape[1] = p->global_shape[1];
+    if (tp_dim >= 0 && tp > 1) {
+        if (p->global_shape[tp_dim] % ((int64_t)tp * tp_parts) != 0) {
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "model: parameter %s dimension %d (%lld) does not split over %d tp ranks", name, tp_dim,
+                            (long long)p->global_shape[tp_dim], tp);
+        }
+        p->shape[tp_dim] /= tp;
+    }
+    p->numel = (size_t)(p->shape[0] * p->shape[1]);
+    p->offset = m->numel;
+    p->module = m->n_modules - 1;
+    p->tied_module = -1;
+    p->is_weight2d = ndim == 2;
+    p->tp_dim = tp > 1 ? tp_dim : -1;
+    p->tp_parts = tp_parts < 1 ? 1 : tp_parts;
+    p->init_std = init_std;
+    p->init_const = init_const;
+    m->init_rows[m->n_params] = p->global_shape[0];
+    m->numel += p->numel;
+    m->mod_count[m->n_modules - 1]++;
+    m->n_params++;
+    return MT_OK;
+}
+
+mt_status_t mt_model_realloc_scratch(float **p, size_t floats, const char *owner) {
+    float *n = mt_alloc(floats * sizeof(float), MT_MEM_ACTIVATIONS, owner);
+    if (!n) {
+        return mt_error(MT_ERR_OOM, "model: cannot allocate %zu bytes of %s", floats * sizeof(float), owner);
+    }
+    mt_free(*p);
+    *p = n;
+    return MT_OK;
+}
+
+mt_status_t mt_model_init(const mt_model_config_t *cfg, mt_model_t *out) {
+    *out = NULL;
+    if (!cfg || cfg->size != sizeof(mt_model_config_t)) {
+        return mt_error(MT_ERR_INVALID_ARG, "model: config is NULL or not initialised with MT_MODEL_CONFIG_INIT");
+    }
+    if (cfg->n_layer < 1 || cfg->n_embd < 1 || cfg->seq_len < 1 || cfg->vocab_size < 2) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "model: n_layer (%d), n_embd (%d), seq_len (%d) must be >= 1 and vocab_size (%d) >= 2",
+                        cfg->n_layer, cfg->n_embd, cfg->seq_len, cfg->vocab_size);
+    }
+    if (cfg->tp_size < 1 || cfg->tp_rank < 0 || cfg->tp_rank >= cfg->tp_size) {
+        return mt_error(MT_ERR_INVALID_ARG, "model: tp_rank %d is not in [0, tp_size %d)", cfg->tp_rank, cfg->tp_size);
+    }
+    if (cfg->tp_size > 1 && (!cfg->tp_ops || !cfg->tp_ops->all_reduce_sum)) {
+        return mt_error(MT_ERR_INVALID_ARG, "model: tp_size %d needs tp_ops with all_reduce_sum", cfg->tp_size);
+    }
+    struct mt_model *m = calloc(1, sizeof(*m));
+    if (!m) {
+        return mt_error(MT_ERR_OOM, "model: out of memory");
+    }
+    m->cfg = *cfg;
+    if (m->cfg.padded_vocab == 0) {
+        m->cfg.padded_vocab = (cfg->vocab_size + 127) / 128 * 128;
+    }
+    mt_status_t st;
+    if (cfg->kind == MT_MODEL_GPT2) {
+        st = mt_gpt2_build(m);
+    } else if (cfg->kind == MT_MODEL_MLP) {
+        st = mt_mlp_build(m);
+    } else {
+        st = mt_error(MT_ERR_INVALID_ARG, "model: unknown kind %d (gpt2 = 0, mlp = 1)", (int)cfg->kind);
+    }
+    if (st != MT_OK) {
+        mt_model_free(m);
+        return st;
+    }
+    MT_INFO(MT_LOG_MODEL, "model %s: %d modules, %d parameters, %zu elements",
+            cfg->kind == MT_MODEL_GPT2 ? "gpt2" : "mlp", m->n_modules, m->n_params, m->numel);
+    *out = m;
+    return MT_OK;
+}
+
+void mt_model_free(mt_model_t m) {
+    if (!m) {
+        return;
+    }
+    if (m->ops && m->ops->free_impl) {
+        m->ops->free_impl(m);
+    }
+    mt_free(m->gbuf[0]);
+    mt_free(m->gbuf[1]);
+    mt_free(m->params_flat);
+    mt_free(m->grads_flat);
+    free(m->params);
+    free(m->init_rows);
+    free(m->module_names);
+    free(m->mod_first);
+    free(m->mod_count);
+    free(m);
+}
+
+const mt_model_config_t *mt_model_config(mt_model_t m) {
+    return &m->cfg;
+}
+int mt_model_n_modules(mt_model_t m) {
+    return m->n_modules;
+}
+const char *mt_model_module_name(mt_model_t m, int module) {
+    return module >= 0 && module < m->n_modules ? m->module_names[module] : "?";
+}
+void mt_model_module_params(mt_model_t m, int module, int *first, int *count) {
+    MT_ASSERT(module >= 0 && module < m->n_modules);
+    *first = m->mod_first[module];
+    *count = m->mod_count[module];
+}
+int mt_model_n_params(mt_model_t m) {
+    return m->n_params;
+}
+mt_param_t *mt_model_param(mt_model_t m, int i) {
+    return i >= 0 && i < m->n_params ? &m->params[i] : NULL;
+}
+int mt_model_find_param(mt_model_t m, const char *name) {
+    for (int i = 0; i < m->n_params; i++) {
+        if (strcmp(m->params[i].name, name) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+size_t mt_model_numel(mt_model_t m) {
+    return m->numel;
+}
+int mt_model_act_width(mt_model_t m) {
+    return m->width;
+}
+float *mt_model_params_flat(mt_model_t m) {
+    return m->params_flat;
+}
+float *mt_model_grads_flat(mt_model_t m) {
+    return m->grads_flat;
+}
+
+mt_status_t mt_model_alloc_params(mt_model_t m) {
+    if (!m->params_flat) {
+        m->params_flat = mt_alloc(m->numel * sizeof(float), MT_MEM_PARAMS, "model params");
+        if (!m->params_flat) {
+            return mt_error(MT_ERR_OOM, "model: cannot allocate %zu bytes of parameters", m->numel * sizeof(float));
+        }
+    }
+    for (int i = 0; i < m->n_params; i++) {
+        m->params[i].data = m->params_flat + m->params[i].offset;
+    }
+    return MT_OK;
+}
+
+mt_status_t mt_model_alloc_grads(mt_model_t m) {
+    if (!m->grads_flat) {
+        m->grads_flat = mt_calloc(m->numel * sizeof(float), MT_MEM_GRADS, "model grads");
+        if (!m->grads_flat) {
+            return mt_error(MT_ERR_OOM, "model: cannot allocate %zu bytes of gradients", m->numel * sizeof(float));
+        }
+    }
+    for (int i = 0; i < m->n_params; i++) {
+        m->params[i].grad = m->grads_flat + m->params[i].offset;
+    }
+    return MT_OK;
+}
+
+void mt_model_zero_grads(mt_model_t m) {
+    for (int i = 0; i < m->n_params; i++) {
+        if (m->params[i].grad) {
+            memset(m->params[i].grad, 0, m->params[i].numel * sizeof(float));
+        }
+    }
+}
+
+void mt_model_set_hooks(mt_model_t m, const mt_model_hooks_t *hooks) {
+    if (hooks) {
+        m->hooks = *hooks;
+    } else {
+        memset(&m->hooks, 0, sizeof(m->hooks));
+    }
+}
+
+/* ---- initialisation -------------------------------------------------------------------------- */
+
+/* SplitMix64's finaliser: a bijective 64-bit mixer. */
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t name_key(uint64_t seed, const char *name) {
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (const char *c = name; *c; c++) {
+        h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    }
+    return mix64(mix64(seed) ^ h);
+}
+
+/* Standard normal number for element gidx of the stream key: Box-Muller on two counter-hashed uniforms. */
+static double normal_at(uint64_t key, uint64_t gidx) {
+    uint64_t a = mix64(key + (2 * gidx + 1) * 0x9e3779b97f4a7c15ull);
+    uint64_t b = mix64(key + (2 * gidx + 2) * 0x9e3779b97f4a7c15ull);
+    double u1 = ((double)(a >> 11) + 1.0) * 0x1.0p-53; /* (0, 1] */
+    double u2 = (double)(b >> 11) * 0x1.0p-53;         /* [0, 1) */
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* Global (row, col) of local element li of parameter p on this tp rank. */
+static void global_coords(const mt_param_t *p, int tp_rank, int tp_size, size_t li, int64_t *gr, int64_t *gc) {
+    int64_t r = (int64_t)(li / (size_t)p->shape[1]), c = (int64_t)(li % (size_t)p->shape[1]);
+    if (p->tp_dim == 0) {
+        int64_t pl = p->shape[0] / p->tp_parts;
+        r = (r / pl) * pl * tp_size + (int64_t)tp_rank * pl + r % pl;
+    } else if (p->tp_dim == 1) {
+        int64_t pl = p->shape[1] / p->tp_parts;
+        c = (c / pl) * pl * tp_size + (int64_t)tp_rank * pl + c % pl;
+    }
+    *gr = r;
+    *gc = c;
+}
+
+void mt_model_param_init_values(mt_model_t m, int i, size_t start, size_t count, float *out) {
+    MT_ASSERT(i >= 0 && i < m->n_params);
+    const mt_param_t *p = &m->params[i];
+    MT_ASSERT(start + count <= p->numel);
+    if (p->init_std == 0.0f) {
+        for (size_t k = 0; k < count; k++) {
+            out[k] = p->init_const;
+        }
+        return;
+    }
+    uint64_t key = name_key(m->cfg.seed, p->name);
+    int64_t rows = m->init_rows[i];
+#pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < count; k++) {
+        int64_t gr, gc;
+        global_coords(p, m->cfg.tp_rank, m->cfg.tp_size, start + k, &gr, &gc);
+        if (gr >= rows) {
+            out[k] = 0.0f;
+        } else {
+            out[k] = (float)(p->init_std * normal_at(key, (uint64_t)(gr * p->global_shape[1] + gc)));
+        }
+    }
+}
+
+void mt_model_init_weights(mt_model_t m) {
+    for (int i = 0; i < m->n_params; i++) {
+        if (m->params[i].data) {
+            mt_model_param_init_values(m, i, 0, m->params[i].numel, m->params[i].data);
+        }
+    }
+}
+
+double mt_model_flops_per_token(mt_model_t m, int T) {
+    const mt_model_config_t *c = &m->cfg;
+    double n = 0.0;
+    for (int i = 0; i < m->n_params; i++) {
+        const mt_param_t *p = &m->params[i];
+        if (c->kind == MT_MODEL_GPT2 && strcmp(p->name, "wpe") == 0) {
+            continue; /* position embedding: a lookup, no matmul */
+        }
+        double e = (double)p->global_shape[0] * (double)p->global_shape[1];
+        if (m->init_rows[i] < p->global_shape[0]) {
+            e = (double)m->init_rows[i] * (double)p->global_shape[1]; /* padded vocabulary rows are never used */
+        }
+        n += e;
+    }
+    double f = 6.0 * n;
+    if (c->kind == MT_MODEL_GPT2) {
+        f += 12.0 * c->n_layer * (double)c->n_embd * T; /* 12 L H Q T with H*Q = C */
+    }
+    return f;
+}
+
+/* ---- activations ----------------------------------------------------------------------------- */
+
+mt_status_t mt_acts_init(mt_model_t m, int B, int T, mt_acts_t *out) {
+    *out = NULL;
+    if (B < 1 || T < 1 || T > m->cfg.seq_len) {
+        return mt_error(MT_ERR_INVALID_ARG, "model: micro-batch B=%d T=%d invalid (need B >= 1, 1 <= T <= seq_len %d)",
+                        B, T, m->cfg.seq_len);
+    }
+    struct mt_acts *a = calloc(1, sizeof(*a));
+    int n = m->n_modules;
+    if (a) {
+        a->mod_buf = calloc((size_t)n, sizeof(float *));
+        a->mod_out = calloc((size_t)n, sizeof(float *));
+        a->mod_inp = calloc((size_t)n, sizeof(float *));
+        a->fwd_done = calloc((size_t)n, sizeof(bool));
+        a->tokens = mt_alloc((size_t)B * T * sizeof(int32_t), MT_MEM_ACTIVATIONS, "acts tokens");
+        a->targets = mt_alloc((size_t)B * T * sizeof(int32_t), MT_MEM_ACTIVATIONS, "acts targets");
+    }
+    if (!a || !a->mod_buf || !a->mod_out || !a->mod_inp || !a->fwd_done || !a->tokens || !a->targets) {
+        mt_acts_free(a);
+        return mt_error(MT_ERR_OOM, "model: out of memory creating activations for B=%d T=%d", B, T);
+    }
+    a->m = m;
+    a->B = B;
+    a->T = T;
+    *out = a;
+    return MT_OK;
+}
+
+void mt_acts_free(mt_acts_t a) {
+    if (!a) {
+        return;
+    }
+    if (a->mod_buf) {
+        for (int i = 0; i < a->m->n_modules; i++) {
+            mt_free(a->mod_buf[i]);
+        }
+    }
+    mt_free(a->in);
+    mt_free(a->tokens);
+    mt_free(a->targets);
+    free(a->mod_buf);
+    free(a->mod_out);
+    free(a->mod_inp);
+    free(a->fwd_done);
+    free(a);
+}
+
+int mt_acts_B(mt_acts_t a) {
+    return a->B;
+}
+int mt_acts_T(mt_acts_t a) {
+    return a->T;
+}
+
+/* ---- execution ------------------------------------------------------------------------------- */
+
+static mt_status_t check_bound(mt_model_t m, int module, bool need_grad) {
+    for (int i = 0; i < m->n_params; i++) {
+        const mt_param_t *p = &m->params[i];
+        if (p->module != module && p->tied_module != module) {
+            continue;
+        }
+        if (!p->data || (need_grad && !p->grad)) {
+            return mt_error(MT_ERR_INVALID_ARG, "model: parameter %s of module %s has no %s bound", p->name,
+                            m->module_names[module], !p->data ? "data" : "grad");
+        }
+    }
+    return MT_OK;
+}
+
+static mt_status_t check_range(mt_model_t m, int lo, int hi) {
+    if (lo < 0 || hi > m->n_modules || lo >= hi) {
+        return mt_error(MT_ERR_INVALID_ARG, "model: module range [%d, %d) invalid for %d modules", lo, hi,
+                        m->n_modules);
+    }
+    if (m->cfg.tp_size > 1) {
+        return mt_error(
+            MT_ERR_INVALID_USAGE,
+            "model: tp_size %d: sharded forward/backward is provided by parallel/'s tensor-parallel layers, "
+            "not by this model",
+            m->cfg.tp_size);
+    }
+    return MT_OK;
+}
+
+mt_status_t mt_model_forward(mt_model_t m, mt_acts_t a, int lo, int hi, const int32_t *tokens, const int32_t *targets,
+                             const float *in_act, float *out_act, float *loss) {
+    MT_CHECK(check_range(m, lo, hi));
+    int n = m->n_modules, N = a->B * a->T, V = m->cfg.vocab_size;
+    size_t W = (size_t)m->width;
+    if (lo == 0) {
+        if (!tokens) {
+            return mt_error(MT_ERR_INVALID_ARG, "model: forward from module 0 needs tokens");
+        }
+        for (int i = 0; i < N; i++) {
+            if (tokens[i] < 0 || tokens[i] >= V) {
+                return mt_error(MT_ERR_INVALID_ARG, "model: token %d at position %d is outside the vocabulary [0, %d)",
+                                tokens[i], i, V);
+            }
+        }
+        memcpy(a->tokens, tokens, (size_t)N * sizeof(int32_t));
+    } else {
+        if (!in_act) {
+            return mt_error(MT_ERR_INVALID_ARG, "model: forward from module %d needs in_act from the previous stage",
+                            lo);
+        }
+        if (!a->in) {
+            a->in = mt_alloc((size_t)N * W * sizeof(float), MT_MEM_ACTIVATIONS, "acts stage input");
+            if (!a->in) {
+                return mt_error(MT_ERR_OOM, "model: cannot allocate the stage input (%zu bytes)", N * W * 4);
+            }
+        }
+        memcpy(a->in, in_act, (size_t)N * W * sizeof(float));
+    }
+    if (hi == n) {
+        if (!targets || !loss) {
+            return mt_error(MT_ERR_INVALID_ARG, "model: forward through the head needs targets and a loss pointer");
+        }
+        for (int i = 0; i < N; i++) {
+            if (targets[i] < -1 || targets[i] >= V) {
+                return mt_error(MT_ERR_INVALID_ARG,
+                                "model: target %d at position %d is outside [0, %d) and not the ignore index -1",
+                                targets[i], i, V);
+            }
+        }
+        memcpy(a->targets, targets, (size_t)N * sizeof(int32_t));
+    }
+    MT_CHECK(m->ops->ensure_workspace(m, a->B, a->T));
+    for (int i = lo; i < hi; i++) {
+        if (m->hooks.pre_forward) {
+            MT_CHECK(m->hooks.pre_forward(m->hooks.arg, i));
+        }
+        MT_CHECK(check_bound(m, i, false));
+        if (!a->mod_buf[i]) {
+            size_t fl = m->ops->module_floats(m, i, a->B, a->T);
+            a->mod_buf[i] = mt_alloc(fl * sizeof(float), MT_MEM_ACTIVATIONS, "acts module");
+            if (!a->mod_buf[i]) {
+                return mt_error(MT_ERR_OOM, "model: cannot allocate %zu bytes of activations for module %s",
+                                fl * sizeof(float), m->module_names[i]);
+            }
+            a->mod_out[i] = m->ops->module_out(m, a, i);
+        }
+        const float *inp = i == 0 ? NULL : (i == lo ? a->in : a->mod_out[i - 1]);
+        a->mod_inp[i] = inp;
+        m->ops->forward(m, a, i, inp);
+        a->fwd_done[i] = true;
+        if (m->hooks.post_forward) {
+            MT_CHECK(m->hooks.post_forward(m->hooks.arg, i));
+        }
+    }
+    if (hi < n && out_act) {
+        memcpy(out_act, a->mod_out[hi - 1], (size_t)N * W * sizeof(float));
+    }
+    if (hi == n) {
+        *loss = a->loss;
+    }
+    return MT_OK;
+}
+
+mt_status_t mt_model_backward(mt_model_t m, mt_acts_t a, int lo, int hi, const float *dout, float *din,
+                              float loss_grad_scale) {
+    MT_CHECK(check_range(m, lo, hi));
+    int n = m->n_modules, N = a->B * a->T;
+    size_t W = (size_t)m->width;
+    for (int i = lo; i < hi; i++) {
+        if (!a->fwd_done[i]) {
+            return mt_error(MT_ERR_INVALID_USAGE,
+                            "model: backward of module %s without its forward on this micro-batch", m->module_names[i]);
+        }
+    }
+    if ((hi == n) != (dout == NULL)) {
+        return mt_error(MT_ERR_INVALID_ARG, "model: backward of [%d, %d): dout must be %s", lo, hi,
+                        hi == n ? "NULL (the gradient starts at the loss)" : "given (gradient from the next stage)");
+    }
+    if (lo > 0 && !din) {
+        return mt_error(MT_ERR_INVALID_ARG, "model: backward to module %d needs din for the previous stage", lo);
+    }
+    MT_CHECK(m->ops->ensure_workspace(m, a->B, a->T));
+    if (m->gbuf_rows < (size_t)N) {
+        MT_CHECK(mt_model_realloc_scratch(&m->gbuf[0], (size_t)N * W, "model grad buffer"));
+        MT_CHECK(mt_model_realloc_scratch(&m->gbuf[1], (size_t)N * W, "model grad buffer"));
+        m->gbuf_rows = (size_t)N;
+    }
+    float *gcur = m->gbuf[0], *gnext = m->gbuf[1];
+    if (dout) {
+        memcpy(gcur, dout, (size_t)N * W * sizeof(float));
+    }
+    for (int i = hi - 1; i >= lo; i--) {
+        if (m->hooks.pre_backward) {
+            MT_CHECK(m->hooks.pre_backward(m->hooks.arg, i));
+        }
+        MT_CHECK(check_bound(m, i, true));
+        m->ops->backward(m, a, i, a->mod_inp[i], i == n - 1 ? NULL : gcur, i > 0 ? gnext : NULL, loss_grad_scale);
+        if (i == n - 1) {
+            a->fwd_done[i] = false; /* the head's backward consumed its logits in place */
+        }
+        float *t = gcur;
+        gcur = gnext;
+        gnext = t;
+        if (m->hooks.post_backward) {
+            MT_CHECK(m->hooks.post_backward(m->hooks.arg, i));
+        }
+    }
+    if (lo > 0) {
+        memcpy(din, gcur, (size_t)N * W * sizeof(float));
+    }
+    return MT_OK;
+}
+
+mt_status_t mt_model_step(mt_model_t m, mt_acts_t a, const int32_t *tokens, const int32_t *targets, bool do_backward,
+                          float *loss) {
+    MT_CHECK(mt_model_forward(m, a, 0, m->n_modules, tokens, targets, NULL, NULL, loss));
+    if (do_backward) {
+        MT_CHECK(mt_model_backward(m, a, 0, m->n_modules, NULL, NULL, 1.0f));
+    }
+    return MT_OK;
+}

@@ -1,0 +1,276 @@
+/* AdamW and SGD with momentum over registered fp32 buffers, global-norm clipping and LR schedules,
+ * each written to reproduce torch.optim / torch.nn.utils arithmetic operation for operation in fp32.
+ * SPDX-License-Identifier: MIT */
+#include "optim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/alloc.h"
+
+typedef struct {
+    char *name;
+    float *param;
+    const float *grad;
+    size_t n;
+    bool decay;
+    float *m; /* AdamW first moment / SGD momentum buffer */
+    float *v; /* AdamW second moment */
+} optim_tensor_t;
+
+struct mt_optim {
+    mt_optim_params_t p;
+    int64_t t;
+    int n, cap;
+    optim_tensor_t *tensors;
+};
+
+mt_status_t mt_optim_init(const mt_optim_params_t *params, mt_optim_t *out) {
+    *out = NULL;
+    if (!params || params->size != sizeof(mt_optim_params_t)) {
+        return mt_error(MT_ERR_INVALID_ARG, "mt_optim_init: params missing or .size not set (use MT_OPTIM_PARAMS_INIT)");
+    }
+    const mt_optim_params_t *p = params;
+    if (p->kind != MT_OPTIM_ADAMW && p->kind != MT_OPTIM_SGD) {
+        return mt_error(MT_ERR_INVALID_ARG, "optimizer kind %d is neither adamw nor sgd", (int)p->kind);
+    }
+    if (p->kind == MT_OPTIM_ADAMW) {
+        if (!(p->beta1 >= 0.0f && p->beta1 < 1.0f) || !(p->beta2 >= 0.0f && p->beta2 < 1.0f)) {
+            return mt_error(MT_ERR_INVALID_ARG, "AdamW betas must be in [0, 1): beta1 = %g, beta2 = %g", p->beta1,
+                            p->beta2);
+        }
+        if (!(p->eps >= 0.0f)) {
+            return mt_error(MT_ERR_INVALID_ARG, "AdamW eps must be >= 0 (got %g)", p->eps);
+        }
+    }
+    if (!(p->weight_decay >= 0.0f)) {
+        return mt_error(MT_ERR_INVALID_ARG, "weight_decay must be >= 0 (got %g)", p->weight_decay);
+    }
+    if (!(p->momentum >= 0.0f && p->momentum < 1.0f)) {
+        return mt_error(MT_ERR_INVALID_ARG, "SGD momentum must be in [0, 1) (got %g)", p->momentum);
+    }
+    struct mt_optim *o = calloc(1, sizeof(*o));
+    if (!o) {
+        return mt_error(MT_ERR_OOM, "mt_optim_init: out of memory");
+    }
+    o->p = *p;
+    *out = o;
+    return MT_OK;
+}
+
+mt_status_t mt_optim_add(mt_optim_t opt, const char *name, float *param, const float *grad, size_t n, bool decay,
+                         int *index) {
+    if (!opt || (n > 0 && (!param || !grad))) {
+        return mt_error(MT_ERR_INVALID_ARG, "mt_optim_add(%s): NULL optimizer, parameter or gradient",
+                        name ? name : "?");
+    }
+    if (opt->n == opt->cap) {
+        int cap = opt->cap ? 2 * opt->cap : 16;
+        optim_tensor_t *nt = realloc(opt->tensors, (size_t)cap * sizeof(*nt));
+        if (!nt) {
+            return mt_error(MT_ERR_OOM, "mt_optim_add: out of memory");
+        }
+        opt->tensors = nt;
+        opt->cap = cap;
+    }
+    optim_tensor_t t = {.param = param, .grad = grad, .n = n, .decay = decay};
+    t.name = strdup(name ? name : "");
+    bool need_m = opt->p.kind == MT_OPTIM_ADAMW || opt->p.momentum > 0.0f;
+    bool need_v = opt->p.kind == MT_OPTIM_ADAMW;
+    if (need_m) {
+        t.m = mt_calloc(n * sizeof(float), MT_MEM_OPTIMIZER, "optim.m");
+    }
+    if (need_v) {
+        t.v = mt_calloc(n * sizeof(float), MT_MEM_OPTIMIZER, "optim.v");
+    }
+    if (!t.name || (need_m && !t.m) || (need_v && !t.v)) {
+        mt_free(t.m);
+        mt_free(t.v);
+        free(t.name);
+        return mt_error(MT_ERR_OOM, "optimizer state for %s (%zu elements): out of memory", name ? name : "?", n);
+    }
+    if (index) {
+        *index = opt->n;
+    }
+    opt->tensors[opt->n++] = t;
+    return MT_OK;
+}
+
+/* torch.optim.AdamW (foreach=False, amsgrad=False, maximize=False), per element, in fp32:
+ *   p  = p * (1 - lr*wd)                        decoupled weight decay, before the moments
+ *   m  = m + (g - m) * (1 - b1)                 torch's lerp_ form of b1*m + (1-b1)*g
+ *   v  = v * b2 + (1 - b2) * g * g
+ *   step_size = lr / (1 - b1^t)
+ *   denom = sqrt(v) / sqrt(1 - b2^t) + eps
+ *   p  = p - step_size * m / denom
+ * The bias corrections are computed in double and rounded once, as torch does with Python floats. */
+void mt_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
+                     float beta2, float eps, float weight_decay, int64_t t, float grad_scale) {
+    double bc1 = 1.0 - pow((double)beta1, (double)t);
+    double bc2 = 1.0 - pow((double)beta2, (double)t);
+    float step_size = (float)((double)lr / bc1);
+    float bc2_sqrt = (float)sqrt(bc2);
+    float decay = (float)(1.0 - (double)lr * (double)weight_decay);
+    float one_minus_b1 = (float)(1.0 - (double)beta1), one_minus_b2 = (float)(1.0 - (double)beta2);
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i] * grad_scale;
+        float p = param[i];
+        if (weight_decay != 0.0f) {
+            p *= decay;
+        }
+        float mi = m[i] + (g - m[i]) * one_minus_b1;
+        float vi = v[i] * beta2 + one_minus_b2 * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        param[i] = p - step_size * (mi / denom);
+    }
+}
+
+/* torch.optim.SGD (dampening 0, nesterov False), per element:
+ *   g = g + wd * p                              L2 weight decay, coupled to the gradient
+ *   buf = g (first step) | buf * mu + g          momentum
+ *   p = p - lr * buf                             (buf = g when mu = 0) */
+void mt_sgd_update(float *param, const float *grad, float *buf, size_t n, float lr, float momentum,
+                   float weight_decay, bool first, float grad_scale) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i] * grad_scale;
+        if (weight_decay != 0.0f) {
+            g = g + weight_decay * param[i];
+        }
+        if (momentum != 0.0f && buf) {
+            g = first ? g : buf[i] * momentum + g;
+            buf[i] = g;
+        }
+        param[i] = param[i] - lr * g;
+    }
+}
+
+mt_status_t mt_optim_step(mt_optim_t opt, float lr, float grad_scale) {
+    if (!opt) {
+        return mt_error(MT_ERR_INVALID_ARG, "mt_optim_step: NULL optimizer");
+    }
+    if (!isfinite(lr) || !isfinite(grad_scale)) {
+        return mt_error(MT_ERR_INVALID_ARG, "mt_optim_step: non-finite lr (%g) or gradient scale (%g)", lr,
+                        grad_scale);
+    }
+    opt->t++;
+    const mt_optim_params_t *p = &opt->p;
+    for (int i = 0; i < opt->n; i++) {
+        optim_tensor_t *t = &opt->tensors[i];
+        float wd = t->decay ? p->weight_decay : 0.0f;
+        if (p->kind == MT_OPTIM_ADAMW) {
+            mt_adamw_update(t->param, t->grad, t->m, t->v, t->n, lr, p->beta1, p->beta2, p->eps, wd, opt->t,
+                            grad_scale);
+        } else {
+            mt_sgd_update(t->param, t->grad, t->m, t->n, lr, p->momentum, wd, opt->t == 1, grad_scale);
+        }
+    }
+    return MT_OK;
+}
+
+int64_t mt_optim_get_step(mt_optim_t opt) {
+    return opt->t;
+}
+
+void mt_optim_set_step(mt_optim_t opt, int64_t t) {
+    opt->t = t;
+}
+
+int mt_optim_count(mt_optim_t opt) {
+    return opt ? opt->n : 0;
+}
+
+mt_status_t mt_optim_state(mt_optim_t opt, int i, const char **name, size_t *n, float **m, float **v) {
+    if (!opt || i < 0 || i >= opt->n) {
+        return mt_error(MT_ERR_INVALID_ARG, "mt_optim_state: tensor index %d out of range [0, %d)", i,
+                        opt ? opt->n : 0);
+    }
+    const optim_tensor_t *t = &opt->tensors[i];
+    if (name) {
+        *name = t->name;
+    }
+    if (n) {
+        *n = t->n;
+    }
+    if (m) {
+        *m = t->m;
+    }
+    if (v) {
+        *v = t->v;
+    }
+    return MT_OK;
+}
+
+void mt_optim_free(mt_optim_t opt) {
+    if (!opt) {
+        return;
+    }
+    for (int i = 0; i < opt->n; i++) {
+        mt_free(opt->tensors[i].m);
+        mt_free(opt->tensors[i].v);
+        free(opt->tensors[i].name);
+    }
+    free(opt->tensors);
+    free(opt);
+}
+
+/* ---- clipping ------------------------------------------------------------------------------------ */
+
+double mt_clip_sumsq(const float *g, size_t n) {
+    double s = 0.0;
+#pragma omp parallel for reduction(+ : s) schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        s += (double)g[i] * (double)g[i];
+    }
+    return s;
+}
+
+float mt_clip_coef(double total_sumsq, float max_norm, double *norm) {
+    double nrm = sqrt(total_sumsq);
+    if (norm) {
+        *norm = nrm;
+    }
+    if (max_norm <= 0.0f || !isfinite(nrm)) {
+        return 1.0f;
+    }
+    /* torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1, computed in fp32 */
+    float coef = max_norm / ((float)nrm + 1e-6f);
+    return coef < 1.0f ? coef : 1.0f;
+}
+
+/* ---- schedules ------------------------------------------------------------------------------------ */
+
+float mt_lr_at(const mt_lr_sched_t *s, int64_t step) {
+    if (step < 0) {
+        step = 0;
+    }
+    if (step < s->warmup_steps) {
+        return (float)((double)s->lr * (double)(step + 1) / (double)s->warmup_steps);
+    }
+    if (s->kind == MT_LR_CONSTANT) {
+        return s->lr;
+    }
+    int64_t span = s->total_steps - 1 - s->warmup_steps;
+    double r = span > 0 ? (double)(step - s->warmup_steps) / (double)span : 0.0;
+    if (r > 1.0) {
+        r = 1.0;
+    }
+    double coeff = 0.5 * (1.0 + cos(M_PI * r));
+    return (float)((double)s->min_lr + coeff * ((double)s->lr - (double)s->min_lr));
+}
+
+bool mt_lr_kind_parse(const char *s, mt_lr_kind_t *out) {
+    if (s && !strcmp(s, "constant")) {
+        *out = MT_LR_CONSTANT;
+        return true;
+    }
+    if (s && !strcmp(s, "cosine")) {
+        *out = MT_LR_COSINE;
+        return true;
+    }
+    return false;
+}

@@ -1,0 +1,119 @@
+/* Optimizers (AdamW and SGD with momentum, PyTorch semantics), global-norm gradient clipping with
+ * partial sums of squares that sharded engines combine, and learning-rate schedules.
+ * An optimizer updates whatever fp32 buffers are registered with it: the whole model in a single
+ * process, or only the shard a rank owns under ZeRO. The math per element is in optim.c.
+ * SPDX-License-Identifier: MIT */
+#ifndef MT_OPTIM_H
+#define MT_OPTIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/mt_core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- optimizers ------------------------------------------------------------------------------ */
+
+typedef enum { MT_OPTIM_ADAMW = 0, MT_OPTIM_SGD = 1 } mt_optim_kind_t;
+
+typedef struct {
+    size_t size; /* sizeof(mt_optim_params_t) */
+    mt_optim_kind_t kind;
+    float beta1, beta2, eps; /* AdamW */
+    float weight_decay;      /* AdamW: decoupled (p -= lr*wd*p); SGD: L2 added to the gradient, as torch.optim.SGD */
+    float momentum;          /* SGD; 0 = plain SGD (no momentum buffer is allocated) */
+} mt_optim_params_t;
+
+#define MT_OPTIM_PARAMS_INIT                                                                                   \
+    {                                                                                                          \
+        .size = sizeof(mt_optim_params_t), .kind = MT_OPTIM_ADAMW, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, \
+        .weight_decay = 0.0f, .momentum = 0.0f                                                                 \
+    }
+
+typedef struct mt_optim *mt_optim_t;
+
+/* Creates an optimizer with no tensors. Fails with MT_ERR_INVALID_ARG on an out-of-range
+ * hyper-parameter (betas outside [0,1), negative eps/weight decay/momentum) naming it. */
+mt_status_t mt_optim_init(const mt_optim_params_t *params, mt_optim_t *out);
+
+/* Registers one fp32 tensor (or the shard of one that this rank owns): n elements at param, its
+ * gradient at grad. decay says whether weight decay applies (the caller passes true for 2-D
+ * weights, false for biases, LayerNorm parameters and other 1-D tensors). The optimizer keeps the
+ * pointers (the caller keeps the buffers alive and in place) and allocates its state for them
+ * (AdamW: m and v; SGD with momentum: the momentum buffer) zeroed, under MT_MEM_OPTIMIZER.
+ * name (copied) is for messages and checkpoints. Returns the tensor's index in *index (may be NULL). */
+mt_status_t mt_optim_add(mt_optim_t opt, const char *name, float *param, const float *grad, size_t n, bool decay,
+                         int *index);
+
+/* One optimizer step over every registered tensor at learning rate lr. Each gradient element is
+ * first multiplied by grad_scale in fp32 (the clipping coefficient from mt_clip_coef, or 1), which
+ * is bit-identical to scaling the gradients in place before the step as torch's clip_grad_norm_
+ * does. Advances the step counter used for AdamW's bias correction (the first step is t = 1). */
+mt_status_t mt_optim_step(mt_optim_t opt, float lr, float grad_scale);
+
+/* Steps taken so far (t of the last step; 0 before the first). set_step is for resuming. */
+int64_t mt_optim_get_step(mt_optim_t opt);
+void mt_optim_set_step(mt_optim_t opt, int64_t t);
+
+/* Number of registered tensors, and the state of tensor i for checkpoints: m and v for AdamW
+ * (v = NULL for SGD), m = momentum buffer for SGD (NULL when momentum = 0). Pointers are owned by
+ * the optimizer and valid until mt_optim_free. Returns MT_ERR_INVALID_ARG for a bad index. */
+int mt_optim_count(mt_optim_t opt);
+mt_status_t mt_optim_state(mt_optim_t opt, int i, const char **name, size_t *n, float **m, float **v);
+
+/* Frees the optimizer and its state (not the registered buffers). NULL is a no-op. */
+void mt_optim_free(mt_optim_t opt);
+
+/* The per-tensor kernels the optimizer runs, exposed for engines that keep their own state layout.
+ * t is the step number after incrementing (>= 1). */
+void mt_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
+                     float beta2, float eps, float weight_decay, int64_t t, float grad_scale);
+/* buf may be NULL when momentum == 0. first: this is the buffer's first step (buf = g, as torch). */
+void mt_sgd_update(float *param, const float *grad, float *buf, size_t n, float lr, float momentum,
+                   float weight_decay, bool first, float grad_scale);
+
+/* ---- gradient clipping by global norm -------------------------------------------------------- */
+/* A global norm over tensors spread across ranks is sqrt of the sum of every rank's partial sum of
+ * squares. A single process sums its tensors with mt_clip_sumsq; a sharded engine sums what it owns,
+ * all-reduces the double, and hands the total to mt_clip_coef. */
+
+/* Sum of g[i]^2 over n elements, accumulated in double. */
+double mt_clip_sumsq(const float *g, size_t n);
+
+/* From the total sum of squares: *norm = sqrt(total) (may be NULL) and the coefficient to multiply
+ * every gradient by, as torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6)). max_norm
+ * <= 0 disables clipping (returns 1). A non-finite total returns 1 and a non-finite *norm; the caller
+ * decides (train.on_nan). */
+float mt_clip_coef(double total_sumsq, float max_norm, double *norm);
+
+/* ---- learning-rate schedules ----------------------------------------------------------------- */
+
+typedef enum { MT_LR_CONSTANT = 0, MT_LR_COSINE = 1 } mt_lr_kind_t;
+
+typedef struct {
+    mt_lr_kind_t kind;
+    float lr;             /* peak learning rate */
+    float min_lr;         /* cosine: the rate reached at the last step */
+    int64_t warmup_steps; /* both kinds: linear warm-up over these steps */
+    int64_t total_steps;  /* cosine: steps of the whole run */
+} mt_lr_sched_t;
+
+/* The learning rate of step s (0-based):
+ *   s < warmup:            lr * (s + 1) / warmup
+ *   constant, s >= warmup: lr
+ *   cosine,   s >= warmup: min_lr + (lr - min_lr) * 0.5 * (1 + cos(pi * r)),
+ *                          r = (s - warmup) / (total - 1 - warmup), clamped to [0, 1]
+ * so the cosine reaches min_lr exactly at the last step s = total - 1 (r = 0 when total - 1 <= warmup). */
+float mt_lr_at(const mt_lr_sched_t *sched, int64_t step);
+
+/* Parses "constant" / "cosine"; false on anything else. */
+bool mt_lr_kind_parse(const char *s, mt_lr_kind_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MT_OPTIM_H */

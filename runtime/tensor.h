@@ -1,0 +1,63 @@
+/* Tensors: dtype (f32, bf16, f16), device (CPU, CUDA) and shape over storage from the runtime allocator,
+ * tagged with a memory category so the accounting stays exact. Plus the f32 <-> bf16/f16 conversions.
+ * SPDX-License-Identifier: MIT */
+#ifndef MT_TENSOR_H
+#define MT_TENSOR_H
+
+#include "alloc.h"
+#include "mt_core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { MT_F32 = 0, MT_BF16 = 1, MT_F16 = 2, MT_DTYPE_COUNT } mt_dtype_t;
+typedef enum { MT_DEV_CPU = 0, MT_DEV_CUDA = 1 } mt_device_t;
+
+#define MT_TENSOR_MAX_DIM 4
+
+typedef struct {
+    mt_dtype_t dtype;
+    mt_device_t device;
+    int ndim;
+    int64_t shape[MT_TENSOR_MAX_DIM];
+    mt_mem_cat_t cat;
+    void *data;
+    bool owned; /* data allocated by mt_tensor_alloc (freed by mt_tensor_free) */
+} mt_tensor_t;
+
+/* Bytes per element: 4, 2, 2. */
+size_t mt_dtype_size(mt_dtype_t dt);
+/* "f32", "bf16", "f16". */
+const char *mt_dtype_name(mt_dtype_t dt);
+
+/* Number of elements (1 for ndim 0). */
+int64_t mt_tensor_numel(const mt_tensor_t *t);
+size_t mt_tensor_bytes(const mt_tensor_t *t);
+
+/* Allocates a tensor of the given shape (ndim <= MT_TENSOR_MAX_DIM, every dim >= 0) under category cat.
+ * CPU: mt_alloc (aligned, accounted). CUDA: cudaMalloc accounted through mt_mem_account in CUDA builds;
+ * in a CPU-only build MT_ERR_INVALID_USAGE. Errors: MT_ERR_INVALID_ARG (bad shape or dtype, naming it),
+ * MT_ERR_OOM, MT_ERR_CUDA. The tensor's data is uninitialised. */
+mt_status_t mt_tensor_alloc(mt_tensor_t *t, mt_dtype_t dt, mt_device_t dev, int ndim, const int64_t *shape,
+                            mt_mem_cat_t cat, const char *owner);
+
+/* A tensor viewing memory it does not own (never freed by mt_tensor_free). */
+mt_tensor_t mt_tensor_view(void *data, mt_dtype_t dt, mt_device_t dev, int ndim, const int64_t *shape);
+
+/* Frees owned storage and clears the tensor; a view or a zeroed struct is a no-op. */
+void mt_tensor_free(mt_tensor_t *t);
+
+/* Round-to-nearest-even conversions (NaN stays NaN, overflow to inf for f16). */
+uint16_t mt_f32_to_bf16(float f);
+float mt_bf16_to_f32(uint16_t h);
+uint16_t mt_f32_to_f16(float f);
+float mt_f16_to_f32(uint16_t h);
+
+/* Copies n elements between host buffers of any two dtypes, converting. */
+void mt_convert(void *dst, mt_dtype_t dst_dt, const void *src, mt_dtype_t src_dt, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MT_TENSOR_H */
