@@ -52,12 +52,9 @@ static mt_status_t check_params(mt_model_t model, mt_comm_t dp, const mt_engine_
         return mt_error(MT_ERR_INVALID_ARG, "parallel.zero_persist_threshold = %lld: must be >= 0",
                         (long long)p->persist_threshold);
     }
-    if (mt_model_config(model)->tp_size != 1) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "engine: the model is tensor-parallel (tp_size %d); data-parallel engines "
-                        "take a model whose parameters are this rank's tp shard with tp_size 1 here",
-                        mt_model_config(model)->tp_size);
-    }
+    /* A tensor-parallel model is fine: its parameters are this rank's tp shards, and the engine
+     * works over the dp group, whose ranks all hold the same shard (tests/parallel3d: 2x2x2 with DDP,
+     * ZeRO-1 and sequence parallelism; tp2 x dp2 with ZeRO-2 and ZeRO-3). */
     for (int i = 0; i < mt_model_n_params(model); i++) {
         const mt_param_t *q = mt_model_param(model, i);
         if (q->data || q->grad) {
