@@ -1,0 +1,223 @@
+/* The NCCL backend on device memory: every op x dtype x reduction x in-place form x counts against the
+ * same locally computed values as the MPI backend's test, synchronous (stream-ordered) and through work
+ * handles. Needs one CUDA device per rank; exits 77 ("skipped: ...") without one.
+ * SPDX-License-Identifier: MIT */
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll_testlib.h"
+#include "runtime/rt.h"
+#include "testutil.h"
+
+#define CU(call)                                                                                  \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        CHECK(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                        \
+    } while (0)
+
+static const size_t counts[] = {0, 1, 7, 129, 4099};
+#define MAXB (4 * 4099 * 8)
+static unsigned char *h_a, *h_b, *d_a, *d_b;
+static cudaStream_t stream;
+
+static void up(void *d, const void *h, size_t bytes) { CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice)); }
+static void down(void *h, const void *d, size_t bytes) { CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost)); }
+
+/* Synchronous calls are only enqueued: finish the stream before reading; async ones through the handle. */
+static void finish(mt_work_t *w) {
+    if (*w) {
+        CHECK_OK(mt_work_wait(*w, 60));
+        mt_work_free(*w);
+        *w = NULL;
+    } else {
+        CU(cudaStreamSynchronize(stream));
+    }
+}
+
+static void test_reductions(mt_comm_t c, bool async) {
+    int n = mt_comm_size(c), r = mt_comm_rank(c);
+    for (int d = 0; d < MT_DTYPE_COUNT; d++) {
+        for (int op = 0; op < MT_REDOP_COUNT; op++) {
+            for (size_t k = 0; k < MT_ARRAY_LEN(counts); k++) {
+                for (int mode = 0; mode < 3; mode++) {
+                    size_t cnt = counts[k], bytes = cnt * mt_dtype_size(d);
+                    mt_work_t w = NULL, *wp = async ? &w : NULL;
+                    /* all_reduce: mode 0 out of place, 1 in place */
+                    if (mode < 2) {
+                        for (size_t i = 0; i < cnt; i++) {
+                            tl_set(h_a, d, i, tl_val(r, i, d, op));
+                        }
+                        up(d_a, h_a, bytes);
+                        void *recv = mode ? d_a : d_b;
+                        CHECK_OK(mt_coll_all_reduce(c, d_a, recv, cnt, d, op, stream, wp));
+                        finish(&w);
+                        down(h_b, recv, bytes);
+                        int bad = 0;
+                        for (size_t i = 0; i < cnt; i++) {
+                            bad += tl_get(h_b, d, i) != tl_expect(n, i, d, op);
+                        }
+                        CHECK(bad == 0, "nccl all_reduce %s %s count %zu mode %d: %d wrong", mt_dtype_name(d),
+                              mt_redop_name(op), cnt, mode, bad);
+                        /* reduce to the last rank */
+                        int root = n - 1;
+                        up(d_a, h_a, bytes);
+                        CHECK_OK(mt_coll_reduce(c, d_a, mode ? d_a : d_b, cnt, d, op, root, stream, wp));
+                        finish(&w);
+                        if (r == root) {
+                            down(h_b, mode ? d_a : d_b, bytes);
+                            bad = 0;
+                            for (size_t i = 0; i < cnt; i++) {
+                                bad += tl_get(h_b, d, i) != tl_expect(n, i, d, op);
+                            }
+                            CHECK(bad == 0, "nccl reduce %s %s count %zu mode %d: %d wrong", mt_dtype_name(d),
+                                  mt_redop_name(op), cnt, mode, bad);
+                        }
+                    }
+                    /* reduce_scatter: 0 out of place, 1 recv = send + r*count, 2 recv = send */
+                    for (size_t i = 0; i < cnt * (size_t)n; i++) {
+                        tl_set(h_a, d, i, tl_val(r, i, d, op));
+                    }
+                    up(d_a, h_a, bytes * (size_t)n);
+                    void *recv = mode == 0 ? (void *)d_b : mode == 1 ? (void *)(d_a + bytes * (size_t)r) : d_a;
+                    CHECK_OK(mt_coll_reduce_scatter(c, d_a, recv, cnt, d, op, stream, wp));
+                    finish(&w);
+                    down(h_b, recv, bytes);
+                    int bad = 0;
+                    for (size_t i = 0; i < cnt; i++) {
+                        bad += tl_get(h_b, d, i) != tl_expect(n, cnt * (size_t)r + i, d, op);
+                    }
+                    CHECK(bad == 0, "nccl reduce_scatter %s %s count %zu mode %d: %d wrong", mt_dtype_name(d),
+                          mt_redop_name(op), cnt, mode, bad);
+                }
+            }
+        }
+    }
+}
+
+static void test_data_movement(mt_comm_t c, bool async) {
+    int n = mt_comm_size(c), r = mt_comm_rank(c);
+    for (int d = 0; d < MT_DTYPE_COUNT; d++) {
+        for (size_t k = 0; k < MT_ARRAY_LEN(counts); k++) {
+            size_t cnt = counts[k], bytes = cnt * mt_dtype_size(d);
+            mt_work_t w = NULL, *wp = async ? &w : NULL;
+            for (int mode = 0; mode < 3; mode++) {
+                /* all_gather: 0 out of place, 1 send = recv + r*count, 2 send = recv */
+                for (size_t i = 0; i < cnt; i++) {
+                    tl_set(h_a, d, i, tl_val(r, i, d, MT_REDOP_SUM));
+                }
+                CU(cudaMemset(d_b, 0x5a, bytes * (size_t)n));
+                void *send = mode == 0 ? (void *)d_a : mode == 1 ? (void *)(d_b + bytes * (size_t)r) : d_b;
+                up(send, h_a, bytes);
+                CHECK_OK(mt_coll_all_gather(c, send, d_b, cnt, d, stream, wp));
+                finish(&w);
+                down(h_b, d_b, bytes * (size_t)n);
+                int bad = 0;
+                for (int q = 0; q < n; q++) {
+                    for (size_t i = 0; i < cnt; i++) {
+                        bad += tl_get(h_b, d, (size_t)q * cnt + i) != tl_val(q, i, d, MT_REDOP_SUM);
+                    }
+                }
+                CHECK(bad == 0, "nccl all_gather %s count %zu mode %d: %d wrong", mt_dtype_name(d), cnt, mode, bad);
+            }
+            for (int inplace = 0; inplace < 2; inplace++) {
+                /* broadcast from rank 0 */
+                for (size_t i = 0; i < cnt; i++) {
+                    tl_set(h_a, d, i, r == 0 ? tl_val(0, i, d, MT_REDOP_SUM) : 99.0);
+                }
+                up(d_a, h_a, bytes);
+                void *recv = inplace ? d_a : d_b;
+                CHECK_OK(mt_coll_broadcast(c, d_a, recv, cnt, d, 0, stream, wp));
+                finish(&w);
+                down(h_b, recv, bytes);
+                int bad = 0;
+                for (size_t i = 0; i < cnt; i++) {
+                    bad += tl_get(h_b, d, i) != tl_val(0, i, d, MT_REDOP_SUM);
+                }
+                CHECK(bad == 0, "nccl broadcast %s count %zu in place %d: %d wrong", mt_dtype_name(d), cnt, inplace,
+                      bad);
+                /* all_to_all: element j of the block s sends to t is (s*7 + t*3 + j) % 13 */
+                for (int t = 0; t < n; t++) {
+                    for (size_t j = 0; j < cnt; j++) {
+                        tl_set(h_a, d, (size_t)t * cnt + j, (double)((r * 7 + t * 3 + (int)j) % 13));
+                    }
+                }
+                up(d_a, h_a, bytes * (size_t)n);
+                recv = inplace ? d_a : d_b;
+                CHECK_OK(mt_coll_all_to_all(c, d_a, recv, cnt, d, stream, wp));
+                finish(&w);
+                down(h_b, recv, bytes * (size_t)n);
+                bad = 0;
+                for (int s = 0; s < n; s++) {
+                    for (size_t j = 0; j < cnt; j++) {
+                        bad += tl_get(h_b, d, (size_t)s * cnt + j) != (double)((s * 7 + r * 3 + (int)j) % 13);
+                    }
+                }
+                CHECK(bad == 0, "nccl all_to_all %s count %zu in place %d: %d wrong", mt_dtype_name(d), cnt, inplace,
+                      bad);
+            }
+        }
+    }
+    /* ring exchange + self message in one group, then a barrier */
+    int32_t out[2] = {r, -r}, in[2] = {-99, -99};
+    up(d_a, out, sizeof(out));
+    mt_work_t w = NULL;
+    CHECK_OK(mt_coll_group_start(c));
+    CHECK_OK(mt_coll_send(c, d_a, 1, MT_DTYPE_I32, (r + 1) % n, stream, NULL));
+    CHECK_OK(mt_coll_recv(c, d_b, 1, MT_DTYPE_I32, (r + n - 1) % n, stream, NULL));
+    CHECK_OK(mt_coll_send(c, d_a + 4, 1, MT_DTYPE_I32, r, stream, NULL));
+    CHECK_OK(mt_coll_recv(c, d_b + 4, 1, MT_DTYPE_I32, r, stream, NULL));
+    CHECK_OK(mt_coll_group_end(c, stream, async ? &w : NULL));
+    finish(&w);
+    down(in, d_b, sizeof(in));
+    CHECK(in[0] == (r + n - 1) % n && in[1] == -r, "nccl group p2p got %d %d", in[0], in[1]);
+    CHECK_OK(mt_coll_barrier(c, stream, async ? &w : NULL));
+    finish(&w);
+    CHECK(mt_comm_seq_completed(c) == mt_comm_seq_issued(c), "nccl seq completed %llu of %llu",
+          (unsigned long long)mt_comm_seq_completed(c), (unsigned long long)mt_comm_seq_issued(c));
+    CHECK_OK(mt_comm_get_async_error(c));
+}
+
+int main(int argc, char **argv) {
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0) {
+        printf("skipped: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return MT_TEST_SKIP;
+    }
+    CHECK_OK(mt_rt_init(&argc, &argv));
+    const mt_world_t *wd = mt_rt_world();
+    if (wd->local_size > ndev) {
+        if (wd->rank == 0) {
+            printf("skipped: %d ranks on this node but %d CUDA device(s); NCCL needs one device per rank\n",
+                   wd->local_size, ndev);
+        }
+        mt_rt_finalize();
+        return MT_TEST_SKIP;
+    }
+    CU(cudaSetDevice(wd->local_rank));
+    CU(cudaStreamCreate(&stream));
+    h_a = malloc(MAXB);
+    h_b = malloc(MAXB);
+    CU(cudaMalloc((void **)&d_a, MAXB));
+    CU(cudaMalloc((void **)&d_b, MAXB));
+    mt_comm_params_t p = MT_COMM_PARAMS_INIT;
+    p.name = "world-dev";
+    p.memory = MT_COMM_MEM_DEVICE;
+    mt_comm_t c = NULL;
+    CHECK_OK(mt_comm_init(wd->comm, &p, &c));
+    if (c) {
+        CHECK(!strcmp(mt_comm_backend_name(c), "nccl"), "backend %s", mt_comm_backend_name(c));
+        test_reductions(c, false);
+        test_data_movement(c, false);
+        test_reductions(c, true);
+        test_data_movement(c, true);
+        CHECK_OK(mt_comm_free(c));
+    }
+    cudaFree(d_a);
+    cudaFree(d_b);
+    free(h_a);
+    free(h_b);
+    cudaStreamDestroy(stream);
+    return mt_test_finish_mpi("test_coll_nccl");
+}
