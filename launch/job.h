@@ -15,6 +15,8 @@
 #include "models/optim/optim.h"
 #include "runtime/config.h"
 
+#include "runtime/alloc.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -32,6 +34,19 @@ typedef struct {
     int dp_rank, dp_size;        /* this rank's slice of the global batch */
     MPI_Comm comm;               /* the job's world communicator */
 } mt_job_info_t;
+
+/* A piece of a global tensor held in an engine's storage, for checkpoints: the box [lo, hi) of the
+ * tensor's global (unsharded) shape, stored contiguously in row-major order at data. A 1-D tensor has
+ * ndim 1 and uses lo[0]/hi[0]. Tensor names: "param/NAME" for parameter NAME, "adamw.m/NAME",
+ * "adamw.v/NAME" and "sgd.momentum/NAME" for the optimizer state of that parameter. */
+#define MT_CKPT_NAME_MAX 96
+typedef struct {
+    char tensor[MT_CKPT_NAME_MAX];
+    int ndim;
+    int64_t shape[2];     /* global shape */
+    int64_t lo[2], hi[2]; /* the box, 0 <= lo < hi <= shape per dimension */
+    float *data;
+} mt_ckpt_piece_t;
 
 /* A data-parallel (or other) engine. The loop calls, per step:
  *   zero_grads; for each micro-batch: forward + backward of the whole model (the engine's model hooks
@@ -57,6 +72,16 @@ typedef struct {
     /* Turns this rank's mean loss of the step into the global-batch mean (in place), for reporting. */
     mt_status_t (*reduce_loss)(void *ctx, double *loss);
     void (*free)(void *ctx);
+    /* Checkpoints (NULL: this engine cannot be checkpointed; checkpoint.dir is then refused). Lists the
+     * pieces of global tensors in this rank's storage: save = true the pieces this rank writes (over all
+     * ranks, each element of each tensor written exactly once), save = false every piece it holds (a
+     * load fills them all). *pieces is malloc'd; the caller frees it. */
+    mt_status_t (*ckpt_pieces)(void *ctx, bool save, mt_ckpt_piece_t **pieces, int *n);
+    /* The optimizer's step count (AdamW's t) for the manifest, and setting it on resume. */
+    int64_t (*ckpt_get_step)(void *ctx);
+    void (*ckpt_set_step)(void *ctx, int64_t t);
+    /* After a load filled the pieces: whatever makes derived copies consistent again. May be NULL. */
+    mt_status_t (*ckpt_loaded)(void *ctx);
 } mt_job_engine_t;
 
 /* The engine of a single process: the model's own flat buffers, one optimizer over every parameter
@@ -70,12 +95,15 @@ typedef struct {
     bool prefetch;                /* background data loading (default true) */
     int dp_rank, dp_size;         /* this rank's data-parallel coordinate, from the caller's device mesh;
                                    * dp_size 0: dp = world size and dp_rank = world rank (tp = pp = 1) */
+    const char *mesh_desc;        /* the mesh in words for the start-up lines; NULL: "N ranks = dp N" */
+    int64_t stop_after;           /* > 0: stop once this many steps are done, as an interrupted job would
+                                   * (the schedule still spans train.steps; for resume tests) */
 } mt_job_opts_t;
 
 #define MT_JOB_OPTS_INIT                                                                                     \
     {                                                                                                        \
         .size = sizeof(mt_job_opts_t), .engine = NULL, .progress = NULL, .prefetch = true, .dp_rank = 0,     \
-        .dp_size = 0                                                                                         \
+        .dp_size = 0, .mesh_desc = NULL, .stop_after = 0                                                     \
     }
 
 typedef struct {
@@ -90,6 +118,11 @@ typedef struct {
     int64_t n_params;    /* parameters of the model */
     double seconds;      /* wall time of the training steps (excluding set-up and evaluation) */
     double tokens_per_s; /* global tokens per second over the run */
+    int64_t first_step;  /* steps before it were not run (resumed from a checkpoint): loss[s] = NAN there */
+    double steady_tokens_per_s; /* mean over the steady state (the steps after the first tenth, at least 1) */
+    double mfu;                 /* model FLOP utilisation over the steady state (0 when the peak is unknown) */
+    int64_t mem_peak[MT_MEM_NCAT]; /* highest bytes per allocator category over the run, max over ranks */
+    int64_t mem_peak_total;               /* highest total, max over ranks */
 } mt_job_result_t;
 
 /* Runs the job the config describes. res (may be NULL) receives the per-step figures; free them with
@@ -100,6 +133,15 @@ typedef struct {
 mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts, mt_job_result_t *res);
 
 void mt_job_result_free(mt_job_result_t *res);
+
+/* Reads the weights of a checkpoint written under any layout: path is a step directory (holding
+ * manifest.json) or a checkpoint.dir (its `latest` is used). Builds *model from the configuration
+ * recorded in the checkpoint with its own full parameter storage and fills it from the shard files
+ * (every piece's CRC32C checked); *cfg_out (may be NULL) receives that configuration and from (may be
+ * NULL) the step directory read. Local: no MPI.
+ * Errors: MT_ERR_INVALID_ARG naming the file and the problem (missing, malformed, corrupt, truncated). */
+mt_status_t mt_job_ckpt_read_model(const char *path, mt_model_t *model, mt_config_t **cfg_out, char *from,
+                                   size_t from_len);
 
 /* Fills a model configuration from the model.* keys and train.seed (tp_size 1). */
 void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out);
