@@ -43,9 +43,16 @@ if [ "$what" = all ] || [ "$what" = fuzz ]; then
     fi
     fb=$root/build-fuzz
     CC=clang CXX=clang++ cmake -S "$root" -B "$fb" -G Ninja -DMESHTRAIN_FUZZ=ON -DMT_CUDA=OFF >/dev/null
-    cmake --build "$fb" -j "$jobs" --target fuzz_config fuzz_llmc fuzz_shard
+    # One fuzzer per directory of regression inputs whose harness this tree builds (fuzz_ckpt needs the
+    # training-job code).
+    targets=()
+    for d in "$root"/tests/data/fuzz-regressions/*/; do
+        t=$(basename "$d")
+        ninja -C "$fb" -t query "fuzz_$t" >/dev/null 2>&1 && targets+=("$t")
+    done
+    cmake --build "$fb" -j "$jobs" --target "${targets[@]/#/fuzz_}"
     mkdir -p "$fb/crashes"
-    for t in config llmc shard; do
+    for t in "${targets[@]}"; do
         corpus=$fb/corpus/$t
         mkdir -p "$corpus"
         cp "$root/tests/data/fuzz-regressions/$t/"* "$corpus/"
