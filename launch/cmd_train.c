@@ -1,6 +1,7 @@
 /* `meshtrain train [CONFIG.toml] [--section.key=value ...]`: trains the model the config describes
  * (the embedded default job without CONFIG), printing a progress line per step on rank 0.
- * Exit status: 0 trained, 2 bad input (config, data files, layout), 1 failure while running.
+ * Exit status: 0 trained, 2 bad input (config, data files, layout), 1 failure while running, 3 the watchdog
+ * ended a hung job, 128 + N stopped cleanly on signal N (143: SIGTERM) after writing a checkpoint.
  * SPDX-License-Identifier: MIT */
 #include <stdio.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include "job.h"
 #include "runtime/config.h"
 #include "runtime/rt.h"
+#include "runtime/signals.h"
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -17,7 +19,8 @@ static void usage(FILE *out) {
             "clipping to optimizer.grad_clip, an optimizer step, validation every train.eval_every steps, and a\n"
             "progress line per train.log_every steps (step, loss, lr, gradient norm, ms, tokens/s).\n"
             "Without CONFIG it runs the embedded default job (launch/configs/demo.toml).\n"
-            "`meshtrain config --help` lists every key. Exit status: 0 done, 2 bad input, 1 failure.\n");
+            "`meshtrain config --help` lists every key. Exit status: 0 done, 2 bad input, 1 failure,\n"
+            "3 hang (watchdog), 128+N stopped on signal N (143 = SIGTERM, checkpoint written).\n");
 }
 
 int mt_cmd_train(int argc, char **argv) {
@@ -65,7 +68,11 @@ int mt_cmd_train(int argc, char **argv) {
                 fprintf(stderr, "meshtrain train: %s\n", msg);
             }
         }
+        int sig = res.stop_signal;
         mt_job_result_free(&res);
+        if (sig) {
+            return mt_signals_exit_status(sig); /* 143 for SIGTERM: stopped cleanly, checkpoint written */
+        }
         return st == MT_ERR_INVALID_ARG ? 2 : 1;
     }
     if (w->rank == 0 && res.n_steps > 0) {
