@@ -12,10 +12,11 @@
 #include "launch/job_json.h"
 
 static char dir[64];
-static char manifest[128], shard[128];
+static char manifest[128], config[128], shard[128];
 
 static void cleanup(void) {
     unlink(manifest);
+    unlink(config);
     unlink(shard);
     rmdir(dir);
 }
@@ -37,24 +38,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             abort();
         }
         snprintf(manifest, sizeof(manifest), "%s/manifest.json", dir);
+        snprintf(config, sizeof(config), "%s/config.toml", dir);
         snprintf(shard, sizeof(shard), "%s/shard.bin", dir);
         atexit(cleanup);
     }
-    uint32_t mlen = 0;
-    if (size >= 4) {
-        memcpy(&mlen, data, 4);
-        data += 4;
-        size -= 4;
+    uint32_t len[2] = {0, 0};
+    if (size >= 8) {
+        memcpy(len, data, 8);
+        data += 8;
+        size -= 8;
     }
-    if (mlen > size) {
-        mlen = (uint32_t)size;
-    }
+    size_t mlen = len[0] > size ? size : len[0];
+    size_t clen = len[1] > size - mlen ? size - mlen : len[1];
     mt_json_t *js = NULL;
     if (mt_json_parse((const char *)data, mlen, "fuzz", &js) == MT_OK) {
         mt_json_free(js);
     }
     put(manifest, data, mlen);
-    put(shard, data + mlen, size - mlen);
+    put(config, data + mlen, clen);
+    put(shard, data + mlen + clen, size - mlen - clen);
     mt_model_t m = NULL;
     mt_config_t *cfg = NULL;
     if (mt_job_ckpt_read_model(dir, &m, &cfg, NULL, 0) == MT_OK) {
