@@ -118,7 +118,7 @@ static void wd_note(mt_comm_t c, uint64_t seq, const struct mt_coll_call *call) 
     for (int i = 0; i < call->n_group; i++) {
         elems += call->group[i].count;
     }
-    size_t esz = mt_dtype_size(call->n_group > 0 ? call->group[0].dtype : call->dtype);
+    size_t esz = mt_coll_dtype_size(call->n_group > 0 ? call->group[0].dtype : call->dtype);
     int peer = (call->kind == MT_COLL_SEND || call->kind == MT_COLL_RECV) ? call->root : -1;
     mt_watchdog_op_begin(c->wd, seq, mt_coll_kind_name(call->kind), elems * esz, peer);
 }

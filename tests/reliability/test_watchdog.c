@@ -43,7 +43,7 @@ static void registry_checks(void) {
 }
 
 static void all_reduce(mt_comm_t c, float *buf) {
-    mt_status_t st = mt_coll_all_reduce(c, buf, buf, N, MT_DTYPE_F32, MT_REDOP_SUM, NULL, NULL);
+    mt_status_t st = mt_coll_all_reduce(c, buf, buf, N, MT_COLL_F32, MT_REDOP_SUM, NULL, NULL);
     if (st != MT_OK) {
         fprintf(stderr, "all_reduce failed: %s\n", mt_last_error_msg());
     }
@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
                 }
                 all_reduce(world, buf);
                 mt_work_t wk = NULL;
-                CHECK_OK(mt_coll_all_reduce(world, buf, buf, N, MT_DTYPE_F32, MT_REDOP_MAX, NULL, &wk));
+                CHECK_OK(mt_coll_all_reduce(world, buf, buf, N, MT_COLL_F32, MT_REDOP_MAX, NULL, &wk));
                 CHECK_OK(mt_work_wait(wk, -1));
                 mt_work_free(wk);
             }
