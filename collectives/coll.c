@@ -28,8 +28,8 @@ static const struct mt_coll_backend *const backends[] = {
 };
 
 static const char *kind_names[MT_COLL_KIND_COUNT] = {
-    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "send", "recv", "barrier",
-    "group",
+    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce",
+    "all_to_all", "send",           "recv",       "barrier",   "group",
 };
 
 const char *mt_coll_kind_name(mt_coll_kind_t kind) {
@@ -40,17 +40,28 @@ const char *mt_coll_kind_name(mt_coll_kind_t kind) {
 
 static bool backend_has(const struct mt_coll_backend *be, mt_coll_kind_t k) {
     switch (k) {
-    case MT_COLL_ALL_REDUCE: return be->all_reduce != NULL;
-    case MT_COLL_REDUCE_SCATTER: return be->reduce_scatter != NULL;
-    case MT_COLL_ALL_GATHER: return be->all_gather != NULL;
-    case MT_COLL_BROADCAST: return be->broadcast != NULL;
-    case MT_COLL_REDUCE: return be->reduce != NULL;
-    case MT_COLL_ALL_TO_ALL: return be->all_to_all != NULL;
-    case MT_COLL_SEND: return be->send != NULL && be->recv != NULL;
-    case MT_COLL_RECV: return be->send != NULL && be->recv != NULL;
-    case MT_COLL_BARRIER: return be->barrier != NULL;
-    case MT_COLL_GROUP: return be->send != NULL && be->recv != NULL;
-    default: return false;
+    case MT_COLL_ALL_REDUCE:
+        return be->all_reduce != NULL;
+    case MT_COLL_REDUCE_SCATTER:
+        return be->reduce_scatter != NULL;
+    case MT_COLL_ALL_GATHER:
+        return be->all_gather != NULL;
+    case MT_COLL_BROADCAST:
+        return be->broadcast != NULL;
+    case MT_COLL_REDUCE:
+        return be->reduce != NULL;
+    case MT_COLL_ALL_TO_ALL:
+        return be->all_to_all != NULL;
+    case MT_COLL_SEND:
+        return be->send != NULL && be->recv != NULL;
+    case MT_COLL_RECV:
+        return be->send != NULL && be->recv != NULL;
+    case MT_COLL_BARRIER:
+        return be->barrier != NULL;
+    case MT_COLL_GROUP:
+        return be->send != NULL && be->recv != NULL;
+    default:
+        return false;
     }
 }
 
@@ -107,7 +118,7 @@ static void wd_note(mt_comm_t c, uint64_t seq, const struct mt_coll_call *call) 
     for (int i = 0; i < call->n_group; i++) {
         elems += call->group[i].count;
     }
-    size_t esz = mt_dtype_size(call->n_group > 0 ? call->group[0].dtype : call->dtype);
+    size_t esz = mt_coll_dtype_size(call->n_group > 0 ? call->group[0].dtype : call->dtype);
     int peer = (call->kind == MT_COLL_SEND || call->kind == MT_COLL_RECV) ? call->root : -1;
     mt_watchdog_op_begin(c->wd, seq, mt_coll_kind_name(call->kind), elems * esz, peer);
 }
@@ -174,8 +185,10 @@ static mt_status_t comm_create(MPI_Comm mpi, MPI_Comm parent, const mt_comm_para
             }
         }
         if (!be) {
-            st = mt_error(MT_ERR_INVALID_ARG, "comm %s: backend '%s' (MESHTRAIN_COLL_BACKEND or params.backend) is "
-                          "not one of this build's: %s%s self", c->name, forced, MT_HAVE_NCCL ? "nccl " : "", "mpi");
+            st = mt_error(MT_ERR_INVALID_ARG,
+                          "comm %s: backend '%s' (MESHTRAIN_COLL_BACKEND or params.backend) is "
+                          "not one of this build's: %s%s self",
+                          c->name, forced, MT_HAVE_NCCL ? "nccl " : "", "mpi");
             goto fail;
         }
         int prio = -1;
@@ -240,13 +253,12 @@ static mt_status_t comm_create(MPI_Comm mpi, MPI_Comm parent, const mt_comm_para
     c->wd = mt_watchdog_group_register(c->name, c->mpi, wd_completed, wd_abort, c);
     *out = c;
     return MT_OK;
-fail:
-    {
-        char msg[512];
-        snprintf(msg, sizeof(msg), "%s", mt_last_error_msg());
-        comm_destroy(c);
-        mt_error(st, "%s", msg);
-    }
+fail : {
+    char msg[512];
+    snprintf(msg, sizeof(msg), "%s", mt_last_error_msg());
+    comm_destroy(c);
+    mt_error(st, "%s", msg);
+}
     return st;
 }
 
@@ -283,8 +295,10 @@ mt_status_t mt_comm_init_ranks(MPI_Comm world, const int *ranks, int n, const mt
         member |= ranks[i] == me;
     }
     if (!member) {
-        return mt_error(MT_ERR_INVALID_ARG, "mt_comm_init_ranks: rank %d is not in the group it tries to create "
-                        "(only members call it)", me);
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "mt_comm_init_ranks: rank %d is not in the group it tries to create "
+                        "(only members call it)",
+                        me);
     }
     MPI_Group g_world, g_new;
     MPI_Comm newc = MPI_COMM_NULL;
@@ -301,17 +315,31 @@ mt_status_t mt_comm_init_ranks(MPI_Comm world, const int *ranks, int n, const mt
 
 /* ---- accessors ---------------------------------------------------------------------------------- */
 
-int mt_comm_rank(const mt_comm_t comm) { return comm->rank; }
-int mt_comm_size(const mt_comm_t comm) { return comm->size; }
-const char *mt_comm_name(const mt_comm_t comm) { return comm->name; }
-MPI_Comm mt_comm_mpi(const mt_comm_t comm) { return comm->mpi; }
-const char *mt_comm_backend_name(const mt_comm_t comm) { return comm->ops[MT_COLL_ALL_REDUCE].be->name; }
+int mt_comm_rank(const mt_comm_t comm) {
+    return comm->rank;
+}
+int mt_comm_size(const mt_comm_t comm) {
+    return comm->size;
+}
+const char *mt_comm_name(const mt_comm_t comm) {
+    return comm->name;
+}
+MPI_Comm mt_comm_mpi(const mt_comm_t comm) {
+    return comm->mpi;
+}
+const char *mt_comm_backend_name(const mt_comm_t comm) {
+    return comm->ops[MT_COLL_ALL_REDUCE].be->name;
+}
 int mt_comm_parent_rank(const mt_comm_t comm, int r) {
     return (r >= 0 && r < comm->size) ? comm->parent_ranks[r] : -1;
 }
-uint64_t mt_comm_seq_issued(const mt_comm_t comm) { return atomic_load(&((struct mt_comm *)comm)->seq_issued); }
+uint64_t mt_comm_seq_issued(const mt_comm_t comm) {
+    return atomic_load(&((struct mt_comm *)comm)->seq_issued);
+}
 
-const char *mt_comm_last_error(const mt_comm_t comm) { return comm->last_error; }
+const char *mt_comm_last_error(const mt_comm_t comm) {
+    return comm->last_error;
+}
 
 mt_status_t mt_comm_get_async_error(mt_comm_t comm) {
     mt_status_t st = (mt_status_t)atomic_load(&comm->async_error);
@@ -421,16 +449,24 @@ static mt_status_t exec_call(mt_comm_t c, const struct mt_coll_call *a) {
     const struct mt_comm_backend_slot *s = &c->ops[a->kind];
     void *x = s->ctx;
     switch (a->kind) {
-    case MT_COLL_ALL_REDUCE: return s->be->all_reduce(x, a->send, a->recv, a->count, a->dtype, a->op, a->stream);
+    case MT_COLL_ALL_REDUCE:
+        return s->be->all_reduce(x, a->send, a->recv, a->count, a->dtype, a->op, a->stream);
     case MT_COLL_REDUCE_SCATTER:
         return s->be->reduce_scatter(x, a->send, a->recv, a->count, a->dtype, a->op, a->stream);
-    case MT_COLL_ALL_GATHER: return s->be->all_gather(x, a->send, a->recv, a->count, a->dtype, a->stream);
-    case MT_COLL_BROADCAST: return s->be->broadcast(x, a->send, a->recv, a->count, a->dtype, a->root, a->stream);
-    case MT_COLL_REDUCE: return s->be->reduce(x, a->send, a->recv, a->count, a->dtype, a->op, a->root, a->stream);
-    case MT_COLL_ALL_TO_ALL: return s->be->all_to_all(x, a->send, a->recv, a->count, a->dtype, a->stream);
-    case MT_COLL_SEND: return s->be->send(x, a->send, a->count, a->dtype, a->root, a->stream);
-    case MT_COLL_RECV: return s->be->recv(x, a->recv, a->count, a->dtype, a->root, a->stream);
-    case MT_COLL_BARRIER: return s->be->barrier(x, a->stream);
+    case MT_COLL_ALL_GATHER:
+        return s->be->all_gather(x, a->send, a->recv, a->count, a->dtype, a->stream);
+    case MT_COLL_BROADCAST:
+        return s->be->broadcast(x, a->send, a->recv, a->count, a->dtype, a->root, a->stream);
+    case MT_COLL_REDUCE:
+        return s->be->reduce(x, a->send, a->recv, a->count, a->dtype, a->op, a->root, a->stream);
+    case MT_COLL_ALL_TO_ALL:
+        return s->be->all_to_all(x, a->send, a->recv, a->count, a->dtype, a->stream);
+    case MT_COLL_SEND:
+        return s->be->send(x, a->send, a->count, a->dtype, a->root, a->stream);
+    case MT_COLL_RECV:
+        return s->be->recv(x, a->recv, a->count, a->dtype, a->root, a->stream);
+    case MT_COLL_BARRIER:
+        return s->be->barrier(x, a->stream);
     case MT_COLL_GROUP: {
         if (s->be->group_start) {
             MT_CHECK(s->be->group_start(x));
@@ -450,7 +486,8 @@ static mt_status_t exec_call(mt_comm_t c, const struct mt_coll_call *a) {
         }
         return st;
     }
-    default: return mt_error(MT_ERR_INTERNAL, "unknown call kind %d", (int)a->kind);
+    default:
+        return mt_error(MT_ERR_INTERNAL, "unknown call kind %d", (int)a->kind);
     }
 }
 
@@ -518,10 +555,11 @@ static mt_status_t drain(mt_comm_t c, const char *why) {
         if (pthread_cond_timedwait(&c->cv_done, &c->mu, &dl) == ETIMEDOUT) {
             uint64_t s = atomic_load(&c->seq_completed) + 1;
             pthread_mutex_unlock(&c->mu);
-            return mt_error(MT_ERR_TIMEOUT, "comm %s (rank %d/%d): %s waited %.1f s for asynchronous call %llu (%s) "
-                            "to complete: a peer rank is missing or stuck", c->name, c->rank, c->size, why,
-                            c->timeout_s, (unsigned long long)s, c->q_head ? mt_coll_kind_name(c->q_head->call.kind)
-                                                                                : "?");
+            return mt_error(MT_ERR_TIMEOUT,
+                            "comm %s (rank %d/%d): %s waited %.1f s for asynchronous call %llu (%s) "
+                            "to complete: a peer rank is missing or stuck",
+                            c->name, c->rank, c->size, why, c->timeout_s, (unsigned long long)s,
+                            c->q_head ? mt_coll_kind_name(c->q_head->call.kind) : "?");
         }
     }
     pthread_mutex_unlock(&c->mu);
@@ -621,7 +659,9 @@ mt_status_t mt_coll_issue(mt_comm_t c, const struct mt_coll_call *call, mt_work_
 
 /* ---- work handles ---------------------------------------------------------------------------------- */
 
-uint64_t mt_work_seq(const mt_work_t work) { return work->seq; }
+uint64_t mt_work_seq(const mt_work_t work) {
+    return work->seq;
+}
 
 mt_status_t mt_work_test(mt_work_t w, bool *done) {
     mt_comm_t c = w->comm;
@@ -684,7 +724,8 @@ mt_status_t mt_work_wait(mt_work_t w, double timeout_s) {
             return w->status == MT_OK ? MT_OK : mt_error(w->status, "%s", w->err);
         }
     }
-    return mt_error(MT_ERR_TIMEOUT, "comm %s (rank %d/%d): %s call %llu did not complete within %.3g s "
+    return mt_error(MT_ERR_TIMEOUT,
+                    "comm %s (rank %d/%d): %s call %llu did not complete within %.3g s "
                     "(completed up to %llu): a peer rank is missing, stuck or issuing calls in another order",
                     c->name, c->rank, c->size, mt_coll_kind_name(w->call.kind), (unsigned long long)w->seq, timeout_s,
                     (unsigned long long)atomic_load(&c->seq_completed));

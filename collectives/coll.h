@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "runtime/mt_core.h"
+#include "runtime/tensor.h" /* mt_dtype_t and the f32 <-> bf16/f16 conversions */
 
 #ifdef __cplusplus
 extern "C" {
@@ -17,39 +18,36 @@ extern "C" {
 
 /* ---- element types and reductions -------------------------------------------------------- */
 
+/* Element types of collective calls. The first three are the tensor dtypes of runtime/tensor.h with the
+ * same values, so a tensor's dtype converts with a cast: (mt_coll_dtype_t)t->dtype. */
 typedef enum {
-    MT_DTYPE_F32 = 0,
-    MT_DTYPE_F64,
-    MT_DTYPE_F16,  /* IEEE binary16 */
-    MT_DTYPE_BF16, /* bfloat16: the top 16 bits of an f32 */
-    MT_DTYPE_I32,
-    MT_DTYPE_I64,
-    MT_DTYPE_U8,
-    MT_DTYPE_COUNT
-} mt_dtype_t;
+    MT_COLL_F32 = MT_F32,
+    MT_COLL_BF16 = MT_BF16, /* bfloat16: the top 16 bits of an f32 */
+    MT_COLL_F16 = MT_F16,   /* IEEE binary16 */
+    MT_COLL_F64 = MT_DTYPE_COUNT,
+    MT_COLL_I32,
+    MT_COLL_I64,
+    MT_COLL_U8,
+    MT_COLL_DTYPE_COUNT
+} mt_coll_dtype_t;
 
-/* Reductions. Floating types accumulate in f32 (f16, bf16: every pairwise combine is done in f32 and
- * rounded once) or in their own type (f32, f64). AVG is the exact SUM divided by the group size in
- * the accumulation type (integers: C division, truncating toward zero). PROD/MAX/MIN of u8 wrap /
- * compare as unsigned. */
+/* Reductions. Floating types accumulate in f32 (f16, bf16: MPI backend: every pairwise combine is done
+ * in f32 and rounded once; NCCL backend: NCCL's own arithmetic) or in their own type (f32, f64). AVG is
+ * the SUM divided by the group size in the accumulation type, rounded once (f16/bf16: the sum arrives
+ * rounded to 16 bits, then sum/n is computed in f32 and rounded; integers: C division, truncating toward
+ * zero). PROD/MAX/MIN of u8 wrap / compare as unsigned. */
 typedef enum { MT_REDOP_SUM = 0, MT_REDOP_AVG, MT_REDOP_MAX, MT_REDOP_MIN, MT_REDOP_PROD, MT_REDOP_COUNT } mt_redop_t;
 
 /* Bytes per element (0 for an invalid dtype). */
-size_t mt_dtype_size(mt_dtype_t dtype);
+size_t mt_coll_dtype_size(mt_coll_dtype_t dtype);
 /* "f32", "f64", "f16", "bf16", "i32", "i64", "u8"; "?" if invalid. */
-const char *mt_dtype_name(mt_dtype_t dtype);
+const char *mt_coll_dtype_name(mt_coll_dtype_t dtype);
 /* "sum", "avg", "max", "min", "prod"; "?" if invalid. */
 const char *mt_redop_name(mt_redop_t op);
 /* Parse the names above (case-insensitive; "float32"/"float"/"half"/"bfloat16"/"int32"... too).
  * Return false for anything else. */
-bool mt_dtype_parse(const char *s, mt_dtype_t *out);
+bool mt_coll_dtype_parse(const char *s, mt_coll_dtype_t *out);
 bool mt_redop_parse(const char *s, mt_redop_t *out);
-
-/* Scalar conversions used by the f16/bf16 reductions (round to nearest even; NaN stays NaN). */
-float mt_f16_to_f32(uint16_t h);
-uint16_t mt_f32_to_f16(float f);
-float mt_bf16_to_f32(uint16_t h);
-uint16_t mt_f32_to_bf16(float f);
 
 /* ---- communicators ------------------------------------------------------------------------ */
 
@@ -64,14 +62,15 @@ typedef void *mt_stream_t;
 typedef enum { MT_COMM_MEM_HOST = 0, MT_COMM_MEM_DEVICE = 1 } mt_comm_mem_t;
 
 typedef struct {
-    size_t size;         /* = sizeof(mt_comm_params_t); lets the struct grow */
-    const char *name;    /* shown in logs and errors ("tp", "dp", "world"); copied; NULL = "comm" */
+    size_t size;          /* = sizeof(mt_comm_params_t); lets the struct grow */
+    const char *name;     /* shown in logs and errors ("tp", "dp", "world"); copied; NULL = "comm" */
     mt_comm_mem_t memory; /* host (MPI backend) or device (NCCL backend) buffers */
-    const char *backend; /* NULL = by priority; "mpi", "nccl", "self" force one (as MESHTRAIN_COLL_BACKEND) */
-    double timeout_s;    /* default timeout of mt_work_wait(w, -1); <= 0: MESHTRAIN_COLL_TIMEOUT (s) */
+    const char *backend;  /* NULL = by priority; "mpi", "nccl", "self" force one (as MESHTRAIN_COLL_BACKEND) */
+    double timeout_s;     /* default timeout of mt_work_wait(w, -1); <= 0: MESHTRAIN_COLL_TIMEOUT (s) */
 } mt_comm_params_t;
 
-#define MT_COMM_PARAMS_INIT {sizeof(mt_comm_params_t), NULL, MT_COMM_MEM_HOST, NULL, 0.0}
+#define MT_COMM_PARAMS_INIT                                                                                            \
+    { sizeof(mt_comm_params_t), NULL, MT_COMM_MEM_HOST, NULL, 0.0 }
 
 /* Creates a communicator over all ranks of parent (which may already be a group communicator):
  * collective over parent; parent is duplicated, the caller keeps ownership of it. params may be NULL
@@ -86,8 +85,7 @@ mt_status_t mt_comm_init(MPI_Comm parent, const mt_comm_params_t *params, mt_com
  * ranks outside the group do not call it, so a rank creates only the communicators it belongs to.
  * The calling rank must be in ranks, ranks must be distinct and in [0, size(world)), else
  * MT_ERR_INVALID_ARG. */
-mt_status_t mt_comm_init_ranks(MPI_Comm world, const int *ranks, int n, const mt_comm_params_t *params,
-                               mt_comm_t *out);
+mt_status_t mt_comm_init_ranks(MPI_Comm world, const int *ranks, int n, const mt_comm_params_t *params, mt_comm_t *out);
 
 struct mt_mesh;
 /* This rank's group communicator along the axes in axes_mask (MT_AXIS_BIT(MT_AXIS_TP) | ...) of the
@@ -162,34 +160,34 @@ void mt_work_free(mt_work_t work);
  *   group), backend errors (MT_ERR_MPI, MT_ERR_NCCL, MT_ERR_CUDA), or the comm's sticky async error. */
 
 /* recv[i] = op over ranks of send[i], i < count, on every rank. In place when send == recv. */
-mt_status_t mt_coll_all_reduce(mt_comm_t comm, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+mt_status_t mt_coll_all_reduce(mt_comm_t comm, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                mt_redop_t op, mt_stream_t stream, mt_work_t *work);
 
 /* send holds size*count elements; rank r receives in recv (count elements) the reduction of block r
  * (send[r*count .. (r+1)*count)). count is per rank: uneven totals are the caller's padding. In place
  * when recv == send + r*count (NCCL's convention) or recv == send (the result lands in the first
  * count elements of the buffer). */
-mt_status_t mt_coll_reduce_scatter(mt_comm_t comm, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+mt_status_t mt_coll_reduce_scatter(mt_comm_t comm, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                    mt_redop_t op, mt_stream_t stream, mt_work_t *work);
 
 /* Every rank contributes count elements; recv (size*count elements) gets rank r's at r*count. In place
  * when send == recv + r*count (NCCL's convention) or send == recv (the input is read from the first
  * count elements of recv before they are overwritten). */
-mt_status_t mt_coll_all_gather(mt_comm_t comm, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+mt_status_t mt_coll_all_gather(mt_comm_t comm, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                mt_stream_t stream, mt_work_t *work);
 
 /* recv = root's send on every rank (send is read on root only). In place when send == recv. */
-mt_status_t mt_coll_broadcast(mt_comm_t comm, const void *send, void *recv, size_t count, mt_dtype_t dtype, int root,
-                              mt_stream_t stream, mt_work_t *work);
+mt_status_t mt_coll_broadcast(mt_comm_t comm, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
+                              int root, mt_stream_t stream, mt_work_t *work);
 
 /* recv on root = op over ranks of send (recv is not touched on other ranks and may be NULL there). In
  * place when send == recv. */
-mt_status_t mt_coll_reduce(mt_comm_t comm, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+mt_status_t mt_coll_reduce(mt_comm_t comm, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                            mt_redop_t op, int root, mt_stream_t stream, mt_work_t *work);
 
 /* send and recv hold size*count elements; block j of send goes to rank j, which stores it as block r
  * of recv (r = sender). In place when send == recv. */
-mt_status_t mt_coll_all_to_all(mt_comm_t comm, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+mt_status_t mt_coll_all_to_all(mt_comm_t comm, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                mt_stream_t stream, mt_work_t *work);
 
 /* Point-to-point to / from group rank peer (peer == own rank: matched with a recv from self, only
@@ -197,9 +195,9 @@ mt_status_t mt_coll_all_to_all(mt_comm_t comm, const void *send, void *recv, siz
  * mt_coll_group_start/end they are batched (posted together, completed together at group_end, in any
  * order between peers, so exchanges cannot deadlock) and work must be NULL. Messages between two
  * ranks on a comm match in issue order. */
-mt_status_t mt_coll_send(mt_comm_t comm, const void *buf, size_t count, mt_dtype_t dtype, int peer,
+mt_status_t mt_coll_send(mt_comm_t comm, const void *buf, size_t count, mt_coll_dtype_t dtype, int peer,
                          mt_stream_t stream, mt_work_t *work);
-mt_status_t mt_coll_recv(mt_comm_t comm, void *buf, size_t count, mt_dtype_t dtype, int peer, mt_stream_t stream,
+mt_status_t mt_coll_recv(mt_comm_t comm, void *buf, size_t count, mt_coll_dtype_t dtype, int peer, mt_stream_t stream,
                          mt_work_t *work);
 
 /* Batch point-to-point calls: between start and end only mt_coll_send/recv are allowed (others return
@@ -210,6 +208,14 @@ mt_status_t mt_coll_group_end(mt_comm_t comm, mt_stream_t stream, mt_work_t *wor
 
 /* Returns (or completes, asynchronously) when every rank of the comm has entered the barrier. */
 mt_status_t mt_coll_barrier(mt_comm_t comm, mt_stream_t stream, mt_work_t *work);
+
+/* ---- for benchmarks -------------------------------------------------------------------------------- */
+
+/* The MPI datatype and reduction the MPI backend passes to MPI for (dtype, op): f16/bf16 are
+ * MPI_UINT16_T with this library's user-defined ops; avg is the sum (the backend divides afterwards).
+ * Lets `meshtrain bench coll --compare-raw` time the plain MPI call with identical arguments. MPI must
+ * be initialised. MT_ERR_INVALID_ARG for a bad dtype/op, MT_ERR_MPI if the user ops cannot be made. */
+mt_status_t mt_coll_mpi_types(mt_coll_dtype_t dtype, mt_redop_t op, MPI_Datatype *type, MPI_Op *mpi_op);
 
 #ifdef __cplusplus
 }

@@ -44,7 +44,7 @@ const char *mt_coll_kind_name(mt_coll_kind_t kind);
  * enqueued on stream. Arguments are already validated by the dispatcher. */
 struct mt_coll_backend {
     const char *name;
-    int api_version; /* = MT_COLL_API_VERSION */
+    int api_version;     /* = MT_COLL_API_VERSION */
     bool stream_ordered; /* ops are enqueued on a stream: completion is tracked with events (below) */
 
     /* *priority >= 0: usable (highest wins); -1: disqualified (the backend logs why at INFO(COLL) and
@@ -53,20 +53,20 @@ struct mt_coll_backend {
     mt_status_t (*init)(mt_comm_t comm, const struct mt_comm_info *info, void **ctx);
     void (*free)(void *ctx);
 
-    mt_status_t (*all_reduce)(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype, mt_redop_t op,
-                              mt_stream_t stream);
-    mt_status_t (*reduce_scatter)(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+    mt_status_t (*all_reduce)(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
+                              mt_redop_t op, mt_stream_t stream);
+    mt_status_t (*reduce_scatter)(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                   mt_redop_t op, mt_stream_t stream);
-    mt_status_t (*all_gather)(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+    mt_status_t (*all_gather)(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                               mt_stream_t stream);
-    mt_status_t (*broadcast)(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype, int root,
+    mt_status_t (*broadcast)(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype, int root,
                              mt_stream_t stream);
-    mt_status_t (*reduce)(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype, mt_redop_t op,
+    mt_status_t (*reduce)(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype, mt_redop_t op,
                           int root, mt_stream_t stream);
-    mt_status_t (*all_to_all)(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+    mt_status_t (*all_to_all)(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                               mt_stream_t stream);
-    mt_status_t (*send)(void *ctx, const void *buf, size_t count, mt_dtype_t dtype, int peer, mt_stream_t stream);
-    mt_status_t (*recv)(void *ctx, void *buf, size_t count, mt_dtype_t dtype, int peer, mt_stream_t stream);
+    mt_status_t (*send)(void *ctx, const void *buf, size_t count, mt_coll_dtype_t dtype, int peer, mt_stream_t stream);
+    mt_status_t (*recv)(void *ctx, void *buf, size_t count, mt_coll_dtype_t dtype, int peer, mt_stream_t stream);
     /* Between group_start and group_end, send/recv only post; group_end completes (host) or enqueues
      * (stream-ordered) all of them. NULL = no-op (only valid for backends whose send/recv never block). */
     mt_status_t (*group_start)(void *ctx);
@@ -96,7 +96,7 @@ extern const struct mt_coll_backend mt_coll_backend_nccl;
 void mt_coll_local_copy(const void *send, void *recv, size_t bytes);
 
 /* recv[i] = recv[i] / n in dtype's accumulation type (avg after a sum). */
-void mt_coll_divide(void *buf, size_t count, mt_dtype_t dtype, int n);
+void mt_coll_divide(void *buf, size_t count, mt_coll_dtype_t dtype, int n);
 
 /* The comm's group size / rank, for backends that keep only the comm pointer. */
 int mt_comm_rank(const mt_comm_t comm);

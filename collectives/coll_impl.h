@@ -17,7 +17,7 @@ struct mt_coll_call {
     const void *send;
     void *recv;
     size_t count;
-    mt_dtype_t dtype;
+    mt_coll_dtype_t dtype;
     mt_redop_t op;
     int root;
     mt_stream_t stream;

@@ -12,8 +12,10 @@
 mt_status_t mt_comm_init_mesh(MPI_Comm world, const struct mt_mesh *mesh, unsigned axes_mask,
                               const mt_comm_params_t *params, mt_comm_t *out) {
     if (!mesh || !out || axes_mask == 0 || axes_mask >= (1u << MT_AXIS_N)) {
-        return mt_error(MT_ERR_INVALID_ARG, "mt_comm_init_mesh: need a mesh, out and a non-empty mask of axes "
-                        "(MT_AXIS_BIT(MT_AXIS_TP) | ...), got mask 0x%x", axes_mask);
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "mt_comm_init_mesh: need a mesh, out and a non-empty mask of axes "
+                        "(MT_AXIS_BIT(MT_AXIS_TP) | ...), got mask 0x%x",
+                        axes_mask);
     }
     int me, wsize;
     MPI_Comm_rank(world, &me);
@@ -49,4 +51,3 @@ mt_status_t mt_comm_init_mesh(MPI_Comm world, const struct mt_mesh *mesh, unsign
     mt_free(ranks);
     return st;
 }
-

@@ -17,28 +17,52 @@ struct mpi_ctx {
     int n_reqs, cap_reqs;
 };
 
-static MPI_Datatype mpi_type(mt_dtype_t d) {
+static MPI_Datatype mpi_type(mt_coll_dtype_t d) {
     switch (d) {
-    case MT_DTYPE_F32: return MPI_FLOAT;
-    case MT_DTYPE_F64: return MPI_DOUBLE;
-    case MT_DTYPE_F16: return MPI_UINT16_T;
-    case MT_DTYPE_BF16: return MPI_UINT16_T;
-    case MT_DTYPE_I32: return MPI_INT32_T;
-    case MT_DTYPE_I64: return MPI_INT64_T;
-    default: return MPI_UINT8_T;
+    case MT_COLL_F32:
+        return MPI_FLOAT;
+    case MT_COLL_F64:
+        return MPI_DOUBLE;
+    case MT_COLL_F16:
+        return MPI_UINT16_T;
+    case MT_COLL_BF16:
+        return MPI_UINT16_T;
+    case MT_COLL_I32:
+        return MPI_INT32_T;
+    case MT_COLL_I64:
+        return MPI_INT64_T;
+    default:
+        return MPI_UINT8_T;
     }
 }
 
-static MPI_Op mpi_op(mt_dtype_t d, mt_redop_t op) {
-    if (d == MT_DTYPE_F16 || d == MT_DTYPE_BF16) {
+static MPI_Op mpi_op_of(mt_coll_dtype_t d, mt_redop_t op) {
+    if (d == MT_COLL_F16 || d == MT_COLL_BF16) {
         return mt_coll_mpi_op16(d, op);
     }
     switch (op) {
-    case MT_REDOP_MAX: return MPI_MAX;
-    case MT_REDOP_MIN: return MPI_MIN;
-    case MT_REDOP_PROD: return MPI_PROD;
-    default: return MPI_SUM; /* sum, and avg before its division */
+    case MT_REDOP_MAX:
+        return MPI_MAX;
+    case MT_REDOP_MIN:
+        return MPI_MIN;
+    case MT_REDOP_PROD:
+        return MPI_PROD;
+    default:
+        return MPI_SUM; /* sum, and avg before its division */
     }
+}
+
+mt_status_t mt_coll_mpi_types(mt_coll_dtype_t dtype, mt_redop_t op, MPI_Datatype *type, MPI_Op *mpi_op) {
+    if ((unsigned)dtype >= MT_COLL_DTYPE_COUNT || (unsigned)op >= MT_REDOP_COUNT) {
+        return mt_error(MT_ERR_INVALID_ARG, "mt_coll_mpi_types: invalid dtype %d or op %d", (int)dtype, (int)op);
+    }
+    int rc = mt_coll_mpi_redop_init();
+    if (rc != MPI_SUCCESS) {
+        return mt_coll_mpi_status(rc, "MPI_Op_create (f16/bf16 reductions)");
+    }
+    *type = mpi_type(dtype);
+    *mpi_op = mpi_op_of(dtype, op);
+    return MT_OK;
 }
 
 #define MPI_OK(call) mt_coll_mpi_status((call), #call)
@@ -46,8 +70,10 @@ static MPI_Op mpi_op(mt_dtype_t d, mt_redop_t op) {
 static mt_status_t mpi_query(const struct mt_comm_info *info, int *priority) {
     *priority = -1;
     if (info->memory != MT_COMM_MEM_HOST) {
-        mt_error(MT_ERR_INVALID_USAGE, "mpi backend: comm %s is for device memory and this MPI backend does not "
-                 "stage device buffers; use the nccl backend", info->name);
+        mt_error(MT_ERR_INVALID_USAGE,
+                 "mpi backend: comm %s is for device memory and this MPI backend does not "
+                 "stage device buffers; use the nccl backend",
+                 info->name);
         MT_INFO(MT_LOG_COLL, "comm %s: mpi backend disqualified: device memory", info->name);
         return MT_OK;
     }
@@ -79,14 +105,14 @@ static void mpi_free(void *ctx) {
     }
 }
 
-static mt_status_t mpi_all_reduce(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t mpi_all_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                   mt_redop_t op, mt_stream_t stream) {
     struct mpi_ctx *m = ctx;
     if (m->size == 1) {
-        mt_coll_local_copy(send, recv, count * mt_dtype_size(dtype));
+        mt_coll_local_copy(send, recv, count * mt_coll_dtype_size(dtype));
         return MT_OK;
     }
-    int rc = MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_type(dtype), mpi_op(dtype, op),
+    int rc = MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_type(dtype), mpi_op_of(dtype, op),
                            m->comm);
     if (rc != MPI_SUCCESS) {
         return MPI_OK(rc);
@@ -98,10 +124,10 @@ static mt_status_t mpi_all_reduce(void *ctx, const void *send, void *recv, size_
 }
 
 /* In place: recv == send (result at the start) or recv == send + rank*count (moved there after). */
-static mt_status_t mpi_reduce_scatter(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t mpi_reduce_scatter(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                       mt_redop_t op, mt_stream_t stream) {
     struct mpi_ctx *m = ctx;
-    size_t bytes = count * mt_dtype_size(dtype);
+    size_t bytes = count * mt_coll_dtype_size(dtype);
     if (m->size == 1) {
         mt_coll_local_copy(send, recv, bytes);
         return MT_OK;
@@ -110,7 +136,7 @@ static mt_status_t mpi_reduce_scatter(void *ctx, const void *send, void *recv, s
     bool in_place = recv == send || recv == own_block;
     void *out = in_place ? (void *)send : recv;
     MT_CHECK(MPI_OK(MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : send, out, (int)count, mpi_type(dtype),
-                                             mpi_op(dtype, op), m->comm)));
+                                             mpi_op_of(dtype, op), m->comm)));
     if (in_place && recv != send) {
         memmove(recv, send, bytes); /* [0, bytes) and [rank*bytes, ...) may overlap for count 0 only */
     }
@@ -121,10 +147,10 @@ static mt_status_t mpi_reduce_scatter(void *ctx, const void *send, void *recv, s
 }
 
 /* In place: send == recv + rank*count (MPI_IN_PLACE's own layout) or send == recv (moved there first). */
-static mt_status_t mpi_all_gather(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t mpi_all_gather(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                   mt_stream_t stream) {
     struct mpi_ctx *m = ctx;
-    size_t bytes = count * mt_dtype_size(dtype);
+    size_t bytes = count * mt_coll_dtype_size(dtype);
     if (m->size == 1) {
         mt_coll_local_copy(send, recv, bytes);
         return MT_OK;
@@ -138,11 +164,11 @@ static mt_status_t mpi_all_gather(void *ctx, const void *send, void *recv, size_
     return MPI_OK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)count, t, recv, (int)count, t, m->comm));
 }
 
-static mt_status_t mpi_broadcast(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype, int root,
+static mt_status_t mpi_broadcast(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype, int root,
                                  mt_stream_t stream) {
     struct mpi_ctx *m = ctx;
     if (m->rank == root) {
-        mt_coll_local_copy(send, recv, count * mt_dtype_size(dtype));
+        mt_coll_local_copy(send, recv, count * mt_coll_dtype_size(dtype));
     }
     if (m->size == 1) {
         return MT_OK;
@@ -150,27 +176,27 @@ static mt_status_t mpi_broadcast(void *ctx, const void *send, void *recv, size_t
     return MPI_OK(MPI_Bcast(recv, (int)count, mpi_type(dtype), root, m->comm));
 }
 
-static mt_status_t mpi_reduce(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype, mt_redop_t op,
-                              int root, mt_stream_t stream) {
+static mt_status_t mpi_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
+                              mt_redop_t op, int root, mt_stream_t stream) {
     struct mpi_ctx *m = ctx;
     if (m->size == 1) {
-        mt_coll_local_copy(send, recv, count * mt_dtype_size(dtype));
+        mt_coll_local_copy(send, recv, count * mt_coll_dtype_size(dtype));
         return MT_OK;
     }
     const void *s = (m->rank == root && send == recv) ? MPI_IN_PLACE : send;
-    MT_CHECK(MPI_OK(MPI_Reduce(s, m->rank == root ? recv : NULL, (int)count, mpi_type(dtype), mpi_op(dtype, op), root,
-                               m->comm)));
+    MT_CHECK(MPI_OK(MPI_Reduce(s, m->rank == root ? recv : NULL, (int)count, mpi_type(dtype), mpi_op_of(dtype, op),
+                               root, m->comm)));
     if (op == MT_REDOP_AVG && m->rank == root) {
         mt_coll_divide(recv, count, dtype, m->size);
     }
     return MT_OK;
 }
 
-static mt_status_t mpi_all_to_all(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t mpi_all_to_all(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                   mt_stream_t stream) {
     struct mpi_ctx *m = ctx;
     if (m->size == 1) {
-        mt_coll_local_copy(send, recv, count * mt_dtype_size(dtype));
+        mt_coll_local_copy(send, recv, count * mt_coll_dtype_size(dtype));
         return MT_OK;
     }
     MPI_Datatype t = mpi_type(dtype);
@@ -197,7 +223,8 @@ static mt_status_t push_req(struct mpi_ctx *m, MPI_Request **slot) {
 
 #define MT_COLL_P2P_TAG 0x6d74
 
-static mt_status_t mpi_send(void *ctx, const void *buf, size_t count, mt_dtype_t dtype, int peer, mt_stream_t stream) {
+static mt_status_t mpi_send(void *ctx, const void *buf, size_t count, mt_coll_dtype_t dtype, int peer,
+                            mt_stream_t stream) {
     struct mpi_ctx *m = ctx;
     if (!m->in_group) {
         return MPI_OK(MPI_Send(buf, (int)count, mpi_type(dtype), peer, MT_COLL_P2P_TAG, m->comm));
@@ -211,7 +238,7 @@ static mt_status_t mpi_send(void *ctx, const void *buf, size_t count, mt_dtype_t
     return MPI_OK(rc);
 }
 
-static mt_status_t mpi_recv(void *ctx, void *buf, size_t count, mt_dtype_t dtype, int peer, mt_stream_t stream) {
+static mt_status_t mpi_recv(void *ctx, void *buf, size_t count, mt_coll_dtype_t dtype, int peer, mt_stream_t stream) {
     struct mpi_ctx *m = ctx;
     if (!m->in_group) {
         return MPI_OK(MPI_Recv(buf, (int)count, mpi_type(dtype), peer, MT_COLL_P2P_TAG, m->comm, MPI_STATUS_IGNORE));

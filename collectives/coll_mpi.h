@@ -8,6 +8,6 @@
 /* Creates the f16/bf16 MPI_Ops once per process (MPI must be initialised). Returns an MPI code. */
 int mt_coll_mpi_redop_init(void);
 /* The MPI_Op for a 16-bit float dtype and a reduction (AVG -> the sum; the caller divides). */
-MPI_Op mt_coll_mpi_op16(mt_dtype_t dtype, mt_redop_t op);
+MPI_Op mt_coll_mpi_op16(mt_coll_dtype_t dtype, mt_redop_t op);
 
 #endif

@@ -39,31 +39,43 @@ static mt_status_t nccl_st(ncclResult_t r, const char *what) {
 #define CUDA_OK(call) cuda_st((call), #call)
 #define NCCL_OK(call) nccl_st((call), #call)
 
-static ncclDataType_t nccl_type(mt_dtype_t d) {
+static ncclDataType_t nccl_type(mt_coll_dtype_t d) {
     switch (d) {
-    case MT_DTYPE_F32: return ncclFloat32;
-    case MT_DTYPE_F64: return ncclFloat64;
-    case MT_DTYPE_F16: return ncclFloat16;
-    case MT_DTYPE_BF16: return ncclBfloat16;
-    case MT_DTYPE_I32: return ncclInt32;
-    case MT_DTYPE_I64: return ncclInt64;
-    default: return ncclUint8;
+    case MT_COLL_F32:
+        return ncclFloat32;
+    case MT_COLL_F64:
+        return ncclFloat64;
+    case MT_COLL_F16:
+        return ncclFloat16;
+    case MT_COLL_BF16:
+        return ncclBfloat16;
+    case MT_COLL_I32:
+        return ncclInt32;
+    case MT_COLL_I64:
+        return ncclInt64;
+    default:
+        return ncclUint8;
     }
 }
 
-static bool is_float(mt_dtype_t d) {
-    return d == MT_DTYPE_F32 || d == MT_DTYPE_F64 || d == MT_DTYPE_F16 || d == MT_DTYPE_BF16;
+static bool is_float(mt_coll_dtype_t d) {
+    return d == MT_COLL_F32 || d == MT_COLL_F64 || d == MT_COLL_F16 || d == MT_COLL_BF16;
 }
 
 /* avg: integers use ncclAvg (the sum, then a truncating division: exact); floating types a sum followed
  * by our division kernel, because ncclAvg scales each input by 1/n before summing (not the exact sum/n). */
-static ncclRedOp_t nccl_op(mt_dtype_t d, mt_redop_t op) {
+static ncclRedOp_t nccl_op(mt_coll_dtype_t d, mt_redop_t op) {
     switch (op) {
-    case MT_REDOP_AVG: return is_float(d) ? ncclSum : ncclAvg;
-    case MT_REDOP_MAX: return ncclMax;
-    case MT_REDOP_MIN: return ncclMin;
-    case MT_REDOP_PROD: return ncclProd;
-    default: return ncclSum;
+    case MT_REDOP_AVG:
+        return is_float(d) ? ncclSum : ncclAvg;
+    case MT_REDOP_MAX:
+        return ncclMax;
+    case MT_REDOP_MIN:
+        return ncclMin;
+    case MT_REDOP_PROD:
+        return ncclProd;
+    default:
+        return ncclSum;
     }
 }
 
@@ -139,12 +151,11 @@ static mt_status_t nccl_init(mt_comm_t comm, const struct mt_comm_info *info, vo
         st = mt_error(MT_ERR_NCCL, "comm %s: ncclGetUniqueId failed on the group's rank 0", info->name);
         goto fail;
     }
-    MT_CHECK_GOTO(mt_coll_mpi_status(MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, info->mpi), "MPI_Bcast(nccl id)"),
-                  st, fail);
+    MT_CHECK_GOTO(mt_coll_mpi_status(MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, info->mpi), "MPI_Bcast(nccl id)"), st,
+                  fail);
     MT_CHECK_GOTO(NCCL_OK(ncclCommInitRank(&x->nccl, info->size, id, info->rank)), st, fail);
     MT_CHECK_GOTO(scratch_reserve(x, 256), st, fail);
-    MT_INFO(MT_LOG_COLL, "comm %s: NCCL communicator rank %d/%d on device %d", info->name, x->rank, x->size,
-            x->device);
+    MT_INFO(MT_LOG_COLL, "comm %s: NCCL communicator rank %d/%d on device %d", info->name, x->rank, x->size, x->device);
     *ctx = x;
     return MT_OK;
 fail:
@@ -160,48 +171,48 @@ static mt_status_t d2d(const void *src, void *dst, size_t bytes, mt_stream_t str
 }
 
 /* The division after a floating-point sum that makes avg (no-op for other ops and integer types). */
-static mt_status_t avg_fixup(struct nccl_ctx *x, void *buf, size_t count, mt_dtype_t d, mt_redop_t op,
+static mt_status_t avg_fixup(struct nccl_ctx *x, void *buf, size_t count, mt_coll_dtype_t d, mt_redop_t op,
                              mt_stream_t stream) {
     if (op != MT_REDOP_AVG || !is_float(d) || x->size == 1) {
         return MT_OK;
     }
-    int kind = d == MT_DTYPE_F32   ? MT_COLL_NCCL_DIV_F32
-               : d == MT_DTYPE_F64 ? MT_COLL_NCCL_DIV_F64
-               : d == MT_DTYPE_F16 ? MT_COLL_NCCL_DIV_F16
-                                   : MT_COLL_NCCL_DIV_BF16;
+    int kind = d == MT_COLL_F32   ? MT_COLL_NCCL_DIV_F32
+               : d == MT_COLL_F64 ? MT_COLL_NCCL_DIV_F64
+               : d == MT_COLL_F16 ? MT_COLL_NCCL_DIV_F16
+                                  : MT_COLL_NCCL_DIV_BF16;
     return CUDA_OK((cudaError_t)mt_coll_nccl_divide(buf, count, kind, x->size, stream));
 }
 
-static mt_status_t nccl_all_reduce(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t nccl_all_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                    mt_redop_t op, mt_stream_t stream) {
     struct nccl_ctx *x = ctx;
     if (x->size == 1) {
-        return d2d(send, recv, count * mt_dtype_size(dtype), stream);
+        return d2d(send, recv, count * mt_coll_dtype_size(dtype), stream);
     }
-    MT_CHECK(NCCL_OK(ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(dtype, op), x->nccl,
-                                   (cudaStream_t)stream)));
+    MT_CHECK(
+        NCCL_OK(ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(dtype, op), x->nccl, (cudaStream_t)stream)));
     return avg_fixup(x, recv, count, dtype, op, stream);
 }
 
-static mt_status_t nccl_reduce_scatter(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t nccl_reduce_scatter(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                        mt_redop_t op, mt_stream_t stream) {
     struct nccl_ctx *x = ctx;
-    size_t bytes = count * mt_dtype_size(dtype);
+    size_t bytes = count * mt_coll_dtype_size(dtype);
     if (x->size == 1) {
         return d2d(send, recv, bytes, stream);
     }
     void *own_block = (char *)send + bytes * (size_t)x->rank;
     void *out = recv == send ? own_block : recv; /* recv == send: NCCL in place, then moved to the start */
-    MT_CHECK(NCCL_OK(ncclReduceScatter(send, out, count, nccl_type(dtype), nccl_op(dtype, op), x->nccl,
-                                       (cudaStream_t)stream)));
+    MT_CHECK(NCCL_OK(
+        ncclReduceScatter(send, out, count, nccl_type(dtype), nccl_op(dtype, op), x->nccl, (cudaStream_t)stream)));
     MT_CHECK(avg_fixup(x, out, count, dtype, op, stream));
     return out != recv ? d2d(out, recv, bytes, stream) : MT_OK;
 }
 
-static mt_status_t nccl_all_gather(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t nccl_all_gather(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                    mt_stream_t stream) {
     struct nccl_ctx *x = ctx;
-    size_t bytes = count * mt_dtype_size(dtype);
+    size_t bytes = count * mt_coll_dtype_size(dtype);
     if (x->size == 1) {
         return d2d(send, recv, bytes, stream);
     }
@@ -213,31 +224,31 @@ static mt_status_t nccl_all_gather(void *ctx, const void *send, void *recv, size
     return NCCL_OK(ncclAllGather(send, recv, count, nccl_type(dtype), x->nccl, (cudaStream_t)stream));
 }
 
-static mt_status_t nccl_broadcast(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype, int root,
-                                  mt_stream_t stream) {
+static mt_status_t nccl_broadcast(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
+                                  int root, mt_stream_t stream) {
     struct nccl_ctx *x = ctx;
     if (x->size == 1) {
-        return d2d(send, recv, count * mt_dtype_size(dtype), stream);
+        return d2d(send, recv, count * mt_coll_dtype_size(dtype), stream);
     }
     return NCCL_OK(ncclBroadcast(send, recv, count, nccl_type(dtype), root, x->nccl, (cudaStream_t)stream));
 }
 
-static mt_status_t nccl_reduce(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype, mt_redop_t op,
-                               int root, mt_stream_t stream) {
+static mt_status_t nccl_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
+                               mt_redop_t op, int root, mt_stream_t stream) {
     struct nccl_ctx *x = ctx;
     if (x->size == 1) {
-        return d2d(send, recv, count * mt_dtype_size(dtype), stream);
+        return d2d(send, recv, count * mt_coll_dtype_size(dtype), stream);
     }
-    MT_CHECK(NCCL_OK(ncclReduce(send, recv, count, nccl_type(dtype), nccl_op(dtype, op), root, x->nccl,
-                                (cudaStream_t)stream)));
+    MT_CHECK(NCCL_OK(
+        ncclReduce(send, recv, count, nccl_type(dtype), nccl_op(dtype, op), root, x->nccl, (cudaStream_t)stream)));
     return x->rank == root ? avg_fixup(x, recv, count, dtype, op, stream) : MT_OK;
 }
 
 /* All-to-all as one group of sends and receives; in place goes through the scratch copy of send. */
-static mt_status_t nccl_all_to_all(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t nccl_all_to_all(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                    mt_stream_t stream) {
     struct nccl_ctx *x = ctx;
-    size_t bytes = count * mt_dtype_size(dtype);
+    size_t bytes = count * mt_coll_dtype_size(dtype);
     if (x->size == 1) {
         return d2d(send, recv, bytes, stream);
     }
@@ -259,20 +270,24 @@ static mt_status_t nccl_all_to_all(void *ctx, const void *send, void *recv, size
     return st != MT_OK ? st : st2;
 }
 
-static mt_status_t nccl_send(void *ctx, const void *buf, size_t count, mt_dtype_t dtype, int peer,
+static mt_status_t nccl_send(void *ctx, const void *buf, size_t count, mt_coll_dtype_t dtype, int peer,
                              mt_stream_t stream) {
     struct nccl_ctx *x = ctx;
     return NCCL_OK(ncclSend(buf, count, nccl_type(dtype), peer, x->nccl, (cudaStream_t)stream));
 }
 
-static mt_status_t nccl_recv(void *ctx, void *buf, size_t count, mt_dtype_t dtype, int peer, mt_stream_t stream) {
+static mt_status_t nccl_recv(void *ctx, void *buf, size_t count, mt_coll_dtype_t dtype, int peer, mt_stream_t stream) {
     struct nccl_ctx *x = ctx;
     return NCCL_OK(ncclRecv(buf, count, nccl_type(dtype), peer, x->nccl, (cudaStream_t)stream));
 }
 
-static mt_status_t nccl_group_start(void *ctx) { return NCCL_OK(ncclGroupStart()); }
+static mt_status_t nccl_group_start(void *ctx) {
+    return NCCL_OK(ncclGroupStart());
+}
 
-static mt_status_t nccl_group_end(void *ctx, mt_stream_t stream) { return NCCL_OK(ncclGroupEnd()); }
+static mt_status_t nccl_group_end(void *ctx, mt_stream_t stream) {
+    return NCCL_OK(ncclGroupEnd());
+}
 
 /* A 1-element all-reduce on the scratch buffer: ordered on stream like everything else. */
 static mt_status_t nccl_barrier(void *ctx, mt_stream_t stream) {
@@ -318,7 +333,9 @@ static mt_status_t nccl_event_query(void *ctx, void *event, bool *done) {
     return nccl_get_async_error(ctx); /* a failed peer shows up here while the event never fires */
 }
 
-static void nccl_event_free(void *ctx, void *event) { cudaEventDestroy((cudaEvent_t)event); }
+static void nccl_event_free(void *ctx, void *event) {
+    cudaEventDestroy((cudaEvent_t)event);
+}
 
 static mt_status_t nccl_abort(void *ctx) {
     struct nccl_ctx *x = ctx;

@@ -43,63 +43,66 @@ static mt_status_t self_init(mt_comm_t comm, const struct mt_comm_info *info, vo
     return *ctx ? MT_OK : mt_error(MT_ERR_OOM, "self backend: out of memory");
 }
 
-static void self_free(void *ctx) { mt_free(ctx); }
+static void self_free(void *ctx) {
+    mt_free(ctx);
+}
 
-static mt_status_t self_all_reduce(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t self_all_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                    mt_redop_t op, mt_stream_t stream) {
-    mt_coll_local_copy(send, recv, count * mt_dtype_size(dtype));
+    mt_coll_local_copy(send, recv, count * mt_coll_dtype_size(dtype));
     return MT_OK;
 }
 
-static mt_status_t self_reduce_scatter(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t self_reduce_scatter(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                        mt_redop_t op, mt_stream_t stream) {
-    mt_coll_local_copy(send, recv, count * mt_dtype_size(dtype));
+    mt_coll_local_copy(send, recv, count * mt_coll_dtype_size(dtype));
     return MT_OK;
 }
 
-static mt_status_t self_all_gather(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t self_all_gather(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                    mt_stream_t stream) {
-    mt_coll_local_copy(send, recv, count * mt_dtype_size(dtype));
+    mt_coll_local_copy(send, recv, count * mt_coll_dtype_size(dtype));
     return MT_OK;
 }
 
-static mt_status_t self_broadcast(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype, int root,
-                                  mt_stream_t stream) {
-    mt_coll_local_copy(send, recv, count * mt_dtype_size(dtype));
+static mt_status_t self_broadcast(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
+                                  int root, mt_stream_t stream) {
+    mt_coll_local_copy(send, recv, count * mt_coll_dtype_size(dtype));
     return MT_OK;
 }
 
-static mt_status_t self_reduce(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype, mt_redop_t op,
-                               int root, mt_stream_t stream) {
-    mt_coll_local_copy(send, recv, count * mt_dtype_size(dtype));
+static mt_status_t self_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
+                               mt_redop_t op, int root, mt_stream_t stream) {
+    mt_coll_local_copy(send, recv, count * mt_coll_dtype_size(dtype));
     return MT_OK;
 }
 
-static mt_status_t self_all_to_all(void *ctx, const void *send, void *recv, size_t count, mt_dtype_t dtype,
+static mt_status_t self_all_to_all(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                    mt_stream_t stream) {
-    mt_coll_local_copy(send, recv, count * mt_dtype_size(dtype));
+    mt_coll_local_copy(send, recv, count * mt_coll_dtype_size(dtype));
     return MT_OK;
 }
 
-static mt_status_t self_send(void *ctx, const void *buf, size_t count, mt_dtype_t dtype, int peer, mt_stream_t stream) {
+static mt_status_t self_send(void *ctx, const void *buf, size_t count, mt_coll_dtype_t dtype, int peer,
+                             mt_stream_t stream) {
     struct self_ctx *s = ctx;
     if (s->n_send == SELF_MAX_PENDING) {
         return mt_error(MT_ERR_INVALID_USAGE, "self backend: more than %d sends to self in one group",
                         SELF_MAX_PENDING);
     }
     s->sends[s->n_send].buf = buf;
-    s->sends[s->n_send++].bytes = count * mt_dtype_size(dtype);
+    s->sends[s->n_send++].bytes = count * mt_coll_dtype_size(dtype);
     return MT_OK;
 }
 
-static mt_status_t self_recv(void *ctx, void *buf, size_t count, mt_dtype_t dtype, int peer, mt_stream_t stream) {
+static mt_status_t self_recv(void *ctx, void *buf, size_t count, mt_coll_dtype_t dtype, int peer, mt_stream_t stream) {
     struct self_ctx *s = ctx;
     if (s->n_recv == SELF_MAX_PENDING) {
         return mt_error(MT_ERR_INVALID_USAGE, "self backend: more than %d receives from self in one group",
                         SELF_MAX_PENDING);
     }
     s->recvs[s->n_recv].buf = buf;
-    s->recvs[s->n_recv++].bytes = count * mt_dtype_size(dtype);
+    s->recvs[s->n_recv++].bytes = count * mt_coll_dtype_size(dtype);
     return MT_OK;
 }
 
@@ -129,7 +132,9 @@ static mt_status_t self_group_end(void *ctx, mt_stream_t stream) {
     return st;
 }
 
-static mt_status_t self_barrier(void *ctx, mt_stream_t stream) { return MT_OK; }
+static mt_status_t self_barrier(void *ctx, mt_stream_t stream) {
+    return MT_OK;
+}
 
 const struct mt_coll_backend mt_coll_backend_self = {
     .name = "self",

@@ -36,8 +36,8 @@ static void check_group(mt_comm_t c, const int *want, int n, const char *what) {
     CHECK(mt_comm_size(c) == n, "%s: size %d want %d", what, mt_comm_size(c), n);
     int got[64] = {0};
     int me = w->rank, sum = -1;
-    CHECK_OK(mt_coll_all_gather(c, &me, got, 1, MT_DTYPE_I32, NULL, NULL));
-    CHECK_OK(mt_coll_all_reduce(c, &me, &sum, 1, MT_DTYPE_I32, MT_REDOP_SUM, NULL, NULL));
+    CHECK_OK(mt_coll_all_gather(c, &me, got, 1, MT_COLL_I32, NULL, NULL));
+    CHECK_OK(mt_coll_all_reduce(c, &me, &sum, 1, MT_COLL_I32, MT_REDOP_SUM, NULL, NULL));
     int want_sum = 0, bad = 0;
     for (int i = 0; i < n; i++) {
         want_sum += want[i];

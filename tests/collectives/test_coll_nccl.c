@@ -10,10 +10,10 @@
 #include "runtime/rt.h"
 #include "testutil.h"
 
-#define CU(call)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        CHECK(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                        \
+#define CU(call)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t e_ = (call);                                                                                       \
+        CHECK(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                                             \
     } while (0)
 
 static const size_t counts[] = {0, 1, 7, 129, 4099};
@@ -21,8 +21,12 @@ static const size_t counts[] = {0, 1, 7, 129, 4099};
 static unsigned char *h_a, *h_b, *d_a, *d_b;
 static cudaStream_t stream;
 
-static void up(void *d, const void *h, size_t bytes) { CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice)); }
-static void down(void *h, const void *d, size_t bytes) { CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost)); }
+static void up(void *d, const void *h, size_t bytes) {
+    CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+}
+static void down(void *h, const void *d, size_t bytes) {
+    CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+}
 
 /* Synchronous calls are only enqueued: finish the stream before reading; async ones through the handle. */
 static void finish(mt_work_t *w) {
@@ -37,11 +41,11 @@ static void finish(mt_work_t *w) {
 
 static void test_reductions(mt_comm_t c, bool async) {
     int n = mt_comm_size(c), r = mt_comm_rank(c);
-    for (int d = 0; d < MT_DTYPE_COUNT; d++) {
+    for (int d = 0; d < MT_COLL_DTYPE_COUNT; d++) {
         for (int op = 0; op < MT_REDOP_COUNT; op++) {
             for (size_t k = 0; k < MT_ARRAY_LEN(counts); k++) {
                 for (int mode = 0; mode < 3; mode++) {
-                    size_t cnt = counts[k], bytes = cnt * mt_dtype_size(d);
+                    size_t cnt = counts[k], bytes = cnt * mt_coll_dtype_size(d);
                     mt_work_t w = NULL, *wp = async ? &w : NULL;
                     /* all_reduce: mode 0 out of place, 1 in place */
                     if (mode < 2) {
@@ -57,7 +61,7 @@ static void test_reductions(mt_comm_t c, bool async) {
                         for (size_t i = 0; i < cnt; i++) {
                             bad += tl_get(h_b, d, i) != tl_expect(n, i, d, op);
                         }
-                        CHECK(bad == 0, "nccl all_reduce %s %s count %zu mode %d: %d wrong", mt_dtype_name(d),
+                        CHECK(bad == 0, "nccl all_reduce %s %s count %zu mode %d: %d wrong", mt_coll_dtype_name(d),
                               mt_redop_name(op), cnt, mode, bad);
                         /* reduce to the last rank */
                         int root = n - 1;
@@ -70,7 +74,7 @@ static void test_reductions(mt_comm_t c, bool async) {
                             for (size_t i = 0; i < cnt; i++) {
                                 bad += tl_get(h_b, d, i) != tl_expect(n, i, d, op);
                             }
-                            CHECK(bad == 0, "nccl reduce %s %s count %zu mode %d: %d wrong", mt_dtype_name(d),
+                            CHECK(bad == 0, "nccl reduce %s %s count %zu mode %d: %d wrong", mt_coll_dtype_name(d),
                                   mt_redop_name(op), cnt, mode, bad);
                         }
                     }
@@ -87,7 +91,7 @@ static void test_reductions(mt_comm_t c, bool async) {
                     for (size_t i = 0; i < cnt; i++) {
                         bad += tl_get(h_b, d, i) != tl_expect(n, cnt * (size_t)r + i, d, op);
                     }
-                    CHECK(bad == 0, "nccl reduce_scatter %s %s count %zu mode %d: %d wrong", mt_dtype_name(d),
+                    CHECK(bad == 0, "nccl reduce_scatter %s %s count %zu mode %d: %d wrong", mt_coll_dtype_name(d),
                           mt_redop_name(op), cnt, mode, bad);
                 }
             }
@@ -97,9 +101,9 @@ static void test_reductions(mt_comm_t c, bool async) {
 
 static void test_data_movement(mt_comm_t c, bool async) {
     int n = mt_comm_size(c), r = mt_comm_rank(c);
-    for (int d = 0; d < MT_DTYPE_COUNT; d++) {
+    for (int d = 0; d < MT_COLL_DTYPE_COUNT; d++) {
         for (size_t k = 0; k < MT_ARRAY_LEN(counts); k++) {
-            size_t cnt = counts[k], bytes = cnt * mt_dtype_size(d);
+            size_t cnt = counts[k], bytes = cnt * mt_coll_dtype_size(d);
             mt_work_t w = NULL, *wp = async ? &w : NULL;
             for (int mode = 0; mode < 3; mode++) {
                 /* all_gather: 0 out of place, 1 send = recv + r*count, 2 send = recv */
@@ -118,7 +122,8 @@ static void test_data_movement(mt_comm_t c, bool async) {
                         bad += tl_get(h_b, d, (size_t)q * cnt + i) != tl_val(q, i, d, MT_REDOP_SUM);
                     }
                 }
-                CHECK(bad == 0, "nccl all_gather %s count %zu mode %d: %d wrong", mt_dtype_name(d), cnt, mode, bad);
+                CHECK(bad == 0, "nccl all_gather %s count %zu mode %d: %d wrong", mt_coll_dtype_name(d), cnt, mode,
+                      bad);
             }
             for (int inplace = 0; inplace < 2; inplace++) {
                 /* broadcast from rank 0 */
@@ -134,8 +139,8 @@ static void test_data_movement(mt_comm_t c, bool async) {
                 for (size_t i = 0; i < cnt; i++) {
                     bad += tl_get(h_b, d, i) != tl_val(0, i, d, MT_REDOP_SUM);
                 }
-                CHECK(bad == 0, "nccl broadcast %s count %zu in place %d: %d wrong", mt_dtype_name(d), cnt, inplace,
-                      bad);
+                CHECK(bad == 0, "nccl broadcast %s count %zu in place %d: %d wrong", mt_coll_dtype_name(d), cnt,
+                      inplace, bad);
                 /* all_to_all: element j of the block s sends to t is (s*7 + t*3 + j) % 13 */
                 for (int t = 0; t < n; t++) {
                     for (size_t j = 0; j < cnt; j++) {
@@ -153,8 +158,8 @@ static void test_data_movement(mt_comm_t c, bool async) {
                         bad += tl_get(h_b, d, (size_t)s * cnt + j) != (double)((s * 7 + r * 3 + (int)j) % 13);
                     }
                 }
-                CHECK(bad == 0, "nccl all_to_all %s count %zu in place %d: %d wrong", mt_dtype_name(d), cnt, inplace,
-                      bad);
+                CHECK(bad == 0, "nccl all_to_all %s count %zu in place %d: %d wrong", mt_coll_dtype_name(d), cnt,
+                      inplace, bad);
             }
         }
     }
@@ -163,10 +168,10 @@ static void test_data_movement(mt_comm_t c, bool async) {
     up(d_a, out, sizeof(out));
     mt_work_t w = NULL;
     CHECK_OK(mt_coll_group_start(c));
-    CHECK_OK(mt_coll_send(c, d_a, 1, MT_DTYPE_I32, (r + 1) % n, stream, NULL));
-    CHECK_OK(mt_coll_recv(c, d_b, 1, MT_DTYPE_I32, (r + n - 1) % n, stream, NULL));
-    CHECK_OK(mt_coll_send(c, d_a + 4, 1, MT_DTYPE_I32, r, stream, NULL));
-    CHECK_OK(mt_coll_recv(c, d_b + 4, 1, MT_DTYPE_I32, r, stream, NULL));
+    CHECK_OK(mt_coll_send(c, d_a, 1, MT_COLL_I32, (r + 1) % n, stream, NULL));
+    CHECK_OK(mt_coll_recv(c, d_b, 1, MT_COLL_I32, (r + n - 1) % n, stream, NULL));
+    CHECK_OK(mt_coll_send(c, d_a + 4, 1, MT_COLL_I32, r, stream, NULL));
+    CHECK_OK(mt_coll_recv(c, d_b + 4, 1, MT_COLL_I32, r, stream, NULL));
     CHECK_OK(mt_coll_group_end(c, stream, async ? &w : NULL));
     finish(&w);
     down(in, d_b, sizeof(in));

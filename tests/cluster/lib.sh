@@ -1,0 +1,144 @@
+# shellcheck shell=bash
+# Shared by the cluster fixtures (slurm_fixture.sh, netns_fixture.sh): messages, skip/fail exits, bounded
+# waits, a watchdog that ends the whole fixture run, packages, and the search for processes a run left.
+# Sourced, not run. Every wait here has a limit; nothing waits forever.
+# SPDX-License-Identifier: MIT
+
+MT_FIXTURE=${MT_FIXTURE:-cluster} # name in messages; set by the fixture before sourcing
+
+mt_log() { echo "[$MT_FIXTURE $(date +%T)] $*" >&2; }
+
+# Exit 77 (ctest SKIP_RETURN_CODE) with the reason on stdout, where ctest's log shows it.
+mt_skip() {
+    echo "skipped: $*"
+    exit 77
+}
+
+mt_fail() {
+    echo "FAIL: $*" >&2
+    exit 1
+}
+
+# mt_wait_until SECONDS WHAT CMD...: runs CMD every 0.2 s until it succeeds; fails naming WHAT after SECONDS.
+mt_wait_until() {
+    local limit=$1 what=$2
+    shift 2
+    local deadline=$((SECONDS + limit))
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)); then
+            mt_fail "timed out after ${limit}s waiting for $what"
+        fi
+        sleep 0.2
+    done
+}
+
+# mt_watchdog SECONDS: sends SIGTERM to this script after SECONDS so its EXIT trap cleans up even if a
+# step hangs past its own limit. The watchdog's PID is in MT_WATCHDOG_PID (killed by mt_stop_watchdog).
+mt_watchdog() {
+    local me=$$
+    (
+        trap 'kill -TERM $sleeper 2>/dev/null; exit 0' TERM
+        sleep "$1" &
+        sleeper=$!
+        wait $sleeper
+        echo "[$MT_FIXTURE] watchdog: run exceeded $1 s, terminating it" >&2
+        kill -TERM "$me" 2>/dev/null
+    ) &
+    MT_WATCHDOG_PID=$!
+}
+
+mt_stop_watchdog() {
+    if [ -n "${MT_WATCHDOG_PID:-}" ]; then
+        kill -TERM "$MT_WATCHDOG_PID" 2>/dev/null # its trap ends its sleep too
+        wait "$MT_WATCHDOG_PID" 2>/dev/null
+        MT_WATCHDOG_PID=
+    fi
+}
+
+# mt_need_packages PKG...: installs missing Debian packages as root; otherwise prints the exact command and
+# skips (exit 77), since only an administrator can provide them.
+mt_need_packages() {
+    local missing=() p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if ! command -v apt-get >/dev/null; then
+        mt_skip "needs ${missing[*]} and this is not a Debian/Ubuntu machine (no apt-get); install them by hand"
+    fi
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "run as root: apt-get update && apt-get install -y --no-install-recommends ${missing[*]}"
+        mt_skip "missing packages ${missing[*]} and not root (see the line above)"
+    fi
+    mt_log "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    # Bounded: 60 s for another apt/dpkg to release its lock, 120 s per step.
+    local apt=(apt-get -o DPkg::Lock::Timeout=60 -y -qq)
+    timeout 120 "${apt[@]}" install --no-install-recommends "${missing[@]}" >/dev/null ||
+        { timeout 120 "${apt[@]}" update && timeout 120 "${apt[@]}" install --no-install-recommends "${missing[@]}" \
+            >/dev/null; } || mt_fail "apt-get install ${missing[*]} failed (see above)"
+}
+
+# mt_free_port: prints a TCP port nobody listens on (another fixture run may be active on this machine).
+mt_free_port() {
+    local port _
+    for _ in $(seq 1 50); do
+        port=$((20000 + RANDOM % 30000))
+        if ! ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
+            echo "$port"
+            return 0
+        fi
+    done
+    mt_fail "no free TCP port found"
+}
+
+# mt_tagged_pids TAG: PIDs of processes (other than this shell) whose environment holds MT_CLUSTER_TAG=TAG,
+# i.e. everything this fixture run started, directly or through a daemon or a job.
+mt_tagged_pids() {
+    local tag=$1 p
+    for p in /proc/[0-9]*; do
+        p=${p#/proc/}
+        [ "$p" = "$$" ] && continue
+        [ "$p" = "$BASHPID" ] && continue
+        if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qxF "MT_CLUSTER_TAG=$tag"; then
+            echo "$p"
+        fi
+    done
+}
+
+# mt_reap_tagged TAG: TERM, then (after up to 5 s) KILL whatever of this run is still alive. Returns 1 and
+# lists the processes if any had to be killed this way.
+mt_reap_tagged() {
+    local tag=$1 pids _
+    pids=$(mt_tagged_pids "$tag")
+    [ -z "$pids" ] && return 0
+    mt_log "processes of this run still alive: $(echo $pids)"
+    ps -o pid,ppid,args -p "$(echo $pids | tr ' ' ',')" >&2 2>/dev/null || true
+    kill -TERM $pids 2>/dev/null
+    for _ in $(seq 1 25); do
+        pids=$(mt_tagged_pids "$tag")
+        [ -z "$pids" ] && break
+        sleep 0.2
+    done
+    pids=$(mt_tagged_pids "$tag")
+    [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+    return 1
+}
+
+# mt_stop_pid PID NAME: SIGTERM, wait up to 10 s, then SIGKILL. For daemons this run started.
+mt_stop_pid() {
+    local pid=$1 name=$2 _
+    [ -z "$pid" ] && return 0
+    kill -0 "$pid" 2>/dev/null || return 0
+    kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 1 50); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        mt_log "$name (pid $pid) ignored SIGTERM for 10 s; killing it"
+        kill -KILL "$pid" 2>/dev/null
+    fi
+    wait "$pid" 2>/dev/null
+    return 0
+}
