@@ -402,7 +402,25 @@ static _Noreturn void report_and_abort(const char *text, const char *trace_args)
     }
     if (wd.report_path) {
         FILE *f = fopen(wd.report_path, "w");
-        if (f) {
+        size_t n = strlen(wd.report_path);
+        if (f && n > 5 && !strcmp(wd.report_path + n - 5, ".json")) {
+            /* A Chrome trace-event file of its own: the job's trace is written collectively at the end,
+             * which an aborted job never reaches; this one opens next to it in Perfetto. */
+            fprintf(f, "{\"traceEvents\": [{\"name\": \"desync report\", \"cat\": \"watchdog\", \"ph\": \"i\", "
+                       "\"s\": \"g\", \"ts\": %.3f, \"pid\": %d, \"tid\": 0, \"args\": {%s, \"report\": \"",
+                    mt_trace_now_us(), wd.rank, trace_args);
+            for (const char *c = text; *c; c++) {
+                if (*c == '"' || *c == '\\') {
+                    fprintf(f, "\\%c", *c);
+                } else if (*c == '\n') {
+                    fputs("\\n", f);
+                } else if ((unsigned char)*c >= 0x20) {
+                    fputc(*c, f);
+                }
+            }
+            fputs("\"}}]}\n", f);
+            fclose(f);
+        } else if (f) {
             fputs(text, f);
             fclose(f);
         } else {

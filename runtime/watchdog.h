@@ -34,7 +34,9 @@ typedef struct {
     double answer_s;      /* how long peers get to answer the desync query; <= 0: MESHTRAIN_WATCHDOG_ANSWER_S
                            * (default 5) */
     int exit_code;        /* status the job ends with after a report (MT_EXIT_WATCHDOG) */
-    const char *report_path; /* the reporting rank also writes the report here (copied); NULL: stderr only */
+    const char *report_path; /* the reporting rank also writes the report here (copied); a name ending in
+                              * ".json" gets a Chrome trace-event file with the report as an instant event
+                              * (the job's own trace is never written by an aborted job); NULL: stderr only */
 } mt_watchdog_params_t;
 
 #define MT_WATCHDOG_PARAMS_INIT {sizeof(mt_watchdog_params_t), 0.0, 0.0, 0.0, MT_EXIT_WATCHDOG, NULL}

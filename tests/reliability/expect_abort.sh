@@ -5,15 +5,19 @@
 # exit), the output matches every -e REGEX, and no rank process is left behind.
 #   expect_abort.sh NP SECONDS [-e REGEX]... [-L] -- MPIEXEC [MPIEXEC_FLAGS...] -- command args...
 # -L: do not require a non-zero launcher status (Open MPI's --enable-recovery exits 0 whatever the ranks do).
+# -f FILE REGEX: FILE must exist afterwards and match REGEX (it is removed first).
 # SPDX-License-Identifier: MIT
 set -u
 np=$1 limit=$2
 shift 2
 regexes=()
+files=()
+file_res=()
 check_launcher=1
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
     [ "$1" = "-e" ] && { regexes+=("$2"); shift 2; continue; }
     [ "$1" = "-L" ] && { check_launcher=0; shift; continue; }
+    [ "$1" = "-f" ] && { files+=("$2"); file_res+=("$3"); rm -f "$2"; shift 3; continue; }
     echo "expect_abort: unexpected argument $1"; exit 2
 done
 shift
@@ -47,6 +51,12 @@ for re in "${regexes[@]}"; do
     if ! grep -Eq -- "$re" "$dir/out"; then
         echo "expect_abort: output does not match /$re/"; status=1
     fi
+done
+for i in "${!files[@]}"; do
+    if ! grep -Eq -- "${file_res[$i]}" "${files[$i]}" 2>/dev/null; then
+        echo "expect_abort: ${files[$i]} missing or does not match /${file_res[$i]}/"; status=1
+    fi
+    rm -f "${files[$i]}"
 done
 # Live (non-zombie) processes of the session; the launcher's last kills may need a moment to land.
 alive() { ps -o pid=,stat= -s "$(cat "$dir/sid")" | awk '$2 !~ /^Z/ {print $1}'; }

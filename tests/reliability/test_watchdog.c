@@ -2,7 +2,8 @@
  *   clean  no false alarm: sync and async all-reduces, a rank arriving late (but within the timeout),
  *          the registry's local view, start/stop twice; exits 0.
  *   skip   rank R (argv[2]) skips the 3rd all-reduce and then idles: the job must end with a report
- *          naming rank R, all_reduce and call #3 (checked by expect_abort.sh).
+ *          naming rank R, all_reduce and call #3 (checked by expect_abort.sh), also written to argv[3]
+ *          if given (".json": a Chrome trace-event file).
  *   cross  rank 2 skips the 3rd all-reduce on 'world' and waits on comm 'pair' {2,3} that rank 3 never
  *          joins: one report, naming rank 2 and where it waits.
  *   kill   rank 2 dies (SIGKILL) before its 3rd all-reduce, as if killed mid-step.
@@ -54,6 +55,7 @@ int main(int argc, char **argv) {
     const mt_world_t *w = mt_rt_world();
     const char *mode = argc > 1 ? argv[1] : "clean";
     int culprit = argc > 2 ? atoi(argv[2]) : 2;
+    const char *report = argc > 3 ? argv[3] : NULL; /* the report file (skip mode) */
     static float buf[N];
     for (int i = 0; i < N; i++) {
         buf[i] = 1.0f;
@@ -61,6 +63,7 @@ int main(int argc, char **argv) {
     mt_watchdog_params_t p = MT_WATCHDOG_PARAMS_INIT;
     p.timeout_s = 2.0;
     p.answer_s = 2.0;
+    p.report_path = report;
     mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
     cp.name = "world";
     mt_comm_t world = NULL;
