@@ -616,6 +616,11 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
         if (!mt_watchdog_running()) {
             mt_watchdog_params_t wp = MT_WATCHDOG_PARAMS_INIT;
             wp.timeout_s = mt_config_float(cfg, "runtime.watchdog_s");
+            char report[1100] = ""; /* the desync report next to the trace, in trace format */
+            if (mt_config_str(cfg, "profile.trace")[0]) {
+                snprintf(report, sizeof(report), "%s.desync.json", mt_config_str(cfg, "profile.trace"));
+                wp.report_path = report; /* copied by mt_watchdog_start */
+            }
             st = agree(w->comm, mt_watchdog_start(&wp));
             own_wd = st == MT_OK;
         }
