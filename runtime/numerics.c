@@ -70,21 +70,27 @@ void mt_nan_describe(char *buf, size_t n, int64_t step, double loss, double grad
                      const char *module_name, const char *last_checkpoint) {
     char where[256] = "";
     if (v->module >= 0) {
-        snprintf(where, sizeof(where), "; gradients went non-finite first in module %d '%s' (rank %d, %d rank%s "
-                 "affected)", v->module, module_name ? module_name : "?", v->rank, v->n_bad_ranks,
-                 v->n_bad_ranks == 1 ? "" : "s");
+        snprintf(where, sizeof(where),
+                 "; gradients went non-finite first in module %d '%s' (rank %d, %d rank%s "
+                 "affected)",
+                 v->module, module_name ? module_name : "?", v->rank, v->n_bad_ranks, v->n_bad_ranks == 1 ? "" : "s");
     } else if (v->rank >= 0) {
         snprintf(where, sizeof(where), "; first seen on rank %d (%d rank%s affected)", v->rank, v->n_bad_ranks,
                  v->n_bad_ranks == 1 ? "" : "s");
     }
     char ckpt[1200];
     if (last_checkpoint && *last_checkpoint) {
-        snprintf(ckpt, sizeof(ckpt), "last good checkpoint: %.1000s (resume from it with a lower optimizer.lr, "
-                 "or set train.on_nan = \"skip\")", last_checkpoint);
+        snprintf(ckpt, sizeof(ckpt),
+                 "last good checkpoint: %.1000s (resume from it with a lower optimizer.lr, "
+                 "or set train.on_nan = \"skip\")",
+                 last_checkpoint);
     } else {
-        snprintf(ckpt, sizeof(ckpt), "no checkpoint written yet (lower optimizer.lr, or set train.on_nan = "
+        snprintf(ckpt, sizeof(ckpt),
+                 "no checkpoint written yet (lower optimizer.lr, or set train.on_nan = "
                  "\"skip\")");
     }
-    snprintf(buf, n, "step %lld: loss %g, gradient norm %g is not finite%s; stopping (train.on_nan = stop) "
-             "without writing a checkpoint; %s", (long long)step, loss, grad_norm, where, ckpt);
+    snprintf(buf, n,
+             "step %lld: loss %g, gradient norm %g is not finite%s; stopping (train.on_nan = stop) "
+             "without writing a checkpoint; %s",
+             (long long)step, loss, grad_norm, where, ckpt);
 }

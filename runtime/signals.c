@@ -42,8 +42,7 @@ mt_status_t mt_signals_install(void) {
             for (size_t j = 0; j < i; j++) {
                 sigaction(stop_signals[j], &saved[j], NULL);
             }
-            return mt_error(MT_ERR_SYSTEM, "cannot install the handler of signal %d: %s", stop_signals[i],
-                            strerror(e));
+            return mt_error(MT_ERR_SYSTEM, "cannot install the handler of signal %d: %s", stop_signals[i], strerror(e));
         }
     }
     pending_sig = 0;
@@ -62,7 +61,9 @@ void mt_signals_restore(void) {
     installed = false;
 }
 
-int mt_signals_pending(void) { return (int)pending_sig; }
+int mt_signals_pending(void) {
+    return (int)pending_sig;
+}
 
 mt_status_t mt_signals_agree(MPI_Comm comm, int *signo) {
     int mine = (int)pending_sig, any = 0;
@@ -75,4 +76,6 @@ mt_status_t mt_signals_agree(MPI_Comm comm, int *signo) {
     return MT_OK;
 }
 
-int mt_signals_exit_status(int signo) { return signo > 0 ? 128 + signo : 0; }
+int mt_signals_exit_status(int signo) {
+    return signo > 0 ? 128 + signo : 0;
+}

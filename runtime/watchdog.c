@@ -24,7 +24,7 @@ MT_PARAM(watchdog_answer_s, "WATCHDOG_ANSWER_S", 5)
 #define WD_TAG_QUERY 0x5744
 #define WD_TAG_ANSWER 0x5745
 #define WD_TAG_DONE 0x5746 /* the reporter tells everyone the job is ending (launchers that keep survivors) */
-#define WD_SERVE_S 0.02 /* how often the thread answers peers */
+#define WD_SERVE_S 0.02    /* how often the thread answers peers */
 
 typedef struct {
     uint64_t seq;
@@ -73,9 +73,7 @@ static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct mt_wd_group *groups;
 /* How many groups of each identity were ever registered: the k-th "dp" over the same members is the k-th
  * on every member, because communicators are created collectively in the same order. Never reset. */
-static struct {
-    uint64_t hash, count;
-} *occ_tab;
+static struct { uint64_t hash, count; } * occ_tab;
 static size_t n_occ, cap_occ;
 
 /* The round in progress (watchdog thread only). */
@@ -406,8 +404,9 @@ static _Noreturn void report_and_abort(const char *text, const char *trace_args)
         if (f && n > 5 && !strcmp(wd.report_path + n - 5, ".json")) {
             /* A Chrome trace-event file of its own: the job's trace is written collectively at the end,
              * which an aborted job never reaches; this one opens next to it in Perfetto. */
-            fprintf(f, "{\"traceEvents\": [{\"name\": \"desync report\", \"cat\": \"watchdog\", \"ph\": \"i\", "
-                       "\"s\": \"g\", \"ts\": %.3f, \"pid\": %d, \"tid\": 0, \"args\": {%s, \"report\": \"",
+            fprintf(f,
+                    "{\"traceEvents\": [{\"name\": \"desync report\", \"cat\": \"watchdog\", \"ph\": \"i\", "
+                    "\"s\": \"g\", \"ts\": %.3f, \"pid\": %d, \"tid\": 0, \"args\": {%s, \"report\": \"",
                     mt_trace_now_us(), wd.rank, trace_args);
             for (const char *c = text; *c; c++) {
                 if (*c == '"' || *c == '\\') {
@@ -486,8 +485,10 @@ static _Noreturn void fire(const wd_stuck_t *st) {
     size_t cap = 8192 + 512 * (size_t)W;
     char *text = malloc(cap), *args = malloc(cap);
     if (!ans || !got || !waiting || !passed || !never || !culprit || !text || !args) {
-        fprintf(stderr, "meshtrain watchdog: rank %d: call #%llu on comm '%s' is stuck (out of memory for the "
-                        "report); aborting\n", wd.rank, (unsigned long long)st->seq, st->name);
+        fprintf(stderr,
+                "meshtrain watchdog: rank %d: call #%llu on comm '%s' is stuck (out of memory for the "
+                "report); aborting\n",
+                wd.rank, (unsigned long long)st->seq, st->name);
         mt_rt_abort_job(wd.exit_code);
     }
     make_answer(st->hash, st->occ, st->seq, &ans[wd.rank]);
@@ -585,8 +586,10 @@ static _Noreturn void fire(const wd_stuck_t *st) {
             }
         }
         if (got[d] && !a->member) {
-            sb_printf(&b, "  NEVER ARRIVED: rank %d has no comm '%s' of these members (never created it, or freed "
-                          "it)\n", d, st->name);
+            sb_printf(&b,
+                      "  NEVER ARRIVED: rank %d has no comm '%s' of these members (never created it, or freed "
+                      "it)\n",
+                      d, st->name);
         }
     }
     bool any = false;
@@ -601,8 +604,10 @@ static _Noreturn void fire(const wd_stuck_t *st) {
     if (wd.multi) {
         for (int d = 0; d < W; d++) {
             if (!got[d]) {
-                sb_printf(&b, "  LOST: rank %d did not answer the watchdog within %.1f s: it is dead or unresponsive "
-                              "(killed, crashed, out of memory, or its node is gone)\n", d, wd.answer_s);
+                sb_printf(&b,
+                          "  LOST: rank %d did not answer the watchdog within %.1f s: it is dead or unresponsive "
+                          "(killed, crashed, out of memory, or its node is gone)\n",
+                          d, wd.answer_s);
             } else if (!is_member(st, d) && ans[d].busy_group[0]) {
                 sb_printf(&b, "  rank %d is waiting in call #%llu %s on comm '%s' for %.1f s\n", d,
                           (unsigned long long)ans[d].busy_seq, ans[d].busy_op, ans[d].busy_group, ans[d].busy_age);
@@ -706,7 +711,9 @@ static void *wd_main(void *arg) {
 
 /* ---- start / stop ------------------------------------------------------------------------------------ */
 
-bool mt_watchdog_running(void) { return wd.running; }
+bool mt_watchdog_running(void) {
+    return wd.running;
+}
 
 mt_status_t mt_watchdog_start(const mt_watchdog_params_t *params) {
     mt_watchdog_params_t p = MT_WATCHDOG_PARAMS_INIT;
@@ -721,8 +728,10 @@ mt_status_t mt_watchdog_start(const mt_watchdog_params_t *params) {
     }
     double timeout = p.timeout_s > 0 ? p.timeout_s : (double)mt_param_watchdog_s();
     if (!(timeout > 0)) {
-        return mt_error(MT_ERR_INVALID_ARG, "watchdog timeout %g s: must be > 0 (runtime.watchdog_s or "
-                        "MESHTRAIN_WATCHDOG_S)", timeout);
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "watchdog timeout %g s: must be > 0 (runtime.watchdog_s or "
+                        "MESHTRAIN_WATCHDOG_S)",
+                        timeout);
     }
     int level = MPI_THREAD_SINGLE;
     MT_MPI_CHECK(MPI_Query_thread(&level));
@@ -755,7 +764,8 @@ mt_status_t mt_watchdog_start(const mt_watchdog_params_t *params) {
         }
     } else {
         MT_WARN("watchdog: MPI granted thread level %d, not MPI_THREAD_MULTIPLE: hangs are still detected, but "
-                "the report shows only each stuck rank's own view", level);
+                "the report shows only each stuck rank's own view",
+                level);
     }
     int rc = pthread_create(&wd.thread, NULL, wd_main, NULL);
     if (rc != 0) {
@@ -765,8 +775,10 @@ mt_status_t mt_watchdog_start(const mt_watchdog_params_t *params) {
         return mt_error(MT_ERR_SYSTEM, "watchdog: cannot start its thread: %s", strerror(rc));
     }
     wd.running = true;
-    MT_INFO(MT_LOG_COLL, "watchdog: calls pending over %g s are reported and abort the job (poll %.2f s, side "
-            "channel %s)", wd.timeout_s, wd.poll_s, wd.multi ? "MPI" : "none");
+    MT_INFO(MT_LOG_COLL,
+            "watchdog: calls pending over %g s are reported and abort the job (poll %.2f s, side "
+            "channel %s)",
+            wd.timeout_s, wd.poll_s, wd.multi ? "MPI" : "none");
     return MT_OK;
 }
 

@@ -28,18 +28,19 @@ typedef uint64_t (*mt_wd_completed_fn)(void *arg);
 typedef void (*mt_wd_abort_fn)(void *arg);
 
 typedef struct {
-    size_t size;          /* = sizeof(mt_watchdog_params_t) */
-    double timeout_s;     /* a call pending longer is a hang; <= 0: MESHTRAIN_WATCHDOG_S (default 600) */
-    double poll_s;        /* how often pending calls are checked; <= 0: timeout/8 within [0.05, 1] s */
-    double answer_s;      /* how long peers get to answer the desync query; <= 0: MESHTRAIN_WATCHDOG_ANSWER_S
-                           * (default 5) */
-    int exit_code;        /* status the job ends with after a report (MT_EXIT_WATCHDOG) */
+    size_t size;             /* = sizeof(mt_watchdog_params_t) */
+    double timeout_s;        /* a call pending longer is a hang; <= 0: MESHTRAIN_WATCHDOG_S (default 600) */
+    double poll_s;           /* how often pending calls are checked; <= 0: timeout/8 within [0.05, 1] s */
+    double answer_s;         /* how long peers get to answer the desync query; <= 0: MESHTRAIN_WATCHDOG_ANSWER_S
+                              * (default 5) */
+    int exit_code;           /* status the job ends with after a report (MT_EXIT_WATCHDOG) */
     const char *report_path; /* the reporting rank also writes the report here (copied); a name ending in
                               * ".json" gets a Chrome trace-event file with the report as an instant event
                               * (the job's own trace is never written by an aborted job); NULL: stderr only */
 } mt_watchdog_params_t;
 
-#define MT_WATCHDOG_PARAMS_INIT {sizeof(mt_watchdog_params_t), 0.0, 0.0, 0.0, MT_EXIT_WATCHDOG, NULL}
+#define MT_WATCHDOG_PARAMS_INIT                                                                                        \
+    { sizeof(mt_watchdog_params_t), 0.0, 0.0, 0.0, MT_EXIT_WATCHDOG, NULL }
 
 /* Starts the watchdog thread of this process. Collective over MPI_COMM_WORLD (duplicates it as the side
  * channel). Without MPI_THREAD_MULTIPLE the thread still detects hangs but reports only this rank's

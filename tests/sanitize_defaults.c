@@ -12,7 +12,15 @@ const char *__lsan_default_suppressions(void);
 const char *__lsan_default_options(void);
 const char *__ubsan_default_options(void);
 
-const char *__asan_default_options(void) { return "fast_unwind_on_malloc=0:detect_leaks=1"; }
-const char *__lsan_default_suppressions(void) { return mt_lsan_supp_text; }
-const char *__lsan_default_options(void) { return "print_suppressions=0"; }
-const char *__ubsan_default_options(void) { return "print_stacktrace=1"; }
+const char *__asan_default_options(void) {
+    return "fast_unwind_on_malloc=0:detect_leaks=1";
+}
+const char *__lsan_default_suppressions(void) {
+    return mt_lsan_supp_text;
+}
+const char *__lsan_default_options(void) {
+    return "print_suppressions=0";
+}
+const char *__ubsan_default_options(void) {
+    return "print_stacktrace=1";
+}

@@ -32,7 +32,9 @@ static int run_file(const char *path) {
     return 0;
 }
 
-static int cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int cmp(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
 int main(int argc, char **argv) {
     int count = 0, bad = 0;

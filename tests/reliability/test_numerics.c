@@ -112,7 +112,7 @@ static void agree_checks(void) {
     mt_nan_verdict_t vv = {false, 2, 3, 1};
     mt_nan_describe(msg, sizeof(msg), 7, NAN, INFINITY, &vv, "block.1", "/ckpt/step-000005");
     CHECK(strstr(msg, "step 7:") && strstr(msg, "module 2 'block.1' (rank 3") &&
-          strstr(msg, "last good checkpoint: /ckpt/step-000005") && strstr(msg, "without writing a checkpoint"),
+              strstr(msg, "last good checkpoint: /ckpt/step-000005") && strstr(msg, "without writing a checkpoint"),
           "%s", msg);
     mt_nan_describe(msg, sizeof(msg), 1, NAN, NAN, &vv, "block.1", NULL);
     CHECK(strstr(msg, "no checkpoint written yet") != NULL, "%s", msg);
