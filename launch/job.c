@@ -201,14 +201,13 @@ const mt_job_engine_t *mt_job_engine_local(void) {
 
 /* ---- the loop ------------------------------------------------------------------------------------ */
 
-
 static mt_status_t check_layout(const mt_config_t *cfg, const mt_job_opts_t *opts, int world) {
     int64_t tp = mt_config_int(cfg, "parallel.tp"), pp = mt_config_int(cfg, "parallel.pp");
-    if (tp != 1 || pp != 1) {
+    if ((tp != 1 || pp != 1) && !(opts->engine && opts->engine->setup_model)) {
         return mt_error(MT_ERR_INVALID_ARG,
-                        "parallel.tp = %lld, parallel.pp = %lld: this training loop runs tp = 1 and pp = 1 (set "
-                        "--parallel.tp=1 --parallel.pp=1)",
-                        (long long)tp, (long long)pp);
+                        "parallel.tp = %lld, parallel.pp = %lld: the \"%s\" engine runs tp = 1 and pp = 1 (set "
+                        "--parallel.tp=1 --parallel.pp=1, or use the model-parallel engine)",
+                        (long long)tp, (long long)pp, opts->engine ? opts->engine->name : "local");
     }
     if (!opts->engine && world != 1) {
         return mt_error(MT_ERR_INVALID_ARG,
@@ -257,6 +256,14 @@ static mt_status_t open_data(job_t *j, bool val, mt_data_t *out) {
  * means, which is the mean over the whole batch because every micro-batch has B*T targets. Backward
  * scales each micro-batch's loss gradient by 1/grad_accum so the accumulated gradient is that mean's. */
 static mt_status_t run_batch(job_t *j, const mt_batch_t *b, bool backward, double *loss, mt_step_rec_t *rec) {
+    if (j->engine->run_batch) { /* the engine schedules forward and backward itself (pipelines) */
+        double t0 = mt_now();
+        MT_CHECK(j->engine->run_batch(j->ectx, b, backward, loss));
+        if (rec) {
+            rec->bwd_s += mt_now() - t0; /* one figure: a schedule interleaves forward and backward */
+        }
+        return MT_OK;
+    }
     int n = mt_model_n_modules(j->model);
     int64_t mb = j->info.micro_batch, T = j->info.seq_len, ga = j->info.grad_accum;
     double sum = 0.0;
@@ -291,6 +298,9 @@ static mt_status_t evaluate(job_t *j, double *val_loss) {
         sum += l;
     }
     *val_loss = sum / (double)nb;
+    if (j->engine->take_comm_s) {
+        j->engine->take_comm_s(j->ectx); /* evaluation's communication is no step's */
+    }
     return MT_OK;
 }
 
@@ -338,19 +348,23 @@ static mt_status_t model_init_source(const mt_config_t *cfg, mt_model_config_t *
         return MT_OK;
     }
     if (strncmp(init, "llmc:", 5) != 0 || init[5] == '\0') {
-        return mt_error(MT_ERR_INVALID_ARG, "model.init = \"%s\": expected \"random\" or \"llmc:PATH\" (an llm.c GPT-2 "
-                        "checkpoint)", init);
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "model.init = \"%s\": expected \"random\" or \"llmc:PATH\" (an llm.c GPT-2 "
+                        "checkpoint)",
+                        init);
     }
     const char *path = init + 5;
     if (mc->kind != MT_MODEL_GPT2) {
-        return mt_error(MT_ERR_INVALID_ARG, "model.init = \"%s\" is a GPT-2 checkpoint but model.kind = \"%s\": set "
-                        "model.kind = \"gpt2\"", init, mt_config_str(cfg, "model.kind"));
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "model.init = \"%s\" is a GPT-2 checkpoint but model.kind = \"%s\": set "
+                        "model.kind = \"gpt2\"",
+                        init, mt_config_str(cfg, "model.kind"));
     }
     static const struct {
         const char *key;
         unsigned bit;
-    } keys[] = {{"model.n_layer", MT_LLMC_SET_N_LAYER}, {"model.n_head", MT_LLMC_SET_N_HEAD},
-                {"model.n_embd", MT_LLMC_SET_N_EMBD},   {"model.seq_len", MT_LLMC_SET_SEQ_LEN},
+    } keys[] = {{"model.n_layer", MT_LLMC_SET_N_LAYER},  {"model.n_head", MT_LLMC_SET_N_HEAD},
+                {"model.n_embd", MT_LLMC_SET_N_EMBD},    {"model.seq_len", MT_LLMC_SET_SEQ_LEN},
                 {"model.vocab_size", MT_LLMC_SET_VOCAB}, {"model.padded_vocab", MT_LLMC_SET_PADDED_VOCAB}};
     unsigned mask = 0;
     for (size_t i = 0; i < MT_ARRAY_LEN(keys); i++) {
@@ -369,15 +383,9 @@ static mt_status_t setup(job_t *j) {
     mt_job_model_config(cfg, &mc);
     mt_job_info_t *info = &j->info;
     MT_CHECK(model_init_source(cfg, &mc, &info->init_llmc));
-    MT_CHECK(mt_model_init(&mc, &j->model));
     info->cfg = cfg;
-    info->model = j->model;
-    mt_job_optim_config(cfg, &info->optim, &j->sched);
-    info->global_batch = mt_config_int(cfg, "train.global_batch");
-    info->micro_batch = mt_config_int(cfg, "train.micro_batch");
-    info->grad_accum = mt_config_int(cfg, "train.grad_accum");
-    info->seq_len = mt_model_config(j->model)->seq_len; /* the checkpoint's when model.init = llmc:PATH */
     info->comm = mt_rt_world()->comm;
+    info->mesh = j->opts->mesh;
     if (j->opts->dp_size > 0) {
         info->dp_size = j->opts->dp_size;
         info->dp_rank = j->opts->dp_rank;
@@ -385,6 +393,17 @@ static mt_status_t setup(job_t *j) {
         info->dp_size = mt_rt_world()->size;
         info->dp_rank = j->rank;
     }
+    mt_model_config_t whole_cfg = mc; /* the model as configured, before any tensor-parallel padding */
+    if (j->engine->setup_model) {
+        MT_CHECK(j->engine->setup_model(info, &mc, &j->ectx));
+    }
+    MT_CHECK(mt_model_init(&mc, &j->model));
+    info->model = j->model;
+    mt_job_optim_config(cfg, &info->optim, &j->sched);
+    info->global_batch = mt_config_int(cfg, "train.global_batch");
+    info->micro_batch = mt_config_int(cfg, "train.micro_batch");
+    info->grad_accum = mt_config_int(cfg, "train.grad_accum");
+    info->seq_len = mt_model_config(j->model)->seq_len; /* the checkpoint's when model.init = llmc:PATH */
     if (info->dp_rank < 0 || info->dp_rank >= info->dp_size) {
         return mt_error(MT_ERR_INVALID_ARG, "data-parallel rank %d outside [0, %d)", info->dp_rank, info->dp_size);
     }
@@ -407,25 +426,33 @@ static mt_status_t setup(job_t *j) {
         }
     }
     MT_CHECK(j->engine->init(info, &j->ectx));
-    /* Model FLOPs per token of the whole model, whatever slice of it this rank holds. */
+    /* Model FLOPs per token of the whole model as configured, whatever slice of it this rank holds (the
+     * same figure in every layout, so their MFU compare). */
     mt_model_t whole = NULL;
-    mt_model_config_t wc = *mt_model_config(j->model);
-    wc.tp_rank = 0;
-    wc.tp_size = 1;
-    wc.tp_ops = NULL;
-    MT_CHECK(mt_model_init(&wc, &whole));
+    MT_CHECK(mt_model_init(&whole_cfg, &whole));
     j->flops_per_token = mt_model_flops_per_token(whole, (int)info->seq_len);
+    j->n_params = (int64_t)mt_model_numel(whole);
     mt_model_free(whole);
     return MT_OK;
 }
 
+static mt_status_t agree(MPI_Comm comm, mt_status_t st);
+
 /* The parts that need the engine built, every rank having agreed on set-up: checkpoint resume,
- * metrics, profiling hooks. Collective. */
+ * metrics, profiling hooks. Collective: the ranks agree after each part, so a rank that fails locally
+ * (a file it cannot create) never leaves the others waiting in the next part's collectives. */
 static mt_status_t setup_services(job_t *j) {
-    MT_CHECK(mt_job_ckpt_init(j, &j->ckpt));
-    MT_CHECK(mt_job_ckpt_resume(j->ckpt, j));
-    MT_CHECK(mt_job_metrics_init(j, &j->metrics));
-    MT_CHECK(mt_job_profile_init(j, &j->profile));
+    if (j->engine != mt_job_engine_local()) {
+        MT_CHECK(agree(j->comm, mt_job_init_llmc(j)));
+    }
+    MT_CHECK(agree(j->comm, mt_job_ckpt_init(j, &j->ckpt)));
+    MT_CHECK(agree(j->comm, mt_job_ckpt_resume(j->ckpt, j)));
+    if (j->out && mt_job_ckpt_resumed_from(j->ckpt)) { /* said once every rank has loaded its part */
+        fprintf(j->out, "resumed from checkpoint %s (after step %lld)\n", mt_job_ckpt_resumed_from(j->ckpt),
+                (long long)j->start_step);
+    }
+    MT_CHECK(agree(j->comm, mt_job_metrics_init(j, &j->metrics)));
+    MT_CHECK(agree(j->comm, mt_job_profile_init(j, &j->profile)));
     mt_job_profile_hooks(j->profile, j);
     return MT_OK;
 }
@@ -437,10 +464,9 @@ static void print_header(job_t *j) {
     if (j->opts->mesh_desc) {
         fprintf(j->out, "mesh: %s\n", j->opts->mesh_desc);
     } else {
-        fprintf(j->out, "mesh: %d rank%s = dp %d x tp 1 x pp 1\n", j->world, j->world == 1 ? "" : "s",
-                j->info.dp_size);
+        fprintf(j->out, "mesh: %d rank%s = dp %d x tp 1 x pp 1\n", j->world, j->world == 1 ? "" : "s", j->info.dp_size);
     }
-    double n = (double)mt_model_numel(j->model);
+    double n = (double)j->n_params;
     fprintf(j->out,
             "meshtrain train: %s (n_layer %lld, n_embd %lld), %.3fM parameters | %lld steps of %lld x %lld tokens "
             "(micro-batch %lld x %lld) | %s lr %g %s | data %s | engine %s\n",
@@ -461,8 +487,9 @@ static void print_header(job_t *j) {
     }
     if (!strcmp(mt_config_str(cfg, "data.kind"), "synthetic")) {
         int64_t v = mt_model_config(j->model)->vocab_size;
-        fprintf(j->out, "synthetic data: Markov chain with %d successors per token; a perfect model reaches loss "
-                        "%.4f, a uniform guess %.4f\n",
+        fprintf(j->out,
+                "synthetic data: Markov chain with %d successors per token; a perfect model reaches loss "
+                "%.4f, a uniform guess %.4f\n",
                 (int)MT_MIN((int64_t)MT_SYNTH_BRANCH, v), mt_synth_entropy(v), log((double)v));
     }
     fflush(j->out);
@@ -488,6 +515,15 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         MT_CHECK(j->engine->zero_grads(j->ectx));
         double loss = 0.0, sumsq = 0.0, norm = 0.0;
         MT_CHECK(run_batch(j, b, true, &loss, &rec));
+        if (j->engine->take_comm_s) { /* communication inside forward/backward is not compute */
+            double c = j->engine->take_comm_s(j->ectx), fb = rec.fwd_s + rec.bwd_s;
+            c = fb > 0 ? MT_MIN(c, fb) : 0.0;
+            if (fb > 0) {
+                rec.fwd_s -= c * rec.fwd_s / fb;
+                rec.bwd_s -= c * rec.bwd_s / fb;
+            }
+            rec.comm_s += c;
+        }
         double tc = mt_now();
         MT_TRACE_BEGIN(t_comm);
         MT_CHECK(j->engine->finish_grads(j->ectx));
@@ -497,7 +533,7 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         float lr = mt_lr_at(&j->sched, s);
         MT_CHECK(j->engine->reduce_loss(j->ectx, &loss));
         MT_TRACE_END(t_comm, "comm", "gradients: finish, norm, loss");
-        rec.comm_s = mt_now() - tc;
+        rec.comm_s += mt_now() - tc;
         /* Every rank takes the same decision, naming the module whose gradients went non-finite first. */
         bool local_ok = isfinite(loss) && isfinite(norm);
         mt_nan_verdict_t nv;
@@ -581,8 +617,12 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
         opts = *opts_in;
     }
     const mt_world_t *w = mt_rt_world();
-    job_t j = {.cfg = cfg, .opts = &opts, .engine = opts.engine ? opts.engine : mt_job_engine_local(),
-               .rank = w->rank, .world = w->size, .comm = w->comm};
+    job_t j = {.cfg = cfg,
+               .opts = &opts,
+               .engine = opts.engine ? opts.engine : mt_job_engine_local(),
+               .rank = w->rank,
+               .world = w->size,
+               .comm = w->comm};
     j.out = w->rank == 0 ? opts.progress : NULL;
     mt_job_result_t r = {0};
     int64_t steps = mt_config_int(cfg, "train.steps"), eval_every = mt_config_int(cfg, "train.eval_every");
@@ -606,17 +646,17 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
         st = agree(w->comm, st);
     }
     if (st == MT_OK) {
-        r.n_params = (int64_t)mt_model_numel(j.model);
+        r.n_params = j.n_params;
         if (j.out) {
             print_header(&j);
         }
         /* The hang watchdog over every communicator the engine uses (runtime.watchdog_s; docs/reliability.md),
-         * unless the caller runs one already. */
+         * unless the caller runs one already; its report lands next to the trace. */
         bool own_wd = false;
         if (!mt_watchdog_running()) {
             mt_watchdog_params_t wp = MT_WATCHDOG_PARAMS_INIT;
             wp.timeout_s = mt_config_float(cfg, "runtime.watchdog_s");
-            char report[1100] = ""; /* the desync report next to the trace, in trace format */
+            char report[1100] = "";
             if (mt_config_str(cfg, "profile.trace")[0]) {
                 snprintf(report, sizeof(report), "%s.desync.json", mt_config_str(cfg, "profile.trace"));
                 wp.report_path = report; /* copied by mt_watchdog_start */
@@ -629,11 +669,11 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
             st = agree(w->comm, st);
         }
         r.stop_signal = j.stop_signal;
-        if (own_wd) {
-            mt_watchdog_stop(); /* collective: every rank gets here with the same status */
-        }
         if (st == MT_OK) {
             st = agree(w->comm, mt_job_metrics_finish(j.metrics, &j, &r));
+        }
+        if (own_wd) {
+            mt_watchdog_stop(); /* collective: every rank gets here with the same status */
         }
     }
     mt_job_profile_free(j.profile, &j);

@@ -20,6 +20,7 @@
 
 #include "job_impl.h"
 #include "job_json.h"
+#include "models/llmc.h"
 #include "runtime/crc32c.h"
 #include "runtime/signals.h"
 #include "runtime/rt.h"
@@ -27,7 +28,7 @@
 
 #define CKPT_FORMAT "meshtrain-checkpoint"
 #define CKPT_VERSION 1
-#define CKPT_MAX_DIM (INT64_C(1) << 32)     /* any dimension beyond this is not a real tensor */
+#define CKPT_MAX_DIM (INT64_C(1) << 32) /* any dimension beyond this is not a real tensor */
 #define CKPT_MAX_NUMEL (INT64_C(1) << 40)
 
 /* Test knob: the Nth checkpoint this process writes stops rank 0 with _exit(86) after every shard file
@@ -35,11 +36,11 @@
 MT_PARAM(ckpt_test_crash, "CKPT_TEST_CRASH", 0)
 
 struct job_ckpt {
-    char dir[1024];         /* checkpoint.dir ("" = no saving) */
+    char dir[1024]; /* checkpoint.dir ("" = no saving) */
     int64_t every, keep;
-    char resume[1100];      /* step directory to resume from ("" = none) */
+    char resume[1100]; /* step directory to resume from ("" = none) */
     int n_saved;
-    bool on_signal;         /* handlers installed (checkpoint.on_signal with a checkpoint.dir) */
+    bool on_signal; /* handlers installed (checkpoint.on_signal with a checkpoint.dir) */
     char last[1100];        /* the last complete checkpoint written or resumed from ("" = none) */
 };
 
@@ -100,8 +101,8 @@ static mt_status_t slurp(const char *path, size_t max, char **out, size_t *len) 
     struct stat sb;
     if (fstat(fileno(f), &sb) != 0 || sb.st_size < 0 || (size_t)sb.st_size > max) {
         fclose(f);
-        return mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s is %lld bytes, more than the %zu a manifest may have",
-                        path, (long long)sb.st_size, max);
+        return mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s is %lld bytes, more than the %zu a manifest may have", path,
+                        (long long)sb.st_size, max);
     }
     char *buf = malloc((size_t)sb.st_size + 1);
     if (!buf) {
@@ -149,7 +150,8 @@ static mt_status_t resolve(const char *path, char *out, size_t len, const char *
         text[--n] = '\0';
     }
     if (n == 0 || strchr(text, '/')) {
-        mt_status_t st = mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s does not name a step directory (\"%s\")", l, text);
+        mt_status_t st =
+            mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s does not name a step directory (\"%s\")", l, text);
         free(text);
         return st;
     }
@@ -172,10 +174,10 @@ static int64_t box_numel(int ndim, const int64_t *lo, const int64_t *hi) {
     return n;
 }
 
-/* Copies the intersection of box src (data row-major of src) into box dst (row-major of dst); returns
- * the elements copied. Up to 2 dimensions (1-D uses dimension 0 only). */
+/* Copies the intersection of box src (data row-major of src) into box dst (rows dst_ld apart; 0 = the
+ * box's width); returns the elements copied. Up to 2 dimensions (1-D uses dimension 0 only). */
 static int64_t copy_overlap(int ndim, const int64_t *slo, const int64_t *shi, const float *src, const int64_t *dlo,
-                            const int64_t *dhi, float *dst) {
+                            const int64_t *dhi, float *dst, int64_t dst_ld) {
     int64_t lo[2] = {0, 0}, hi[2] = {1, 1};
     for (int d = 0; d < ndim; d++) {
         lo[d] = MT_MAX(slo[d], dlo[d]);
@@ -188,7 +190,7 @@ static int64_t copy_overlap(int ndim, const int64_t *slo, const int64_t *shi, co
         memcpy(dst + (lo[0] - dlo[0]), src + (lo[0] - slo[0]), (size_t)(hi[0] - lo[0]) * sizeof(float));
         return hi[0] - lo[0];
     }
-    int64_t sw = shi[1] - slo[1], dw = dhi[1] - dlo[1], w = hi[1] - lo[1];
+    int64_t sw = shi[1] - slo[1], dw = dst_ld > 0 ? dst_ld : dhi[1] - dlo[1], w = hi[1] - lo[1];
     for (int64_t r = lo[0]; r < hi[0]; r++) {
         memcpy(dst + (r - dlo[0]) * dw + (lo[1] - dlo[1]), src + (r - slo[0]) * sw + (lo[1] - slo[1]),
                (size_t)w * sizeof(float));
@@ -219,10 +221,23 @@ static bool read_dims(const mt_json_t *a, int ndim, int64_t *out) {
     return true;
 }
 
+/* Zeroes rows [r0, r1) (global) of a 2-D piece; returns the elements zeroed. */
+static int64_t zero_rows(mt_ckpt_piece_t *pc, int64_t r0, int64_t r1) {
+    int64_t lo = MT_MAX(r0, pc->lo[0]), hi = MT_MIN(r1, pc->hi[0]), w = pc->hi[1] - pc->lo[1];
+    int64_t ld = pc->ld > 0 ? pc->ld : w;
+    for (int64_t r = lo; r < hi; r++) {
+        memset(pc->data + (r - pc->lo[0]) * ld, 0, (size_t)w * sizeof(float));
+    }
+    return hi > lo ? (hi - lo) * w : 0;
+}
+
 /* Fills every piece from the checkpoint in dir (manifest parsed in man). Each shard overlapping a piece
  * is read whole, its CRC32C checked, and the overlap copied; every element of every piece must be
- * covered. Errors name the checkpoint, the tensor and the file. */
-static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_piece_t *pc, int n) {
+ * covered. vocab (> 0) is the model's vocabulary: a 2-D tensor whose first dimension differs only in
+ * padding rows (both >= vocab: the padded vocabulary, which tensor parallelism rounds up differently)
+ * is read for the rows both have and zero beyond (padding rows are zero and stay zero). Errors name the
+ * checkpoint, the tensor and the file. */
+static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_piece_t *pc, int n, int64_t vocab) {
     const mt_json_t *tensors = mt_json_get(man, "tensors");
     if (!tensors || tensors->kind != MT_JSON_ARRAY) {
         return mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: manifest has no \"tensors\" array", dir);
@@ -255,8 +270,12 @@ static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_pi
                           dtype ? dtype : "(missing)");
             break;
         }
-        if (!read_dims(mt_json_get(t, "shape"), pc[i].ndim, shape) || shape[0] != pc[i].shape[0] ||
-            (pc[i].ndim == 2 && shape[1] != pc[i].shape[1])) {
+        int64_t man_vocab = 0;
+        mt_json_get_int(mt_json_get(man, "model"), "vocab_size", &man_vocab);
+        bool dims_ok = read_dims(mt_json_get(t, "shape"), pc[i].ndim, shape);
+        bool padded = dims_ok && pc[i].ndim == 2 && shape[1] == pc[i].shape[1] && shape[0] != pc[i].shape[0] &&
+                      vocab > 0 && man_vocab == vocab && shape[0] >= vocab && pc[i].shape[0] >= vocab;
+        if (!dims_ok || (!padded && (shape[0] != pc[i].shape[0] || (pc[i].ndim == 2 && shape[1] != pc[i].shape[1])))) {
             char want[64];
             snprintf(want, sizeof(want), pc[i].ndim == 2 ? "[%lld, %lld]" : "[%lld]", (long long)pc[i].shape[0],
                      (long long)pc[i].shape[1]);
@@ -272,15 +291,18 @@ static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_pi
             break;
         }
         int64_t want = box_numel(pc[i].ndim, pc[i].lo, pc[i].hi), got = 0;
+        if (padded && shape[0] < pc[i].shape[0]) {
+            got += zero_rows(&pc[i], shape[0], pc[i].shape[0]); /* padding the checkpoint does not have */
+        }
         for (int k = 0; k < shards->n && st == MT_OK; k++) {
             const mt_json_t *sj = shards->items[k];
             shard_t sh = {.ndim = pc[i].ndim};
             int64_t crc = 0;
             sh.file = mt_json_get_str(sj, "file");
-            if (!read_dims(mt_json_get(sj, "lo"), sh.ndim, sh.lo) || !read_dims(mt_json_get(sj, "hi"), sh.ndim, sh.hi) ||
-                !mt_json_get_int(sj, "offset", &sh.offset) || !mt_json_get_int(sj, "bytes", &sh.bytes) ||
-                !mt_json_get_int(sj, "crc32c", &crc) || !sh.file || strchr(sh.file, '/') || sh.offset < 0 ||
-                crc < 0 || crc > UINT32_MAX) {
+            if (!read_dims(mt_json_get(sj, "lo"), sh.ndim, sh.lo) ||
+                !read_dims(mt_json_get(sj, "hi"), sh.ndim, sh.hi) || !mt_json_get_int(sj, "offset", &sh.offset) ||
+                !mt_json_get_int(sj, "bytes", &sh.bytes) || !mt_json_get_int(sj, "crc32c", &crc) || !sh.file ||
+                strchr(sh.file, '/') || sh.offset < 0 || crc < 0 || crc > UINT32_MAX) {
                 st = mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: shard %d of tensor %s is malformed in the manifest",
                               dir, k, pc[i].tensor);
                 break;
@@ -335,8 +357,8 @@ static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_pi
                 buf = malloc(buf_cap);
                 if (!buf) {
                     buf_cap = 0;
-                    st = mt_error(MT_ERR_OOM, "checkpoint: out of memory reading %lld bytes of %s",
-                                  (long long)sh.bytes, path);
+                    st = mt_error(MT_ERR_OOM, "checkpoint: out of memory reading %lld bytes of %s", (long long)sh.bytes,
+                                  path);
                     break;
                 }
             }
@@ -362,7 +384,7 @@ static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_pi
                               path, pc[i].tensor, (long long)sh.offset, (long long)(sh.offset + sh.bytes), c, sh.crc);
                 break;
             }
-            got += copy_overlap(sh.ndim, sh.lo, sh.hi, buf, pc[i].lo, pc[i].hi, pc[i].data);
+            got += copy_overlap(sh.ndim, sh.lo, sh.hi, buf, pc[i].lo, pc[i].hi, pc[i].data, pc[i].ld);
         }
         if (st == MT_OK && got != want) {
             st = mt_error(MT_ERR_INVALID_ARG,
@@ -383,8 +405,10 @@ static mt_status_t check_header(const mt_json_t *man, const char *path) {
     const char *fmt = mt_json_get_str(man, "format");
     int64_t ver = 0;
     if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0 || !mt_json_get_int(man, "version", &ver)) {
-        return mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s is not a meshtrain checkpoint manifest (no \"format\": "
-                        "\"%s\" or no \"version\")", path, CKPT_FORMAT);
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "checkpoint: %s is not a meshtrain checkpoint manifest (no \"format\": "
+                        "\"%s\" or no \"version\")",
+                        path, CKPT_FORMAT);
     }
     if (ver != CKPT_VERSION) {
         return mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s has format version %lld; this meshtrain reads version %d",
@@ -472,7 +496,7 @@ mt_status_t mt_job_ckpt_read_model(const char *path, mt_model_t *model, mt_confi
         pc[i].data = p->data;
     }
     if (st == MT_OK) {
-        st = fill_pieces(dir, man, pc, np);
+        st = fill_pieces(dir, man, pc, np, mc.vocab_size);
     }
     if (st == MT_OK && cfg_out) {
         char cp[1200];
@@ -519,7 +543,14 @@ mt_status_t mt_job_ckpt_init(job_t *j, job_ckpt_t **out) {
     /* rank 0 decides what to resume from; everyone gets its verdict */
     mt_status_t st = MT_OK;
     char msg[1024] = "";
-    if (j->rank == 0) {
+    if (j->rank == 0 && dir[0]) { /* a directory that cannot take checkpoints is found now, not after training */
+        st = mkdir_p(dir) == MT_OK ? MT_OK : MT_ERR_INVALID_ARG; /* bad input: the message names the path */
+        if (st == MT_OK && (!is_dir(dir) || access(dir, W_OK | X_OK) != 0)) {
+            st = mt_error(MT_ERR_INVALID_ARG, "checkpoint.dir = \"%s\" is not a writable directory (%s)", dir,
+                          is_dir(dir) ? strerror(errno) : "a file is in the way");
+        }
+    }
+    if (j->rank == 0 && st == MT_OK) {
         if (resume_path) {
             st = resolve(resume, c->resume, sizeof(c->resume), "checkpoint.resume");
         } else if (!strcmp(resume, "auto") && dir[0]) {
@@ -529,9 +560,9 @@ mt_status_t mt_job_ckpt_init(job_t *j, job_ckpt_t **out) {
                 st = resolve(dir, c->resume, sizeof(c->resume), "checkpoint.dir");
             }
         }
-        if (st != MT_OK) {
-            snprintf(msg, sizeof(msg), "%s", mt_last_error_msg());
-        }
+    }
+    if (j->rank == 0 && st != MT_OK) {
+        snprintf(msg, sizeof(msg), "%s", mt_last_error_msg());
     }
     int sti = (int)st;
     MT_MPI_CHECK(MPI_Bcast(&sti, 1, MPI_INT, 0, j->comm));
@@ -595,7 +626,7 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
         st = j->engine->ckpt_pieces(j->ectx, false, &pc, &n);
     }
     if (st == MT_OK) {
-        st = fill_pieces(c->resume, man, pc, n);
+        st = fill_pieces(c->resume, man, pc, n, mt_model_config(j->model)->vocab_size);
     }
     free(pc);
     mt_json_free(man);
@@ -605,10 +636,63 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
         MT_CHECK(j->engine->ckpt_loaded(j->ectx));
     }
     j->start_step = step;
-    if (j->out) {
-        fprintf(j->out, "resumed from checkpoint %s (after step %lld)\n", c->resume, (long long)step);
-    }
     return MT_OK;
+}
+
+const char *mt_job_ckpt_resumed_from(const job_ckpt_t *c) {
+    return c && c->resume[0] ? c->resume : NULL;
+}
+
+mt_status_t mt_job_init_llmc(job_t *j) {
+    if (!j->info.init_llmc || !j->engine->ckpt_pieces) {
+        return MT_OK;
+    }
+    /* the whole model in the file's shape, read by every rank; each rank copies the boxes it holds */
+    mt_model_config_t mc = *mt_model_config(j->model);
+    mc.tp_rank = 0;
+    mc.tp_size = 1;
+    mc.tp_ops = NULL;
+    mt_llmc_header_t h;
+    MT_CHECK(mt_llmc_read_header(j->info.init_llmc, &h));
+    MT_CHECK(mt_llmc_apply_header(&h, j->info.init_llmc, 0, &mc));
+    mt_model_t whole = NULL;
+    mt_ckpt_piece_t *pc = NULL;
+    int n = 0;
+    mt_status_t st = mt_model_init(&mc, &whole);
+    if (st == MT_OK) {
+        st = mt_model_alloc_params(whole);
+    }
+    if (st == MT_OK) {
+        st = mt_llmc_load(whole, j->info.init_llmc);
+    }
+    if (st == MT_OK) {
+        st = j->engine->ckpt_pieces(j->ectx, false, &pc, &n);
+    }
+    for (int i = 0; i < n && st == MT_OK; i++) {
+        if (strncmp(pc[i].tensor, "param/", 6) != 0) {
+            continue; /* optimizer state starts at zero */
+        }
+        int k = mt_model_find_param(whole, pc[i].tensor + 6);
+        const mt_param_t *p = k >= 0 ? mt_model_param(whole, k) : NULL;
+        if (!p || p->ndim != pc[i].ndim || (p->ndim == 2 && p->global_shape[1] != pc[i].shape[1])) {
+            st = mt_error(MT_ERR_INTERNAL, "model.init: %s has no counterpart in the llm.c model", pc[i].tensor);
+            break;
+        }
+        /* rows beyond the file's (padding when tensor parallelism pads the vocabulary further) are zero */
+        int64_t rows = p->global_shape[0];
+        if (pc[i].ndim == 2) {
+            zero_rows(&pc[i], rows, pc[i].hi[0]);
+        } else if (pc[i].hi[0] > rows) {
+            memset(pc[i].data + MT_MAX(rows - pc[i].lo[0], 0), 0,
+                   (size_t)(pc[i].hi[0] - MT_MAX(rows, pc[i].lo[0])) * sizeof(float));
+        }
+        int64_t lo[2] = {0, 0}, hi[2] = {rows, p->ndim == 2 ? p->global_shape[1] : 1};
+        copy_overlap(pc[i].ndim, lo, hi, p->data, pc[i].lo, pc[i].hi, pc[i].data, pc[i].ld);
+    }
+    free(pc);
+    mt_model_free(whole);
+    MT_CHECK(st);
+    return j->engine->ckpt_loaded ? j->engine->ckpt_loaded(j->ectx) : MT_OK;
 }
 
 const char *mt_job_ckpt_last(const job_ckpt_t *c) {
@@ -642,21 +726,30 @@ static mt_status_t write_shard(const char *path, const mt_ckpt_piece_t *pc, int 
     int64_t off = 0;
     for (int i = 0; i < n && st == MT_OK; i++) {
         int64_t bytes = box_numel(pc[i].ndim, pc[i].lo, pc[i].hi) * (int64_t)sizeof(float);
-        uint32_t crc = mt_crc32c(0, pc[i].data, (size_t)bytes);
-        size_t done = 0;
-        while (done < (size_t)bytes) {
-            ssize_t w = write(fd, (const char *)pc[i].data + done, (size_t)bytes - done);
-            if (w <= 0) {
-                st = mt_error(MT_ERR_IO, "checkpoint: writing %s: %s", path, strerror(errno));
-                break;
+        /* rows of a strided piece are written one after the other: the file holds the box row-major */
+        int64_t width = pc[i].ndim == 2 ? pc[i].hi[1] - pc[i].lo[1] : bytes / (int64_t)sizeof(float);
+        int64_t ld = pc[i].ndim == 2 && pc[i].ld > 0 ? pc[i].ld : width;
+        int64_t rows = ld == width ? 1 : pc[i].hi[0] - pc[i].lo[0];
+        size_t run = ld == width ? (size_t)bytes : (size_t)width * sizeof(float);
+        uint32_t crc = 0;
+        for (int64_t r = 0; r < rows && st == MT_OK; r++) {
+            const char *src = (const char *)(pc[i].data + r * ld);
+            crc = mt_crc32c(crc, src, run);
+            size_t done = 0;
+            while (done < run) {
+                ssize_t w = write(fd, src + done, run - done);
+                if (w <= 0) {
+                    st = mt_error(MT_ERR_IO, "checkpoint: writing %s: %s", path, strerror(errno));
+                    break;
+                }
+                done += (size_t)w;
             }
-            done += (size_t)w;
         }
-        len += (size_t)snprintf(m + len, cap - len, "%s %d %lld %lld %lld %lld %lld %lld %lld %lld %u\n",
-                                pc[i].tensor, pc[i].ndim, (long long)pc[i].shape[0],
-                                (long long)(pc[i].ndim > 1 ? pc[i].shape[1] : 0), (long long)pc[i].lo[0],
-                                (long long)(pc[i].ndim > 1 ? pc[i].lo[1] : 0), (long long)pc[i].hi[0],
-                                (long long)(pc[i].ndim > 1 ? pc[i].hi[1] : 0), (long long)off, (long long)bytes, crc);
+        len += (size_t)snprintf(m + len, cap - len, "%s %d %lld %lld %lld %lld %lld %lld %lld %lld %u\n", pc[i].tensor,
+                                pc[i].ndim, (long long)pc[i].shape[0], (long long)(pc[i].ndim > 1 ? pc[i].shape[1] : 0),
+                                (long long)pc[i].lo[0], (long long)(pc[i].ndim > 1 ? pc[i].lo[1] : 0),
+                                (long long)pc[i].hi[0], (long long)(pc[i].ndim > 1 ? pc[i].hi[1] : 0), (long long)off,
+                                (long long)bytes, crc);
         off += bytes;
     }
     if (st == MT_OK && fsync(fd) != 0) {
@@ -740,19 +833,23 @@ static mt_status_t write_manifest(job_t *j, const char *path, int64_t step, char
     const mt_model_config_t *mc = mt_model_config(j->model);
     fprintf(f, "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"step\": %lld,\n  \"optimizer_step\": %lld,\n",
             CKPT_FORMAT, CKPT_VERSION, (long long)step, (long long)j->engine->ckpt_get_step(j->ectx));
-    fprintf(f, "  \"data\": {\"kind\": \"%s\", \"order\": \"%s\", \"next_step\": %lld, \"global_batch\": %lld, "
-               "\"seq_len\": %lld},\n",
+    fprintf(f,
+            "  \"data\": {\"kind\": \"%s\", \"order\": \"%s\", \"next_step\": %lld, \"global_batch\": %lld, "
+            "\"seq_len\": %lld},\n",
             mt_config_str(cfg, "data.kind"), mt_config_str(cfg, "data.order"), (long long)step,
             (long long)j->info.global_batch, (long long)j->info.seq_len);
-    fprintf(f, "  \"rng\": {\"init_seed\": %llu, \"data_seed\": %lld, \"generator\": \"counter-based: values depend "
-               "only on (seed, step, row, position), so the data position is next_step\"},\n",
+    fprintf(f,
+            "  \"rng\": {\"init_seed\": %llu, \"data_seed\": %lld, \"generator\": \"counter-based: values depend "
+            "only on (seed, step, row, position), so the data position is next_step\"},\n",
             (unsigned long long)mc->seed, (long long)mt_config_int(cfg, "train.seed"));
-    fprintf(f, "  \"model\": {\"kind\": \"%s\", \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, \"seq_len\": %d, "
-               "\"vocab_size\": %d, \"padded_vocab\": %d, \"seed\": %llu, \"n_params\": %zu},\n",
-            mc->kind == MT_MODEL_MLP ? "mlp" : "gpt2", mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len,
-            mc->vocab_size, mc->padded_vocab, (unsigned long long)mc->seed, mt_model_numel(j->model));
-    fprintf(f, "  \"mesh\": {\"world\": %d, \"tp\": %lld, \"pp\": %lld, \"dp\": %d, \"order\": \"%s\", \"engine\": "
-               "\"%s\", \"zero_stage\": %lld},\n",
+    fprintf(f,
+            "  \"model\": {\"kind\": \"%s\", \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, \"seq_len\": %d, "
+            "\"vocab_size\": %d, \"padded_vocab\": %d, \"seed\": %llu, \"n_params\": %zu},\n",
+            mc->kind == MT_MODEL_MLP ? "mlp" : "gpt2", mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len, mc->vocab_size,
+            mc->padded_vocab, (unsigned long long)mc->seed, mt_model_numel(j->model));
+    fprintf(f,
+            "  \"mesh\": {\"world\": %d, \"tp\": %lld, \"pp\": %lld, \"dp\": %d, \"order\": \"%s\", \"engine\": "
+            "\"%s\", \"zero_stage\": %lld},\n",
             j->world, (long long)mt_config_int(cfg, "parallel.tp"), (long long)mt_config_int(cfg, "parallel.pp"),
             j->info.dp_size, mt_config_str(cfg, "parallel.order"), j->engine->name,
             (long long)mt_config_int(cfg, "parallel.zero_stage"));
@@ -921,8 +1018,10 @@ static mt_status_t save(job_ckpt_t *c, job_t *j, int64_t step) {
     }
     c->n_saved++;
     if (mt_param_ckpt_test_crash() == c->n_saved && j->rank == 0) {
-        fprintf(stderr, "meshtrain: MESHTRAIN_CKPT_TEST_CRASH: stopping in the middle of checkpoint %s (shard files "
-                        "written, no manifest)\n", name);
+        fprintf(stderr,
+                "meshtrain: MESHTRAIN_CKPT_TEST_CRASH: stopping in the middle of checkpoint %s (shard files "
+                "written, no manifest)\n",
+                name);
         fflush(stderr);
         _exit(86);
     }
@@ -963,15 +1062,20 @@ static mt_status_t save(job_ckpt_t *c, job_t *j, int64_t step) {
         if (st == MT_OK) {
             st = fsync_path(tmp);
         }
-        if (st == MT_OK && exists(final)) { /* the same step written before (a resumed run repeats it) */
-            char old[1200];
-            snprintf(old, sizeof(old), "%s/.old-%s", c->dir, name);
-            rm_rf(old);
-            if (rename(final, old) != 0) {
-                st = mt_error(MT_ERR_IO, "checkpoint: cannot move the previous %s aside: %s", final, strerror(errno));
+        if (st == MT_OK && exists(final)) {
+            /* The same step written before (a fresh run over an old directory): swap the two directories in
+             * one step, so `latest`, which may name this step, never points at a missing directory; the old
+             * one (now under the temporary name) is removed by prune. Without RENAME_EXCHANGE (old kernels,
+             * some file systems) the old one is moved aside first. */
+            if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) != 0) {
+                char old[1200];
+                snprintf(old, sizeof(old), "%s/.old-%s", c->dir, name);
+                rm_rf(old);
+                if (rename(final, old) != 0 || rename(tmp, final) != 0) {
+                    st = mt_error(MT_ERR_IO, "checkpoint: replacing %s failed: %s", final, strerror(errno));
+                }
             }
-        }
-        if (st == MT_OK && rename(tmp, final) != 0) {
+        } else if (st == MT_OK && rename(tmp, final) != 0) {
             st = mt_error(MT_ERR_IO, "checkpoint: rename %s -> %s: %s", tmp, final, strerror(errno));
         }
         if (st == MT_OK) {
@@ -1039,8 +1143,10 @@ mt_status_t mt_job_ckpt_after_step(job_ckpt_t *c, job_t *j, int64_t s, bool last
         return mt_error(MT_ERR_SYSTEM,
                         "stopped by %s after step %lld; checkpoint %s/step-%08lld written: run the same command "
                         "again to resume (checkpoint.resume = \"auto\")",
-                        sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a signal", (long long)s + 1, c->dir,
-                        (long long)s + 1);
+                        sig == SIGTERM  ? "SIGTERM"
+                        : sig == SIGINT ? "SIGINT"
+                                        : "a signal",
+                        (long long)s + 1, c->dir, (long long)s + 1);
     }
     return st;
 }

@@ -105,14 +105,30 @@ static bool parse_string(jp_t *p, char **out) {
         char e = p->s[p->i++];
         unsigned cp = 0;
         switch (e) {
-        case '"': s[o++] = '"'; break;
-        case '\\': s[o++] = '\\'; break;
-        case '/': s[o++] = '/'; break;
-        case 'b': s[o++] = '\b'; break;
-        case 'f': s[o++] = '\f'; break;
-        case 'n': s[o++] = '\n'; break;
-        case 'r': s[o++] = '\r'; break;
-        case 't': s[o++] = '\t'; break;
+        case '"':
+            s[o++] = '"';
+            break;
+        case '\\':
+            s[o++] = '\\';
+            break;
+        case '/':
+            s[o++] = '/';
+            break;
+        case 'b':
+            s[o++] = '\b';
+            break;
+        case 'f':
+            s[o++] = '\f';
+            break;
+        case 'n':
+            s[o++] = '\n';
+            break;
+        case 'r':
+            s[o++] = '\r';
+            break;
+        case 't':
+            s[o++] = '\t';
+            break;
         case 'u':
             if (!hex4(p, &cp)) {
                 free(s);

@@ -11,14 +11,21 @@
 
 #include "runtime/mt_core.h"
 
-typedef enum { MT_JSON_NULL = 0, MT_JSON_BOOL, MT_JSON_NUMBER, MT_JSON_STRING, MT_JSON_ARRAY, MT_JSON_OBJECT } mt_json_kind_t;
+typedef enum {
+    MT_JSON_NULL = 0,
+    MT_JSON_BOOL,
+    MT_JSON_NUMBER,
+    MT_JSON_STRING,
+    MT_JSON_ARRAY,
+    MT_JSON_OBJECT
+} mt_json_kind_t;
 
 typedef struct mt_json {
     mt_json_kind_t kind;
     bool b;
     double num;
-    char *str;             /* STRING: the decoded text (NUL-terminated) */
-    char *key;             /* member name when this value sits in an object */
+    char *str;              /* STRING: the decoded text (NUL-terminated) */
+    char *key;              /* member name when this value sits in an object */
     struct mt_json **items; /* ARRAY / OBJECT: children in document order */
     int n;
 } mt_json_t;

@@ -22,16 +22,17 @@ MT_PARAM_STR(sgemm_cache, "SGEMM_CACHE", "")
 MT_PARAM(peak_gflops_core, "PEAK_GFLOPS_PER_CORE", 0)
 
 struct job_metrics {
-    FILE *jsonl;      /* rank 0: metrics.jsonl */
-    FILE *rank_file;  /* metrics.per_rank: this rank's own figures */
+    FILE *jsonl;     /* rank 0: metrics.jsonl */
+    FILE *rank_file; /* metrics.per_rank: this rank's own figures */
     char path[1024], rank_path[1040];
     double peak_flops; /* the job's peak FLOP/s, 0 = unknown */
     char peak_src[256];
+    char cache_path[1024]; /* rank 0: the sgemm cache file the peak came from or went to ("" = none) */
     int64_t log_every, steps, first_step;
-    double tokens;    /* global tokens per step */
-    double sum_s;     /* step time of steps run so far (for the ETA), excluding the first */
+    double tokens; /* global tokens per step */
+    double sum_s;  /* step time of steps run so far (for the ETA), excluding the first */
     int64_t n_timed;
-    double steady_s;  /* steady-state steps: time and count */
+    double steady_s; /* steady-state steps: time and count */
     int64_t n_steady, steady_from;
     double last_loss, last_val;
     bool have_val;
@@ -66,7 +67,7 @@ static double sgemm_measure(int n) {
 
 /* Per-core sgemm FLOP/s on rank 0 with its thread count: the override, the cache, or a measurement
  * (then cached). src says which. */
-static double sgemm_per_core(int threads, char *src, size_t src_len) {
+static double sgemm_per_core(int threads, char *src, size_t src_len, char *cache_out, size_t cache_len) {
     if (mt_param_peak_gflops_core() > 0) {
         snprintf(src, src_len, "%lld GFLOP/s per core from MESHTRAIN_PEAK_GFLOPS_PER_CORE",
                  (long long)mt_param_peak_gflops_core());
@@ -88,6 +89,7 @@ static double sgemm_per_core(int threads, char *src, size_t src_len) {
             use_cache = false;
         }
         snprintf(path, sizeof(path), "%s/sgemm-%s-%ldcpu-%dt.txt", dir, host, ncpu, threads);
+        snprintf(cache_out, cache_len, "%s", path);
     }
     if (use_cache) {
         FILE *f = fopen(path, "r");
@@ -119,15 +121,17 @@ static double sgemm_per_core(int threads, char *src, size_t src_len) {
         }
         mkdir(dir, 0755);
         FILE *f = fopen(tmp, "w");
-        if (f && fprintf(f, "%.3f\n# sgemm 1024^3 GFLOP/s per core with %d OpenBLAS threads on %s\n", rate / 1e9,
-                         threads, host) > 0 && fclose(f) == 0 && rename(tmp, path) == 0) {
+        if (f &&
+            fprintf(f, "%.3f\n# sgemm 1024^3 GFLOP/s per core with %d OpenBLAS threads on %s\n", rate / 1e9, threads,
+                    host) > 0 &&
+            fclose(f) == 0 && rename(tmp, path) == 0) {
             snprintf(src, src_len, "%.1f GFLOP/s per core (sgemm measured now, cached in %s)", rate / 1e9, path);
         } else {
             if (f) {
                 unlink(tmp);
             }
-            snprintf(src, src_len, "%.1f GFLOP/s per core (sgemm measured now; cache %s not writable)",
-                     rate / 1e9, path);
+            snprintf(src, src_len, "%.1f GFLOP/s per core (sgemm measured now; cache %s not writable)", rate / 1e9,
+                     path);
         }
     } else {
         snprintf(src, src_len, "%.1f GFLOP/s per core (sgemm measured now, cache off)", rate / 1e9);
@@ -142,10 +146,19 @@ static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
     int threads = openblas_get_num_threads();
     threads = threads > 0 ? threads : 1;
     double per_core = 0.0;
+    MPI_Request req;
     if (j->rank == 0) {
-        per_core = sgemm_per_core(threads, m->peak_src, sizeof(m->peak_src));
+        per_core = sgemm_per_core(threads, m->peak_src, sizeof(m->peak_src), m->cache_path, sizeof(m->cache_path));
     }
-    MT_MPI_CHECK(MPI_Bcast(&per_core, 1, MPI_DOUBLE, 0, j->comm));
+    /* The other ranks sleep while rank 0 measures: spinning (or yielding) in a broadcast would take cores
+     * from the measurement when ranks share them. */
+    MT_MPI_CHECK(MPI_Ibcast(&per_core, 1, MPI_DOUBLE, 0, j->comm, &req));
+    for (int done = 0; !done;) {
+        MT_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        if (!done) {
+            usleep(1000);
+        }
+    }
     MT_MPI_CHECK(MPI_Bcast(m->peak_src, (int)sizeof(m->peak_src), MPI_CHAR, 0, j->comm));
     int local_threads = 0;
     MT_MPI_CHECK(MPI_Allreduce(&threads, &local_threads, 1, MPI_INT, MPI_SUM, w->local_comm));
@@ -155,8 +168,7 @@ static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
     MT_MPI_CHECK(MPI_Allreduce(&mine, &cores, 1, MPI_DOUBLE, MPI_SUM, j->comm));
     m->peak_flops = per_core * cores;
     char more[96];
-    snprintf(more, sizeof(more), " x %.0f core%s = %.1f GFLOP/s", cores, cores == 1 ? "" : "s",
-             m->peak_flops / 1e9);
+    snprintf(more, sizeof(more), " x %.0f core%s = %.1f GFLOP/s", cores, cores == 1 ? "" : "s", m->peak_flops / 1e9);
     size_t l = strlen(m->peak_src);
     snprintf(m->peak_src + l, sizeof(m->peak_src) - l, "%s", more);
     return MT_OK;
@@ -169,7 +181,32 @@ double mt_job_metrics_peak(const job_metrics_t *m, const char **source) {
 
 /* ---- set-up ------------------------------------------------------------------------------------ */
 
-static mt_status_t open_out(const char *path, FILE **out) {
+/* A resumed job continues its metrics file: the lines of steps up to the checkpoint are kept (a stopped
+ * run may have logged steps after it, which the resumed run repeats), the rest is dropped. */
+static void keep_until(const char *path, int64_t last_step) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return;
+    }
+    char tmp[1100];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *o = fopen(tmp, "w");
+    char *line = NULL;
+    size_t cap = 0;
+    while (o && getline(&line, &cap, f) > 0) {
+        long long step = 0;
+        if (sscanf(line, "{\"step\": %lld", &step) == 1 && step <= last_step) {
+            fputs(line, o);
+        }
+    }
+    free(line);
+    fclose(f);
+    if (o && fclose(o) == 0) {
+        rename(tmp, path);
+    }
+}
+
+static mt_status_t open_out(const char *path, int64_t resume_step, FILE **out) {
     /* create the parent directory if missing (one level: "out/demo/metrics.jsonl" needs out/ and out/demo) */
     char dir[1024];
     snprintf(dir, sizeof(dir), "%s", path);
@@ -180,7 +217,10 @@ static mt_status_t open_out(const char *path, FILE **out) {
             *c = '/';
         }
     }
-    *out = fopen(path, "w");
+    if (resume_step > 0) {
+        keep_until(path, resume_step);
+    }
+    *out = fopen(path, resume_step > 0 ? "a" : "w");
     if (!*out) {
         return mt_error(MT_ERR_INVALID_ARG, "metrics.jsonl: cannot create %s: %s (choose a writable path)", path,
                         strerror(errno));
@@ -206,14 +246,13 @@ mt_status_t mt_job_metrics_init(job_t *j, job_metrics_t **out) {
     if (st == MT_OK && path[0]) {
         snprintf(m->path, sizeof(m->path), "%s", path);
         if (j->rank == 0) {
-            st = open_out(path, &m->jsonl);
+            st = open_out(path, j->start_step, &m->jsonl);
         }
         if (st == MT_OK && mt_config_bool(cfg, "metrics.per_rank")) {
             const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
             size_t stem = dot && (!slash || dot > slash) ? (size_t)(dot - path) : strlen(path);
-            snprintf(m->rank_path, sizeof(m->rank_path), "%.*s.rank%d%s", (int)stem, path, j->rank,
-                     path + stem);
-            st = open_out(m->rank_path, &m->rank_file);
+            snprintf(m->rank_path, sizeof(m->rank_path), "%.*s.rank%d%s", (int)stem, path, j->rank, path + stem);
+            st = open_out(m->rank_path, j->start_step, &m->rank_file);
         }
     } else if (st == MT_OK && mt_config_bool(cfg, "metrics.per_rank") && j->rank == 0) {
         MT_WARN("metrics.per_rank = true but metrics.jsonl is empty: no metrics files are written");
@@ -355,6 +394,19 @@ mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *r
     res->mem_peak_total = maxed[MT_MEM_NCAT];
     res->steady_tokens_per_s = m->steady_s > 0 ? m->tokens * (double)m->n_steady / m->steady_s : 0.0;
     res->mfu = mfu_of(m, j, res->steady_tokens_per_s);
+    if (res->mfu > 1.0 && j->rank == 0) {
+        /* The model ran faster than the "peak": the sgemm was measured while other work shared the cores. */
+        MT_WARN("the job reached %.0f%% of the peak it measures MFU against (%s): that peak is too low, measured "
+                "while the cores were busy%s%s",
+                100.0 * res->mfu, m->peak_src,
+                m->cache_path[0] ? "; removing the cache so the next job measures "
+                                   "again: "
+                                 : "",
+                m->cache_path);
+        if (m->cache_path[0]) {
+            unlink(m->cache_path);
+        }
+    }
     if (!j->out) {
         return MT_OK;
     }

@@ -82,12 +82,9 @@ static mt_status_t parse_steps(const char *s, int64_t steps, int64_t *first, int
                         "profile.steps = \"%s\": expected \"A-B\" with 1 <= A <= B (steps counted from 1), or \"A\"",
                         s);
     }
-    if (b > steps) {
-        return mt_error(MT_ERR_INVALID_ARG, "profile.steps = \"%s\" ends after the job's last step (train.steps = %lld)",
-                        s, (long long)steps);
-    }
+    /* A range past the end (a shorter run of a config that profiles later steps) is cut to the job. */
     *first = a - 1;
-    *last = b - 1;
+    *last = MT_MIN(b, steps) - 1;
     return MT_OK;
 }
 
@@ -109,7 +106,18 @@ mt_status_t mt_job_profile_init(job_t *j, job_profile_t **out) {
     *out = p;
     p->trace = trace[0] ? trace : NULL;
     p->memory = memory[0] ? memory : NULL;
-    MT_CHECK(parse_steps(steps, mt_config_int(j->cfg, "train.steps"), &p->first, &p->last));
+    int64_t n_steps = mt_config_int(j->cfg, "train.steps");
+    MT_CHECK(parse_steps(steps, n_steps, &p->first, &p->last));
+    if (p->first >= n_steps) {
+        if (j->rank == 0) {
+            MT_WARN("profile.steps = \"%s\" starts after the job's last step (train.steps = %lld): nothing is "
+                    "profiled",
+                    steps, (long long)n_steps);
+        }
+        p->trace = p->memory = NULL;
+        p->done = true;
+        return MT_OK;
+    }
     if (p->memory) {
         if (j->world == 1) {
             snprintf(p->mem_path, sizeof(p->mem_path), "%s", p->memory);
@@ -197,12 +205,18 @@ mt_status_t mt_job_profile_step_end(job_profile_t *p, job_t *j, int64_t s) {
     }
     if (st == MT_OK && j->out) {
         if (p->trace) {
-            fprintf(j->out, "trace of steps %lld-%lld written to %s (open in https://ui.perfetto.dev or "
-                            "chrome://tracing)\n", (long long)p->first + 1, (long long)p->last + 1, p->trace);
+            fprintf(j->out,
+                    "trace of steps %lld-%lld written to %s (open in https://ui.perfetto.dev or "
+                    "chrome://tracing)\n",
+                    (long long)p->first + 1, (long long)p->last + 1, p->trace);
         }
         if (p->memory) {
-            fprintf(j->out, "memory history of steps %lld-%lld written to %s%s\n", (long long)p->first + 1,
-                    (long long)p->last + 1, p->memory, j->world > 1 ? " (one file per rank: NAME.rankR.EXT)" : "");
+            char pattern[1100];
+            const char *dot = strrchr(p->memory, '.'), *slash = strrchr(p->memory, '/');
+            size_t stem = dot && (!slash || dot > slash) ? (size_t)(dot - p->memory) : strlen(p->memory);
+            snprintf(pattern, sizeof(pattern), "%.*s.rank*%s (one per rank)", (int)stem, p->memory, p->memory + stem);
+            fprintf(j->out, "memory history of steps %lld-%lld written to %s\n", (long long)p->first + 1,
+                    (long long)p->last + 1, j->world > 1 ? pattern : p->memory);
         }
     }
     return st;

@@ -17,7 +17,8 @@ static const subcommand_t subcommands[] = {
     {"config", mt_cmd_config, "print the effective configuration, or every error in it"},
     {"export", mt_cmd_export, "write the configured GPT-2 weights as an llm.c checkpoint (--llmc OUT.bin)"},
     {"topo", mt_cmd_topo, "show where every rank runs (cores, NUMA, device, NIC, mesh groups), or plan a world"},
-    {"train", mt_cmd_train, "train the model a config describes (one process; the embedded default job without CONFIG)"},
+    {"train", mt_cmd_train, "train the model a config describes, any tp x pp x dp layout (default job without CONFIG)"},
+    {"train3d", mt_cmd_train3d, "train with tensor, pipeline and data parallelism (tp x pp x dp = world)"},
     {"version", mt_cmd_version, "print version, git commit and the components this build has"},
     {"bench", mt_cmd_bench, "collective microbenchmarks (`meshtrain bench coll`, nccl-tests style)"},
 };

@@ -8,8 +8,9 @@ set -u
 bin=$1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-common=(--parallel.tp=1 --train.steps=6 --train.log_every=1 --checkpoint.every=2)
-"$bin" train "${common[@]}" >"$dir/plain.out" 2>&1 || { cat "$dir/plain.out"; echo "ckpt_crash: plain run failed"; exit 1; }
+common=(--parallel.tp=1 --train.steps=6 --train.log_every=1 --checkpoint.every=2 --checkpoint.resume=auto
+        --metrics.jsonl= --profile.trace= --profile.memory=)
+"$bin" train "${common[@]}" --checkpoint.dir= >"$dir/plain.out" 2>&1 || { cat "$dir/plain.out"; echo "ckpt_crash: plain run failed"; exit 1; }
 MESHTRAIN_CKPT_TEST_CRASH=2 "$bin" train "${common[@]}" --checkpoint.dir="$dir/ck" >"$dir/crash.out" 2>&1
 rc=$?
 [ "$rc" -eq 86 ] || { cat "$dir/crash.out"; echo "ckpt_crash: expected the test crash (86), got $rc"; exit 1; }

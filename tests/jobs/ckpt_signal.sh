@@ -7,7 +7,7 @@ set -u
 bin=$1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-"$bin" train --parallel.tp=1 --train.steps=100000 --train.log_every=1000 --checkpoint.dir="$dir/ck" \
+"$bin" train --parallel.tp=1 --train.steps=100000 --train.log_every=1000 --checkpoint.dir="$dir/ck" --profile.trace= --profile.memory= \
     --checkpoint.every=0 --metrics.jsonl="$dir/m.jsonl" >"$dir/out" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do

@@ -14,10 +14,14 @@
 /* A small GPT-2 on synthetic data; extra overrides are appended ("--key=value", NULL-terminated list). */
 static inline mt_config_t *jt_config(int world, const char *const *extra) {
     static const char *base[] = {
-        "--model.kind=gpt2",       "--model.n_layer=2",      "--model.n_head=2",        "--model.n_embd=32",
-        "--model.seq_len=16",      "--model.vocab_size=32",  "--data.kind=synthetic",   "--train.global_batch=8",
-        "--train.log_every=2",     "--optimizer.kind=adamw", "--optimizer.lr=1e-2",     "--optimizer.warmup_steps=2",
-        "--optimizer.min_lr=1e-3", "--optimizer.weight_decay=0.1", "--parallel.tp=1",
+        "--model.kind=gpt2",       "--model.n_layer=2",
+        "--model.n_head=2",        "--model.n_embd=32",
+        "--model.seq_len=16",      "--model.vocab_size=32",
+        "--data.kind=synthetic",   "--train.global_batch=8",
+        "--train.log_every=2",     "--optimizer.kind=adamw",
+        "--optimizer.lr=1e-2",     "--optimizer.warmup_steps=2",
+        "--optimizer.min_lr=1e-3", "--optimizer.weight_decay=0.1",
+        "--parallel.tp=1",
     };
     char *args[64];
     int n = 0;
@@ -34,8 +38,8 @@ static inline mt_config_t *jt_config(int world, const char *const *extra) {
 }
 
 /* Runs the job with the overrides; progress to stdout on rank 0. */
-static inline mt_status_t jt_run(int world, const char *const *extra, int64_t stop_after,
-                                 const mt_job_engine_t *engine, mt_job_result_t *res) {
+static inline mt_status_t jt_run(int world, const char *const *extra, int64_t stop_after, const mt_job_engine_t *engine,
+                                 mt_job_result_t *res) {
     mt_config_t *cfg = jt_config(world, extra);
     if (!cfg) {
         memset(res, 0, sizeof(*res));

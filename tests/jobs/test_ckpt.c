@@ -29,8 +29,18 @@ static void resume_case(const char *opt_kind, const char *momentum) {
     char kind[64];
     snprintf(kind, sizeof(kind), "--optimizer.kind=%s", opt_kind);
     const char *plain[] = {"--train.steps=8", "--train.eval_every=4", "--train.eval_batches=1", kind, momentum, NULL};
-    const char *with_ck[] = {"--train.steps=8", "--train.eval_every=4", "--train.eval_batches=1", kind, momentum,
-                             dirarg, "--checkpoint.every=2", "--checkpoint.keep=2", NULL};
+    char metrics[220];
+    snprintf(metrics, sizeof(metrics), "--metrics.jsonl=%s/%s.jsonl", root, opt_kind);
+    const char *with_ck[] = {"--train.steps=8",
+                             "--train.eval_every=4",
+                             "--train.eval_batches=1",
+                             kind,
+                             momentum,
+                             dirarg,
+                             "--checkpoint.every=2",
+                             "--checkpoint.keep=2",
+                             metrics,
+                             NULL};
     mt_job_result_t a, b, c;
     CHECK_OK(jt_run(1, plain, 0, NULL, &a));
     CHECK_OK(jt_run(1, with_ck, 5, NULL, &b)); /* interrupted after step 5: checkpoints at 2 and 4 */
@@ -44,7 +54,8 @@ static void resume_case(const char *opt_kind, const char *momentum) {
     char *lt = jt_slurp(latest, NULL);
     CHECK(lt && !strcmp(lt, "step-00000004\n"), "latest names step 4: %s", lt ? lt : "(none)");
     free(lt);
-    CHECK(exists("%s/%s/step-00000002/manifest.json", opt_kind) && exists("%s/%s/step-00000004/rank-00000.bin", opt_kind),
+    CHECK(exists("%s/%s/step-00000002/manifest.json", opt_kind) &&
+              exists("%s/%s/step-00000004/rank-00000.bin", opt_kind),
           "steps 2 and 4 kept");
     CHECK_OK(jt_run(1, with_ck, 0, NULL, &c)); /* resume = auto */
     CHECK(c.first_step == 4 && c.n_steps == 8, "resumed after step 4 and ran to 8: first %lld, n %lld",
@@ -55,11 +66,36 @@ static void resume_case(const char *opt_kind, const char *momentum) {
         CHECK(c.grad_norm[s] == a.grad_norm[s], "%s resume: step %d norm equal", opt_kind, s + 1);
     }
     CHECK(isnan(c.loss[0]), "steps before the checkpoint were not run");
+    /* the metrics file continues: steps 1-4 of the stopped run, 5-8 of the resumed one, each once */
+    char *text = jt_slurp(metrics + strlen("--metrics.jsonl="), NULL);
+    int lines = 0;
+    for (char *line = text; text && *line; lines++) {
+        long long step = 0;
+        double loss = 0;
+        CHECK(sscanf(line, "{\"step\": %lld, \"loss\": %lf", &step, &loss) == 2 && step == lines + 1 &&
+                  loss == a.loss[lines],
+              "metrics line %d is step %lld with the uninterrupted run's loss", lines + 1, step);
+        char *nl = strchr(line, '\n');
+        line = nl ? nl + 1 : line + strlen(line);
+    }
+    CHECK(lines == 8, "the resumed metrics file has 8 lines: %d", lines);
+    free(text);
     CHECK(c.n_evals == 1 && a.n_evals == 2 && c.val_loss[0] == a.val_loss[1], "validation after step 8 equal");
     CHECK(!exists("%s/%s/step-00000002", opt_kind) && !exists("%s/%s/step-00000004", opt_kind) &&
               exists("%s/%s/step-00000006/manifest.json", opt_kind) &&
               exists("%s/%s/step-00000008/manifest.json", opt_kind),
           "keep = 2: steps 6 and 8 remain, 2 and 4 pruned");
+    /* a fresh run over the same directory replaces steps 6 and 8 in place (swapped atomically) */
+    const char *again[] = {"--train.steps=8", kind, momentum, dirarg, "--checkpoint.every=2", "--checkpoint.keep=2",
+                           "--checkpoint.resume=none", NULL};
+    mt_job_result_t d;
+    CHECK_OK(jt_run(1, again, 0, NULL, &d));
+    CHECK(d.first_step == 0 && d.n_steps == 8, "resume = none starts afresh");
+    CHECK(exists("%s/%s/step-00000008/manifest.json", opt_kind) &&
+              exists("%s/%s/step-00000006/manifest.json", opt_kind) && !exists("%s/%s/.tmp-step-00000008", opt_kind) &&
+              !exists("%s/%s/.old-step-00000008", opt_kind),
+          "replaced checkpoints complete, nothing left behind");
+    mt_job_result_free(&d);
     mt_job_result_free(&a);
     mt_job_result_free(&b);
     mt_job_result_free(&c);
@@ -96,7 +132,8 @@ static void test_bad_checkpoints(void) {
     flip_byte(path, 4096 + 3);
     expect_refused(step8, "CRC32C mismatch in", NULL);
     mt_model_t m = NULL;
-    CHECK(mt_job_ckpt_read_model(step8, &m, NULL, NULL, 0) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "CRC32C"),
+    CHECK(mt_job_ckpt_read_model(step8, &m, NULL, NULL, 0) == MT_ERR_INVALID_ARG &&
+              strstr(mt_last_error_msg(), "CRC32C"),
           "export refuses the corrupt checkpoint: %s", mt_last_error_msg());
     flip_byte(path, 4096 + 3); /* repaired */
     /* a truncated shard file */

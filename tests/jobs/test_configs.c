@@ -21,7 +21,9 @@ int main(int argc, char **argv) {
     struct {
         const char *name;
         int world, tp, pp, dp;
-    } jobs[] = {{"demo.toml", 4, -1, -1, -1}, {"gpt2-124m.toml", 8, 1, 1, 8}, {"3d-small.toml", 8, 2, 2, 2},
+    } jobs[] = {{"demo.toml", 4, -1, -1, -1},
+                {"gpt2-124m.toml", 8, 1, 1, 8},
+                {"3d-small.toml", 8, 2, 2, 2},
                 {"zero3.toml", 4, 1, 1, 4}};
     for (size_t i = 0; i < MT_ARRAY_LEN(jobs); i++) {
         mt_config_t *cfg = load(dir, jobs[i].name, jobs[i].world);
@@ -48,7 +50,8 @@ int main(int argc, char **argv) {
         mt_model_t m = NULL;
         CHECK_OK(mt_model_init(&mc, &m));
         if (m) {
-            CHECK(mt_model_numel(m) == 124475904u, "124M parameters: %zu (llm.c with Vp 50304: 124475904)", mt_model_numel(m));
+            CHECK(mt_model_numel(m) == 124475904u, "124M parameters: %zu (llm.c with Vp 50304: 124475904)",
+                  mt_model_numel(m));
             mt_model_free(m);
         }
         mt_config_free(cfg);

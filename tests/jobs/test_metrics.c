@@ -22,8 +22,8 @@ static void test_metrics_file(void) {
     snprintf(path, sizeof(path), "%s/sub/m.jsonl", dir); /* the sub-directory does not exist yet */
     snprintf(arg, sizeof(arg), "--metrics.jsonl=%s", path);
     snprintf(rank_path, sizeof(rank_path), "%s/sub/m.rank0.jsonl", dir);
-    const char *extra[] = {"--train.steps=6", "--train.eval_every=3", "--train.eval_batches=1", arg,
-                           "--metrics.per_rank=true", NULL};
+    const char *extra[] = {
+        "--train.steps=6", "--train.eval_every=3", "--train.eval_batches=1", arg, "--metrics.per_rank=true", NULL};
     mt_job_result_t r;
     CHECK_OK(jt_run(1, extra, 0, NULL, &r));
     CHECK(r.n_steps == 6, "6 steps ran: %lld", (long long)r.n_steps);
@@ -41,8 +41,7 @@ static void test_metrics_file(void) {
         mt_json_t *o = NULL;
         CHECK_OK(mt_json_parse(line, (size_t)(nl - line), "metrics line", &o));
         int64_t step = 0;
-        CHECK(mt_json_get_int(o, "step", &step) && step == lines + 1, "line %d has step %lld", lines,
-              (long long)step);
+        CHECK(mt_json_get_int(o, "step", &step) && step == lines + 1, "line %d has step %lld", lines, (long long)step);
         int64_t s = step - 1;
         const mt_json_t *loss = need(o, "loss", MT_JSON_NUMBER, step), *lr = need(o, "lr", MT_JSON_NUMBER, step);
         const mt_json_t *gn = need(o, "grad_norm", MT_JSON_NUMBER, step);
@@ -50,7 +49,8 @@ static void test_metrics_file(void) {
         const mt_json_t *ms = need(o, "step_ms", MT_JSON_NUMBER, step);
         const mt_json_t *tps = need(o, "tokens_per_s", MT_JSON_NUMBER, step);
         const mt_json_t *mfu = need(o, "mfu", MT_JSON_NUMBER, step);
-        const mt_json_t *tm = need(o, "time_ms", MT_JSON_OBJECT, step), *mem = need(o, "mem_bytes", MT_JSON_OBJECT, step);
+        const mt_json_t *tm = need(o, "time_ms", MT_JSON_OBJECT, step),
+                        *mem = need(o, "mem_bytes", MT_JSON_OBJECT, step);
         if (s >= 0 && s < r.n_steps && loss && lr && gn) {
             CHECK(loss->num == r.loss[s], "step %lld: loss %.17g in the file, %.17g returned", (long long)step,
                   loss->num, r.loss[s]);

@@ -7,7 +7,7 @@ set -eu
 bin=$1 check=$2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-"$bin" train --parallel.tp=1 --train.steps=4 --checkpoint.dir="$dir/ck" --checkpoint.every=2 \
+"$bin" train --parallel.tp=1 --train.steps=4 --checkpoint.dir="$dir/ck" --checkpoint.every=2 --metrics.jsonl= \
     --profile.trace="$dir/t/trace.json" --profile.steps=1-2 --profile.memory="$dir/mem.json" >"$dir/out" 2>&1 || {
     cat "$dir/out"; echo "trace_check: the job failed"; exit 1; }
 grep -q "trace of steps 1-2 written to $dir/t/trace.json" "$dir/out" || { cat "$dir/out"; echo "trace_check: no trace line"; exit 1; }
