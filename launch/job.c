@@ -507,6 +507,7 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         mt_step_rec_t rec = {.step = s + 1};
         MT_TRACE_BEGIN(t_step);
         double t0 = mt_now();
+        mt_watchdog_test_fault(s + 1, j->rank); /* MESHTRAIN_TEST_HANG_STEP / _KILL_STEP (tests only) */
         const mt_batch_t *b = NULL;
         MT_TRACE_BEGIN(t_data);
         MT_CHECK(mt_data_get(j->train, s, &b));

@@ -6,6 +6,7 @@
 #include "runtime/watchdog.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,9 @@
 
 MT_PARAM(watchdog_s, "WATCHDOG_S", 600)
 MT_PARAM(watchdog_answer_s, "WATCHDOG_ANSWER_S", 5)
+MT_PARAM(test_hang_step, "TEST_HANG_STEP", 0)
+MT_PARAM(test_kill_step, "TEST_KILL_STEP", 0)
+MT_PARAM(test_fault_rank, "TEST_FAULT_RANK", 0)
 
 #define WD_RING 1024 /* calls remembered per group: more outstanding calls than this lose their details */
 #define WD_OP_LEN 24
@@ -820,4 +824,22 @@ mt_status_t mt_watchdog_stop(void) {
     free(wd.report_path);
     wd.report_path = NULL;
     return st;
+}
+
+void mt_watchdog_test_fault(int64_t step, int rank) {
+    if (rank != mt_param_test_fault_rank()) {
+        return;
+    }
+    if (step == mt_param_test_kill_step()) {
+        fprintf(stderr, "test knob: rank %d kills itself (SIGKILL) at step %lld\n", rank, (long long)step);
+        fflush(stderr);
+        raise(SIGKILL);
+    }
+    if (step == mt_param_test_hang_step()) {
+        fprintf(stderr, "test knob: rank %d stops at step %lld (outside any collective)\n", rank, (long long)step);
+        fflush(stderr);
+        for (;;) {
+            sleep_s(1.0);
+        }
+    }
 }

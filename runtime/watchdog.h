@@ -71,6 +71,12 @@ void mt_watchdog_group_unregister(mt_wd_group_t g);
  * Cheap (a mutex and a few stores); thread-safe. g NULL: no-op. */
 void mt_watchdog_op_begin(mt_wd_group_t g, uint64_t seq, const char *op, size_t bytes, int peer);
 
+/* Test knob for the fault tests, called by the training loop once per step (1-based) before the step's
+ * work: on rank MESHTRAIN_TEST_FAULT_RANK (default 0), at step MESHTRAIN_TEST_HANG_STEP the process stops
+ * doing anything (sleeps forever, outside any collective: the others hang in the next one), and at step
+ * MESHTRAIN_TEST_KILL_STEP it dies by SIGKILL (a kill -9 mid-step). Both 0 (default): nothing. */
+void mt_watchdog_test_fault(int64_t step, int rank);
+
 /* A report of this rank's view: every registered group with pending calls (used in the no-side-channel
  * case and by tests). Writes at most n bytes (NUL-terminated); returns the number of groups with a
  * pending call. */
