@@ -78,6 +78,7 @@ static void comm_set_error(mt_comm_t c, mt_status_t st, const char *msg) {
 static void *progress_main(void *arg);
 
 static void comm_destroy(mt_comm_t c) {
+    mt_watchdog_group_unregister(c->wd); /* first: the watchdog thread must stop calling into c */
     for (int i = 0; i < c->n_backends; i++) {
         if (c->backends[i].inited && c->backends[i].be->free) {
             c->backends[i].be->free(c->backends[i].ctx);
@@ -93,6 +94,34 @@ static void comm_destroy(mt_comm_t c) {
     mt_free(c->parent_ranks);
     mt_free(c->events);
     mt_free(c);
+}
+
+/* ---- watchdog hooks (runtime/watchdog.h): every call is registered with its sequence number, op and
+ * bytes when it is issued; the watchdog thread reads progress through mt_comm_seq_completed. ---------- */
+
+static uint64_t wd_completed(void *arg) { return mt_comm_seq_completed((mt_comm_t)arg); }
+
+/* Before the watchdog ends the job: cancel what a backend can cancel (NCCL: ncclCommAbort). */
+static void wd_abort(void *arg) {
+    mt_comm_t c = arg;
+    for (int i = 0; i < c->n_backends; i++) {
+        if (c->backends[i].inited && c->backends[i].be->abort) {
+            c->backends[i].be->abort(c->backends[i].ctx);
+        }
+    }
+}
+
+static void wd_note(mt_comm_t c, uint64_t seq, const struct mt_coll_call *call) {
+    if (!c->wd) {
+        return;
+    }
+    size_t elems = call->count;
+    for (int i = 0; i < call->n_group; i++) {
+        elems += call->group[i].count;
+    }
+    size_t esz = mt_coll_dtype_size(call->n_group > 0 ? call->group[0].dtype : call->dtype);
+    int peer = (call->kind == MT_COLL_SEND || call->kind == MT_COLL_RECV) ? call->root : -1;
+    mt_watchdog_op_begin(c->wd, seq, mt_coll_kind_name(call->kind), elems * esz, peer);
 }
 
 /* Takes ownership of mpi (a fresh communicator): probes the backends, inits those that qualify. */
@@ -222,6 +251,7 @@ static mt_status_t comm_create(MPI_Comm mpi, MPI_Comm parent, const mt_comm_para
             c->rank, c->size, c->parent_ranks[c->rank], c->memory == MT_COMM_MEM_DEVICE ? "device" : "host",
             c->ops[MT_COLL_ALL_REDUCE].be->name, c->ops[MT_COLL_ALL_REDUCE].priority,
             forced && *forced ? " forced" : "");
+    c->wd = mt_watchdog_group_register(c->name, c->mpi, wd_completed, wd_abort, c);
     *out = c;
     return MT_OK;
 fail : {
@@ -545,6 +575,7 @@ mt_status_t mt_coll_issue(mt_comm_t c, const struct mt_coll_call *call, mt_work_
     }
     if (c->stream_ordered) {
         uint64_t seq = atomic_fetch_add(&c->seq_issued, 1) + 1;
+        wd_note(c, seq, call);
         st = exec_call(c, call);
         if (st != MT_OK) {
             return st;
@@ -568,6 +599,7 @@ mt_status_t mt_coll_issue(mt_comm_t c, const struct mt_coll_call *call, mt_work_
             MT_CHECK(drain(c, mt_coll_kind_name(call->kind)));
         }
         uint64_t seq = atomic_fetch_add_explicit(&c->seq_issued, 1, memory_order_relaxed) + 1;
+        wd_note(c, seq, call);
         st = exec_call(c, call);
         atomic_store_explicit(&c->seq_completed, seq, memory_order_release);
         if (work) {
@@ -612,6 +644,7 @@ mt_status_t mt_coll_issue(mt_comm_t c, const struct mt_coll_call *call, mt_work_
         c->thread_started = true;
     }
     w->seq = atomic_fetch_add(&c->seq_issued, 1) + 1;
+    wd_note(c, w->seq, call);
     if (c->q_tail) {
         c->q_tail->next = w;
     } else {

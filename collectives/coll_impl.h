@@ -7,6 +7,7 @@
 #include <pthread.h>
 
 #include "collectives/coll_backend.h"
+#include "runtime/watchdog.h"
 
 #define MT_COLL_EVENT_RING 1024 /* stream-ordered comms: calls in flight before the host waits */
 
@@ -62,6 +63,7 @@ struct mt_comm {
     bool stream_ordered;
 
     _Atomic uint64_t seq_issued, seq_completed;
+    mt_wd_group_t wd; /* registration with the hang watchdog (runtime/watchdog.h); NULL: not watched */
     _Atomic int async_error; /* mt_status_t, sticky */
     char last_error[512];
 

@@ -4,7 +4,8 @@
  * parallel.order ("auto" follows the hardware), then the engine: the single-process one on one rank,
  * a data-parallel engine (parallel.engine, zero_stage) over the mesh's dp groups when tp = pp = 1, the
  * model-parallel one (tensor and pipeline parallelism, dp by an all-reduce) otherwise.
- * Exit status: 0 trained, 2 bad input (config, data files, layout), 1 failure while running.
+ * Exit status: 0 trained, 2 bad input (config, data files, layout), 1 failure while running, 3 the watchdog
+ * ended a hung job, 128 + N stopped cleanly on signal N (143: SIGTERM) after writing a checkpoint.
  * SPDX-License-Identifier: MIT */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "runtime/config.h"
 #include "runtime/mesh.h"
 #include "runtime/rt.h"
+#include "runtime/signals.h"
 #include "runtime/topo.h"
 
 static void usage(FILE *out) {
@@ -26,7 +28,8 @@ static void usage(FILE *out) {
                  "metrics.jsonl, profile.trace / profile.memory and checkpoint.* write metrics, a timeline, the\n"
                  "allocator history and checkpoints (docs/metrics.md, docs/training.md, docs/checkpoints.md).\n"
                  "Without CONFIG it runs the embedded default job (launch/configs/demo.toml: tp 2 x dp 2 on 4 ranks).\n"
-                 "`meshtrain config --help` lists every key. Exit status: 0 done, 2 bad input, 1 failure.\n");
+                 "`meshtrain config --help` lists every key. Exit status: 0 done, 2 bad input, 1 failure,\n"
+                 "3 hang (watchdog), 128+N stopped on signal N (143 = SIGTERM, checkpoint written).\n");
 }
 
 /* Groups along one axis as "{0,2} {1,3}" (at most a few shown). */
@@ -160,7 +163,11 @@ int mt_cmd_train(int argc, char **argv) {
                 fprintf(stderr, "meshtrain train: %s\n", msg);
             }
         }
+        int sig = res.stop_signal;
         mt_job_result_free(&res);
+        if (sig) {
+            return mt_signals_exit_status(sig); /* 143 for SIGTERM: stopped cleanly, checkpoint written */
+        }
         return st == MT_ERR_INVALID_ARG ? 2 : 1;
     }
     if (w->rank == 0 && res.n_steps > 0) {

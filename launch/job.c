@@ -12,8 +12,11 @@
 #include <string.h>
 
 #include "models/data/data.h"
+#include "models/grad_check.h"
 #include "models/llmc.h"
 #include "runtime/alloc.h"
+#include "runtime/numerics.h"
+#include "runtime/watchdog.h"
 #include "runtime/rt.h"
 #include "runtime/trace.h"
 
@@ -504,6 +507,7 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         mt_step_rec_t rec = {.step = s + 1};
         MT_TRACE_BEGIN(t_step);
         double t0 = mt_now();
+        mt_watchdog_test_fault(s + 1, j->rank); /* MESHTRAIN_TEST_HANG_STEP / _KILL_STEP (tests only) */
         const mt_batch_t *b = NULL;
         MT_TRACE_BEGIN(t_data);
         MT_CHECK(mt_data_get(j->train, s, &b));
@@ -524,14 +528,20 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         double tc = mt_now();
         MT_TRACE_BEGIN(t_comm);
         MT_CHECK(j->engine->finish_grads(j->ectx));
+        mt_model_test_inject_nan(j->model, s + 1, j->rank); /* MESHTRAIN_TEST_NAN_STEP (tests only) */
         MT_CHECK(j->engine->grad_sumsq(j->ectx, &sumsq));
         float coef = mt_clip_coef(sumsq, clip, &norm);
         float lr = mt_lr_at(&j->sched, s);
         MT_CHECK(j->engine->reduce_loss(j->ectx, &loss));
         MT_TRACE_END(t_comm, "comm", "gradients: finish, norm, loss");
         rec.comm_s += mt_now() - tc;
-        bool finite = isfinite(loss) && isfinite(norm);
-        if (finite) {
+        /* Every rank takes the same decision, naming the module whose gradients went non-finite first. */
+        bool local_ok = isfinite(loss) && isfinite(norm);
+        mt_nan_verdict_t nv;
+        MT_CHECK(mt_nan_agree(j->comm, local_ok, local_ok ? -1 : mt_model_first_nonfinite_grad(j->model, NULL, 0),
+                              &nv));
+        const char *bad_module = nv.module >= 0 ? mt_model_module_name(j->model, nv.module) : "?";
+        if (nv.finite) {
             double to = mt_now();
             MT_TRACE_BEGIN(t_opt);
             MT_CHECK(j->engine->step(j->ectx, lr, coef));
@@ -539,15 +549,14 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
             rec.opt_s = mt_now() - to;
         } else if (skip_nan) {
             r->n_skipped++;
-            MT_WARN("step %lld: loss %g, gradient norm %g: skipping the update (train.on_nan = skip)", (long long)s + 1,
-                    loss, norm);
+            MT_WARN("step %lld: loss %g, gradient norm %g (non-finite gradients first in module '%s'): skipping the "
+                    "update (train.on_nan = skip)", (long long)s + 1, loss, norm, bad_module);
         } else {
             r->loss[s] = loss;
             r->n_steps = s + 1;
-            return mt_error(MT_ERR_INTERNAL,
-                            "step %lld: loss %g, gradient norm %g is not finite: stopping (train.on_nan = stop; "
-                            "lower optimizer.lr or set train.on_nan = \"skip\")",
-                            (long long)s + 1, loss, norm);
+            char msg[2048]; /* no checkpoint is written for this step: the loop stops before it */
+            mt_nan_describe(msg, sizeof(msg), s + 1, loss, norm, &nv, bad_module, mt_job_ckpt_last(j->ckpt));
+            return mt_error(MT_ERR_INTERNAL, "%s", msg);
         }
         double dt = mt_now() - t0;
         if (mt_trace_on()) {
@@ -642,10 +651,30 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
         if (j.out) {
             print_header(&j);
         }
-        st = train(&j, &r);
-        st = agree(w->comm, st);
+        /* The hang watchdog over every communicator the engine uses (runtime.watchdog_s; docs/reliability.md),
+         * unless the caller runs one already; its report lands next to the trace. */
+        bool own_wd = false;
+        if (!mt_watchdog_running()) {
+            mt_watchdog_params_t wp = MT_WATCHDOG_PARAMS_INIT;
+            wp.timeout_s = mt_config_float(cfg, "runtime.watchdog_s");
+            char report[1100] = "";
+            if (mt_config_str(cfg, "profile.trace")[0]) {
+                snprintf(report, sizeof(report), "%s.desync.json", mt_config_str(cfg, "profile.trace"));
+                wp.report_path = report; /* copied by mt_watchdog_start */
+            }
+            st = agree(w->comm, mt_watchdog_start(&wp));
+            own_wd = st == MT_OK;
+        }
+        if (st == MT_OK) {
+            st = train(&j, &r);
+            st = agree(w->comm, st);
+        }
+        r.stop_signal = j.stop_signal;
         if (st == MT_OK) {
             st = agree(w->comm, mt_job_metrics_finish(j.metrics, &j, &r));
+        }
+        if (own_wd) {
+            mt_watchdog_stop(); /* collective: every rank gets here with the same status */
         }
     }
     mt_job_profile_free(j.profile, &j);

@@ -145,6 +145,7 @@ typedef struct {
     int64_t n_evals;
     int64_t *eval_step;            /* [n_evals] evaluation after this many steps */
     double *val_loss;              /* [n_evals] mean validation loss over train.eval_batches batches */
+    int stop_signal; /* signal the run stopped on at a step boundary (0: none); exit 128 + it */
     int64_t n_skipped;             /* steps skipped for a non-finite loss/gradient (train.on_nan = skip) */
     int64_t n_params;              /* parameters of the model */
     double seconds;                /* wall time of the training steps (excluding set-up and evaluation) */

@@ -22,6 +22,7 @@
 #include "job_json.h"
 #include "models/llmc.h"
 #include "runtime/crc32c.h"
+#include "runtime/signals.h"
 #include "runtime/rt.h"
 #include "runtime/trace.h"
 
@@ -40,15 +41,9 @@ struct job_ckpt {
     char resume[1100]; /* step directory to resume from ("" = none) */
     int n_saved;
     bool on_signal; /* handlers installed (checkpoint.on_signal with a checkpoint.dir) */
-    struct sigaction old_term, old_int;
+    char last[1100];        /* the last complete checkpoint written or resumed from ("" = none) */
 };
 
-/* The signal that asked the job to stop (0 = none); set by the handler, read between steps. */
-static volatile sig_atomic_t stop_signal;
-
-static void on_stop_signal(int sig) {
-    stop_signal = sig;
-}
 
 /* ---- small file helpers ---------------------------------------------------------------------------- */
 
@@ -540,13 +535,7 @@ mt_status_t mt_job_ckpt_init(job_t *j, job_ckpt_t **out) {
     *out = c;
     snprintf(c->dir, sizeof(c->dir), "%s", dir);
     if (dir[0] && mt_config_bool(cfg, "checkpoint.on_signal")) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof(sa));
-        sa.sa_handler = on_stop_signal;
-        sigemptyset(&sa.sa_mask);
-        stop_signal = 0;
-        sigaction(SIGTERM, &sa, &c->old_term);
-        sigaction(SIGINT, &sa, &c->old_int);
+        MT_CHECK(mt_signals_install()); /* SIGTERM, SIGINT, SIGUSR1: runtime/signals.h */
         c->on_signal = true;
     }
     c->every = mt_config_int(cfg, "checkpoint.every");
@@ -706,10 +695,16 @@ mt_status_t mt_job_init_llmc(job_t *j) {
     return j->engine->ckpt_loaded ? j->engine->ckpt_loaded(j->ectx) : MT_OK;
 }
 
+const char *mt_job_ckpt_last(const job_ckpt_t *c) {
+    if (!c) {
+        return "";
+    }
+    return c->last[0] ? c->last : c->resume;
+}
+
 void mt_job_ckpt_free(job_ckpt_t *c) {
     if (c && c->on_signal) {
-        sigaction(SIGTERM, &c->old_term, NULL);
-        sigaction(SIGINT, &c->old_int, NULL);
+        mt_signals_restore();
     }
     free(c);
 }
@@ -1132,8 +1127,7 @@ mt_status_t mt_job_ckpt_after_step(job_ckpt_t *c, job_t *j, int64_t s, bool last
     }
     int sig = 0;
     if (c->on_signal) { /* every rank learns of a signal any rank got, at the same step */
-        int mine = (int)stop_signal;
-        MT_MPI_CHECK(MPI_Allreduce(&mine, &sig, 1, MPI_INT, MPI_MAX, j->comm));
+        MT_CHECK(mt_signals_agree(j->comm, &sig));
     }
     if (!last && !sig && (c->every <= 0 || (s + 1) % c->every != 0)) {
         return MT_OK;
@@ -1141,7 +1135,11 @@ mt_status_t mt_job_ckpt_after_step(job_ckpt_t *c, job_t *j, int64_t s, bool last
     MT_TRACE_BEGIN(t_ck);
     mt_status_t st = save(c, j, s + 1);
     MT_TRACE_END(t_ck, "checkpoint", "checkpoint");
+    if (st == MT_OK) {
+        snprintf(c->last, sizeof(c->last), "%s/step-%08lld", c->dir, (long long)s + 1);
+    }
     if (st == MT_OK && sig && !last) {
+        j->stop_signal = sig;
         return mt_error(MT_ERR_SYSTEM,
                         "stopped by %s after step %lld; checkpoint %s/step-%08lld written: run the same command "
                         "again to resume (checkpoint.resume = \"auto\")",

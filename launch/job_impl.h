@@ -36,6 +36,7 @@ typedef struct {
     mt_acts_t acts;
     mt_data_t train, val;
     int rank, world;
+    int stop_signal; /* the signal every rank agreed to stop on at a step boundary (0: none) */
     MPI_Comm comm;
     FILE *out;              /* progress on rank 0, else NULL */
     int64_t start_step;     /* first step to run (0, or the step a checkpoint was written after) */
@@ -85,6 +86,8 @@ const char *mt_job_ckpt_resumed_from(const job_ckpt_t *c);
 /* Writes a checkpoint after step s (0-based) when checkpoint.every says so or s is the last. Collective. */
 mt_status_t mt_job_ckpt_after_step(job_ckpt_t *c, job_t *j, int64_t s, bool last);
 void mt_job_ckpt_free(job_ckpt_t *c);
+/* The step directory of the last complete checkpoint this run wrote or resumed from ("" if none). */
+const char *mt_job_ckpt_last(const job_ckpt_t *c);
 /* model.init = "llmc:PATH" for engines that store the weights in their own layout (everything but the
  * single-process engine, which loads the file itself): every rank reads the file into a whole model
  * and copies the boxes its engine holds (ckpt_pieces). Local. */

@@ -42,10 +42,15 @@ mt_status_t mt_llmc_read_header(const char *path, mt_llmc_header_t *h) {
     if (!f) {
         return mt_error(MT_ERR_IO, "llm.c checkpoint %s: cannot open: %s", path, strerror(errno));
     }
-    int32_t hd[256];
-    size_t got = fread(hd, sizeof(int32_t), 256, f);
     struct stat sb;
     int sr = fstat(fileno(f), &sb);
+    if (sr == 0 && !S_ISREG(sb.st_mode)) {
+        fclose(f);
+        return mt_error(MT_ERR_INVALID_ARG, "llm.c checkpoint %s: not a regular file (%s)", path,
+                        S_ISDIR(sb.st_mode) ? "a directory" : "a device, pipe or socket");
+    }
+    int32_t hd[256];
+    size_t got = fread(hd, sizeof(int32_t), 256, f);
     fclose(f);
     if (got != 256) {
         return mt_error(MT_ERR_INVALID_ARG, "llm.c checkpoint %s: truncated header (%zu of 1024 bytes)", path,

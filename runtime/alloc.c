@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysinfo.h>
 
 typedef struct {
     size_t bytes;
@@ -54,11 +55,33 @@ void mt_mem_account(mt_mem_where_t where, mt_mem_cat_t cat, int64_t delta, const
     }
 }
 
+/* RAM plus swap of this machine, read once (0 if unknown): no single host allocation can exceed it. */
+static uint64_t machine_bytes(void) {
+    static _Atomic uint64_t cached;
+    uint64_t v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v == 0) {
+        struct sysinfo si;
+        if (sysinfo(&si) == 0) {
+            v = ((uint64_t)si.totalram + (uint64_t)si.totalswap) * (uint64_t)si.mem_unit;
+            atomic_store_explicit(&cached, v, memory_order_relaxed);
+        }
+    }
+    return v;
+}
+
 void *mt_alloc(size_t bytes, mt_mem_cat_t cat, const char *owner) {
     MT_ASSERT((unsigned)cat < MT_MEM_NCAT);
     size_t rounded = MT_DIV_UP(bytes, MT_ALLOC_ALIGN) * MT_ALLOC_ALIGN;
     if (rounded < bytes || rounded > SIZE_MAX - MT_ALLOC_ALIGN) {
         MT_WARN("allocation of %zu bytes for %s (%s) overflows", bytes, owner ? owner : "?", mt_mem_cat_name(cat));
+        return NULL;
+    }
+    uint64_t limit = machine_bytes();
+    if (limit > 0 && (uint64_t)rounded > limit) {
+        /* A size this large comes from a corrupt file or config, not a real model: say so instead of
+         * letting the kernel's overcommit or the OOM killer decide (reliability, issue 10). */
+        MT_WARN("allocation of %zu bytes of %s for %s is larger than this machine's memory (%.1f GiB of RAM and "
+                "swap): refused", bytes, mt_mem_cat_name(cat), owner ? owner : "?", (double)limit / (1u << 30));
         return NULL;
     }
     void *raw = NULL;

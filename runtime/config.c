@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "config_toml.h"
 
@@ -273,6 +274,12 @@ static char *read_file(const char *path, const char **why) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         *why = strerror(errno);
+        return NULL;
+    }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        *why = "it is a directory, not a config file";
+        fclose(f);
         return NULL;
     }
     if (fseek(f, 0, SEEK_END) != 0) {

@@ -80,7 +80,10 @@ static char *scan_string(scan_t *s) {
             return NULL;
         }
         if (c == '\\' && quote == '"') {
-            char e = *s->p++;
+            char e = *s->p;
+            if (e != '\0') {
+                s->p++; /* never step past the terminator: the caller goes on scanning after an error */
+            }
             switch (e) {
             case 'b': *o++ = '\b'; break;
             case 't': *o++ = '\t'; break;
@@ -94,7 +97,10 @@ static char *scan_string(scan_t *s) {
                 int n = e == 'u' ? 4 : 8;
                 uint32_t cp = 0;
                 for (int i = 0; i < n; i++) {
-                    char h = *s->p++;
+                    char h = *s->p;
+                    if (h != '\0') {
+                        s->p++;
+                    }
                     if (!isxdigit((unsigned char)h)) {
                         s->err = "bad unicode escape: \\u takes 4 hex digits, \\U takes 8";
                         free(out);

@@ -80,6 +80,11 @@ mt_status_t mt_shard_check(const char *path, int64_t vocab_size, int64_t *n_toke
         st = mt_error(MT_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
         goto exit;
     }
+    if (!S_ISREG(sb.st_mode)) {
+        st = mt_error(MT_ERR_INVALID_ARG, "%s: not a regular file (%s): expected an llm.c token shard", path,
+                      S_ISDIR(sb.st_mode) ? "a directory" : "a device, pipe or socket");
+        goto exit;
+    }
     if (sb.st_size < MT_SHARD_HEADER_BYTES) {
         st = mt_error(MT_ERR_INVALID_ARG,
                       "%s: truncated: %lld bytes, shorter than the %d-byte header of an llm.c token shard", path,

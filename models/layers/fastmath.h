@@ -27,7 +27,9 @@ static inline float mt_fast_expf(float x) {
     y = y * x + 1.6666665459e-1f;
     y = y * x + 5.0000001201e-1f;
     y = y * z + x + 1.0f;
-    int32_t bits = (n + 127) << 23;
+    /* Shifted as unsigned: for a NaN input n is INT32_MIN (x86's conversion of NaN), and a left shift of
+     * a negative int is undefined (UBSan); the NaN then propagates through y as it should. */
+    int32_t bits = (int32_t)((uint32_t)(n + 127) << 23);
     float p2;
     memcpy(&p2, &bits, sizeof(p2));
     return y * p2 * under;

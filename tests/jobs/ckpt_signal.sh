@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # checkpoint.on_signal: SIGTERM in the middle of a long job writes a checkpoint after the current step and
-# exits with status 1 saying where it is; the checkpoint is complete (export reads it) and `latest` names it.
+# exits with status 143 (128 + SIGTERM) saying where it is; the checkpoint is complete (export reads it) and `latest` names it.
 #   ckpt_signal.sh MESHTRAIN
 # SPDX-License-Identifier: MIT
 set -u
@@ -18,7 +18,7 @@ kill -TERM "$pid"
 wait "$pid"
 rc=$?
 cat "$dir/out" | grep -v " = " | tail -5
-[ "$rc" -eq 1 ] || { echo "ckpt_signal: expected exit status 1, got $rc"; exit 1; }
+[ "$rc" -eq 143 ] || { echo "ckpt_signal: expected exit status 143, got $rc"; exit 1; }
 grep -qE "stopped by SIGTERM after step [0-9]+; checkpoint $dir/ck/step-[0-9]+ written" "$dir/out" \
     || { echo "ckpt_signal: no stop message"; exit 1; }
 step=$(grep -oE "stopped by SIGTERM after step [0-9]+" "$dir/out" | grep -oE "[0-9]+$")
