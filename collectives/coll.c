@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "runtime/alloc.h"
+#include "runtime/trace.h"
 
 MT_PARAM_STR(coll_backend, "COLL_BACKEND", NULL)
 MT_PARAM(coll_timeout, "COLL_TIMEOUT", 300)
@@ -111,17 +112,40 @@ static void wd_abort(void *arg) {
     }
 }
 
-static void wd_note(mt_comm_t c, uint64_t seq, const struct mt_coll_call *call) {
-    if (!c->wd) {
-        return;
-    }
+/* Bytes of a call's buffer(s) as issued (per rank, the count the caller passed times the element size). */
+static size_t call_bytes(const struct mt_coll_call *call) {
     size_t elems = call->count;
     for (int i = 0; i < call->n_group; i++) {
         elems += call->group[i].count;
     }
-    size_t esz = mt_coll_dtype_size(call->n_group > 0 ? call->group[0].dtype : call->dtype);
+    return elems * mt_coll_dtype_size(call->n_group > 0 ? call->group[0].dtype : call->dtype);
+}
+
+static void wd_note(mt_comm_t c, uint64_t seq, const struct mt_coll_call *call) {
+    if (!c->wd) {
+        return;
+    }
     int peer = (call->kind == MT_COLL_SEND || call->kind == MT_COLL_RECV) ? call->root : -1;
-    mt_watchdog_op_begin(c->wd, seq, mt_coll_kind_name(call->kind), elems * esz, peer);
+    mt_watchdog_op_begin(c->wd, seq, mt_coll_kind_name(call->kind), call_bytes(call), peer);
+}
+
+static mt_status_t exec_call(mt_comm_t c, const struct mt_coll_call *call);
+
+/* Runs a call and, while the timeline profiler records, puts it on the calling thread's track (the
+ * caller's for synchronous calls, the progress thread's for asynchronous ones) with its op, comm, bytes
+ * and sequence number. For stream-ordered (device) comms the span is the enqueue, not the transfer. */
+static mt_status_t exec_traced(mt_comm_t c, uint64_t seq, const struct mt_coll_call *call) {
+    if (!mt_trace_on()) {
+        return exec_call(c, call);
+    }
+    double t0 = mt_trace_now_us();
+    mt_status_t st = exec_call(c, call);
+    char args[256];
+    snprintf(args, sizeof(args), "\"comm\": \"%s\", \"bytes\": %zu, \"seq\": %llu, \"peer\": %d, \"status\": \"%s\"",
+             c->name, call_bytes(call), (unsigned long long)seq,
+             (call->kind == MT_COLL_SEND || call->kind == MT_COLL_RECV) ? call->root : -1, mt_status_str(st));
+    mt_trace_span("coll", mt_coll_kind_name(call->kind), t0, mt_trace_now_us(), args);
+    return st;
 }
 
 /* Takes ownership of mpi (a fresh communicator): probes the backends, inits those that qualify. */
@@ -499,6 +523,9 @@ static void work_release_locked(struct mt_work *w) {
 
 static void *progress_main(void *arg) {
     mt_comm_t c = arg;
+    char track[64];
+    snprintf(track, sizeof(track), "coll progress (%s)", c->name);
+    mt_trace_thread_name(track);
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (!c->q_head && !c->stop) {
@@ -512,7 +539,7 @@ static void *progress_main(void *arg) {
         mt_status_t st = (mt_status_t)atomic_load(&c->async_error);
         char msg[512] = "";
         if (st == MT_OK) {
-            st = exec_call(c, &w->call);
+            st = exec_traced(c, w->seq, &w->call);
             if (st != MT_OK) {
                 snprintf(msg, sizeof(msg), "%.300s (call %llu, %s on comm %s)", mt_last_error_msg(),
                          (unsigned long long)w->seq, mt_coll_kind_name(w->call.kind), c->name);
@@ -576,7 +603,7 @@ mt_status_t mt_coll_issue(mt_comm_t c, const struct mt_coll_call *call, mt_work_
     if (c->stream_ordered) {
         uint64_t seq = atomic_fetch_add(&c->seq_issued, 1) + 1;
         wd_note(c, seq, call);
-        st = exec_call(c, call);
+        st = exec_traced(c, seq, call);
         if (st != MT_OK) {
             return st;
         }
@@ -600,7 +627,7 @@ mt_status_t mt_coll_issue(mt_comm_t c, const struct mt_coll_call *call, mt_work_
         }
         uint64_t seq = atomic_fetch_add_explicit(&c->seq_issued, 1, memory_order_relaxed) + 1;
         wd_note(c, seq, call);
-        st = exec_call(c, call);
+        st = exec_traced(c, seq, call);
         atomic_store_explicit(&c->seq_completed, seq, memory_order_release);
         if (work) {
             /* No MPI_THREAD_MULTIPLE: the call ran here; hand back a completed handle. */

@@ -33,6 +33,14 @@ assert all(m["loss"] == r["loss"] for m, r in zip(mine, rows)), "every rank repo
 assert all(r["mem_bytes"]["peak"] >= m["mem_bytes"]["peak"] for m, r in zip(mine, rows)), "rank 0's is the max"
 
 assert first - last > 1.5, "the loss falls clearly"
+# every collective call is on the timeline (collectives/coll.c), with its comm, bytes and sequence number
+trace = json.load(open("out/demo/trace.json"))["traceEvents"]
+coll = [e for e in trace if e.get("ph") == "X" and e.get("cat") == "coll"]
+assert {e["pid"] for e in coll} == {0, 1, 2, 3}, "collective spans on every rank"
+assert all({"comm", "bytes", "seq"} <= set(e["args"]) for e in coll), "op, comm, bytes, seq on each"
+comms = {e["args"]["comm"] for e in coll}
+assert {"tp", "dp"} <= comms, f"tp and dp collectives traced: {comms}"
+print(f"demo_check: {len(coll)} collective spans on comms {sorted(comms)}")
 assert vals[-1] < vals[0] - 0.5 and abs(vals[-1] - last) < 0.2, "validation follows"
 PY
 echo "demo_check: ok"
