@@ -10,5 +10,6 @@ int mt_cmd_topo(int argc, char **argv);
 int mt_cmd_train(int argc, char **argv);
 int mt_cmd_version(int argc, char **argv);
 int mt_cmd_bench(int argc, char **argv);
+int mt_cmd_plan(int argc, char **argv);
 
 #endif

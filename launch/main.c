@@ -19,6 +19,7 @@ static const subcommand_t subcommands[] = {
     {"topo", mt_cmd_topo, "show where every rank runs (cores, NUMA, device, NIC, mesh groups), or plan a world"},
     {"train", mt_cmd_train, "train the model a config describes (one process; the embedded default job without CONFIG)"},
     {"version", mt_cmd_version, "print version, git commit and the components this build has"},
+    {"plan", mt_cmd_plan, "predict memory and step time of every layout of a job on a cluster and pick one"},
     {"bench", mt_cmd_bench, "collective microbenchmarks (`meshtrain bench coll`, nccl-tests style)"},
 };
 
