@@ -284,8 +284,20 @@ static double device_mem(const mt_plan_cluster_t *c, int world) {
     return m - c->reserve_bytes;
 }
 
+/* Crossing flags of a layout's tp, dp and pp groups (which groups span nodes under block placement). */
+typedef struct {
+    bool tp, dp, pp;
+} cross_t;
+
+static cross_t crossings(const mt_plan_cluster_t *c, int world, const mt_plan_layout_t *l) {
+    cross_t x = {l->tp > 1 && crosses(c, world, l, MT_AXIS_TP), l->dp > 1 && crosses(c, world, l, MT_AXIS_DP),
+                 l->pp > 1 && crosses(c, world, l, MT_AXIS_PP)};
+    return x;
+}
+
 static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c, int world, const mt_plan_layout_t *l,
-                           const plan_shape_t *sh, const int64_t (*stage_mem)[MT_MEM_NCAT], mt_plan_pred_t *out) {
+                           const plan_shape_t *sh, const int64_t (*stage_mem)[MT_MEM_NCAT], cross_t xs,
+                           mt_plan_pred_t *out) {
     memset(out, 0, sizeof(*out));
     out->l = *l;
     /* memory: the fullest stage */
@@ -303,14 +315,14 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
     double avail = device_mem(c, world);
     out->fits = (double)out->mem_total <= avail;
     out->over = out->fits ? 0 : (int64_t)((double)out->mem_total - avail);
-    out->tp_cross_node = l->tp > 1 && crosses(c, world, l, MT_AXIS_TP);
-    out->dp_cross_node = l->dp > 1 && crosses(c, world, l, MT_AXIS_DP);
-    out->pp_cross_node = l->pp > 1 && crosses(c, world, l, MT_AXIS_PP);
+    out->tp_cross_node = xs.tp;
+    out->dp_cross_node = xs.dp;
+    out->pp_cross_node = xs.pp;
 
     const mt_model_config_t *mc = mt_model_config(sh->m);
     int T = job->seq_len, B = l->micro_batch, mb = l->microbatches, p = l->pp;
     double tokens = (double)B * T;
-    double work = tokens * mc->n_embd / l->tp;
+    double work = tokens * mc->n_embd * ((double)mc->n_embd / l->tp); /* one C x C/tp product's multiply-adds */
     double eff = c->efficiency * (c->eff_half_work > 0 ? work / (work + c->eff_half_work) : 1.0);
     double rate = device_rate(c, job->prec, world) * eff;
     double act_bytes = tokens * mt_model_act_width(sh->m) * sizeof(float);
@@ -431,7 +443,7 @@ mt_status_t mt_plan_predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c
     int64_t(*mem)[MT_MEM_NCAT] = NULL;
     mt_status_t st = shape_and_mem(job, l, &sh, &mem);
     if (st == MT_OK) {
-        st = predict(job, c, world, l, &sh, (const int64_t(*)[MT_MEM_NCAT])mem, out);
+        st = predict(job, c, world, l, &sh, (const int64_t(*)[MT_MEM_NCAT])mem, crossings(c, world, l), out);
     }
     shape_free(&sh, mem);
     return st;
@@ -447,7 +459,10 @@ static int cmp_pred(const void *a, const void *b) {
         return x->fits ? -1 : 1;
     }
     double kx = x->fits ? x->t_step : (double)x->over, ky = y->fits ? y->t_step : (double)y->over;
-    return kx < ky ? -1 : kx > ky ? 1 : 0;
+    if (kx != ky) {
+        return kx < ky ? -1 : 1;
+    }
+    return x->mem_total < y->mem_total ? -1 : x->mem_total > y->mem_total ? 1 : 0; /* then the smaller */
 }
 
 typedef struct {
@@ -471,29 +486,26 @@ static mt_status_t push_pred(pred_vec_t *pv, const mt_plan_pred_t *p) {
 
 /* The orders worth predicting for a (tp, pp, dp): the one "auto" resolves to first, then every other whose
  * groups cross nodes differently (orders with the same crossings have the same prediction). */
-static int distinct_orders(const mt_plan_cluster_t *c, int world, mt_plan_layout_t l, char out[6][16]) {
+static int distinct_orders(const mt_plan_cluster_t *c, int world, mt_plan_layout_t l, char out[6][16], cross_t xs[6]) {
     mt_topo_node_shape_t s = node_shape(c);
     char autoo[16], why[256];
     int n = 0;
-    int sig[6];
     if (mt_topo_auto_order(&s, world, c->devices_per_node, l.tp, l.pp, l.dp, autoo, why, sizeof(why), NULL, 0) ==
         MT_OK) {
         snprintf(out[n], 16, "%s", autoo);
         snprintf(l.order, sizeof(l.order), "%s", autoo);
-        sig[n++] = crosses(c, world, &l, MT_AXIS_TP) * 4 + crosses(c, world, &l, MT_AXIS_DP) * 2 +
-                   crosses(c, world, &l, MT_AXIS_PP);
+        xs[n++] = crossings(c, world, &l);
     }
     for (int k = 0; k < 6; k++) {
         snprintf(l.order, sizeof(l.order), "%s", orders[k]);
-        int g = crosses(c, world, &l, MT_AXIS_TP) * 4 + crosses(c, world, &l, MT_AXIS_DP) * 2 +
-                crosses(c, world, &l, MT_AXIS_PP);
+        cross_t x = crossings(c, world, &l);
         bool dup = false;
         for (int j = 0; j < n; j++) {
-            dup = dup || sig[j] == g;
+            dup = dup || (xs[j].tp == x.tp && xs[j].dp == x.dp && xs[j].pp == x.pp);
         }
         if (!dup) {
             snprintf(out[n], 16, "%s", orders[k]);
-            sig[n++] = g;
+            xs[n++] = x;
         }
     }
     return n;
@@ -507,56 +519,75 @@ mt_status_t mt_plan_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t 
     pred_vec_t pv = {0};
     mt_status_t st = MT_OK;
     int nmod = n_modules_of(job);
+    int64_t(*mem)[MT_MEM_NCAT] = calloc((size_t)nmod + 1, sizeof(*mem));
+    int *bounds = calloc((size_t)nmod + 2, sizeof(int));
+    if (!mem || !bounds) {
+        free(mem);
+        free(bounds);
+        return mt_error(MT_ERR_OOM, "plan: out of memory");
+    }
     for (int tp = 1; tp <= world && st == MT_OK; tp++) {
         if (world % tp) {
             continue;
         }
-        for (int pp = 1; pp <= world / tp && st == MT_OK; pp++) {
-            if ((world / tp) % pp || pp > nmod) {
-                continue;
+        for (int rc = 0; rc < MT_PLAN_NRC && st == MT_OK; rc++) {
+            mt_model_t m = NULL;
+            if (plan_build_model(job, tp, (mt_plan_rc_t)rc, &m) != MT_OK) {
+                continue; /* this tp does not split the model (heads, vocabulary): no layout with it */
             }
-            int dp = world / (tp * pp);
-            if (job->global_batch % dp) {
-                continue;
-            }
-            int64_t per_dp = job->global_batch / dp;
-            for (int64_t b = 1; b <= per_dp && st == MT_OK; b++) {
-                if (per_dp % b || (o->micro_batch > 0 && b != o->micro_batch)) {
+            plan_shape_t sh = {.m = m, .bounds = bounds};
+            for (int pp = 1; pp <= world / tp && pp <= nmod && st == MT_OK; pp++) {
+                if ((world / tp) % pp) {
                     continue;
                 }
-                for (int rc = 0; rc < MT_PLAN_NRC && st == MT_OK; rc++) {
+                int dp = world / (tp * pp);
+                if (job->global_batch % dp || plan_split(m, pp, bounds) != MT_OK) {
+                    continue;
+                }
+                mt_plan_layout_t base = {.tp = tp, .pp = pp, .dp = dp};
+                snprintf(base.order, sizeof(base.order), "tp-dp-pp");
+                char ords[6][16];
+                cross_t xs[6];
+                int no = distinct_orders(c, world, base, ords, xs);
+                int64_t per_dp = job->global_batch / dp;
+                for (int64_t b = 1; b <= per_dp && st == MT_OK; b++) {
+                    if (per_dp % b || (o->micro_batch > 0 && b != o->micro_batch)) {
+                        continue;
+                    }
                     for (int eng = 0; eng < MT_PLAN_NENG && st == MT_OK; eng++) {
                         for (int sched = 0; sched < 2 && st == MT_OK; sched++) {
                             for (int sp = 0; sp < 2 && st == MT_OK; sp++) {
-                                mt_plan_layout_t l = {.tp = tp, .pp = pp, .dp = dp, .engine = (mt_plan_engine_t)eng,
-                                                      .schedule = (mt_plan_sched_t)sched, .micro_batch = (int)b,
-                                                      .microbatches = (int)(per_dp / b), .sp = sp,
-                                                      .recompute = (mt_plan_rc_t)rc};
-                                snprintf(l.order, sizeof(l.order), "tp-dp-pp");
+                                mt_plan_layout_t l = base;
+                                l.engine = (mt_plan_engine_t)eng;
+                                l.schedule = (mt_plan_sched_t)sched;
+                                l.micro_batch = (int)b;
+                                l.microbatches = (int)(per_dp / b);
+                                l.sp = sp;
+                                l.recompute = (mt_plan_rc_t)rc;
                                 if (check_layout(job, world, &l, nmod) != MT_OK) {
                                     continue;
                                 }
-                                plan_shape_t sh;
-                                int64_t(*mem)[MT_MEM_NCAT] = NULL;
-                                st = shape_and_mem(job, &l, &sh, &mem);
-                                char ords[6][16];
-                                int no = st == MT_OK ? distinct_orders(c, world, l, ords) : 0;
+                                for (int s = 0; s < pp && st == MT_OK; s++) {
+                                    st = plan_stage_mem_model(job, m, bounds, &l, s, mem[s]);
+                                }
                                 for (int k = 0; k < no && st == MT_OK; k++) {
                                     snprintf(l.order, sizeof(l.order), "%s", ords[k]);
                                     mt_plan_pred_t p;
-                                    st = predict(job, c, world, &l, &sh, (const int64_t(*)[MT_MEM_NCAT])mem, &p);
+                                    st = predict(job, c, world, &l, &sh, (const int64_t(*)[MT_MEM_NCAT])mem, xs[k], &p);
                                     if (st == MT_OK) {
                                         st = push_pred(&pv, &p);
                                     }
                                 }
-                                shape_free(&sh, mem);
                             }
                         }
                     }
                 }
             }
+            mt_model_free(m);
         }
     }
+    free(mem);
+    free(bounds);
     if (st != MT_OK) {
         free(pv.v);
         return st;

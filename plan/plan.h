@@ -51,8 +51,9 @@ typedef struct {
     double mem_bytes;               /* per device (per node when shared_node) */
     double peak_flops[MT_PREC_N];   /* FLOP/s per device (per node when shared_node); 0 = not supported */
     double efficiency;              /* achieved fraction of peak on large matrix products (calibrated) */
-    double eff_half_work;           /* B*T*C/tp (activation elements a rank multiplies per micro-batch) at which
-                                     * the efficiency is half of `efficiency`; 0 = flat */
+    double eff_half_work;           /* B*T*C*(C/tp), the multiply-adds of one C x C/tp product of a micro-batch, at
+                                     * which the efficiency is half of `efficiency` (smaller products run slower,
+                                     * efficiency * w / (w + half)); 0 = flat */
     double mem_bw;                  /* device memory bytes/s (the optimizer step is memory-bound) */
     mt_plan_link_t intra, inter;    /* inside a node, between nodes */
     double overlap_dp;              /* fraction of backward time that can hide data-parallel gradient traffic */

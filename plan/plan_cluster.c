@@ -33,7 +33,7 @@ static const ckey_t keys[] = {
     {"device.peak_tflops_bf16", CK_FLOAT, 0, 1e9, "peak bf16 rate (TFLOP/s)"},
     {"device.peak_tflops_fp16", CK_FLOAT, 0, 1e9, "peak fp16 rate (TFLOP/s)"},
     {"device.efficiency", CK_FLOAT, 1e-4, 1, "achieved fraction of peak on large matrix products"},
-    {"device.efficiency_half_work", CK_FLOAT, 0, 1e15, "B*T*n_embd/tp per micro-batch at which efficiency halves"},
+    {"device.efficiency_half_work", CK_FLOAT, 0, 1e15, "B*T*C*(C/tp) of a micro-batch at which efficiency halves"},
     {"device.memory_bw_gbs", CK_FLOAT, 1e-6, 1e9, "device memory bandwidth (GB/s)"},
     {"links.intra.latency_us", CK_FLOAT, 0, 1e9, "latency inside a node (us)"},
     {"links.intra.bandwidth_gbs", CK_FLOAT, 1e-9, 1e9, "collective bus bandwidth per device inside a node (GB/s)"},

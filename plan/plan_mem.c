@@ -189,35 +189,55 @@ static void engine_mem(const mt_plan_job_t *job, mt_model_t m, mt_plan_engine_t 
             }
         }
     }
+    /* parameters grouped by unit in the order the engine packs them: buckets are filled from the last
+     * parameter backwards, ZeRO-3 module units forwards (counting sort) */
+    int *start = calloc((size_t)n_units + 1, sizeof(int)), *order = calloc((size_t)np + 1, sizeof(int));
+    if (!start || !order) {
+        free(start);
+        free(order);
+        free(unit_of);
+        return;
+    }
+    for (int i = 0; i < np; i++) {
+        start[unit_of[i] + 1]++;
+    }
+    for (int u = 0; u < n_units; u++) {
+        start[u + 1] += start[u];
+    }
+    int *fill = calloc((size_t)n_units + 1, sizeof(int));
+    for (int k = 0; fill && k < np; k++) {
+        int i = stage == 3 ? k : np - 1 - k;
+        order[start[unit_of[i]] + fill[unit_of[i]]++] = i;
+    }
+    free(fill);
     for (int u = 0; u < n_units; u++) {
         size_t numel = 0;
-        for (int i = 0; i < np; i++) {
-            numel += unit_of[i] == u ? mt_model_param(m, i)->numel : 0;
+        for (int j = start[u]; j < start[u + 1]; j++) {
+            numel += mt_model_param(m, order[j])->numel;
         }
         size_t len = round_up(MT_MAX(numel, (size_t)1), sharded ? N * ENG_ALIGN_FLOATS : ENG_ALIGN_FLOATS);
         max_len = MT_MAX(max_len, len);
         if (sharded) {
             size_t shard = len / N, pos = 0;
             shard_len += shard;
-            for (int i = 0; i < np; i++) { /* rank 0 owns unit elements [0, shard) */
-                if (unit_of[i] != u) {
-                    continue;
-                }
-                size_t e = mt_model_param(m, i)->numel, lo = pos, hi = MT_MIN(pos + e, shard);
+            for (int j = start[u]; j < start[u + 1]; j++) { /* rank 0 owns unit elements [0, shard) */
+                size_t e = mt_model_param(m, order[j])->numel, lo = pos, hi = MT_MIN(pos + e, shard);
                 if (lo < hi) {
                     opt += nbuf * acc((hi - lo) * sizeof(float));
                 }
                 pos += e;
             }
         } else {
-            for (int i = 0; i < np; i++) {
-                opt += unit_of[i] == u ? nbuf * acc(mt_model_param(m, i)->numel * sizeof(float)) : 0;
+            for (int j = start[u]; j < start[u + 1]; j++) {
+                opt += nbuf * acc(mt_model_param(m, order[j])->numel * sizeof(float));
             }
         }
         if (stage != 3) {
             flat += len;
         }
     }
+    free(start);
+    free(order);
     mem[MT_MEM_PARAMS] += flat ? acc(flat * sizeof(float)) : 0;
     mem[MT_MEM_GRADS] += flat && stage != 2 ? acc(flat * sizeof(float)) : 0;
     if (stage >= 2) {
