@@ -212,11 +212,12 @@ static double coll_time(const mt_plan_cluster_t *c, coll_t op, int n, double byt
 /* ---- FLOPs ----------------------------------------------------------------------------------------- */
 
 /* Model FLOPs per token of modules [lo, hi) for sequence length T, the split of mt_model_flops_per_token:
- * 6 x (elements of the parameters each module multiplies by: its own, a tied weight at the module that
- * multiplies by it, no position embedding, no padded vocabulary rows) + 12 C T per transformer block.
- * Recomputation adds the block's forward again (2 x elements + 4 C T) or, for attention only, the
- * probabilities (2 C T). Global shapes: the caller divides by tp. */
-static double stage_flops(mt_model_t m, int lo, int hi, int T, mt_plan_rc_t rc) {
+ * *mm = 6 x (elements of the parameters each module multiplies by: its own, a tied weight at the module that
+ * multiplies by it, no position embedding, no padded vocabulary rows); *att = 12 C T per transformer block
+ * (attention's score and value products). Block recomputation adds the block's forward again (2 x elements
+ * to *mm, 4 C T to *att); attention recomputation the attention forward (4 C T to *att; inside a recomputed
+ * block, again). Global shapes: the caller divides by tp. */
+static void stage_flops(mt_model_t m, int lo, int hi, int T, mt_plan_rc_t rc, double *mm, double *att) {
     const mt_model_config_t *c = mt_model_config(m);
     double f = 0;
     for (int k = 0; k < mt_model_n_params(m); k++) {
@@ -236,15 +237,17 @@ static double stage_flops(mt_model_t m, int lo, int hi, int T, mt_plan_rc_t rc) 
         bool in_block = c->kind == MT_MODEL_GPT2 && p->module > 0 && p->module < mt_model_n_modules(m) - 1;
         f += 6 * e + (rc_block(rc) && in_block ? 2 * e : 0);
     }
+    *mm = f;
+    *att = 0;
     if (c->kind == MT_MODEL_GPT2) {
         int blocks = 0;
         for (int i = lo; i < hi; i++) {
             blocks += i > 0 && i < mt_model_n_modules(m) - 1;
         }
         double ct = (double)c->n_embd * T;
-        f += blocks * (12 * ct + (rc_block(rc) ? 4 * ct : rc == MT_PLAN_RC_ATTN ? 2 * ct : 0));
+        bool attn = rc == MT_PLAN_RC_ATTN || rc == MT_PLAN_RC_BLOCK_ATTN;
+        *att = blocks * (12 * ct + (rc_block(rc) ? 4 * ct : 0) + (attn ? 4 * ct : 0));
     }
-    return f;
 }
 
 /* ---- one layout ------------------------------------------------------------------------------------- */
@@ -330,7 +333,9 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
     double micro = 0, micro_compute = 0, micro_tp = 0;
     for (int s = 0; s < p; s++) {
         int lo = sh->bounds[s], hi = sh->bounds[s + 1];
-        double fc = stage_flops(sh->m, lo, hi, T, l->recompute) * tokens / l->tp / rate;
+        double f_mm = 0, f_att = 0;
+        stage_flops(sh->m, lo, hi, T, l->recompute, &f_mm, &f_att);
+        double fc = (f_mm + f_att / c->attention_efficiency) * tokens / l->tp / rate;
         double ftp = 0;
         if (l->tp > 1) {
             int blocks = 0;

@@ -54,6 +54,7 @@ typedef struct {
     double eff_half_work;           /* B*T*C*(C/tp), the multiply-adds of one C x C/tp product of a micro-batch, at
                                      * which the efficiency is half of `efficiency` (smaller products run slower,
                                      * efficiency * w / (w + half)); 0 = flat */
+    double attention_efficiency;    /* attention's products run at this fraction of the matrix-product efficiency */
     double mem_bw;                  /* device memory bytes/s (the optimizer step is memory-bound) */
     mt_plan_link_t intra, inter;    /* inside a node, between nodes */
     double overlap_dp;              /* fraction of backward time that can hide data-parallel gradient traffic */

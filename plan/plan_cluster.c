@@ -34,6 +34,7 @@ static const ckey_t keys[] = {
     {"device.peak_tflops_fp16", CK_FLOAT, 0, 1e9, "peak fp16 rate (TFLOP/s)"},
     {"device.efficiency", CK_FLOAT, 1e-4, 1, "achieved fraction of peak on large matrix products"},
     {"device.efficiency_half_work", CK_FLOAT, 0, 1e15, "B*T*C*(C/tp) of a micro-batch at which efficiency halves"},
+    {"device.attention_efficiency", CK_FLOAT, 1e-4, 1, "attention's products: fraction of the matmul efficiency"},
     {"device.memory_bw_gbs", CK_FLOAT, 1e-6, 1e9, "device memory bandwidth (GB/s)"},
     {"links.intra.latency_us", CK_FLOAT, 0, 1e9, "latency inside a node (us)"},
     {"links.intra.bandwidth_gbs", CK_FLOAT, 1e-9, 1e9, "collective bus bandwidth per device inside a node (GB/s)"},
@@ -290,6 +291,7 @@ mt_status_t mt_plan_cluster_load(const char *path, mt_plan_cluster_t *out, FILE 
     }
     cl->efficiency = num(&c, "device.efficiency", 0.5);
     cl->eff_half_work = num(&c, "device.efficiency_half_work", 0);
+    cl->attention_efficiency = num(&c, "device.attention_efficiency", 1.0);
     cl->mem_bw = num(&c, "device.memory_bw_gbs", 100) * 1e9;
     cl->intra.latency_s = num(&c, "links.intra.latency_us", 5) * 1e-6;
     cl->intra.bw = num(&c, "links.intra.bandwidth_gbs", 0) * 1e9;
