@@ -1,0 +1,404 @@
+/* GPU benchmarks for bench/gpu_check.sh, each printing human lines and one machine line starting "RESULT":
+ *   gpu_bench peak  [-n 8192] [-r 10]               dense matrix rate of cuBLASLt per dtype (f32, tf32, bf16,
+ *                                                  f16): the ceiling MFU is measured against, in the same run
+ *   gpu_bench train [-p bf16] [-B 16] [-T 1024] [-L 12] [-C 768] [-H 12] [-V 50257] [-n 10] [--peak TFLOPS]
+ *                   [--profile]                    (--profile: time per step by kernel category)
+ *                                                  GPT-2 training steps (forward, backward, AdamW) on the GPU:
+ *                                                  tokens/s, model FLOP utilisation (PaLM appendix-B FLOPs,
+ *                                                  as bench_model), the forward/backward/step split, peak
+ *                                                  device memory, and energy per step where NVML is present
+ *   gpu_bench attn  [-p bf16] [-B 8] [-T 1024] [-C 768] [-H 12] [-r 10]
+ *                                                  the attention kernels against the plain version that
+ *                                                  stores the T x T probabilities
+ * Times are medians over the timed repetitions, measured with CUDA events on the compute stream.
+ * SPDX-License-Identifier: MIT */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "models/cuda/cuda_backend.h"
+#include "models/cuda/gpt2_cuda.h"
+#include "runtime/cuda_alloc.h"
+#include "runtime/nvml.h"
+
+#define DIE(...)                                                                                                       \
+    do {                                                                                                               \
+        fprintf(stderr, "gpu_bench: ");                                                                                \
+        fprintf(stderr, __VA_ARGS__);                                                                                  \
+        fprintf(stderr, "\n");                                                                                         \
+        exit(1);                                                                                                       \
+    } while (0)
+#define OK(call)                                                                                                       \
+    do {                                                                                                               \
+        mt_status_t st_ = (call);                                                                                      \
+        if (st_ != MT_OK) {                                                                                            \
+            DIE("%s: %s (%s)", #call, mt_status_str(st_), mt_last_error_msg());                                        \
+        }                                                                                                              \
+    } while (0)
+#define CU(call) OK(mt_cuda_status((call), #call))
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static float median(float *v, int n) {
+    qsort(v, (size_t)n, sizeof(float), cmp_f);
+    return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef struct {
+    int n, reps, B, T, L, C, H, V, steps;
+    mt_prec_t prec;
+    double peak;
+    bool profile; /* train: per-kernel breakdown of the timed steps (their times then include the events) */
+} opts_t;
+
+/* ---- peak ---- */
+
+static double gemm_tflops(mt_cuda_ctx_t ctx, int dt, int n, int reps, cudaStream_t s) {
+    size_t es = dt == MT_CU_F32 ? 4 : 2, bytes = (size_t)n * n * es;
+    void *a, *b, *c;
+    OK(mt_dev_malloc(&a, bytes, MT_MEM_OTHER, "bench a", s));
+    OK(mt_dev_malloc(&b, bytes, MT_MEM_OTHER, "bench b", s));
+    OK(mt_dev_malloc(&c, bytes, MT_MEM_OTHER, "bench c", s));
+    /* random-ish data: a constant matrix would let the hardware idle part of its datapath */
+    float *h = malloc((size_t)n * n * 4);
+    unsigned r = 1;
+    for (size_t i = 0; i < (size_t)n * n; i++) {
+        r = r * 1664525u + 1013904223u;
+        h[i] = (float)(r >> 9) / 8388608.0f - 0.5f;
+    }
+    void *dh;
+    OK(mt_dev_malloc(&dh, (size_t)n * n * 4, MT_MEM_OTHER, "bench h", s));
+    CU(cudaMemcpyAsync(dh, h, (size_t)n * n * 4, cudaMemcpyHostToDevice, s));
+    CU(mt_cuda_convert(a, dt, dh, MT_CU_F32, (size_t)n * n, 1.0f, s));
+    CU(mt_cuda_convert(b, dt, dh, MT_CU_F32, (size_t)n * n, 0.5f, s));
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    float *ms = malloc(sizeof(float) * (size_t)reps);
+    CU(mt_cuda_gemm_bench(ctx, c, a, b, n, n, n, dt, s)); /* warm-up, algorithm choice */
+    for (int k = 0; k < reps; k++) {
+        CU(cudaEventRecord(e0, s));
+        CU(mt_cuda_gemm_bench(ctx, c, a, b, n, n, n, dt, s));
+        CU(cudaEventRecord(e1, s));
+        CU(cudaEventSynchronize(e1));
+        CU(cudaEventElapsedTime(&ms[k], e0, e1));
+    }
+    double t = median(ms, reps) * 1e-3;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    mt_dev_free(a), mt_dev_free(b), mt_dev_free(c), mt_dev_free(dh);
+    free(h), free(ms);
+    return 2.0 * n * (double)n * n / t / 1e12;
+}
+
+static int cmd_peak(const opts_t *o) {
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+    void *ws;
+    OK(mt_dev_malloc(&ws, 32 << 20, MT_MEM_OTHER, "ws", s));
+    static const struct {
+        const char *name;
+        int dt;
+        bool tf32;
+    } modes[] = {
+        {"fp32", MT_CU_F32, false}, {"tf32", MT_CU_F32, true}, {"bf16", MT_CU_BF16, false}, {"fp16", MT_CU_F16, false}};
+    double tf[4];
+    for (int i = 0; i < 4; i++) {
+        mt_cuda_ctx_t ctx;
+        CU(mt_cuda_ctx_create(&ctx, ws, 32 << 20, modes[i].tf32));
+        tf[i] = gemm_tflops(ctx, modes[i].dt, o->n, o->reps, s);
+        printf("gemm %d^3 %-5s %8.1f TFLOP/s (median of %d)\n", o->n, modes[i].name, tf[i], o->reps);
+        mt_cuda_ctx_destroy(ctx);
+    }
+    printf("RESULT peak n=%d fp32=%.2f tf32=%.2f bf16=%.2f fp16=%.2f\n", o->n, tf[0], tf[1], tf[2], tf[3]);
+    mt_dev_free(ws);
+    cudaStreamDestroy(s);
+    return 0;
+}
+
+/* ---- train ---- */
+
+static int cmd_train(const opts_t *o) {
+    mt_model_config_t c = MT_MODEL_CONFIG_INIT;
+    c.kind = MT_MODEL_GPT2;
+    c.n_layer = o->L;
+    c.n_head = o->H;
+    c.n_embd = o->C;
+    c.seq_len = o->T;
+    c.vocab_size = o->V;
+    c.seed = 1;
+    mt_model_t m;
+    OK(mt_model_init(&c, &m));
+    OK(mt_model_alloc_params(m));
+    mt_model_init_weights(m);
+    mt_gpt2_cuda_params_t p = MT_GPT2_CUDA_PARAMS_INIT;
+    p.prec = o->prec;
+    p.B = o->B;
+    p.T = o->T;
+    mt_mem_reset_peak(MT_MEM_DEVICE);
+    mt_gpt2_cuda_t g;
+    OK(mt_gpt2_cuda_init(m, &p, &g));
+    cudaStream_t s = mt_gpt2_cuda_stream(g);
+    int N = o->B * o->T;
+    int32_t *tok = malloc((size_t)N * 4), *tgt = malloc((size_t)N * 4);
+    unsigned r = 7;
+    for (int i = 0; i < N; i++) {
+        r = r * 1103515245u + 12345u;
+        tok[i] = (int32_t)((r >> 8) % (unsigned)o->V);
+        tgt[i] = (int32_t)((r >> 4) % (unsigned)o->V);
+    }
+    mt_optim_params_t op = MT_OPTIM_PARAMS_INIT;
+    op.weight_decay = 0.1f;
+    cudaEvent_t ev[4];
+    for (int i = 0; i < 4; i++) {
+        CU(cudaEventCreate(&ev[i]));
+    }
+    mt_nvml_t nv = NULL;
+    char bus[32] = "";
+    int dev = 0;
+    CU(cudaGetDevice(&dev));
+    if (cudaDeviceGetPCIBusId(bus, sizeof(bus), dev) != cudaSuccess || mt_nvml_open(bus, dev, &nv) != MT_OK) {
+        printf("energy: not measured (%s)\n", mt_last_error_msg());
+        nv = NULL;
+    }
+    int warm = 2, n = o->steps;
+    float *t_step = malloc(sizeof(float) * (size_t)n), *t_f = malloc(sizeof(float) * (size_t)n);
+    float *t_b = malloc(sizeof(float) * (size_t)n), *t_o = malloc(sizeof(float) * (size_t)n);
+    double joules = 0, wall = 0;
+    mt_gpt2_cuda_result_t res = {0};
+    for (int k = -warm; k < n; k++) {
+        if (k == 0 && o->profile) {
+            OK(mt_gpt2_cuda_set_profile(g, true));
+        }
+        mt_nvml_meter_t meter;
+        bool metered = nv && k >= 0 && mt_nvml_meter_begin(&meter, nv) == MT_OK;
+        double w0 = mt_now();
+        OK(mt_gpt2_cuda_zero_grads(g));
+        CU(cudaEventRecord(ev[0], s));
+        OK(mt_gpt2_cuda_forward(g, tok, tgt));
+        CU(cudaEventRecord(ev[1], s));
+        OK(mt_gpt2_cuda_backward(g, 1.0f));
+        CU(cudaEventRecord(ev[2], s));
+        OK(mt_gpt2_cuda_step(g, &op, 1e-4f, 1.0f));
+        CU(cudaEventRecord(ev[3], s));
+        OK(mt_gpt2_cuda_step_result(g, &res));
+        double w = mt_now() - w0;
+        if (k >= 0) {
+            CU(cudaEventElapsedTime(&t_f[k], ev[0], ev[1]));
+            CU(cudaEventElapsedTime(&t_b[k], ev[1], ev[2]));
+            CU(cudaEventElapsedTime(&t_o[k], ev[2], ev[3]));
+            CU(cudaEventElapsedTime(&t_step[k], ev[0], ev[3]));
+            wall += w;
+            double j = 0;
+            if (metered && mt_nvml_meter_end(&meter, &j, NULL) == MT_OK) {
+                joules += j;
+            }
+        }
+    }
+    double step_s = median(t_step, n) * 1e-3;
+    double tps = (double)N / step_s;
+    double flops = mt_model_flops_per_token(m, o->T) * tps;
+    double mfu = o->peak > 0 ? flops / (o->peak * 1e12) : 0;
+    mt_mem_stats_t ms;
+    mt_mem_stats(MT_MEM_DEVICE, &ms);
+    mt_cuda_alloc_t a;
+    OK(mt_cuda_alloc_default(&a));
+    mt_cuda_alloc_stats_t as;
+    mt_cuda_alloc_get_stats(a, &as);
+    printf("GPT-2 L=%d C=%d H=%d V=%d, B=%d T=%d, %s: %.1f ms/step (fwd %.1f, bwd %.1f, step %.1f), %.0f tokens/s, "
+           "%.1f TFLOP/s, MFU %.1f%% of %.1f TFLOP/s; last loss %.4f, loss scale %g\n",
+           o->L, o->C, o->H, o->V, o->B, o->T, mt_prec_name(o->prec), step_s * 1e3, median(t_f, n), median(t_b, n),
+           median(t_o, n), tps, flops / 1e12, mfu * 100, o->peak, res.loss, res.loss_scale);
+    printf("device memory: peak allocated %.2f GiB (params %.2f, grads %.2f, optimizer %.2f, activations %.2f, "
+           "other %.2f at the peak), peak reserved %.2f GiB, %lld cudaMalloc calls\n",
+           ms.total_peak / 1073741824.0, ms.at_peak[MT_MEM_PARAMS] / 1073741824.0,
+           ms.at_peak[MT_MEM_GRADS] / 1073741824.0, ms.at_peak[MT_MEM_OPTIMIZER] / 1073741824.0,
+           ms.at_peak[MT_MEM_ACTIVATIONS] / 1073741824.0, ms.at_peak[MT_MEM_OTHER] / 1073741824.0,
+           as.peak_reserved_bytes / 1073741824.0, (long long)as.n_raw_allocs);
+    if (o->profile) {
+        double pms[MT_GPT2_PROF_COUNT], tot = 0;
+        int64_t ps = 0;
+        mt_gpt2_cuda_profile(g, pms, &ps);
+        for (int c = 0; c < MT_GPT2_PROF_COUNT; c++) {
+            tot += pms[c];
+        }
+        printf("time per step by kernel (%lld profiled steps, event after every launch):\n", (long long)ps);
+        for (int c = 0; c < MT_GPT2_PROF_COUNT; c++) {
+            printf("  %-14s %9.3f ms  %5.1f%%\n", mt_gpt2_prof_name((mt_gpt2_prof_t)c), ps > 0 ? pms[c] / (double)ps : 0,
+                   tot > 0 ? 100.0 * pms[c] / tot : 0.0);
+        }
+        printf("RESULT prof prec=%s", mt_prec_name(o->prec));
+        for (int c = 0; c < MT_GPT2_PROF_COUNT; c++) {
+            printf(" %d=%.3f", c, ps > 0 ? pms[c] / (double)ps : 0);
+        }
+        printf("\n");
+    }
+    double jps = nv && n > 0 ? joules / n : 0;
+    if (nv) {
+        printf("energy: %.1f J/step, %.1f W mean, %.0f tokens/J\n", jps, joules / wall, jps > 0 ? N / jps : 0);
+    }
+    printf("RESULT train prec=%s B=%d T=%d ms_step=%.3f tok_s=%.0f tflops=%.2f mfu=%.4f peak_gib=%.3f "
+           "energy_j=%.2f tokens_per_j=%.1f loss=%.4f\n",
+           mt_prec_name(o->prec), o->B, o->T, step_s * 1e3, tps, flops / 1e12, mfu, ms.total_peak / 1073741824.0, jps,
+           jps > 0 ? N / jps : 0, res.loss);
+    mt_nvml_close(nv);
+    for (int i = 0; i < 4; i++) {
+        cudaEventDestroy(ev[i]);
+    }
+    mt_gpt2_cuda_free(g);
+    mt_model_free(m);
+    free(tok), free(tgt), free(t_step), free(t_f), free(t_b), free(t_o);
+    return 0;
+}
+
+/* ---- attention ---- */
+
+static int cmd_attn(const opts_t *o) {
+    int dt = (int)mt_prec_storage(o->prec);
+    size_t es = dt == MT_CU_F32 ? 4 : 2;
+    size_t nqkv = (size_t)o->B * o->T * 3 * o->C, nout = (size_t)o->B * o->T * o->C;
+    size_t nl = (size_t)o->B * o->H * o->T;
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+    void *qkv, *out, *dqkv, *dout, *h;
+    float *lse, *att, *scr;
+    OK(mt_dev_malloc(&qkv, nqkv * es, MT_MEM_ACTIVATIONS, "qkv", s));
+    OK(mt_dev_malloc(&dqkv, nqkv * es, MT_MEM_ACTIVATIONS, "dqkv", s));
+    OK(mt_dev_malloc(&out, nout * es, MT_MEM_ACTIVATIONS, "out", s));
+    OK(mt_dev_malloc(&dout, nout * es, MT_MEM_ACTIVATIONS, "dout", s));
+    OK(mt_dev_malloc((void **)&lse, nl * 4, MT_MEM_ACTIVATIONS, "lse", s));
+    OK(mt_dev_malloc((void **)&att, nl * o->T * 4, MT_MEM_ACTIVATIONS, "att (plain)", s));
+    OK(mt_dev_malloc((void **)&scr, mt_cuda_attention_scratch_floats(o->B, o->T, o->H) * 4, MT_MEM_OTHER, "s", s));
+    OK(mt_dev_malloc(&h, nqkv * 4, MT_MEM_OTHER, "host-init", s));
+    float *hh = malloc(nqkv * 4);
+    unsigned r = 3;
+    for (size_t i = 0; i < nqkv; i++) {
+        r = r * 1664525u + 1013904223u;
+        hh[i] = (float)(r >> 9) / 8388608.0f - 0.5f;
+    }
+    CU(cudaMemcpy(h, hh, nqkv * 4, cudaMemcpyHostToDevice));
+    CU(mt_cuda_convert(qkv, dt, h, MT_CU_F32, nqkv, 2.0f, s));
+    CU(mt_cuda_convert(dout, dt, h, MT_CU_F32, nout, 1.0f, s));
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    float *ms = malloc(sizeof(float) * (size_t)o->reps), t[3];
+    for (int which = 0; which < 3; which++) {
+        for (int k = -1; k < o->reps; k++) {
+            CU(cudaEventRecord(e0, s));
+            if (which == 0) {
+                CU(mt_cuda_attention_forward(out, lse, qkv, o->B, o->T, o->C, o->H, dt, s));
+            } else if (which == 1) {
+                CU(mt_cuda_attention_plain_forward(out, att, lse, qkv, o->B, o->T, o->C, o->H, dt, s));
+            } else {
+                CU(mt_cuda_attention_backward(dqkv, dout, qkv, out, lse, o->B, o->T, o->C, o->H, dt, scr, s));
+            }
+            CU(cudaEventRecord(e1, s));
+            CU(cudaEventSynchronize(e1));
+            if (k >= 0) {
+                CU(cudaEventElapsedTime(&ms[k], e0, e1));
+            }
+        }
+        t[which] = median(ms, o->reps);
+    }
+    /* causal attention FLOPs: forward 2 products over the causal half, 2 * 2 * B*H*T*T/2 * hs */
+    double f_fwd = 2.0 * o->B * o->H * (double)o->T * o->T * (o->C / o->H);
+    printf("attention B=%d T=%d C=%d H=%d %s: flash forward %.3f ms (%.1f TFLOP/s), plain forward (stores %.0f MiB "
+           "of probabilities) %.3f ms, flash backward %.3f ms; plain/flash %.1fx\n",
+           o->B, o->T, o->C, o->H, mt_prec_name(o->prec), t[0], f_fwd / (t[0] * 1e-3) / 1e12, nl * o->T * 4 / 1048576.0,
+           t[1], t[2], t[1] / t[0]);
+    printf("RESULT attn prec=%s B=%d T=%d flash_fwd_ms=%.4f plain_fwd_ms=%.4f flash_bwd_ms=%.4f\n",
+           mt_prec_name(o->prec), o->B, o->T, t[0], t[1], t[2]);
+    void *bufs[] = {qkv, out, dqkv, dout, lse, att, scr, h};
+    for (size_t i = 0; i < MT_ARRAY_LEN(bufs); i++) {
+        mt_dev_free(bufs[i]);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaStreamDestroy(s);
+    free(hh), free(ms);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || (strcmp(argv[1], "peak") && strcmp(argv[1], "train") && strcmp(argv[1], "attn"))) {
+        fprintf(stderr, "usage: gpu_bench peak|train|attn [options] (see the top of bench/gpu_bench.c)\n");
+        return 2;
+    }
+    if (mt_cuda_device_count() == 0) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    opts_t o = {.n = 8192,
+                .reps = 10,
+                .B = 16,
+                .T = 1024,
+                .L = 12,
+                .C = 768,
+                .H = 12,
+                .V = 50257,
+                .steps = 10,
+                .prec = MT_PREC_BF16,
+                .peak = 0};
+    if (!strcmp(argv[1], "attn")) {
+        o.B = 8;
+    }
+    static const struct option lo[] = {
+        {"peak", required_argument, NULL, 'P'}, {"profile", no_argument, NULL, 'K'}, {NULL, 0, NULL, 0}};
+    int ch;
+    optind = 2;
+    while ((ch = getopt_long(argc, argv, "n:r:B:T:L:C:H:V:p:", lo, NULL)) != -1) {
+        switch (ch) {
+        case 'n':
+            o.n = o.steps = atoi(optarg);
+            break;
+        case 'r':
+            o.reps = atoi(optarg);
+            break;
+        case 'B':
+            o.B = atoi(optarg);
+            break;
+        case 'T':
+            o.T = atoi(optarg);
+            break;
+        case 'L':
+            o.L = atoi(optarg);
+            break;
+        case 'C':
+            o.C = atoi(optarg);
+            break;
+        case 'H':
+            o.H = atoi(optarg);
+            break;
+        case 'V':
+            o.V = atoi(optarg);
+            break;
+        case 'p':
+            if (!mt_prec_parse(optarg, &o.prec)) {
+                DIE("-p %s: use fp32, tf32, bf16 or fp16", optarg);
+            }
+            break;
+        case 'P':
+            o.peak = atof(optarg);
+            break;
+        case 'K':
+            o.profile = true;
+            break;
+        default:
+            return 2;
+        }
+    }
+    if (o.n < 1 || o.reps < 1 || o.B < 1 || o.T < 1 || o.C < 1 || o.H < 1 || o.C % o.H || o.V < 1 || o.L < 0) {
+        DIE("bad sizes (need positive values and C a multiple of H)");
+    }
+    if (!strcmp(argv[1], "peak")) {
+        return cmd_peak(&o);
+    }
+    return !strcmp(argv[1], "train") ? cmd_train(&o) : cmd_attn(&o);
+}

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# One-shot check of meshtrain's GPU path on one H100/H200, in under 8 minutes: builds for sm_90, runs the
+# GPU tests, measures the dense matrix peak, GPT-2 124M training throughput and MFU in fp32/tf32/bf16/fp16,
+# the attention kernels against the plain version, the NCCL collective benchmark on the GPU and peak device
+# memory, then prints a short table. Full logs go to the directory given as the argument.
+#   usage: bench/gpu_check.sh LOGDIR
+#   environment: MT_GPU_CHECK_BUILD (build directory, default build-gpu-check), MT_GPU_CHECK_B (micro-batch,
+#   default 16), MT_GPU_CHECK_STEPS (timed steps per mode, default 10), MT_DEPS_PREFIX (a prefix holding
+#   MPI, hwloc and OpenBLAS when the machine lacks them; see docs/gpu.md)
+# SPDX-License-Identifier: MIT
+set -u
+if [ $# -ne 1 ]; then
+    echo "usage: $0 LOGDIR" >&2
+    exit 2
+fi
+LOG=$1
+mkdir -p "$LOG" || exit 2
+LOG=$(cd "$LOG" && pwd)
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${MT_GPU_CHECK_BUILD:-$SRC/build-gpu-check}
+B=${MT_GPU_CHECK_B:-16}
+STEPS=${MT_GPU_CHECK_STEPS:-10}
+START=$(date +%s)
+BUDGET=470 # seconds: the whole script stays under 8 minutes
+JOBS=$(nproc 2>/dev/null || echo 4)
+
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+say() { echo "[gpu_check $(($(date +%s) - START))s] $*" | tee -a "$LOG/summary.log"; }
+# run NAME SECONDS CMD...: runs CMD with a time limit bounded by what is left, output to LOG/NAME.log
+run() {
+    local name=$1 limit=$2
+    shift 2
+    local l
+    l=$(left)
+    if [ "$l" -lt 10 ]; then
+        say "$name: skipped, the 8-minute budget is spent"
+        return 124
+    fi
+    [ "$limit" -gt "$l" ] && limit=$l
+    timeout --signal=TERM --kill-after=5 "$limit" "$@" >"$LOG/$name.log" 2>&1
+    local rc=$?
+    say "$name: exit $rc ($LOG/$name.log)"
+    return $rc
+}
+
+: >"$LOG/summary.log"
+say "source $SRC, build $BUILD, logs $LOG"
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >"$LOG/nvidia-smi-L.log" 2>&1; then
+    say "no GPU visible (nvidia-smi -L failed): nothing to check"
+    exit 1
+fi
+nvidia-smi -q >"$LOG/nvidia-smi-q.log" 2>&1
+say "device: $(head -1 "$LOG/nvidia-smi-L.log")"
+
+# ---- build (sm_90 only: the checked chip; Release) -------------------------------------------------
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+CMAKE_EXTRA=()
+if [ -n "${MT_DEPS_PREFIX:-}" ]; then
+    PC="$MT_DEPS_PREFIX/lib/pkgconfig:$MT_DEPS_PREFIX/lib/x86_64-linux-gnu/pkgconfig"
+    export PKG_CONFIG_PATH="$PC:${PKG_CONFIG_PATH:-}"
+    export LD_LIBRARY_PATH="$MT_DEPS_PREFIX/lib:$MT_DEPS_PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+    export PATH="$MT_DEPS_PREFIX/bin:$PATH"
+    CMAKE_EXTRA=(-DCMAKE_PREFIX_PATH="$MT_DEPS_PREFIX" -DMPI_HOME="$MT_DEPS_PREFIX")
+fi
+if ! run configure 120 cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DMT_WERROR=OFF "${CMAKE_EXTRA[@]}"; then
+    say "configure failed: meshtrain needs MPI, hwloc and OpenBLAS besides CUDA (see $LOG/configure.log;"
+    say "set MT_DEPS_PREFIX to a prefix holding them, docs/gpu.md 'Running gpu_check')"
+    exit 1
+fi
+if ! grep -q "CUDA=1" "$LOG/configure.log"; then
+    say "configure did not enable CUDA (see $LOG/configure.log)"
+    exit 1
+fi
+TARGETS=(test_cuda_alloc test_gpu_ops test_cuda_alloc_device test_nvml test_gpt2_cuda gpu_bench meshtrain)
+# the other gpu-labelled tests of the tree (the NCCL backend's), when this build has them
+if cmake --build "$BUILD" --target help 2>/dev/null | grep -q test_coll_nccl; then
+    TARGETS+=(test_coll_nccl)
+fi
+if ! run build 240 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"; then
+    say "build failed (see $LOG/build.log)"
+    exit 1
+fi
+
+# ---- GPU tests --------------------------------------------------------------------------------------
+(cd "$BUILD" && run ctest-gpu 150 ctest -L gpu --output-on-failure --timeout 120)
+TESTS_RC=$?
+TESTS_LINE=$(grep -E "tests passed|tests failed" "$LOG/ctest-gpu.log" | tail -1)
+# ctest counts a skipped test (exit 77) as passed: on a machine with a GPU only test_nvml (no NVML) and the
+# two-rank NCCL test (one GPU per rank) may skip
+SKIPPED=$(grep -E '^[[:space:]]*[0-9]+ - .*\(Skipped\)' "$LOG/ctest-gpu.log" | sed 's/.* - \([^ ]*\) .*/\1/' |
+    tr '\n' ' ')
+for t in $SKIPPED; do
+    if [ "$t" != "test_nvml" ] && [ "$t" != "coll_nccl_np2" ]; then
+        say "GPU test $t was skipped on a machine with a GPU: counted as a failure"
+        TESTS_RC=1
+    fi
+done
+
+BENCH="$BUILD/bench/gpu_bench"
+# ---- dense matrix peak (the MFU denominator, measured in this run) ---------------------------------
+run peak 40 "$BENCH" peak -n 8192 -r 10
+PEAK_BF16=$(awk '/^RESULT peak/ { for (i = 1; i <= NF; i++) if ($i ~ /^bf16=/) { sub("bf16=", "", $i); print $i } }' \
+    "$LOG/peak.log")
+PEAK_BF16=${PEAK_BF16:-0}
+
+# ---- GPT-2 124M training per precision --------------------------------------------------------------
+for p in bf16 fp16 tf32 fp32; do
+    run "train-$p" 60 "$BENCH" train -p "$p" -B "$B" -T 1024 -n "$STEPS" --peak "$PEAK_BF16"
+done
+
+# the bf16 step broken down by kernel category (a separate short run: the events slow the step slightly)
+run train-bf16-profile 60 "$BENCH" train -p bf16 -B "$B" -T 1024 -n 3 --profile
+
+# ---- attention: flash-style kernels against the plain version ----------------------------------------
+run attn 40 "$BENCH" attn -p bf16 -B 8 -T 1024 -C 768 -H 12 -r 10
+
+# ---- NCCL collective benchmark on the GPU (one rank) ------------------------------------------------
+MT="$BUILD/meshtrain"
+if "$MT" bench coll --help >/dev/null 2>&1; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    run nccl 40 "$MT" bench coll --backend nccl --op allreduce -b 8 -e 256M -f 4 -n 20 -w 5
+else
+    say "nccl: meshtrain has no 'bench coll' in this build (collectives not merged?)"
+fi
+
+# ---- table ------------------------------------------------------------------------------------------
+field() { # field FILE KEY: value of KEY=... on the RESULT line of FILE
+    awk -v k="$2" '/^RESULT/ { for (i = 1; i <= NF; i++) { split($i, a, "="); if (a[1] == k) print a[2] } }' \
+        "$1" 2>/dev/null | tail -1
+}
+{
+    echo
+    echo "== meshtrain gpu_check: $(head -1 "$LOG/nvidia-smi-L.log") =="
+    VERDICT=FAIL
+    [ "$TESTS_RC" -eq 0 ] && VERDICT=pass
+    echo "GPU tests: ${TESTS_LINE:-not run}; skipped: ${SKIPPED:-none} (verdict: $VERDICT)"
+    PEAK_LINE=$(grep '^RESULT peak' "$LOG/peak.log" 2>/dev/null | cut -d' ' -f3-)
+    echo "dense matrix peak, TFLOP/s (cuBLASLt 8192^3): ${PEAK_LINE:-not measured (see $LOG/peak.log)}"
+    echo
+    printf "%-6s %10s %10s %8s %10s %10s %12s\n" prec "tokens/s" "ms/step" "MFU" "peak GiB" "J/step" "tokens/J"
+    for p in fp32 tf32 bf16 fp16; do
+        f="$LOG/train-$p.log"
+        if grep -q '^RESULT train' "$f" 2>/dev/null; then
+            mfu=$(field "$f" mfu)
+            printf "%-6s %10s %10s %7.1f%% %10s %10s %12s\n" "$p" "$(field "$f" tok_s)" "$(field "$f" ms_step)" \
+                "$(awk -v m="$mfu" 'BEGIN { print m * 100 }')" "$(field "$f" peak_gib)" "$(field "$f" energy_j)" \
+                "$(field "$f" tokens_per_j)"
+        else
+            printf "%-6s %10s   (see %s)\n" "$p" "FAILED" "$f"
+        fi
+    done
+    echo "(GPT-2 124M, B=$B, T=1024; MFU against the bf16 peak above; J/step 0 = NVML not available)"
+    if grep -q '^RESULT prof' "$LOG/train-bf16-profile.log" 2>/dev/null; then
+        echo "bf16 step by kernel category (ms per step, share):"
+        sed -n '/^time per step by kernel/,/^RESULT prof/p' "$LOG/train-bf16-profile.log" | grep '^  '
+    fi
+    echo
+    if grep -q '^RESULT attn' "$LOG/attn.log" 2>/dev/null; then
+        echo "attention bf16 B=8 T=1024 C=768 H=12: flash fwd $(field "$LOG/attn.log" flash_fwd_ms) ms," \
+            "plain fwd $(field "$LOG/attn.log" plain_fwd_ms) ms, flash bwd $(field "$LOG/attn.log" flash_bwd_ms) ms"
+    else
+        echo "attention: FAILED (see $LOG/attn.log)"
+    fi
+    if [ -f "$LOG/nccl.log" ]; then
+        echo "NCCL all-reduce (1 GPU):"
+        grep -E "^ *#|^ +[0-9]" "$LOG/nccl.log" | tail -4
+    fi
+    echo "total $(($(date +%s) - START)) s; logs in $LOG"
+} | tee "$LOG/table.txt"
+[ "$TESTS_RC" -eq 0 ]

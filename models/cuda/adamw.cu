@@ -1,0 +1,65 @@
+/* Fused AdamW over a flat f32 buffer on the device: one pass reads the parameter, its gradient and both
+ * moments and writes them back (and, in bf16/fp16, the rounded compute copy), with the gradient
+ * multiplier (clip coefficient x 1/loss scale) and the fp16 skip decision read from device memory so the
+ * host never waits on the device inside a step. The arithmetic is mt_adamw_update's (optim.c), operation
+ * for operation, so the CPU and GPU optimizers agree to f32 rounding.
+ * SPDX-License-Identifier: MIT */
+#include "models/cuda/cuda_impl.h"
+
+/* ======================================== kernels ======================================== */
+
+/* g = grad * scale;  p *= 1 - lr wd;  m += (g - m)(1 - b1);  v = v b2 + (1 - b2) g^2;
+ * p -= step_size m / (sqrt(v)/sqrt(bc2) + eps), step_size = lr / bc1. */
+template <typename L>
+static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n, float step_size,
+                                    float bc2_sqrt, float decay, bool use_decay, float one_minus_b1, float beta2,
+                                    float one_minus_b2, float eps, float grad_scale, const float *grad_scale_dev,
+                                    const int *skip, L *lowp) {
+    if (skip && *skip) {
+        return;
+    }
+    float gs = grad_scale_dev ? grad_scale * *grad_scale_dev : grad_scale;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = grad[i] * gs;
+        float p = param[i];
+        if (use_decay) {
+            p *= decay;
+        }
+        float mi = m[i] + (g - m[i]) * one_minus_b1;
+        float vi = v[i] * beta2 + one_minus_b2 * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p = p - step_size * (mi / denom);
+        param[i] = p;
+        if (lowp) {
+            lowp[i] = from_f32<L>(p);
+        }
+    }
+}
+
+/* ======================================== launchers ======================================== */
+
+extern "C" cudaError_t mt_cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                                     float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                                     float grad_scale, const float *grad_scale_dev, const int *skip, void *lowp,
+                                     int lowp_dt, void *stream) {
+    MT_CU_CHECK_SHAPE(param && grad && m && v && t >= 1);
+    if (n == 0) {
+        return cudaSuccess;
+    }
+    /* the same host-side constants as mt_adamw_update */
+    double bc1 = 1.0 - pow((double)beta1, (double)t);
+    double bc2 = 1.0 - pow((double)beta2, (double)t);
+    float step_size = (float)((double)lr / bc1);
+    float bc2_sqrt = (float)sqrt(bc2);
+    float decay = (float)(1.0 - (double)lr * (double)weight_decay);
+    float one_minus_b1 = (float)(1.0 - (double)beta1), one_minus_b2 = (float)(1.0 - (double)beta2);
+    cudaStream_t s = (cudaStream_t)stream;
+    unsigned g = mt_cu_blocks(n, 256, 132 * 16);
+    MT_CU_DISPATCH(lowp_dt, L,
+                   adamw_kernel<L><<<g, 256, 0, s>>>(param, grad, m, v, n, step_size, bc2_sqrt, decay,
+                                                     weight_decay != 0.0f, one_minus_b1, beta2, one_minus_b2, eps,
+                                                     grad_scale, grad_scale_dev, skip, (L *)lowp));
+    return cudaGetLastError();
+}

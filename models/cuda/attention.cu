@@ -1,0 +1,425 @@
+/* Causal multi-head attention on the device without the T x T matrix, in the manner of FlashAttention:
+ * forward streams key/value tiles through shared memory and keeps, per query row, a running maximum, the
+ * running sum of exponentials and the unnormalised output (online softmax), saving only the log-sum-exp;
+ * backward recomputes the probabilities tile by tile from it. A query row (forward, dQ) or key row (dK,
+ * dV) is owned by hs/32 threads holding 32 dimensions each in registers, while the tile it streams over is
+ * read from shared memory as broadcasts. Scores are kept in base 2 (scaled by log2 e) so each exponential
+ * is one exp2. Head size up to 128 (kernels specialised for 32, 64, 128).
+ * A plain one-thread-per-row version that stores the probabilities is kept for tests and benchmarks.
+ * SPDX-License-Identifier: MIT */
+#include "models/cuda/cuda_impl.h"
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+/* A row of the head dimension (HSM, padded up from hs) is split over SPLIT = HSM/32 consecutive threads, 32
+ * dimensions each, so the per-thread vectors fit in registers; dot products are summed over the group with
+ * shuffles. Shared-memory rows are stored as SPLIT parts of 32 floats padded to 33, so the group's parts
+ * fall in different banks. */
+template <int HSM> struct attn_cfg {
+    static constexpr int SPLIT = HSM / 32; /* threads per row */
+    static constexpr int ROWS = 64;        /* rows (queries or keys) owned per block */
+    static constexpr int THREADS = ROWS * SPLIT;
+    static constexpr int BK = HSM <= 64 ? 64 : 32; /* key rows per shared-memory tile (forward, dQ) */
+    static constexpr int BQT = 16;                 /* query rows per shared-memory tile (dK, dV) */
+    static constexpr int LD = SPLIT * 33;          /* padded shared-memory row */
+    static constexpr int CH = 8;                   /* keys per online-softmax update */
+};
+
+__device__ __forceinline__ int pad_idx(int d) {
+    return (d >> 5) * 33 + (d & 31);
+}
+
+/* Sum over the SPLIT threads of a row (consecutive lanes, identical control flow). */
+template <int SPLIT> __device__ __forceinline__ float group_sum(float v) {
+    if (SPLIT > 1) {
+        unsigned lane = threadIdx.x & 31u;
+        unsigned mask = ((1u << SPLIT) - 1u) << (lane & ~(unsigned)(SPLIT - 1));
+#pragma unroll
+        for (int o = 1; o < SPLIT; o <<= 1) {
+            v += __shfl_xor_sync(mask, v, o, SPLIT);
+        }
+    }
+    return v;
+}
+
+/* Loads rows [r0, r0 + n) of the K and V parts of qkv (head base) into padded shared tiles. */
+template <typename T, int HSM>
+__device__ __forceinline__ void load_kv_tile(float *Ks, float *Vs, const T *base, int r0, int n, int T_, int C,
+                                             int hs) {
+    typedef attn_cfg<HSM> cfg;
+    size_t C3 = 3 * (size_t)C;
+    for (int idx = threadIdx.x; idx < n * HSM; idx += blockDim.x) {
+        int r = idx / HSM, d = idx % HSM, key = r0 + r;
+        bool ok = key < T_ && d < hs;
+        Ks[r * cfg::LD + pad_idx(d)] = ok ? to_f32(base[(size_t)key * C3 + C + d]) : 0.0f;
+        Vs[r * cfg::LD + pad_idx(d)] = ok ? to_f32(base[(size_t)key * C3 + 2 * C + d]) : 0.0f;
+    }
+}
+
+/* ======================================== kernels ======================================== */
+
+/* Per query row i of head (b, h):  s_j = scale q_i.k_j (j <= i),  m = max s,  l = sum exp(s_j - m),
+ * out_i = sum_j exp(s_j - m) v_j / l,  lse_i = m + log l.  Keys arrive in chunks of CH; each chunk rescales
+ * the running (m, l, acc) once. */
+template <typename T, int HSM>
+static __global__ void __launch_bounds__(attn_cfg<HSM>::THREADS)
+    attention_forward_kernel(T *out, float *lse, const T *qkv, int T_, int C, int NH, int hs, float scale2) {
+    typedef attn_cfg<HSM> cfg;
+    __shared__ float Ks[cfg::BK * cfg::LD], Vs[cfg::BK * cfg::LD];
+    int part = threadIdx.x % cfg::SPLIT, d0 = part * 32;
+    int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * cfg::ROWS, i = q0 + threadIdx.x / cfg::SPLIT;
+    size_t C3 = 3 * (size_t)C;
+    const T *base = qkv + (size_t)b * T_ * C3 + (size_t)h * hs;
+    bool valid = i < T_;
+    float q[32], acc[32];
+#pragma unroll
+    for (int d = 0; d < 32; d++) {
+        q[d] = (valid && d0 + d < hs) ? to_f32(base[(size_t)i * C3 + d0 + d]) * scale2 : 0.0f;
+        acc[d] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    int kend = min(T_, q0 + cfg::ROWS);
+    for (int k0 = 0; k0 < kend; k0 += cfg::BK) {
+        __syncthreads();
+        load_kv_tile<T, HSM>(Ks, Vs, base, k0, cfg::BK, T_, C, hs);
+        __syncthreads();
+        if (!valid) {
+            continue;
+        }
+        int jn = min(cfg::BK, i - k0 + 1); /* causal: keys k0 .. i */
+        for (int j0 = 0; j0 < jn; j0 += cfg::CH) {
+            float s[cfg::CH], mc = -INFINITY;
+#pragma unroll
+            for (int c = 0; c < cfg::CH; c++) {
+                const float *kr = Ks + (j0 + c) * cfg::LD + part * 33;
+                float dot = 0.0f;
+#pragma unroll
+                for (int d = 0; d < 32; d++) {
+                    dot += q[d] * kr[d];
+                }
+                dot = group_sum<cfg::SPLIT>(dot);
+                s[c] = (j0 + c < jn) ? dot : -INFINITY;
+                mc = fmaxf(mc, s[c]);
+            }
+            float mn = fmaxf(m, mc); /* finite: the chunk holds at least key j0 < jn */
+            float corr = exp2f(m - mn);
+            l *= corr;
+#pragma unroll
+            for (int d = 0; d < 32; d++) {
+                acc[d] *= corr;
+            }
+#pragma unroll
+            for (int c = 0; c < cfg::CH; c++) {
+                const float *vr = Vs + (j0 + c) * cfg::LD + part * 33;
+                float p = exp2f(s[c] - mn);
+                l += p;
+#pragma unroll
+                for (int d = 0; d < 32; d++) {
+                    acc[d] += p * vr[d];
+                }
+            }
+            m = mn;
+        }
+    }
+    if (valid) {
+        float inv = 1.0f / l;
+        T *o = out + ((size_t)b * T_ + i) * C + (size_t)h * hs + d0;
+#pragma unroll
+        for (int d = 0; d < 32; d++) {
+            if (d0 + d < hs) {
+                o[d] = from_f32<T>(acc[d] * inv);
+            }
+        }
+        if (part == 0) {
+            lse[((size_t)b * NH + h) * T_ + i] = (m + log2f(l)) * LN2;
+        }
+    }
+}
+
+/* D_i = dO_i . O_i = sum_j P_ij dP_ij, the row term of the softmax backward. */
+template <typename T>
+static __global__ void attention_backward_d_kernel(float *Dv, const T *dout, const T *out, int B, int T_, int C, int NH,
+                                                   int hs) {
+    size_t n = (size_t)B * NH * T_;
+    for (size_t r = blockIdx.x * (size_t)blockDim.x + threadIdx.x; r < n; r += (size_t)gridDim.x * blockDim.x) {
+        int t = (int)(r % T_);
+        size_t bh = r / T_;
+        int h = (int)(bh % NH), b = (int)(bh / NH);
+        size_t off = ((size_t)b * T_ + t) * C + (size_t)h * hs;
+        float s = 0.0f;
+        for (int d = 0; d < hs; d++) {
+            s += to_f32(dout[off + d]) * to_f32(out[off + d]);
+        }
+        Dv[r] = s;
+    }
+}
+
+/* dK, dV of key j (SPLIT threads per key), over all queries i >= j in tiles of BQT:
+ *   P_ij = exp(S_ij - lse_i),  dV_j += P_ij dO_i,  dP_ij = dO_i . v_j,  dS_ij = P_ij (dP_ij - D_i),
+ *   dK_j += scale dS_ij q_i.  k_j, v_j, dK_j, dV_j live in registers; q_i and dO_i are broadcasts from the
+ * shared tile. Each key row is owned by one block, so the sums are complete and written once (no atomics). */
+template <typename T, int HSM>
+static __global__ void __launch_bounds__(attn_cfg<HSM>::THREADS)
+    attention_backward_dkv_kernel(T *dqkv, const T *qkv, const T *dout, const float *lse, const float *Dv, int T_,
+                                  int C, int NH, int hs, float scale) {
+    typedef attn_cfg<HSM> cfg;
+    __shared__ float Qs[cfg::BQT * cfg::LD], dOs[cfg::BQT * cfg::LD], Ls[cfg::BQT], Ds[cfg::BQT];
+    int part = threadIdx.x % cfg::SPLIT, d0 = part * 32;
+    int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * cfg::ROWS, j = k0 + threadIdx.x / cfg::SPLIT;
+    size_t C3 = 3 * (size_t)C;
+    const T *base = qkv + (size_t)b * T_ * C3 + (size_t)h * hs;
+    const T *dob = dout + (size_t)b * T_ * C + (size_t)h * hs;
+    const float *lrow = lse + ((size_t)b * NH + h) * T_, *drow = Dv + ((size_t)b * NH + h) * T_;
+    float k[32], v[32], dk[32], dv[32];
+#pragma unroll
+    for (int d = 0; d < 32; d++) {
+        bool ok = j < T_ && d0 + d < hs;
+        k[d] = ok ? to_f32(base[(size_t)j * C3 + C + d0 + d]) : 0.0f;
+        v[d] = ok ? to_f32(base[(size_t)j * C3 + 2 * C + d0 + d]) : 0.0f;
+        dk[d] = 0.0f;
+        dv[d] = 0.0f;
+    }
+    float scale2 = scale * LOG2E;
+    for (int i0 = (k0 / cfg::BQT) * cfg::BQT; i0 < T_; i0 += cfg::BQT) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < cfg::BQT * HSM; idx += blockDim.x) {
+            int r = idx / HSM, d = idx % HSM, qi = i0 + r;
+            bool ok = qi < T_ && d < hs;
+            Qs[r * cfg::LD + pad_idx(d)] = ok ? to_f32(base[(size_t)qi * C3 + d]) : 0.0f;
+            dOs[r * cfg::LD + pad_idx(d)] = ok ? to_f32(dob[(size_t)qi * C + d]) : 0.0f;
+        }
+        if (threadIdx.x < cfg::BQT) {
+            int qi = i0 + threadIdx.x;
+            Ls[threadIdx.x] = qi < T_ ? lrow[qi] * LOG2E : 0.0f;
+            Ds[threadIdx.x] = qi < T_ ? drow[qi] : 0.0f;
+        }
+        __syncthreads();
+        for (int r = 0; r < cfg::BQT; r++) {
+            int qi = i0 + r;
+            const float *qr = Qs + r * cfg::LD + part * 33, *dor = dOs + r * cfg::LD + part * 33;
+            float s = 0.0f, dp = 0.0f;
+#pragma unroll
+            for (int d = 0; d < 32; d++) {
+                s += qr[d] * k[d];
+                dp += dor[d] * v[d];
+            }
+            s = group_sum<cfg::SPLIT>(s);
+            dp = group_sum<cfg::SPLIT>(dp);
+            bool ok = qi < T_ && j < T_ && j <= qi;
+            float p = ok ? exp2f(s * scale2 - Ls[r]) : 0.0f;
+            float ds = p * (dp - Ds[r]) * scale;
+#pragma unroll
+            for (int d = 0; d < 32; d++) {
+                dv[d] += p * dor[d];
+                dk[d] += ds * qr[d];
+            }
+        }
+    }
+    if (j < T_) {
+        T *dkp = dqkv + ((size_t)b * T_ + j) * C3 + C + (size_t)h * hs + d0, *dvp = dkp + C;
+#pragma unroll
+        for (int d = 0; d < 32; d++) {
+            if (d0 + d < hs) {
+                dkp[d] = from_f32<T>(to_f32(dkp[d]) + dk[d]);
+                dvp[d] = from_f32<T>(to_f32(dvp[d]) + dv[d]);
+            }
+        }
+    }
+}
+
+/* dQ of query i (SPLIT threads per query), over keys j <= i in tiles: dQ_i += scale sum_j dS_ij k_j. */
+template <typename T, int HSM>
+static __global__ void __launch_bounds__(attn_cfg<HSM>::THREADS)
+    attention_backward_dq_kernel(T *dqkv, const T *qkv, const T *dout, const float *lse, const float *Dv, int T_, int C,
+                                 int NH, int hs, float scale) {
+    typedef attn_cfg<HSM> cfg;
+    __shared__ float Ks[cfg::BK * cfg::LD], Vs[cfg::BK * cfg::LD];
+    int part = threadIdx.x % cfg::SPLIT, d0 = part * 32;
+    int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * cfg::ROWS, i = q0 + threadIdx.x / cfg::SPLIT;
+    size_t C3 = 3 * (size_t)C;
+    const T *base = qkv + (size_t)b * T_ * C3 + (size_t)h * hs;
+    bool valid = i < T_;
+    float q[32], dO[32], dq[32];
+#pragma unroll
+    for (int d = 0; d < 32; d++) {
+        bool ok = valid && d0 + d < hs;
+        q[d] = ok ? to_f32(base[(size_t)i * C3 + d0 + d]) : 0.0f;
+        dO[d] = ok ? to_f32(dout[((size_t)b * T_ + i) * C + (size_t)h * hs + d0 + d]) : 0.0f;
+        dq[d] = 0.0f;
+    }
+    float scale2 = scale * LOG2E;
+    float L2 = valid ? lse[((size_t)b * NH + h) * T_ + i] * LOG2E : 0.0f;
+    float Di = valid ? Dv[((size_t)b * NH + h) * T_ + i] : 0.0f;
+    int kend = min(T_, q0 + cfg::ROWS);
+    for (int k0 = 0; k0 < kend; k0 += cfg::BK) {
+        __syncthreads();
+        load_kv_tile<T, HSM>(Ks, Vs, base, k0, cfg::BK, T_, C, hs);
+        __syncthreads();
+        if (!valid) {
+            continue;
+        }
+        int jn = min(cfg::BK, i - k0 + 1);
+        for (int jj = 0; jj < jn; jj++) {
+            const float *kr = Ks + jj * cfg::LD + part * 33, *vr = Vs + jj * cfg::LD + part * 33;
+            float s = 0.0f, dp = 0.0f;
+#pragma unroll
+            for (int d = 0; d < 32; d++) {
+                s += q[d] * kr[d];
+                dp += dO[d] * vr[d];
+            }
+            s = group_sum<cfg::SPLIT>(s);
+            dp = group_sum<cfg::SPLIT>(dp);
+            float p = exp2f(s * scale2 - L2);
+            float ds = p * (dp - Di) * scale;
+#pragma unroll
+            for (int d = 0; d < 32; d++) {
+                dq[d] += ds * kr[d];
+            }
+        }
+    }
+    if (valid) {
+        T *dqp = dqkv + ((size_t)b * T_ + i) * C3 + (size_t)h * hs + d0;
+#pragma unroll
+        for (int d = 0; d < 32; d++) {
+            if (d0 + d < hs) {
+                dqp[d] = from_f32<T>(to_f32(dqp[d]) + dq[d]);
+            }
+        }
+    }
+}
+
+/* The plain version: one thread per (b, h, i) writes its full probability row att (zeros above the
+ * diagonal) to global memory, then out_i = sum_j att_ij v_j. */
+template <typename T, int HSM>
+static __global__ void attention_plain_forward_kernel(T *out, float *att, float *lse, const T *qkv, int B, int T_,
+                                                      int C, int NH, int hs, float scale) {
+    size_t n = (size_t)B * NH * T_;
+    size_t r = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (r >= n) {
+        return;
+    }
+    int i = (int)(r % T_);
+    int h = (int)((r / T_) % NH), b = (int)(r / T_ / NH);
+    size_t C3 = 3 * (size_t)C;
+    const T *base = qkv + (size_t)b * T_ * C3 + (size_t)h * hs;
+    float *row = att + r * T_;
+    float mx = -INFINITY;
+    for (int j = 0; j <= i; j++) {
+        float s = 0.0f;
+        for (int d = 0; d < hs; d++) {
+            s += to_f32(base[(size_t)i * C3 + d]) * to_f32(base[(size_t)j * C3 + C + d]);
+        }
+        row[j] = s * scale;
+        mx = fmaxf(mx, row[j]);
+    }
+    float sum = 0.0f;
+    for (int j = 0; j <= i; j++) {
+        row[j] = expf(row[j] - mx);
+        sum += row[j];
+    }
+    float inv = 1.0f / sum;
+    float acc[HSM];
+#pragma unroll
+    for (int d = 0; d < HSM; d++) {
+        acc[d] = 0.0f;
+    }
+    for (int j = 0; j <= i; j++) {
+        row[j] *= inv;
+#pragma unroll
+        for (int d = 0; d < HSM; d++) {
+            if (d < hs) {
+                acc[d] += row[j] * to_f32(base[(size_t)j * C3 + 2 * C + d]);
+            }
+        }
+    }
+    for (int j = i + 1; j < T_; j++) {
+        row[j] = 0.0f;
+    }
+    T *o = out + ((size_t)b * T_ + i) * C + (size_t)h * hs;
+#pragma unroll
+    for (int d = 0; d < HSM; d++) {
+        if (d < hs) {
+            o[d] = from_f32<T>(acc[d]);
+        }
+    }
+    lse[r] = mx + logf(sum);
+}
+
+/* ======================================== launchers ======================================== */
+
+#define ATTN_DISPATCH_HS(hs, HSM, ...)                                                                                 \
+    do {                                                                                                               \
+        if ((hs) <= 32) {                                                                                              \
+            constexpr int HSM = 32;                                                                                    \
+            __VA_ARGS__;                                                                                               \
+        } else if ((hs) <= 64) {                                                                                       \
+            constexpr int HSM = 64;                                                                                    \
+            __VA_ARGS__;                                                                                               \
+        } else {                                                                                                       \
+            constexpr int HSM = 128;                                                                                   \
+            __VA_ARGS__;                                                                                               \
+        }                                                                                                              \
+    } while (0)
+
+static void attn_check(const void *qkv, int B, int T, int C, int NH) {
+    MT_CU_CHECK_SHAPE(qkv && B > 0 && T > 0 && NH > 0 && C > 0 && C % NH == 0);
+    MT_CU_CHECK_SHAPE(C / NH <= 128);
+}
+
+extern "C" cudaError_t mt_cuda_attention_forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH,
+                                                 int dt, void *stream) {
+    attn_check(qkv, B, T, C, NH);
+    MT_CU_CHECK_SHAPE(out && lse);
+    int hs = C / NH;
+    float scale2 = LOG2E / sqrtf((float)hs);
+    cudaStream_t s = (cudaStream_t)stream;
+    dim3 grid((unsigned)((T + 63) / 64), (unsigned)NH, (unsigned)B);
+    MT_CU_DISPATCH(dt, E,
+                   ATTN_DISPATCH_HS(hs, HSM,
+                                    attention_forward_kernel<E, HSM><<<grid, attn_cfg<HSM>::THREADS, 0, s>>>(
+                                        (E *)out, lse, (const E *)qkv, T, C, NH, hs, scale2)));
+    return cudaGetLastError();
+}
+
+extern "C" size_t mt_cuda_attention_scratch_floats(int B, int T, int NH) {
+    return (size_t)B * (size_t)NH * (size_t)T;
+}
+
+extern "C" cudaError_t mt_cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                                  const float *lse, int B, int T, int C, int NH, int dt, float *scratch,
+                                                  void *stream) {
+    attn_check(qkv, B, T, C, NH);
+    MT_CU_CHECK_SHAPE(dqkv && dout && out && lse && scratch);
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    cudaStream_t s = (cudaStream_t)stream;
+    size_t rows = (size_t)B * NH * T;
+    MT_CU_DISPATCH(dt, E,
+                   attention_backward_d_kernel<E>
+                   <<<mt_cu_blocks(rows, 256), 256, 0, s>>>(scratch, (const E *)dout, (const E *)out, B, T, C, NH, hs));
+    MT_CU_DISPATCH(dt, E, ATTN_DISPATCH_HS(hs, HSM, {
+                       typedef attn_cfg<HSM> cfg;
+                       dim3 g((unsigned)((T + cfg::ROWS - 1) / cfg::ROWS), (unsigned)NH, (unsigned)B);
+                       attention_backward_dkv_kernel<E, HSM><<<g, cfg::THREADS, 0, s>>>(
+                           (E *)dqkv, (const E *)qkv, (const E *)dout, lse, scratch, T, C, NH, hs, scale);
+                       attention_backward_dq_kernel<E, HSM><<<g, cfg::THREADS, 0, s>>>(
+                           (E *)dqkv, (const E *)qkv, (const E *)dout, lse, scratch, T, C, NH, hs, scale);
+                   }));
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t mt_cuda_attention_plain_forward(void *out, float *att, float *lse, const void *qkv, int B, int T,
+                                                       int C, int NH, int dt, void *stream) {
+    attn_check(qkv, B, T, C, NH);
+    MT_CU_CHECK_SHAPE(out && att && lse);
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    size_t rows = (size_t)B * NH * T;
+    cudaStream_t s = (cudaStream_t)stream;
+    MT_CU_DISPATCH(dt, E,
+                   ATTN_DISPATCH_HS(hs, HSM,
+                                    attention_plain_forward_kernel<E, HSM><<<mt_cu_blocks(rows, 128), 128, 0, s>>>(
+                                        (E *)out, att, lse, (const E *)qkv, B, T, C, NH, hs, scale)));
+    return cudaGetLastError();
+}

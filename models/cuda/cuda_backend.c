@@ -1,0 +1,21 @@
+/* The C side of the CUDA kernels: status mapping for the launchers and their shape-check abort.
+ * SPDX-License-Identifier: MIT */
+#include "models/cuda/cuda_backend.h"
+
+#include "runtime/tensor.h"
+
+_Static_assert(MT_CU_F32 == (int)MT_F32 && MT_CU_BF16 == (int)MT_BF16 && MT_CU_F16 == (int)MT_F16,
+               "mt_cuda.h dtype values must equal mt_dtype_t");
+
+mt_status_t mt_cuda_status(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) {
+        return MT_OK;
+    }
+    const char *detail = e == cudaErrorUnknown ? mt_cuda_error_detail() : ""; /* cuBLAS failures */
+    return mt_error(e == cudaErrorMemoryAllocation ? MT_ERR_OOM : MT_ERR_CUDA, "%s failed: %s%s%s", what,
+                    cudaGetErrorString(e), detail[0] ? "; " : "", detail);
+}
+
+void mt_cuda_assert_fail(const char *file, int line, const char *cond) {
+    mt_abort_impl(file, line, "CUDA launcher shape check failed: %s", cond);
+}

@@ -1,0 +1,552 @@
+/* GPT-2 forward, backward and AdamW on one GPU, composed from the launchers of mt_cuda.h in the order of
+ * models/gpt2/gpt2.c (see that file for the math of each step). Differences that save memory traffic:
+ * each residual add is fused with the LayerNorm that follows it (attention residual + ln_2, MLP residual
+ * + the next block's ln_1 or ln_f), the fc layer's bias and GELU run in the matmul epilogue, attention
+ * keeps only the log-sum-exp. Shape legend: B batch, T time, C channels, NH heads, N = B*T, V vocab,
+ * Vp padded vocab, L layers; activations in the storage dtype of precision.compute, statistics f32.
+ * SPDX-License-Identifier: MIT */
+#include "models/cuda/gpt2_cuda.h"
+
+#include <cuda_runtime_api.h>
+#include <string.h>
+
+#include "models/cuda/cuda_backend.h"
+#include "runtime/alloc.h"
+#include "runtime/cuda_alloc.h"
+
+enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, NBP };
+#define BLOCK0 2
+#define MAX_BUFS 64
+#define PROF_MARKS 1024
+
+typedef struct {
+    void *ln1, *qkv, *atty, *r2, *ln2, *fch, *fch_gelu; /* (N,C) (N,3C) (N,C) (N,C) (N,C) (N,4C) (N,4C) */
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;   /* (N) */
+    float *lse;                                         /* (B,NH,T) */
+} layer_acts_t;
+
+struct mt_gpt2_cuda {
+    mt_model_t m;
+    mt_gpt2_cuda_params_t p;
+    int L, C, NH, V, Vp, B, T, N, dt;
+    size_t es, numel;
+    cudaStream_t stream;
+    cudaEvent_t copied; /* the token copy out of the pinned buffer finished */
+    mt_cuda_ctx_t ctx;
+    void *ws;
+    float *master, *grads, *adam_m, *adam_v;
+    void *wc; /* compute copy in the storage dtype (== master for f32 storage) */
+    size_t *offs;
+    bool *decay;
+    int n_params;
+    void *resid; /* (L+1) x (N,C): resid[l] is block l's input, resid[L] the final residual */
+    layer_acts_t *la;
+    void *lnf, *logits;
+    float *lnf_mean, *lnf_rstd, *losses, *lse_ce, *mean_loss;
+    int *n_valid;
+    void *tmp_c, *dresid, *da, *dfg, *dfc; /* (N,C) (N,C) (N,C) (N,4C) (N,4C) */
+    float *col_scratch, *ln_scratch, *attn_scratch, *coef, *norm;
+    double *sumsq, *sumsq_scratch;
+    int *found_inf;
+    int32_t *tokens_d, *targets_d, *pinned;
+    mt_loss_scaler_t scaler;
+    int64_t t;    /* AdamW steps taken */
+    bool stepped; /* a step is pending its result */
+    size_t act_bytes;
+    void *bufs[MAX_BUFS]; /* device buffers to free, with sub-allocations carved from them */
+    int n_bufs;
+    bool prof;                   /* per-kernel timing on */
+    cudaEvent_t *marks;          /* PROF_MARKS events, recorded after each launch */
+    int8_t mark_cat[PROF_MARKS]; /* category of the launch each mark ends; -1 = a start mark */
+    int n_marks;
+    double prof_ms[MT_GPT2_PROF_COUNT];
+    int64_t prof_steps;
+};
+
+static mt_status_t dalloc(mt_gpt2_cuda_t g, void **p, size_t bytes, mt_mem_cat_t cat, const char *owner) {
+    MT_ASSERT(g->n_bufs < MAX_BUFS);
+    MT_CHECK(mt_dev_malloc(p, bytes, cat, owner, g->stream));
+    g->bufs[g->n_bufs++] = *p;
+    return MT_OK;
+}
+
+/* Carves an aligned piece of `bytes` from *cursor. */
+static void *carve(char **cursor, size_t bytes) {
+    void *p = *cursor;
+    *cursor += MT_DIV_UP(bytes, 256) * 256;
+    return p;
+}
+
+#define W(i) ((void *)((char *)g->wc + g->offs[i] * g->es))
+#define G(i) (g->grads + g->offs[i])
+
+static size_t layer_bytes(mt_gpt2_cuda_t g) {
+    size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es, r = 0;
+    size_t sizes[] = {N * C * es, 3 * N * C * es, N * C * es,     N * C * es,
+                      N * C * es, 4 * N * C * es, 4 * N * C * es, N * 4,
+                      N * 4,      N * 4,          N * 4,          (size_t)g->B * g->NH * g->T * 4};
+    for (size_t i = 0; i < MT_ARRAY_LEN(sizes); i++) {
+        r += MT_DIV_UP(sizes[i], 256) * 256;
+    }
+    return r;
+}
+
+static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
+    const mt_model_config_t *c = mt_model_config(m);
+    if (c->kind != MT_MODEL_GPT2) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the GPU path trains model.kind = \"gpt2\" only");
+    }
+    if (c->tp_size != 1) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: tensor parallelism (tp_size %d) is not on the GPU path",
+                        c->tp_size);
+    }
+    if (c->recompute != MT_RECOMPUTE_NONE) {
+        return mt_error(MT_ERR_INVALID_USAGE,
+                        "gpt2_cuda: model.recompute = \"block\" is not implemented on the GPU path (set \"none\")");
+    }
+    if (!p || p->size != sizeof(*p) || (unsigned)p->prec >= MT_PREC_COUNT) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: parameters not initialised with MT_GPT2_CUDA_PARAMS_INIT");
+    }
+    if (p->B < 1 || p->T < 1 || p->T > c->seq_len) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: micro-batch %d x %d must have B >= 1 and 1 <= T <= seq_len %d",
+                        p->B, p->T, c->seq_len);
+    }
+    if ((size_t)p->B * p->T > INT32_MAX / 4 / (size_t)c->n_embd) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: micro-batch %d x %d is too large", p->B, p->T);
+    }
+    for (int i = 0; i < mt_model_n_params(m); i++) {
+        if (!mt_model_param(m, i)->data) {
+            return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: parameter %s has no data to upload",
+                            mt_model_param(m, i)->name);
+        }
+    }
+    return MT_OK;
+}
+
+mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_gpt2_cuda_t *out) {
+    *out = NULL;
+    MT_CHECK(check_model(m, p));
+    if (mt_cuda_device_count() == 0) {
+        return mt_error(MT_ERR_CUDA, "gpt2_cuda: no CUDA device");
+    }
+    const mt_model_config_t *c = mt_model_config(m);
+    mt_gpt2_cuda_t g = mt_calloc(sizeof(*g), MT_MEM_OTHER, "gpt2_cuda");
+    if (!g) {
+        return mt_error(MT_ERR_OOM, "gpt2_cuda: no host memory");
+    }
+    mt_status_t st = MT_OK;
+    g->m = m;
+    g->p = *p;
+    g->L = c->n_layer, g->C = c->n_embd, g->NH = c->n_head, g->V = c->vocab_size, g->Vp = c->padded_vocab;
+    g->B = p->B, g->T = p->T, g->N = p->B * p->T;
+    g->dt = (int)mt_prec_storage(p->prec);
+    g->es = mt_dtype_size((mt_dtype_t)g->dt);
+    g->numel = mt_model_numel(m);
+    g->n_params = mt_model_n_params(m);
+    size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es;
+    MT_CHECK_GOTO(mt_loss_scaler_init(&g->scaler, p->prec, p->init_scale, p->scale_window), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), "stream"), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&g->copied, cudaEventDisableTiming), "event"), st, fail);
+    g->offs = mt_calloc(g->n_params * sizeof(size_t), MT_MEM_OTHER, "gpt2_cuda offsets");
+    g->decay = mt_calloc(g->n_params * sizeof(bool), MT_MEM_OTHER, "gpt2_cuda decay");
+    g->la = mt_calloc((size_t)(g->L > 0 ? g->L : 1) * sizeof(layer_acts_t), MT_MEM_OTHER, "gpt2_cuda layers");
+    if (!g->offs || !g->decay || !g->la) {
+        st = mt_error(MT_ERR_OOM, "gpt2_cuda: no host memory");
+        goto fail;
+    }
+    /* parameters: f32 master (uploaded), compute copy, gradients, AdamW moments */
+    MT_CHECK_GOTO(dalloc(g, (void **)&g->master, g->numel * 4, MT_MEM_PARAMS, "gpt2_cuda master weights"), st, fail);
+    /* uploads on the compute stream: a pageable cudaMemcpy may return before its DMA lands, and the
+     * non-blocking stream would not wait for it */
+    for (int i = 0; i < g->n_params; i++) {
+        const mt_param_t *pp = mt_model_param(m, i);
+        g->offs[i] = pp->offset;
+        g->decay[i] = pp->is_weight2d;
+        MT_CHECK_GOTO(mt_cuda_status(cudaMemcpyAsync(g->master + pp->offset, pp->data, pp->numel * 4,
+                                                     cudaMemcpyHostToDevice, g->stream),
+                                     "upload parameters"),
+                      st, fail);
+    }
+    if (g->dt == MT_CU_F32) {
+        g->wc = g->master;
+    } else {
+        MT_CHECK_GOTO(dalloc(g, &g->wc, g->numel * es, MT_MEM_PARAMS, "gpt2_cuda compute weights"), st, fail);
+        MT_CHECK_GOTO(mt_cuda_status(mt_cuda_convert(g->wc, g->dt, g->master, MT_CU_F32, g->numel, 1.0f, g->stream),
+                                     "convert weights"),
+                      st, fail);
+    }
+    MT_CHECK_GOTO(dalloc(g, (void **)&g->grads, g->numel * 4, MT_MEM_GRADS, "gpt2_cuda grads"), st, fail);
+    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_m, g->numel * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam m"), st, fail);
+    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_v, g->numel * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam v"), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->grads, 0, g->numel * 4, g->stream), "memset"), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_m, 0, g->numel * 4, g->stream), "memset"), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_v, 0, g->numel * 4, g->stream), "memset"), st, fail);
+    /* activations: one allocation for everything backward reads */
+    size_t lb = layer_bytes(g), head = 0;
+    size_t head_sizes[] = {N * C * es, N * 4, N * 4, N * (size_t)g->Vp * es, N * 4, N * 4, 256, 256};
+    for (size_t i = 0; i < MT_ARRAY_LEN(head_sizes); i++) {
+        head += MT_DIV_UP(head_sizes[i], 256) * 256;
+    }
+    size_t resid_bytes = MT_DIV_UP(N * C * es, 256) * 256;
+    g->act_bytes = (size_t)(g->L + 1) * resid_bytes + (size_t)g->L * lb + head;
+    char *cur = NULL;
+    MT_CHECK_GOTO(dalloc(g, (void **)&cur, g->act_bytes, MT_MEM_ACTIVATIONS, "gpt2_cuda activations"), st, fail);
+    g->resid = carve(&cur, (size_t)(g->L + 1) * resid_bytes);
+    for (int l = 0; l < g->L; l++) {
+        layer_acts_t *a = &g->la[l];
+        a->ln1 = carve(&cur, N * C * es);
+        a->qkv = carve(&cur, 3 * N * C * es);
+        a->atty = carve(&cur, N * C * es);
+        a->r2 = carve(&cur, N * C * es);
+        a->ln2 = carve(&cur, N * C * es);
+        a->fch = carve(&cur, 4 * N * C * es);
+        a->fch_gelu = carve(&cur, 4 * N * C * es);
+        a->ln1_mean = carve(&cur, N * 4);
+        a->ln1_rstd = carve(&cur, N * 4);
+        a->ln2_mean = carve(&cur, N * 4);
+        a->ln2_rstd = carve(&cur, N * 4);
+        a->lse = carve(&cur, (size_t)g->B * g->NH * g->T * 4);
+    }
+    g->lnf = carve(&cur, N * C * es);
+    g->lnf_mean = carve(&cur, N * 4);
+    g->lnf_rstd = carve(&cur, N * 4);
+    g->logits = carve(&cur, N * (size_t)g->Vp * es);
+    g->losses = carve(&cur, N * 4);
+    g->lse_ce = carve(&cur, N * 4);
+    g->mean_loss = carve(&cur, 256);
+    g->n_valid = carve(&cur, 256);
+    /* scratch shared by the layers (forward temporaries, backward gradients, reductions) */
+    size_t cs = mt_cuda_colsum_scratch_floats(4 * g->C), ls = mt_cuda_layernorm_scratch_floats(g->C);
+    size_t as = mt_cuda_attention_scratch_floats(g->B, g->T, g->NH), ss = mt_cuda_sumsq_scratch_doubles();
+    size_t scratch = 3 * MT_DIV_UP(N * C * es, 256) * 256 + 2 * MT_DIV_UP(4 * N * C * es, 256) * 256 +
+                     MT_DIV_UP(cs * 4, 256) * 256 + MT_DIV_UP(ls * 4, 256) * 256 + MT_DIV_UP(as * 4, 256) * 256 +
+                     MT_DIV_UP(ss * 8, 256) * 256 + 6 * 256 + 2 * MT_DIV_UP(N * 4, 256) * 256;
+    MT_CHECK_GOTO(dalloc(g, (void **)&cur, scratch, MT_MEM_OTHER, "gpt2_cuda scratch"), st, fail);
+    g->tmp_c = carve(&cur, N * C * es);
+    g->dresid = carve(&cur, N * C * es);
+    g->da = carve(&cur, N * C * es);
+    g->dfg = carve(&cur, 4 * N * C * es);
+    g->dfc = carve(&cur, 4 * N * C * es);
+    g->col_scratch = carve(&cur, cs * 4);
+    g->ln_scratch = carve(&cur, ls * 4);
+    g->attn_scratch = carve(&cur, as * 4);
+    g->sumsq_scratch = carve(&cur, ss * 8);
+    g->sumsq = carve(&cur, 256);
+    g->coef = carve(&cur, 256);
+    g->norm = carve(&cur, 256);
+    g->found_inf = carve(&cur, 256);
+    g->tokens_d = carve(&cur, N * 4);
+    g->targets_d = carve(&cur, N * 4);
+    MT_CHECK_GOTO(dalloc(g, &g->ws, 32 << 20, MT_MEM_OTHER, "cuBLASLt workspace"), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(mt_cuda_ctx_create(&g->ctx, g->ws, 32 << 20, p->prec == MT_PREC_TF32), "cuBLASLt"), st,
+                  fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&g->pinned, 2 * N * 4), "pinned tokens"), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaEventRecord(g->copied, g->stream), "event"), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaStreamSynchronize(g->stream), "init"), st, fail);
+    *out = g;
+    return MT_OK;
+fail:
+    mt_gpt2_cuda_free(g);
+    return st;
+}
+
+void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
+    if (!g) {
+        return;
+    }
+    if (g->stream) {
+        cudaStreamSynchronize(g->stream);
+    }
+    mt_cuda_ctx_destroy(g->ctx);
+    for (int i = g->n_bufs - 1; i >= 0; i--) {
+        mt_dev_free(g->bufs[i]);
+    }
+    if (g->pinned) {
+        cudaFreeHost(g->pinned);
+    }
+    if (g->copied) {
+        cudaEventDestroy(g->copied);
+    }
+    if (g->stream) {
+        cudaStreamDestroy(g->stream);
+    }
+    if (g->marks) {
+        for (int i = 0; i < PROF_MARKS; i++) {
+            cudaEventDestroy(g->marks[i]);
+        }
+        mt_free(g->marks);
+    }
+    mt_free(g->offs);
+    mt_free(g->decay);
+    mt_free(g->la);
+    mt_free(g);
+}
+
+mt_status_t mt_gpt2_cuda_zero_grads(mt_gpt2_cuda_t g) {
+    return mt_cuda_status(cudaMemsetAsync(g->grads, 0, g->numel * 4, g->stream), "zero grads");
+}
+
+#define CK(call) MT_CHECK(mt_cuda_status((call), #call))
+
+/* Records the end of a launch of category cat (or, cat < 0, the start of a timed stretch). */
+static mt_status_t prof_mark(mt_gpt2_cuda_t g, int cat) {
+    if (!g->prof || g->n_marks >= PROF_MARKS) {
+        return MT_OK;
+    }
+    g->mark_cat[g->n_marks] = (int8_t)cat;
+    CK(cudaEventRecord(g->marks[g->n_marks], g->stream));
+    g->n_marks++;
+    return MT_OK;
+}
+#define OP(cat, call)                                                                                                  \
+    do {                                                                                                               \
+        CK(call);                                                                                                      \
+        MT_CHECK(prof_mark(g, MT_GPT2_##cat));                                                                         \
+    } while (0)
+#define MT_GPT2_PROF_START (-1)
+
+static const char *prof_names[MT_GPT2_PROF_COUNT] = {"matmul fwd",    "matmul bwd",    "layernorm fwd", "layernorm bwd",
+                                                     "attention fwd", "attention bwd", "gelu",          "embedding",
+                                                     "softmax+ce",    "optimizer",     "memset/copy"};
+
+const char *mt_gpt2_prof_name(mt_gpt2_prof_t c) {
+    return (unsigned)c < MT_GPT2_PROF_COUNT ? prof_names[c] : "?";
+}
+
+mt_status_t mt_gpt2_cuda_set_profile(mt_gpt2_cuda_t g, bool on) {
+    if (on && !g->marks) {
+        g->marks = mt_calloc(PROF_MARKS * sizeof(cudaEvent_t), MT_MEM_OTHER, "gpt2_cuda profile events");
+        if (!g->marks) {
+            return mt_error(MT_ERR_OOM, "gpt2_cuda: no memory for profile events");
+        }
+        for (int i = 0; i < PROF_MARKS; i++) {
+            CK(cudaEventCreate(&g->marks[i]));
+        }
+    }
+    g->prof = on;
+    g->n_marks = 0;
+    return MT_OK;
+}
+
+void mt_gpt2_cuda_profile(mt_gpt2_cuda_t g, double *ms, int64_t *steps) {
+    memcpy(ms, g->prof_ms, sizeof(g->prof_ms));
+    *steps = g->prof_steps;
+}
+
+/* After a synchronisation: adds every launch's time to its category and clears the marks. */
+static mt_status_t prof_collect(mt_gpt2_cuda_t g) {
+    for (int k = 1; k < g->n_marks; k++) {
+        if (g->mark_cat[k] >= 0) {
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, g->marks[k - 1], g->marks[k]));
+            g->prof_ms[g->mark_cat[k]] += ms;
+        }
+    }
+    if (g->n_marks > 0) {
+        g->prof_steps++;
+    }
+    g->n_marks = 0;
+    return MT_OK;
+}
+#define RES(l) ((void *)((char *)g->resid + (size_t)(l)*MT_DIV_UP((size_t)g->N * g->C * g->es, 256) * 256))
+
+mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const int32_t *targets) {
+    int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt;
+    void *s = g->stream;
+    for (int i = 0; i < N; i++) {
+        if (tokens[i] < 0 || tokens[i] >= g->V) {
+            return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: token %d at position %d is outside [0, %d)", tokens[i], i,
+                            g->V);
+        }
+        if (targets[i] < -1 || targets[i] >= g->V) {
+            return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: target %d at position %d is outside [0, %d) and not -1",
+                            targets[i], i, g->V);
+        }
+    }
+    CK(cudaEventSynchronize(g->copied)); /* the previous copy out of the pinned buffer is done */
+    memcpy(g->pinned, tokens, (size_t)N * 4);
+    memcpy(g->pinned + N, targets, (size_t)N * 4);
+    CK(cudaMemcpyAsync(g->tokens_d, g->pinned, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
+    CK(cudaMemcpyAsync(g->targets_d, g->pinned + N, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
+    CK(cudaEventRecord(g->copied, g->stream));
+    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    OP(PROF_EMBED, mt_cuda_embedding_forward(RES(0), g->tokens_d, W(0), W(1), B, T, C, dt, s));
+    int pf = BLOCK0 + L * NBP; /* ln_f */
+    if (L == 0) {
+        OP(PROF_LN_FWD,
+           mt_cuda_layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, RES(0), W(pf), W(pf + 1), N, C, dt, s));
+    }
+    for (int l = 0; l < L; l++) {
+        layer_acts_t *a = &g->la[l];
+        int p = BLOCK0 + l * NBP;
+        if (l == 0) { /* later blocks get ln_1 from the previous block's fused residual + LayerNorm */
+            OP(PROF_LN_FWD, mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(0), W(p + LN1W),
+                                                      W(p + LN1B), N, C, dt, s));
+        }
+        OP(PROF_MATMUL_FWD,
+           mt_cuda_matmul_forward(g->ctx, a->qkv, 3 * C, NULL, a->ln1, W(p + QKVW), W(p + QKVB), N, C, 3 * C, dt, s));
+        OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, C, g->NH, dt, s));
+        OP(PROF_MATMUL_FWD,
+           mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->atty, W(p + PROJW), W(p + PROJB), N, C, C, dt, s));
+        OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, a->ln2, a->ln2_mean, a->ln2_rstd, g->tmp_c, RES(l),
+                                                           W(p + LN2W), W(p + LN2B), N, C, dt, s));
+        if (g->p.fused_gelu) {
+            OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, a->fch_gelu, 4 * C, a->fch, a->ln2, W(p + FCW),
+                                                       W(p + FCB), N, C, 4 * C, dt, s));
+        } else {
+            OP(PROF_MATMUL_FWD,
+               mt_cuda_matmul_forward(g->ctx, a->fch, 4 * C, NULL, a->ln2, W(p + FCW), W(p + FCB), N, C, 4 * C, dt, s));
+            OP(PROF_GELU, mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C, dt, s));
+        }
+        OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->fch_gelu, W(p + FCPW), W(p + FCPB), N,
+                                                   4 * C, C, dt, s));
+        if (l + 1 < L) {
+            layer_acts_t *nx = &g->la[l + 1];
+            int pn = p + NBP;
+            OP(PROF_LN_FWD,
+               mt_cuda_residual_layernorm_forward(RES(l + 1), nx->ln1, nx->ln1_mean, nx->ln1_rstd, g->tmp_c, a->r2,
+                                                  W(pn + LN1W), W(pn + LN1B), N, C, dt, s));
+        } else {
+            OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(RES(L), g->lnf, g->lnf_mean, g->lnf_rstd, g->tmp_c,
+                                                               a->r2, W(pf), W(pf + 1), N, C, dt, s));
+        }
+    }
+    /* logits (N, Vp): the V real columns; padded columns are never read */
+    OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->logits, g->Vp, NULL, g->lnf, W(0), NULL, N, C, g->V, dt, s));
+    OP(PROF_CE, mt_cuda_softmax_ce_forward(g->losses, g->lse_ce, g->mean_loss, g->n_valid, g->logits, g->targets_d, N,
+                                           g->V, g->Vp, dt, s));
+    return MT_OK;
+}
+
+mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
+    int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt;
+    size_t NC = (size_t)N * C, es = g->es;
+    void *s = g->stream;
+    cudaStream_t cs = g->stream;
+    int pf = BLOCK0 + L * NBP;
+    float scale = loss_grad_scale * mt_loss_scaler_scale(&g->scaler);
+    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    /* head: dlogits in place, dlnf = dlogits @ wte (and dwte += dlogits^T lnf), ln_f backward */
+    OP(PROF_CE, mt_cuda_softmax_ce_backward(g->logits, g->logits, g->lse_ce, g->targets_d, g->n_valid, N, g->V, g->Vp,
+                                            scale, dt, s));
+    OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
+    OP(PROF_MATMUL_BWD,
+       mt_cuda_matmul_backward(g->ctx, g->da, G(0), NULL, g->logits, g->Vp, g->lnf, W(0), N, C, g->V, dt, NULL, s));
+    OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, NC * es, cs));
+    OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->lnf_mean,
+                                               g->lnf_rstd, N, C, dt, g->ln_scratch, s));
+    for (int l = L - 1; l >= 0; l--) {
+        layer_acts_t *a = &g->la[l];
+        int p = BLOCK0 + l * NBP;
+        /* MLP branch: x_{l+1} = r2 + fcproj(gelu(fc(ln2(r2)))); dresid holds d x_{l+1} */
+        OP(PROF_OTHER, cudaMemsetAsync(g->dfg, 0, 4 * NC * es, cs));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->dfg, G(p + FCPW), G(p + FCPB), g->dresid, C, a->fch_gelu,
+                                                    W(p + FCPW), N, 4 * C, C, dt, g->col_scratch, s));
+        OP(PROF_OTHER, cudaMemsetAsync(g->dfc, 0, 4 * NC * es, cs));
+        OP(PROF_GELU, mt_cuda_gelu_backward(g->dfc, a->fch, g->dfg, 4 * NC, dt, s));
+        OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->da, G(p + FCW), G(p + FCB), g->dfc, 4 * C, a->ln2,
+                                                    W(p + FCW), N, C, 4 * C, dt, g->col_scratch, s));
+        OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(p + LN2W), G(p + LN2B), g->da, a->r2, W(p + LN2W),
+                                                   a->ln2_mean, a->ln2_rstd, N, C, dt, g->ln_scratch, s));
+        /* attention branch: r2 = x_l + proj(attn(qkv(ln1(x_l)))); dresid now holds d r2 */
+        OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->da, G(p + PROJW), G(p + PROJB), g->dresid, C, a->atty,
+                                                    W(p + PROJW), N, C, C, dt, g->col_scratch, s));
+        void *dqkv = g->dfg; /* (N,3C) fits in (N,4C) */
+        OP(PROF_OTHER, cudaMemsetAsync(dqkv, 0, 3 * NC * es, cs));
+        OP(PROF_ATTN_BWD,
+           mt_cuda_attention_backward(dqkv, g->da, a->qkv, a->atty, a->lse, B, T, C, g->NH, dt, g->attn_scratch, s));
+        void *dln1 = g->dfc;
+        OP(PROF_OTHER, cudaMemsetAsync(dln1, 0, NC * es, cs));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, dln1, G(p + QKVW), G(p + QKVB), dqkv, 3 * C, a->ln1,
+                                                    W(p + QKVW), N, C, 3 * C, dt, g->col_scratch, s));
+        OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(p + LN1W), G(p + LN1B), dln1, RES(l), W(p + LN1W),
+                                                   a->ln1_mean, a->ln1_rstd, N, C, dt, g->ln_scratch, s));
+    }
+    OP(PROF_EMBED, mt_cuda_embedding_backward(G(0), G(1), g->dresid, g->tokens_d, B, T, C, dt, s));
+    return MT_OK;
+}
+
+mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float max_norm) {
+    if (op->kind != MT_OPTIM_ADAMW) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the GPU step implements AdamW (optimizer.kind = \"adamw\")");
+    }
+    if (g->stepped) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: call mt_gpt2_cuda_step_result after each step");
+    }
+    void *s = g->stream;
+    const int *skip = NULL;
+    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    if (g->scaler.dynamic) {
+        OP(PROF_OTHER, cudaMemsetAsync(g->found_inf, 0, sizeof(int), g->stream));
+        OP(PROF_OPT, mt_cuda_check_finite(g->found_inf, g->grads, g->numel, MT_CU_F32, s));
+        skip = g->found_inf;
+    }
+    OP(PROF_OPT, mt_cuda_sumsq(g->sumsq, g->grads, g->numel, g->sumsq_scratch, s));
+    OP(PROF_OPT, mt_cuda_clip_coef(g->coef, g->norm, g->sumsq, max_norm, mt_loss_scaler_inv_scale(&g->scaler), s));
+    g->t++;
+    void *lowp = g->dt == MT_CU_F32 ? NULL : g->wc;
+    /* runs of consecutive parameters with the same decay flag in one launch each */
+    for (int i = 0; i < g->n_params;) {
+        int j = i + 1;
+        while (j < g->n_params && g->decay[j] == g->decay[i]) {
+            j++;
+        }
+        size_t lo = g->offs[i], hi = j < g->n_params ? g->offs[j] : g->numel;
+        float wd = g->decay[i] ? op->weight_decay : 0.0f;
+        void *lp = lowp ? (char *)lowp + lo * g->es : NULL;
+        OP(PROF_OPT, mt_cuda_adamw(g->master + lo, g->grads + lo, g->adam_m + lo, g->adam_v + lo, hi - lo, lr,
+                                   op->beta1, op->beta2, op->eps, wd, g->t, 1.0f, g->coef, skip, lp, g->dt, s));
+        i = j;
+    }
+    g->stepped = true;
+    return MT_OK;
+}
+
+mt_status_t mt_gpt2_cuda_step_result(mt_gpt2_cuda_t g, mt_gpt2_cuda_result_t *r) {
+    CK(cudaStreamSynchronize(g->stream));
+    MT_CHECK(prof_collect(g));
+    int found = 0;
+    CK(cudaMemcpy(&r->loss, g->mean_loss, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&r->grad_norm, g->norm, 4, cudaMemcpyDeviceToHost));
+    if (g->scaler.dynamic) {
+        CK(cudaMemcpy(&found, g->found_inf, 4, cudaMemcpyDeviceToHost));
+    }
+    r->skipped = false;
+    if (g->stepped) {
+        r->skipped = mt_loss_scaler_update(&g->scaler, found);
+        if (r->skipped) {
+            g->t--; /* the device left everything untouched: the step does not count for bias correction */
+        }
+        g->stepped = false;
+    }
+    r->loss_scale = mt_loss_scaler_scale(&g->scaler);
+    return MT_OK;
+}
+
+mt_status_t mt_gpt2_cuda_loss(mt_gpt2_cuda_t g, float *loss) {
+    CK(cudaStreamSynchronize(g->stream));
+    CK(cudaMemcpy(loss, g->mean_loss, 4, cudaMemcpyDeviceToHost));
+    return MT_OK;
+}
+
+mt_status_t mt_gpt2_cuda_get_grads(mt_gpt2_cuda_t g, float *host) {
+    CK(cudaStreamSynchronize(g->stream));
+    CK(cudaMemcpy(host, g->grads, g->numel * 4, cudaMemcpyDeviceToHost));
+    return MT_OK;
+}
+
+mt_status_t mt_gpt2_cuda_get_params(mt_gpt2_cuda_t g, float *host) {
+    CK(cudaStreamSynchronize(g->stream));
+    CK(cudaMemcpy(host, g->master, g->numel * 4, cudaMemcpyDeviceToHost));
+    return MT_OK;
+}
+
+void *mt_gpt2_cuda_stream(mt_gpt2_cuda_t g) {
+    return g->stream;
+}
+
+size_t mt_gpt2_cuda_activation_bytes(mt_gpt2_cuda_t g) {
+    return g->act_bytes;
+}

@@ -1,0 +1,110 @@
+/* GPT-2 training on one GPU from the CUDA kernels: the same model as models/gpt2 (same parameters, same
+ * registration order and flat layout, same math; the CPU code stays the reference it is tested against),
+ * with f32 master weights, gradients and AdamW state on the device, compute in precision.compute
+ * (fp32 / tf32 / bf16 / fp16 with dynamic loss scaling), and a step that never waits on the device except
+ * where the caller reads a result (mt_gpt2_cuda_step_result). Used by bench/ and the GPU tests; the engines
+ * of parallel/ still drive the CPU model (see docs/gpu.md for what the device path covers).
+ * SPDX-License-Identifier: MIT */
+#ifndef MT_GPT2_CUDA_H
+#define MT_GPT2_CUDA_H
+
+#include "models/model.h"
+#include "models/optim/optim.h"
+#include "runtime/precision.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    size_t size;          /* sizeof(mt_gpt2_cuda_params_t) */
+    mt_prec_t prec;       /* precision.compute */
+    int B, T;             /* micro-batch shape (T <= seq_len) */
+    float init_scale;     /* fp16: precision.init_scale */
+    int64_t scale_window; /* fp16: precision.scale_window */
+    bool fused_gelu;      /* the fc layer's GELU in the cuBLASLt epilogue (default true) */
+} mt_gpt2_cuda_params_t;
+
+#define MT_GPT2_CUDA_PARAMS_INIT                                                                                       \
+    {                                                                                                                  \
+        .size = sizeof(mt_gpt2_cuda_params_t), .prec = MT_PREC_FP32, .B = 4, .T = 64, .init_scale = 65536.0f,          \
+        .scale_window = 1000, .fused_gelu = true                                                                       \
+    }
+
+typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
+
+/* Builds the device model from m (a GPT-2 with tp_size 1 and recompute none, whose parameters are bound
+ * and initialised on the host): uploads the parameters as f32 master weights, allocates the compute copy
+ * (bf16/fp16), gradients, AdamW moments and the activations of one B x T micro-batch through the caching
+ * allocator. Errors: MT_ERR_INVALID_ARG / MT_ERR_INVALID_USAGE naming the unsupported setting, MT_ERR_OOM
+ * (with the allocator's report), MT_ERR_CUDA. */
+mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_gpt2_cuda_t *out);
+void mt_gpt2_cuda_free(mt_gpt2_cuda_t g);
+
+/* Zeroes the gradients (enqueued). */
+mt_status_t mt_gpt2_cuda_zero_grads(mt_gpt2_cuda_t g);
+
+/* Forward of one micro-batch: tokens, targets (B*T host int32, tokens in [0, V), targets in [0, V) or -1)
+ * are validated on the host (MT_ERR_INVALID_ARG naming the first bad one) and copied; the loss stays on the
+ * device. */
+mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const int32_t *targets);
+
+/* Backward of the last forward, ACCUMULATING into the f32 gradients; the loss gradient starts at
+ * loss_grad_scale (1/n_micro to average) times the fp16 loss scale. */
+mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale);
+
+/* Optimizer step (enqueued, no host wait): global-norm clipping at max_norm (<= 0: off) on the unscaled
+ * gradients, the fp16 overflow check (a step with inf/NaN gradients changes nothing), fused AdamW on the
+ * master weights (weight decay on 2-D weights only, as the CPU optimizer) refreshing the compute copy. */
+mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float max_norm);
+
+typedef struct {
+    float loss;       /* mean loss of the last forward */
+    float grad_norm;  /* unscaled global gradient norm of the last step */
+    bool skipped;     /* fp16: the last step overflowed and was skipped */
+    float loss_scale; /* the scale the next backward uses */
+} mt_gpt2_cuda_result_t;
+
+/* Waits for the stream and reads the last step's figures; also advances the fp16 loss scaler (so call it
+ * once per step, after mt_gpt2_cuda_step). This is the one device-to-host synchronisation of a step. */
+mt_status_t mt_gpt2_cuda_step_result(mt_gpt2_cuda_t g, mt_gpt2_cuda_result_t *r);
+
+/* Waits and reads the loss of the last forward (no step needed). */
+mt_status_t mt_gpt2_cuda_loss(mt_gpt2_cuda_t g, float *loss);
+
+/* Copies the f32 gradients / master parameters (numel floats, flat layout) to host memory (waits). */
+mt_status_t mt_gpt2_cuda_get_grads(mt_gpt2_cuda_t g, float *host);
+mt_status_t mt_gpt2_cuda_get_params(mt_gpt2_cuda_t g, float *host);
+
+/* Per-kernel time breakdown: with profiling on, an event is recorded after every launch of forward,
+ * backward and step, and mt_gpt2_cuda_step_result adds each launch's time (from the previous event) to its
+ * category. Costs one event record per launch. */
+typedef enum {
+    MT_GPT2_PROF_MATMUL_FWD,
+    MT_GPT2_PROF_MATMUL_BWD,
+    MT_GPT2_PROF_LN_FWD, /* LayerNorm, fused with the residual add before it */
+    MT_GPT2_PROF_LN_BWD,
+    MT_GPT2_PROF_ATTN_FWD,
+    MT_GPT2_PROF_ATTN_BWD,
+    MT_GPT2_PROF_GELU, /* the unfused GELU forward and the GELU backward */
+    MT_GPT2_PROF_EMBED,
+    MT_GPT2_PROF_CE,    /* fused softmax + cross-entropy, forward and backward */
+    MT_GPT2_PROF_OPT,   /* inf check, norm, clip coefficient, AdamW */
+    MT_GPT2_PROF_OTHER, /* memsets and copies */
+    MT_GPT2_PROF_COUNT
+} mt_gpt2_prof_t;
+mt_status_t mt_gpt2_cuda_set_profile(mt_gpt2_cuda_t g, bool on);
+/* Milliseconds per category summed over *steps profiled steps (ms has MT_GPT2_PROF_COUNT entries). */
+void mt_gpt2_cuda_profile(mt_gpt2_cuda_t g, double *ms, int64_t *steps);
+const char *mt_gpt2_prof_name(mt_gpt2_prof_t c);
+
+/* The compute stream (cudaStream_t) every launch of g is ordered on. */
+void *mt_gpt2_cuda_stream(mt_gpt2_cuda_t g);
+
+/* Device bytes of g by role, for reports. */
+size_t mt_gpt2_cuda_activation_bytes(mt_gpt2_cuda_t g);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MT_GPT2_CUDA_H */

@@ -1,0 +1,321 @@
+/* Matrix products through cuBLASLt: forward with the bias (and, for the MLP's fc layer, bias + GELU) fused
+ * into the epilogue, backward as two products accumulating into the gradients (beta = 1), the bias
+ * gradient as a deterministic column sum. Row-major operands are handed to the column-major library as
+ * their transposes: row-major X (R, C) is column-major X^T (C, R) with the same memory, so
+ *     out (N,OC) = inp (N,C) @ w^T   becomes   out^T (OC,N) = op_T(w as (C,OC)) @ inp^T (C,N).
+ * Precision: f32 storage computes in f32 (CUBLAS_COMPUTE_32F) or, with tf32 on, on tensor cores with
+ * 10-bit mantissa inputs (CUBLAS_COMPUTE_32F_FAST_TF32); bf16/f16 storage multiplies on tensor cores
+ * and accumulates in f32; weight gradients are written in f32 in every mode. Heuristic choices are
+ * cached per shape, dtype, epilogue and pointer alignment.
+ * SPDX-License-Identifier: MIT */
+#include <cublasLt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "models/cuda/cuda_impl.h"
+
+enum { CS_SPLIT = 64, CS_COLS = 32, CS_ROWS = 8, ALGO_CACHE = 256 };
+
+typedef struct {
+    int transa, transb, m, n, k, lda, ldb, ldd, ab_type, d_type, epi, ldaux, compute, align;
+} algo_key_t;
+
+typedef struct {
+    algo_key_t key;
+    cublasLtMatmulAlgo_t algo;
+    bool ok;
+} algo_entry_t;
+
+struct mt_cuda_ctx {
+    cublasLtHandle_t lt;
+    void *ws;
+    size_t ws_bytes;
+    bool tf32;
+    algo_entry_t cache[ALGO_CACHE];
+    int n_cache;
+};
+
+static thread_local char cublas_detail[256];
+
+extern "C" const char *mt_cuda_error_detail(void) {
+    return cublas_detail;
+}
+
+static cudaError_t cublas_fail(cublasStatus_t st, const char *what) {
+    snprintf(cublas_detail, sizeof(cublas_detail), "%s: cuBLAS status %d (%s)", what, (int)st,
+             cublasLtGetStatusString(st));
+    return cudaErrorUnknown;
+}
+
+#define LT_CHECK(call)                                                                                                 \
+    do {                                                                                                               \
+        cublasStatus_t lt_st_ = (call);                                                                                \
+        if (lt_st_ != CUBLAS_STATUS_SUCCESS) {                                                                         \
+            err = cublas_fail(lt_st_, #call);                                                                          \
+            goto exit;                                                                                                 \
+        }                                                                                                              \
+    } while (0)
+
+/* ======================================== kernels ======================================== */
+
+/* Stage 1 of the column sum: block (32-column group x, row slab y) -> partial[y][c]. */
+template <typename T>
+static __global__ void colsum_partial_kernel(float *partial, const T *src, int ld, int N, int OC) {
+    __shared__ float sh[CS_ROWS][CS_COLS + 1];
+    int tx = threadIdx.x % CS_COLS, ty = threadIdx.x / CS_COLS;
+    int c = blockIdx.x * CS_COLS + tx;
+    float a = 0.0f;
+    if (c < OC) {
+        for (int n = blockIdx.y * CS_ROWS + ty; n < N; n += gridDim.y * CS_ROWS) {
+            a += to_f32(src[(size_t)n * ld + c]);
+        }
+    }
+    sh[ty][tx] = a;
+    __syncthreads();
+    if (ty == 0 && c < OC) {
+        for (int k = 1; k < CS_ROWS; k++) {
+            a += sh[k][tx];
+        }
+        partial[(size_t)blockIdx.y * OC + c] = a;
+    }
+}
+
+/* Stage 2: dst[c] += sum_y partial[y][c] in order. */
+static __global__ void colsum_final_kernel(float *dst, const float *partial, int OC, int S) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < OC) {
+        float a = 0.0f;
+        for (int y = 0; y < S; y++) {
+            a += partial[(size_t)y * OC + c];
+        }
+        dst[c] += a;
+    }
+}
+
+/* ======================================== launchers ======================================== */
+
+static cudaDataType_t cuda_type(int dt) {
+    return dt == MT_CU_BF16 ? CUDA_R_16BF : dt == MT_CU_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* Largest power of two (<= 256) dividing the address: what the heuristic may assume. */
+static int ptr_align(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int al = 256;
+    while (al > 1 && (a % (uintptr_t)al) != 0) {
+        al >>= 1;
+    }
+    return al;
+}
+
+extern "C" cudaError_t mt_cuda_ctx_create(mt_cuda_ctx_t *out, void *workspace, size_t workspace_bytes, bool tf32) {
+    *out = NULL;
+    mt_cuda_ctx_t c = (mt_cuda_ctx_t)calloc(1, sizeof(*c));
+    if (!c) {
+        return cudaErrorMemoryAllocation;
+    }
+    cublasStatus_t st = cublasLtCreate(&c->lt);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        free(c);
+        return cublas_fail(st, "cublasLtCreate");
+    }
+    c->ws = workspace;
+    c->ws_bytes = workspace ? workspace_bytes : 0;
+    c->tf32 = tf32;
+    *out = c;
+    return cudaSuccess;
+}
+
+extern "C" void mt_cuda_ctx_destroy(mt_cuda_ctx_t ctx) {
+    if (ctx) {
+        cublasLtDestroy(ctx->lt);
+        free(ctx);
+    }
+}
+
+/* D (m,n; ldd) = alpha op(A) op(B) + beta D, column-major, with an optional epilogue. */
+static cudaError_t lt_matmul(mt_cuda_ctx_t ctx, bool transa, bool transb, int m, int n, int k, const void *A, int lda,
+                             const void *B, int ldb, void *D, int ldd, int ab_dt, int d_dt, float beta,
+                             cublasLtEpilogue_t epi, const void *bias, void *aux, int ldaux, cudaStream_t stream) {
+    cudaError_t err = cudaSuccess;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t ad = NULL, bd = NULL, dd = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasComputeType_t compute = (ab_dt == MT_CU_F32 && ctx->tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cublasOperation_t ta = transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    float alpha = 1.0f;
+    int al = ptr_align(A);
+    al = min(al, ptr_align(B));
+    al = min(al, ptr_align(D));
+    if (bias) {
+        al = min(al, ptr_align(bias));
+    }
+    if (aux) {
+        al = min(al, ptr_align(aux));
+    }
+    algo_key_t key;
+    memset(&key, 0, sizeof(key));
+    key = {transa, transb, m, n, k, lda, ldb, ldd, ab_dt, d_dt, (int)epi, ldaux, (int)compute, al};
+    algo_entry_t *hit = NULL;
+    for (int i = 0; i < ctx->n_cache; i++) {
+        if (!memcmp(&ctx->cache[i].key, &key, sizeof(key))) {
+            hit = &ctx->cache[i];
+            break;
+        }
+    }
+    cublasLtMatmulAlgo_t algo;
+    LT_CHECK(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    }
+    if (bias) {
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    if (aux) {
+        int64_t ld64 = ldaux;
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld64, sizeof(ld64)));
+    }
+    LT_CHECK(cublasLtMatrixLayoutCreate(&ad, cuda_type(ab_dt), transa ? k : m, transa ? m : k, lda));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&bd, cuda_type(ab_dt), transb ? n : k, transb ? k : n, ldb));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&dd, cuda_type(d_dt), m, n, ldd));
+    if (hit) {
+        if (!hit->ok) {
+            err = cublas_fail(CUBLAS_STATUS_NOT_SUPPORTED, "no cuBLASLt algorithm for this product (cached)");
+            goto exit;
+        }
+        algo = hit->algo;
+    } else {
+        uint32_t a32 = (uint32_t)al;
+        LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->ws_bytes,
+                                                      sizeof(ctx->ws_bytes)));
+        LT_CHECK(
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a32, sizeof(a32)));
+        LT_CHECK(
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &a32, sizeof(a32)));
+        LT_CHECK(
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &a32, sizeof(a32)));
+        LT_CHECK(
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &a32, sizeof(a32)));
+        cublasLtMatmulHeuristicResult_t res;
+        int nres = 0;
+        cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(ctx->lt, op, ad, bd, dd, dd, pref, 1, &res, &nres);
+        bool ok = hst == CUBLAS_STATUS_SUCCESS && nres > 0;
+        if (ctx->n_cache < ALGO_CACHE) {
+            algo_entry_t *e = &ctx->cache[ctx->n_cache++];
+            e->key = key;
+            e->ok = ok;
+            if (ok) {
+                e->algo = res.algo;
+            }
+        }
+        if (!ok) {
+            err = cublas_fail(hst == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : hst,
+                              "cublasLtMatmulAlgoGetHeuristic found no algorithm");
+            goto exit;
+        }
+        algo = res.algo;
+    }
+    LT_CHECK(
+        cublasLtMatmul(ctx->lt, op, &alpha, A, ad, B, bd, &beta, D, dd, D, dd, &algo, ctx->ws, ctx->ws_bytes, stream));
+exit:
+    if (pref) {
+        cublasLtMatmulPreferenceDestroy(pref);
+    }
+    if (dd) {
+        cublasLtMatrixLayoutDestroy(dd);
+    }
+    if (bd) {
+        cublasLtMatrixLayoutDestroy(bd);
+    }
+    if (ad) {
+        cublasLtMatrixLayoutDestroy(ad);
+    }
+    if (op) {
+        cublasLtMatmulDescDestroy(op);
+    }
+    return err;
+}
+
+extern "C" cudaError_t mt_cuda_matmul_forward(mt_cuda_ctx_t ctx, void *out, int ldo, void *gelu_pre, const void *inp,
+                                              const void *w, const void *bias, int N, int C, int OC, int dt,
+                                              void *stream) {
+    MT_CU_CHECK_SHAPE(ctx && out && inp && w && N > 0 && C > 0 && OC > 0 && ldo >= OC);
+    MT_CU_CHECK_SHAPE(!gelu_pre || ldo == OC);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (gelu_pre) {
+        /* fused: pre = inp w^T + b kept in aux, out = gelu(pre); the aux matrix needs ld % 8 == 0 */
+        if (OC % 8 == 0) {
+            cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+            cudaError_t e =
+                lt_matmul(ctx, true, false, OC, N, C, w, C, inp, C, out, ldo, dt, dt, 0.0f, epi, bias, gelu_pre, OC, s);
+            if (e == cudaSuccess) {
+                return cudaGetLastError();
+            }
+        }
+        /* unfused fallback: the product with bias into pre, then the GELU kernel */
+        cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        cudaError_t e =
+            lt_matmul(ctx, true, false, OC, N, C, w, C, inp, C, gelu_pre, OC, dt, dt, 0.0f, epi, bias, NULL, 0, s);
+        if (e != cudaSuccess) {
+            return e;
+        }
+        return mt_cuda_gelu_forward(out, gelu_pre, (size_t)N * OC, dt, stream);
+    }
+    cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    cudaError_t e = lt_matmul(ctx, true, false, OC, N, C, w, C, inp, C, out, ldo, dt, dt, 0.0f, epi, bias, NULL, 0, s);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+extern "C" size_t mt_cuda_colsum_scratch_floats(int OC) {
+    return (size_t)CS_SPLIT * (size_t)OC;
+}
+
+extern "C" cudaError_t mt_cuda_colsum(float *dst, const void *src, int ld, int N, int OC, int dt, float *scratch,
+                                      void *stream) {
+    MT_CU_CHECK_SHAPE(dst && src && scratch && N > 0 && OC > 0 && ld >= OC);
+    cudaStream_t s = (cudaStream_t)stream;
+    int split = (N + CS_ROWS - 1) / CS_ROWS < CS_SPLIT ? (N + CS_ROWS - 1) / CS_ROWS : CS_SPLIT;
+    dim3 g1((unsigned)((OC + CS_COLS - 1) / CS_COLS), (unsigned)split);
+    MT_CU_DISPATCH(dt, T,
+                   colsum_partial_kernel<T><<<g1, CS_COLS * CS_ROWS, 0, s>>>(scratch, (const T *)src, ld, N, OC));
+    colsum_final_kernel<<<(unsigned)((OC + 255) / 256), 256, 0, s>>>(dst, scratch, OC, split);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t mt_cuda_matmul_backward(mt_cuda_ctx_t ctx, void *dinp, float *dw, float *dbias, const void *dout,
+                                               int ldo, const void *inp, const void *w, int N, int C, int OC, int dt,
+                                               float *scratch, void *stream) {
+    MT_CU_CHECK_SHAPE(ctx && dout && N > 0 && C > 0 && OC > 0 && ldo >= OC);
+    MT_CU_CHECK_SHAPE((!dinp || w) && (!dw || inp) && (!dbias || scratch));
+    cudaStream_t s = (cudaStream_t)stream;
+    cudaError_t e;
+    if (dinp) { /* dinp^T (C,N) += w as (C,OC) @ dout^T (OC,N) */
+        e = lt_matmul(ctx, false, false, C, N, OC, w, C, dout, ldo, dinp, C, dt, dt, 1.0f, CUBLASLT_EPILOGUE_DEFAULT,
+                      NULL, NULL, 0, s);
+        if (e != cudaSuccess) {
+            return e;
+        }
+    }
+    if (dw) { /* dw^T (C,OC) += inp^T (C,N) @ op_T(dout^T as (OC,N)) */
+        e = lt_matmul(ctx, false, true, C, OC, N, inp, C, dout, ldo, dw, C, dt, MT_CU_F32, 1.0f,
+                      CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, s);
+        if (e != cudaSuccess) {
+            return e;
+        }
+    }
+    if (dbias) {
+        return mt_cuda_colsum(dbias, dout, ldo, N, OC, dt, scratch, stream);
+    }
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t mt_cuda_gemm_bench(mt_cuda_ctx_t ctx, void *out, const void *inp, const void *w, int N, int C,
+                                          int OC, int dt, void *stream) {
+    MT_CU_CHECK_SHAPE(ctx && out && inp && w && N > 0 && C > 0 && OC > 0);
+    return lt_matmul(ctx, true, false, OC, N, C, w, C, inp, C, out, OC, dt, dt, 0.0f, CUBLASLT_EPILOGUE_DEFAULT, NULL,
+                     NULL, 0, (cudaStream_t)stream);
+}

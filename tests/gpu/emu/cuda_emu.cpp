@@ -1,0 +1,597 @@
+// The CPU emulator behind the headers of this directory (see cuda_runtime.h): runtime API over host memory,
+// kernel launches whose block threads are fibers (ucontext) scheduled round-robin on the calling thread and
+// switched at __syncthreads and warp shuffles (a thread that returns counts as arrived, as on sm_70+),
+// shuffles through per-thread slots between two group barriers, and the cuBLASLt matmul subset. Streams and
+// events are ordering no-ops because every launch and copy completes before it returns. Test-only.
+// SPDX-License-Identifier: MIT
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <ucontext.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "cublasLt.h"
+#include "cuda_bf16.h"
+#include "cuda_fp16.h"
+#include "cuda_runtime.h"
+
+dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+/* ---- runtime API ---- */
+
+static std::mutex mem_mu;
+static std::map<void *, size_t> allocs;
+static size_t held;
+
+extern "C" {
+cudaError_t cudaGetDeviceCount(int *n) {
+    *n = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *d) {
+    *d = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) {
+    return cudaSuccess;
+}
+const char *cudaGetErrorString(cudaError_t e) {
+    return e == cudaSuccess ? "no error" : e == cudaErrorMemoryAllocation ? "out of memory" : "emulated error";
+}
+cudaError_t cudaDeviceSynchronize(void) {
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetPCIBusId(char *bus, int len, int dev) {
+    snprintf(bus, (size_t)len, "0000:00:00.0");
+    return cudaSuccess;
+}
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+    if (bytes > ((size_t)64 << 30)) { /* the emulated device has 64 GiB */
+        *p = NULL;
+        return cudaErrorMemoryAllocation;
+    }
+    if (posix_memalign(p, 256, bytes ? bytes : 1) != 0) {
+        return cudaErrorMemoryAllocation;
+    }
+    memset(*p, 0xa5, bytes); /* uninitialised device memory is garbage, not zeros */
+    std::lock_guard<std::mutex> g(mem_mu);
+    allocs[*p] = bytes;
+    held += bytes;
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p) {
+    if (!p) {
+        return cudaSuccess;
+    }
+    std::lock_guard<std::mutex> g(mem_mu);
+    auto it = allocs.find(p);
+    if (it == allocs.end()) {
+        return cudaErrorInvalidValue;
+    }
+    held -= it->second;
+    allocs.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **p, size_t bytes) {
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void *p) {
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t *fr, size_t *tot) {
+    std::lock_guard<std::mutex> g(mem_mu);
+    *tot = (size_t)64 << 30;
+    *fr = *tot - held;
+    return cudaSuccess;
+}
+size_t mt_emu_device_bytes(void) {
+    std::lock_guard<std::mutex> g(mem_mu);
+    return held;
+}
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k) {
+    memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k, cudaStream_t s) {
+    return cudaMemcpy(dst, src, bytes, k);
+}
+cudaError_t cudaMemset(void *p, int v, size_t bytes) {
+    memset(p, v, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
+    return cudaMemset(p, v, bytes);
+}
+static int stream_objs, event_objs;
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    *s = (cudaStream_t)(uintptr_t)(0x1000 + 16 * ++stream_objs);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+    return cudaStreamCreate(s);
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    *e = (cudaEvent_t)(uintptr_t)(0x100000 + 16 * ++event_objs);
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+    return cudaEventCreate(e);
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    *ms = 0.0f;
+    return cudaSuccess;
+}
+}
+
+/* ---- launches ---- */
+
+namespace {
+
+enum fstate { F_RUN, F_SYNC, F_GROUP, F_DONE };
+
+/* Context switches: on x86-64 a minimal switch of the callee-saved registers and the stack pointer (glibc's
+ * swapcontext makes a signal-mask system call per switch, which dominated the emulated run time); elsewhere
+ * ucontext. */
+#if defined(__x86_64__)
+extern "C" void mt_emu_switch(void **save_sp, void *to_sp);
+asm(R"(
+    .text
+    .globl mt_emu_switch
+    .type mt_emu_switch, @function
+mt_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size mt_emu_switch, .-mt_emu_switch
+    .section .note.GNU-stack,"",@progbits
+    .text
+)");
+#define MT_EMU_FAST_SWITCH 1
+#else
+#define MT_EMU_FAST_SWITCH 0
+#endif
+
+struct fiber_t {
+    ucontext_t ctx;
+    void *sp;
+    char *stack;
+    fstate state;
+    unsigned mask; /* F_GROUP: the shuffle's lane mask */
+};
+
+enum { STACK_BYTES = 256 << 10 };
+
+struct launch_t {
+    int n;
+    std::vector<fiber_t> f;
+    std::vector<float> slots;
+    ucontext_t sched;
+    void *sched_sp;
+    int cur;
+    int or_flag;
+    const std::function<void()> *body;
+    dim3 block;
+};
+
+launch_t *L;
+std::recursive_mutex launch_mu;
+
+void set_thread(int t) {
+    L->cur = t;
+    threadIdx =
+        dim3((unsigned)t % L->block.x, (unsigned)t / L->block.x % L->block.y, (unsigned)t / (L->block.x * L->block.y));
+}
+
+void to_sched(fiber_t &me) {
+#if MT_EMU_FAST_SWITCH
+    mt_emu_switch(&me.sp, L->sched_sp);
+#else
+    swapcontext(&me.ctx, &L->sched);
+#endif
+}
+
+void trampoline() {
+    (*L->body)();
+    L->f[L->cur].state = F_DONE;
+    to_sched(L->f[L->cur]);
+    abort(); /* a finished fiber is never resumed */
+}
+
+/* Prepares fb to start in trampoline on its own stack. */
+void start_fiber(fiber_t &fb) {
+#if MT_EMU_FAST_SWITCH
+    uintptr_t top = ((uintptr_t)fb.stack + STACK_BYTES) & ~(uintptr_t)15;
+    void **sp = (void **)top;
+    *--sp = NULL;                 /* trampoline's return-address slot: rsp % 16 == 8 at its entry */
+    *--sp = (void *)trampoline;   /* where mt_emu_switch's ret goes */
+    for (int i = 0; i < 6; i++) { /* rbp rbx r12 r13 r14 r15 */
+        *--sp = NULL;
+    }
+    fb.sp = sp;
+#else
+    getcontext(&fb.ctx);
+    fb.ctx.uc_stack.ss_sp = fb.stack;
+    fb.ctx.uc_stack.ss_size = STACK_BYTES;
+    fb.ctx.uc_link = NULL;
+    makecontext(&fb.ctx, trampoline, 0);
+#endif
+}
+
+void resume(fiber_t &fb) {
+#if MT_EMU_FAST_SWITCH
+    mt_emu_switch(&L->sched_sp, fb.sp);
+#else
+    swapcontext(&L->sched, &fb.ctx);
+#endif
+}
+
+void wait_as(fstate st, unsigned mask) {
+    fiber_t &me = L->f[L->cur];
+    me.state = st;
+    me.mask = mask;
+    to_sched(me);
+}
+
+/* Releases a barrier whose parties have all arrived. Returns whether any fiber became runnable. */
+bool release() {
+    int alive = 0, at_sync = 0;
+    for (int t = 0; t < L->n; t++) {
+        alive += L->f[t].state != F_DONE;
+        at_sync += L->f[t].state == F_SYNC;
+    }
+    bool any = false;
+    if (alive > 0 && at_sync == alive) {
+        for (int t = 0; t < L->n; t++) {
+            L->f[t].state = L->f[t].state == F_SYNC ? F_RUN : L->f[t].state;
+        }
+        return true;
+    }
+    for (int t = 0; t < L->n; t++) {
+        if (L->f[t].state != F_GROUP) {
+            continue;
+        }
+        int warp = t >> 5;
+        unsigned mask = L->f[t].mask;
+        bool all = true;
+        for (int lane = 0; lane < 32 && all; lane++) {
+            if (mask & (1u << lane)) {
+                int u = warp * 32 + lane;
+                all = u < L->n && L->f[u].state == F_GROUP && L->f[u].mask == mask;
+            }
+        }
+        if (all) {
+            for (int lane = 0; lane < 32; lane++) {
+                if (mask & (1u << lane)) {
+                    L->f[warp * 32 + lane].state = F_RUN;
+                }
+            }
+            any = true;
+        }
+    }
+    return any;
+}
+
+} // namespace
+
+void __syncthreads() {
+    wait_as(F_SYNC, 0);
+}
+
+int __syncthreads_or(int pred) {
+    __syncthreads();
+    if (L->cur == 0) {
+        L->or_flag = 0;
+    }
+    __syncthreads();
+    if (pred) {
+        L->or_flag = 1;
+    }
+    __syncthreads();
+    int r = L->or_flag;
+    __syncthreads();
+    return r;
+}
+
+float __shfl_xor_sync(unsigned mask, float v, int lane_mask, int width) {
+    int t = L->cur, lane = t & 31, warp = t >> 5;
+    int src = (lane & ~(width - 1)) | ((lane ^ lane_mask) & (width - 1));
+    L->slots[t] = v;
+    wait_as(F_GROUP, mask);
+    float r = L->slots[warp * 32 + src];
+    wait_as(F_GROUP, mask);
+    return r;
+}
+
+float atomicAdd(float *p, float v) {
+    float old = *p;
+    *p = old + v;
+    return old;
+}
+
+int atomicOr(int *p, int v) {
+    int old = *p;
+    *p = old | v;
+    return old;
+}
+
+static unsigned long n_launches, n_fibers;
+static double t_launch;
+static void stats_at_exit() {
+    if (getenv("MT_EMU_STATS")) {
+        fprintf(stderr, "emulator: %lu launches, %lu block threads run, %.2f s in kernels\n", n_launches, n_fibers,
+                t_launch);
+    }
+}
+
+void mt_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) {
+    std::lock_guard<std::recursive_mutex> lg(launch_mu);
+    if (n_launches++ == 0) {
+        atexit(stats_at_exit);
+    }
+    struct timespec ts0, ts1;
+    clock_gettime(CLOCK_MONOTONIC, &ts0);
+    launch_t self;
+    launch_t *outer = L; /* launches do not nest, but keep the state safe if they did */
+    L = &self;
+    self.n = (int)(block.x * block.y * block.z);
+    if (self.n > 1024 || self.n < 1) {
+        fprintf(stderr, "emulator: block of %d threads not supported\n", self.n);
+        abort();
+    }
+    self.f.resize((size_t)self.n);
+    self.slots.assign((size_t)((self.n + 31) / 32 * 32), 0.0f);
+    self.body = &body;
+    self.block = block;
+    blockDim = block;
+    gridDim = grid;
+    static std::vector<char *> stack_pool; /* kept for the process: mapping fresh stacks per launch is slow */
+    while (stack_pool.size() < self.f.size()) {
+        stack_pool.push_back((char *)malloc(STACK_BYTES));
+    }
+    for (size_t t = 0; t < self.f.size(); t++) {
+        self.f[t].stack = stack_pool[t];
+    }
+    unsigned long nblocks = (unsigned long)grid.x * grid.y * grid.z;
+    for (unsigned long bi = 0; bi < nblocks; bi++) {
+        blockIdx = dim3((unsigned)(bi % grid.x), (unsigned)(bi / grid.x % grid.y),
+                        (unsigned)(bi / ((unsigned long)grid.x * grid.y)));
+        for (int t = 0; t < self.n; t++) {
+            fiber_t &fb = self.f[(size_t)t];
+            start_fiber(fb);
+            fb.state = F_RUN;
+        }
+        for (;;) {
+            bool ran = false, done = true;
+            for (int t = 0; t < self.n; t++) {
+                if (self.f[(size_t)t].state == F_RUN) {
+                    set_thread(t);
+                    resume(self.f[(size_t)t]);
+                    ran = true;
+                }
+                done &= self.f[(size_t)t].state == F_DONE;
+            }
+            if (done) {
+                break;
+            }
+            if (!release() && !ran) {
+                fprintf(stderr, "emulator: deadlock in block %lu (threads wait at barriers that cannot complete)\n",
+                        bi);
+                abort();
+            }
+        }
+    }
+    n_fibers += nblocks * (unsigned long)self.n;
+    clock_gettime(CLOCK_MONOTONIC, &ts1);
+    t_launch += (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec);
+    L = outer;
+}
+
+/* ---- cuBLASLt ---- */
+
+struct mt_emu_lt {
+    int dummy;
+};
+struct mt_emu_op {
+    cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    const void *bias = nullptr;
+    void *aux = nullptr;
+    int64_t aux_ld = 0;
+};
+struct mt_emu_layout {
+    cudaDataType_t t;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+struct mt_emu_pref {
+    int dummy;
+};
+
+static double ld_el(const void *p, cudaDataType_t t, size_t i) {
+    switch (t) {
+    case CUDA_R_16BF:
+        return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    case CUDA_R_16F:
+        return __half2float(((const __half *)p)[i]);
+    default:
+        return ((const float *)p)[i];
+    }
+}
+
+static void st_el(void *p, cudaDataType_t t, size_t i, double v) {
+    switch (t) {
+    case CUDA_R_16BF:
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn((float)v);
+        break;
+    case CUDA_R_16F:
+        ((__half *)p)[i] = __float2half_rn((float)v);
+        break;
+    default:
+        ((float *)p)[i] = (float)v;
+    }
+}
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+    *h = new mt_emu_lt;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+const char *cublasLtGetStatusString(cublasStatus_t st) {
+    return st == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "emulated cuBLAS error";
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t c, cudaDataType_t s) {
+    *d = new mt_emu_op;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+    delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v,
+                                              size_t n) {
+    switch (a) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+        memcpy(&d->ta, v, sizeof(d->ta));
+        break;
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+        memcpy(&d->tb, v, sizeof(d->tb));
+        break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+        memcpy(&d->epi, v, sizeof(d->epi));
+        break;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+        memcpy(&d->bias, v, sizeof(d->bias));
+        break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+        memcpy(&d->aux, v, sizeof(d->aux));
+        break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+        if (n != sizeof(int64_t)) {
+            return CUBLAS_STATUS_INVALID_VALUE;
+        }
+        memcpy(&d->aux_ld, v, sizeof(d->aux_ld));
+        break;
+    default:
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t t, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+    if (ld < (int64_t)rows) {
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    *l = new mt_emu_layout{t, rows, cols, ld};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+    delete l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+    *p = new mt_emu_pref;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+    delete p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t a, const void *v, size_t n) {
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t p, int req,
+                                              cublasLtMatmulHeuristicResult_t *res, int *n) {
+    memset(res, 0, sizeof(*res));
+    *n = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static double gelu_d(double x) {
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t ad, const void *B, cublasLtMatrixLayout_t bd, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t cd, void *D, cublasLtMatrixLayout_t dd,
+                              const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes, cudaStream_t s) {
+    uint64_t m = dd->rows, n = dd->cols;
+    uint64_t k = op->ta == CUBLAS_OP_T ? ad->rows : ad->cols;
+    uint64_t am = op->ta == CUBLAS_OP_T ? ad->cols : ad->rows, bk = op->tb == CUBLAS_OP_T ? bd->cols : bd->rows;
+    uint64_t bn = op->tb == CUBLAS_OP_T ? bd->rows : bd->cols;
+    if (am != m || bk != k || bn != n || cd->rows != m || cd->cols != n) {
+        fprintf(stderr, "emulated cublasLtMatmul: shapes do not agree (m %lu n %lu k %lu; A %lux%lu B %lux%lu)\n",
+                (unsigned long)m, (unsigned long)n, (unsigned long)k, (unsigned long)ad->rows, (unsigned long)ad->cols,
+                (unsigned long)bd->rows, (unsigned long)bd->cols);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    float al = *(const float *)alpha, be = *(const float *)beta;
+    bool bias = op->epi == CUBLASLT_EPILOGUE_BIAS || op->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    bool gelu = op->epi == CUBLASLT_EPILOGUE_GELU_AUX || op->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    if ((bias && !op->bias) || (gelu && (!op->aux || op->aux_ld < (int64_t)m || op->aux_ld % 8))) {
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    for (uint64_t j = 0; j < n; j++) {
+        for (uint64_t i = 0; i < m; i++) {
+            double acc = 0.0;
+            for (uint64_t l = 0; l < k; l++) {
+                size_t ai = op->ta == CUBLAS_OP_T ? l + i * ad->ld : i + l * ad->ld;
+                size_t bi = op->tb == CUBLAS_OP_T ? j + l * bd->ld : l + j * bd->ld;
+                acc += ld_el(A, ad->t, ai) * ld_el(B, bd->t, bi);
+            }
+            double v = al * acc;
+            if (be != 0.0f) {
+                v += be * ld_el(C, cd->t, i + j * cd->ld);
+            }
+            if (bias) {
+                v += ld_el(op->bias, dd->t, i);
+            }
+            if (gelu) {
+                st_el(op->aux, dd->t, i + j * (size_t)op->aux_ld, v);
+                v = gelu_d(v);
+            }
+            st_el(D, dd->t, i + j * dd->ld, v);
+        }
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}

@@ -1,0 +1,51 @@
+/* CPU emulation of the CUDA C++ device subset the kernels of models/cuda use: qualifiers, thread indices,
+ * __syncthreads(_or), warp shuffles, atomics, a few intrinsics, and kernel launches (the emulated build
+ * rewrites `k<<<grid, block, smem, stream>>>(args)` into `mt_emu_launch(grid, block, k, args)`). A launch
+ * runs the grid's blocks one after another, synchronously; the threads of a block are fibers (ucontext)
+ * on the calling thread, switched at every barrier and shuffle; __shared__ variables become statics,
+ * shared by the threads of the running block. Test-only.
+ * SPDX-License-Identifier: MIT */
+#ifndef MT_EMU_CUDA_RUNTIME_H
+#define MT_EMU_CUDA_RUNTIME_H
+
+#include <math.h>
+#include <functional>
+
+#include "cuda_runtime_api.h"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+extern dim3 threadIdx, blockIdx, blockDim, gridDim; /* of the running fiber */
+
+void __syncthreads();
+int __syncthreads_or(int pred);
+float __shfl_xor_sync(unsigned mask, float v, int lane_mask, int width = 32);
+float atomicAdd(float *p, float v);
+int atomicOr(int *p, int v);
+#define __expf(x) expf(x)
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+using std::isfinite;
+
+void mt_emu_run(dim3 grid, dim3 block, const std::function<void()> &body);
+
+template <typename X> struct mt_emu_same {
+    typedef X type;
+};
+/* The arguments are converted to the kernel's parameter types at the call (non-deduced), as a launch does. */
+template <typename... P>
+void mt_emu_launch(dim3 grid, dim3 block, void (*kernel)(P...), typename mt_emu_same<P>::type... args) {
+    mt_emu_run(grid, block, [=]() { kernel(args...); });
+}
+
+#endif

@@ -1,0 +1,59 @@
+/* CPU emulation of the CUDA runtime API subset meshtrain uses, so the CUDA kernels and their callers run
+ * (slowly, one block at a time, one OS thread per CUDA thread) on machines without a GPU. Test-only: the
+ * emulated build replaces <cuda_runtime_api.h> by putting this directory first on the include path.
+ * SPDX-License-Identifier: MIT */
+#ifndef MT_EMU_CUDA_RUNTIME_API_H
+#define MT_EMU_CUDA_RUNTIME_API_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorUnknown = 999
+} cudaError_t;
+typedef enum { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice,
+               cudaMemcpyDefault } cudaMemcpyKind;
+typedef struct mt_emu_stream *cudaStream_t;
+typedef struct mt_emu_event *cudaEvent_t;
+#define cudaStreamNonBlocking 1u
+#define cudaEventDisableTiming 2u
+
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaGetDevice(int *d);
+cudaError_t cudaGetLastError(void);
+const char *cudaGetErrorString(cudaError_t e);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaDeviceGetPCIBusId(char *bus, int len, int dev);
+cudaError_t cudaMalloc(void **p, size_t bytes);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMallocHost(void **p, size_t bytes);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemGetInfo(size_t *fr, size_t *tot);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k, cudaStream_t s);
+cudaError_t cudaMemset(void *p, int v, size_t bytes);
+cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s);
+cudaError_t cudaStreamCreate(cudaStream_t *s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
+
+/* Emulator bookkeeping for tests: bytes currently held by cudaMalloc. */
+size_t mt_emu_device_bytes(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
