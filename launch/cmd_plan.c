@@ -233,9 +233,7 @@ static int run_check(const plan_opts_t *o, const mt_config_t *cfg, const mt_plan
         }
         return 2;
     }
-    if (!strcmp(l.order, "auto")) {
-        snprintf(l.order, sizeof(l.order), "tp-dp-pp");
-    }
+    mt_plan_resolve_order(cl, o->world, &l);
     mt_plan_pred_t p;
     if (mt_plan_predict(job, cl, o->world, &l, &p) != MT_OK) {
         if (me == 0) {

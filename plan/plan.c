@@ -454,6 +454,18 @@ mt_status_t mt_plan_predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c
     return st;
 }
 
+void mt_plan_resolve_order(const mt_plan_cluster_t *c, int world, mt_plan_layout_t *l) {
+    if (strcmp(l->order, "auto") != 0) {
+        return;
+    }
+    mt_topo_node_shape_t s = node_shape(c);
+    char order[16], why[256];
+    if (mt_topo_auto_order(&s, world, c->devices_per_node, l->tp, l->pp, l->dp, order, why, sizeof(why), NULL, 0) ==
+        MT_OK) {
+        snprintf(l->order, sizeof(l->order), "%s", order);
+    }
+}
+
 /* ---- enumeration ----------------------------------------------------------------------------------- */
 
 static const char *orders[] = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};

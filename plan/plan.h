@@ -144,6 +144,10 @@ typedef struct {
 mt_status_t mt_plan_predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c, int world,
                             const mt_plan_layout_t *l, mt_plan_pred_t *out);
 
+/* Replaces l->order "auto" by the order the runtime resolves it to on this cluster's nodes (block placement,
+ * mt_topo_auto_order); other orders are kept. */
+void mt_plan_resolve_order(const mt_plan_cluster_t *c, int world, mt_plan_layout_t *l);
+
 /* Every valid layout for `world` ranks, predicted, sorted: fitting layouts by step time, then the rest by
  * how much they are over. *out is malloc'd (free()). */
 mt_status_t mt_plan_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t *c, const mt_plan_opts_t *o,
