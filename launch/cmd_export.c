@@ -1,11 +1,14 @@
 /* `meshtrain export --llmc OUT.bin [CONFIG.toml] [--section.key=value ...]`: builds the GPT-2 model the
  * configuration describes (random initialisation from train.seed, or model.init = "llmc:PATH") and writes
- * its weights as an llm.c checkpoint, so weights move between the two projects. Rank 0 writes.
+ * its weights as an llm.c checkpoint, so weights move between the two projects. With a CHECKPOINT
+ * argument (a meshtrain checkpoint of any layout, or its checkpoint.dir) the weights come from there
+ * instead. Rank 0 writes.
  * SPDX-License-Identifier: MIT */
 #include <stdio.h>
 #include <string.h>
 
 #include "cmd.h"
+#include "job.h"
 #include "models/llmc.h"
 #include "models/model_config.h"
 #include "runtime/config.h"
@@ -13,8 +16,11 @@
 
 static void usage(FILE *out) {
     fprintf(out, "usage: meshtrain export --llmc OUT.bin [CONFIG.toml] [--section.key=value ...]\n"
+                 "       meshtrain export --llmc OUT.bin CHECKPOINT\n"
                  "Writes the GPT-2 weights the configuration describes (model.init = \"random\" from train.seed,\n"
-                 "or \"llmc:PATH\") as an llm.c fp32 checkpoint (llm.c's train_gpt2 reads it).\n");
+                 "or \"llmc:PATH\") as an llm.c fp32 checkpoint (llm.c's train_gpt2 reads it). CHECKPOINT (a\n"
+                 "meshtrain checkpoint directory written under any layout, or a checkpoint.dir: its latest) takes\n"
+                 "the weights from a training checkpoint instead.\n");
 }
 
 int mt_cmd_export(int argc, char **argv) {
@@ -26,7 +32,7 @@ int mt_cmd_export(int argc, char **argv) {
         }
         return 2;
     }
-    const char *out = NULL;
+    const char *out = NULL, *ckpt = NULL;
     for (int i = 1; i < cli.rest_argc; i++) {
         const char *a = cli.rest_argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -39,6 +45,8 @@ int mt_cmd_export(int argc, char **argv) {
             out = cli.rest_argv[++i];
         } else if (!strncmp(a, "--llmc=", 7)) {
             out = a + 7;
+        } else if (a[0] != '-' && !ckpt) {
+            ckpt = a;
         } else {
             if (rank == 0) {
                 fprintf(stderr, "meshtrain export: unexpected argument '%s'\n", a);
@@ -55,6 +63,43 @@ int mt_cmd_export(int argc, char **argv) {
         }
         mt_config_cli_free(&cli);
         return 2;
+    }
+    if (ckpt) {
+        if (cli.path || cli.n_overrides > 0) {
+            if (rank == 0) {
+                fprintf(stderr, "meshtrain export: CHECKPOINT carries its own configuration; drop the config file "
+                                "and --section.key overrides\n");
+            }
+            mt_config_cli_free(&cli);
+            return 2;
+        }
+        mt_config_cli_free(&cli);
+        int rc = 0;
+        if (rank == 0) {
+            mt_model_t m = NULL;
+            char from[1100] = "";
+            mt_status_t st = mt_job_ckpt_read_model(ckpt, &m, NULL, from, sizeof(from));
+            if (st == MT_OK && mt_model_config(m)->kind != MT_MODEL_GPT2) {
+                st = mt_error(MT_ERR_INVALID_ARG, "checkpoint %s holds an MLP: only GPT-2 models have an llm.c format",
+                              ckpt);
+            }
+            if (st == MT_OK) {
+                st = mt_llmc_save(m, out);
+            }
+            if (st == MT_OK) {
+                const mt_model_config_t *mc = mt_model_config(m);
+                printf("meshtrain export: wrote %s from checkpoint %s (GPT-2 L=%d H=%d C=%d T=%d V=%d Vp=%d, %zu "
+                       "parameters)\n",
+                       out, from, mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len,
+                       mc->vocab_size, mc->padded_vocab, mt_model_numel(m));
+            } else {
+                fprintf(stderr, "meshtrain export: %s\n", mt_last_error_msg());
+                rc = st == MT_ERR_INVALID_ARG ? 2 : 1;
+            }
+            mt_model_free(m);
+        }
+        MPI_Bcast(&rc, 1, MPI_INT, 0, mt_rt_world()->comm);
+        return rc;
     }
     mt_config_t *cfg = NULL;
     mt_status_t st = mt_config_load_world(mt_rt_world()->comm, cli.path, cli.n_overrides, cli.overrides, &cfg);

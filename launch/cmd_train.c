@@ -1,23 +1,93 @@
 /* `meshtrain train [CONFIG.toml] [--section.key=value ...]`: trains the model the config describes
- * (the embedded default job without CONFIG), printing a progress line per step on rank 0.
+ * (the embedded default job without CONFIG), printing a progress line per step on rank 0. Start-up:
+ * config (validated on rank 0, broadcast), topology and binding (runtime.bind), the mesh in
+ * parallel.order ("auto" follows the hardware), then the engine: the single-process one on one rank,
+ * a data-parallel engine (parallel.engine, zero_stage) over the mesh's dp groups when tp = pp = 1, the
+ * model-parallel one (tensor and pipeline parallelism, dp by an all-reduce) otherwise.
  * Exit status: 0 trained, 2 bad input (config, data files, layout), 1 failure while running.
  * SPDX-License-Identifier: MIT */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cmd.h"
 #include "job.h"
 #include "runtime/config.h"
+#include "runtime/mesh.h"
 #include "runtime/rt.h"
+#include "runtime/topo.h"
 
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: meshtrain train [CONFIG.toml] [--section.key=value ...]\n"
-            "Trains the model the config describes: forward, backward over train.grad_accum micro-batches,\n"
-            "clipping to optimizer.grad_clip, an optimizer step, validation every train.eval_every steps, and a\n"
-            "progress line per train.log_every steps (step, loss, lr, gradient norm, ms, tokens/s).\n"
-            "Without CONFIG it runs the embedded default job (launch/configs/demo.toml).\n"
-            "`meshtrain config --help` lists every key. Exit status: 0 done, 2 bad input, 1 failure.\n");
+    fprintf(out, "usage: [mpirun -np N | srun -n N] meshtrain train [CONFIG.toml] [--section.key=value ...]\n"
+                 "Trains the model the config describes on the parallel.tp x parallel.pp x parallel.dp mesh of the N\n"
+                 "ranks: forward, backward over train.grad_accum micro-batches, clipping to optimizer.grad_clip, an\n"
+                 "optimizer step, validation every train.eval_every steps, a progress line per train.log_every steps\n"
+                 "(loss, lr, gradient norm, ms, tokens/s, MFU, memory, exposed communication, ETA) and a summary.\n"
+                 "metrics.jsonl, profile.trace / profile.memory and checkpoint.* write metrics, a timeline, the\n"
+                 "allocator history and checkpoints (docs/metrics.md, docs/training.md, docs/checkpoints.md).\n"
+                 "Without CONFIG it runs the embedded default job (launch/configs/demo.toml: tp 2 x dp 2 on 4 ranks).\n"
+                 "`meshtrain config --help` lists every key. Exit status: 0 done, 2 bad input, 1 failure.\n");
+}
+
+/* Groups along one axis as "{0,2} {1,3}" (at most a few shown). */
+static void groups_str(const mt_mesh_t *mesh, mt_axis_t axis, char *buf, size_t len) {
+    int world = mt_mesh_world(mesh), shown = 0;
+    size_t o = 0;
+    int *ranks = malloc((size_t)world * sizeof(int));
+    buf[0] = '\0';
+    for (int r = 0; ranks && r < world && shown < 4; r++) {
+        int idx = 0, n = mt_mesh_group(mesh, r, MT_AXIS_BIT(axis), ranks, &idx);
+        if (idx != 0) {
+            continue; /* each group once, from its first rank */
+        }
+        o += (size_t)snprintf(buf + o, o < len ? len - o : 0, "%s{", shown ? " " : "");
+        for (int k = 0; k < n; k++) {
+            o += (size_t)snprintf(buf + o, o < len ? len - o : 0, "%s%d", k ? "," : "", ranks[k]);
+        }
+        o += (size_t)snprintf(buf + o, o < len ? len - o : 0, "}");
+        shown++;
+    }
+    if (shown == 4 && world / mt_mesh_axis_size(mesh, axis) > 4) {
+        snprintf(buf + o, o < len ? len - o : 0, " ...");
+    }
+    free(ranks);
+}
+
+/* Topology and binding, parallel.order ("auto" resolved from the hardware), the mesh and its description.
+ * Collective; every rank returns the same status. */
+static mt_status_t build_mesh(const mt_config_t *cfg, mt_mesh_t **mesh, char *desc, size_t len) {
+    const mt_world_t *w = mt_rt_world();
+    mt_topo_t *topo = NULL;
+    mt_topo_report_t rep;
+    MT_CHECK(mt_topo_startup(cfg, &topo, &rep));
+    int tp = (int)mt_config_int(cfg, "parallel.tp"), pp = (int)mt_config_int(cfg, "parallel.pp");
+    int dp = (int)mt_config_int(cfg, "parallel.dp");
+    bool use_gpus = strcmp(mt_config_str(cfg, "runtime.device"), "cpu") != 0;
+    char order[16], why[256], warn[256];
+    mt_status_t st = mt_topo_resolve_order(topo, &rep, mt_config_str(cfg, "parallel.order"), tp, pp, dp, use_gpus,
+                                           order, why, sizeof(why), warn, sizeof(warn));
+    mt_topo_free(topo);
+    MT_CHECK(st);
+    if (warn[0] && w->rank == 0) {
+        MT_WARN("parallel.order: %s", warn);
+    }
+    MT_CHECK(mt_mesh_create(w->size, tp, pp, dp, order, mesh));
+    size_t o = (size_t)snprintf(desc, len, "%d rank%s = tp %d x dp %d x pp %d, order %s (fastest first)%s%s", w->size,
+                                w->size == 1 ? "" : "s", mt_mesh_axis_size(*mesh, MT_AXIS_TP),
+                                mt_mesh_axis_size(*mesh, MT_AXIS_DP), mt_mesh_axis_size(*mesh, MT_AXIS_PP), order,
+                                why[0] ? ": " : "", why);
+    for (int a = 0; a < MT_AXIS_N; a++) {
+        if (mt_mesh_axis_size(*mesh, (mt_axis_t)a) > 1 && o < len) {
+            char g[256];
+            groups_str(*mesh, (mt_axis_t)a, g, sizeof(g));
+            o += (size_t)snprintf(desc + o, len - o, "; %s groups %s", mt_axis_name((mt_axis_t)a), g);
+        }
+    }
+    if (o < len) {
+        snprintf(desc + o, len - o, "; rank 0 on %s, %d thread%s (%s)", rep.device_str, rep.n_threads,
+                 rep.n_threads == 1 ? "" : "s", mt_topo_bind_action_str(rep.action));
+    }
+    return MT_OK;
 }
 
 int mt_cmd_train(int argc, char **argv) {
@@ -36,25 +106,50 @@ int mt_cmd_train(int argc, char **argv) {
             if (help) {
                 usage(stdout);
             } else {
-                fprintf(stderr, "meshtrain train: unexpected argument '%s' (keys are --section.key=value; see "
-                                "--help)\n", a);
+                fprintf(stderr,
+                        "meshtrain train: unexpected argument '%s' (keys are --section.key=value; see "
+                        "--help)\n",
+                        a);
             }
         }
         mt_config_cli_free(&cli);
         return help ? 0 : 2;
     }
     mt_config_t *cfg = NULL;
-    mt_status_t st = mt_config_load_world(w->comm, cli.path ? cli.path : MT_CONFIG_EMBEDDED, cli.n_overrides,
-                                          cli.overrides, &cfg);
+    mt_status_t st =
+        mt_config_load_world(w->comm, cli.path ? cli.path : MT_CONFIG_EMBEDDED, cli.n_overrides, cli.overrides, &cfg);
     mt_config_cli_free(&cli);
     if (st != MT_OK) {
         return 2;
     }
     mt_job_opts_t opts = MT_JOB_OPTS_INIT;
     opts.progress = stdout;
+    mt_mesh_t *mesh = NULL;
+    char desc[1024] = "";
+    st = build_mesh(cfg, &mesh, desc, sizeof(desc));
+    if (st != MT_OK) {
+        if (w->rank == 0) {
+            fprintf(stderr, "meshtrain train: %s\n", mt_last_error_msg());
+        }
+        mt_config_free(cfg);
+        return st == MT_ERR_INVALID_ARG ? 2 : 1;
+    }
+    int coords[MT_AXIS_N];
+    mt_mesh_coords(mesh, w->rank, coords);
+    opts.mesh = mesh;
+    opts.mesh_desc = desc;
+    opts.dp_rank = coords[MT_AXIS_DP];
+    opts.dp_size = mt_mesh_axis_size(mesh, MT_AXIS_DP);
+    int tp = mt_mesh_axis_size(mesh, MT_AXIS_TP), pp = mt_mesh_axis_size(mesh, MT_AXIS_PP);
+    if (tp > 1 || pp > 1) {
+        opts.engine = mt_job_engine_model_parallel(pp);
+    } else {
+        opts.engine = w->size == 1 ? mt_job_engine_local() : mt_job_engine_parallel();
+    }
     mt_job_result_t res;
     st = mt_job_run(cfg, &opts, &res);
     mt_config_free(cfg);
+    mt_mesh_free(mesh);
     if (st != MT_OK) {
         const char *msg = mt_last_error_msg();
         bool remote = strstr(msg, "another rank failed") != NULL;

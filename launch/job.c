@@ -5,6 +5,8 @@
  * SPDX-License-Identifier: MIT */
 #include "job.h"
 
+#include "job_impl.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,7 @@
 #include "models/llmc.h"
 #include "runtime/alloc.h"
 #include "runtime/rt.h"
+#include "runtime/trace.h"
 
 /* ---- config -> component parameters ---------------------------------------------------------- */
 
@@ -56,6 +59,7 @@ void mt_job_optim_config(const mt_config_t *cfg, mt_optim_params_t *optim, mt_lr
 typedef struct {
     mt_model_t model;
     mt_optim_t opt;
+    bool sgd; /* optimizer state is the momentum buffer (else AdamW's m and v) */
 } local_engine_t;
 
 static void local_free(void *ctx) {
@@ -79,6 +83,7 @@ static mt_status_t local_init(const mt_job_info_t *info, void **ctx) {
         return mt_error(MT_ERR_OOM, "local engine: out of memory");
     }
     e->model = info->model;
+    e->sgd = info->optim.kind == MT_OPTIM_SGD;
     mt_status_t st = MT_OK;
     MT_CHECK_GOTO(mt_model_alloc_params(e->model), st, fail);
     MT_CHECK_GOTO(mt_model_alloc_grads(e->model), st, fail);
@@ -128,6 +133,51 @@ static mt_status_t local_reduce_loss(void *ctx, double *loss) {
     return MT_OK;
 }
 
+/* Checkpoint pieces of the single process: every parameter and its optimizer state, whole. */
+static mt_status_t local_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **pieces, int *n) {
+    local_engine_t *e = ctx;
+    (void)save; /* one rank writes and holds everything */
+    int np = mt_model_n_params(e->model), cap = 3 * np, k = 0;
+    mt_ckpt_piece_t *out = calloc((size_t)cap, sizeof(*out));
+    if (!out) {
+        return mt_error(MT_ERR_OOM, "checkpoint: out of memory listing %d parameters", np);
+    }
+    for (int i = 0; i < np; i++) {
+        const mt_param_t *p = mt_model_param(e->model, i);
+        const char *oname = NULL;
+        size_t on = 0;
+        float *m = NULL, *v = NULL;
+        MT_CHECK(mt_optim_state(e->opt, i, &oname, &on, &m, &v));
+        float *bufs[3] = {p->data, m, v};
+        const char *kinds[3] = {"param", e->sgd ? "sgd.momentum" : "adamw.m", e->sgd ? NULL : "adamw.v"};
+        for (int b = 0; b < 3; b++) {
+            if (!bufs[b] || !kinds[b]) {
+                continue;
+            }
+            mt_ckpt_piece_t *pc = &out[k++];
+            snprintf(pc->tensor, sizeof(pc->tensor), "%s/%s", kinds[b], p->name);
+            pc->ndim = p->ndim;
+            for (int d = 0; d < p->ndim; d++) {
+                pc->shape[d] = p->global_shape[d];
+                pc->lo[d] = 0;
+                pc->hi[d] = p->global_shape[d];
+            }
+            pc->data = bufs[b];
+        }
+    }
+    *pieces = out;
+    *n = k;
+    return MT_OK;
+}
+
+static int64_t local_ckpt_get_step(void *ctx) {
+    return mt_optim_get_step(((local_engine_t *)ctx)->opt);
+}
+
+static void local_ckpt_set_step(void *ctx, int64_t t) {
+    mt_optim_set_step(((local_engine_t *)ctx)->opt, t);
+}
+
 static const mt_job_engine_t local_engine = {
     .name = "local",
     .init = local_init,
@@ -137,6 +187,9 @@ static const mt_job_engine_t local_engine = {
     .step = local_step,
     .reduce_loss = local_reduce_loss,
     .free = local_free,
+    .ckpt_pieces = local_ckpt_pieces,
+    .ckpt_get_step = local_ckpt_get_step,
+    .ckpt_set_step = local_ckpt_set_step,
 };
 
 const mt_job_engine_t *mt_job_engine_local(void) {
@@ -145,27 +198,13 @@ const mt_job_engine_t *mt_job_engine_local(void) {
 
 /* ---- the loop ------------------------------------------------------------------------------------ */
 
-typedef struct {
-    const mt_config_t *cfg;
-    const mt_job_opts_t *opts;
-    const mt_job_engine_t *engine;
-    void *ectx;
-    mt_job_info_t info;
-    mt_lr_sched_t sched;
-    mt_model_t model;
-    mt_acts_t acts;
-    mt_data_t train, val;
-    int rank;
-    FILE *out; /* progress on rank 0, else NULL */
-} job_t;
-
 static mt_status_t check_layout(const mt_config_t *cfg, const mt_job_opts_t *opts, int world) {
     int64_t tp = mt_config_int(cfg, "parallel.tp"), pp = mt_config_int(cfg, "parallel.pp");
-    if (tp != 1 || pp != 1) {
+    if ((tp != 1 || pp != 1) && !(opts->engine && opts->engine->setup_model)) {
         return mt_error(MT_ERR_INVALID_ARG,
-                        "parallel.tp = %lld, parallel.pp = %lld: this training loop runs tp = 1 and pp = 1 (set "
-                        "--parallel.tp=1 --parallel.pp=1)",
-                        (long long)tp, (long long)pp);
+                        "parallel.tp = %lld, parallel.pp = %lld: the \"%s\" engine runs tp = 1 and pp = 1 (set "
+                        "--parallel.tp=1 --parallel.pp=1, or use the model-parallel engine)",
+                        (long long)tp, (long long)pp, opts->engine ? opts->engine->name : "local");
     }
     if (!opts->engine && world != 1) {
         return mt_error(MT_ERR_INVALID_ARG,
@@ -213,16 +252,30 @@ static mt_status_t open_data(job_t *j, bool val, mt_data_t *out) {
 /* Forward (and backward) of one step's batch over its micro-batches; *loss = mean of the micro-batch
  * means, which is the mean over the whole batch because every micro-batch has B*T targets. Backward
  * scales each micro-batch's loss gradient by 1/grad_accum so the accumulated gradient is that mean's. */
-static mt_status_t run_batch(job_t *j, const mt_batch_t *b, bool backward, double *loss) {
+static mt_status_t run_batch(job_t *j, const mt_batch_t *b, bool backward, double *loss, mt_step_rec_t *rec) {
+    if (j->engine->run_batch) { /* the engine schedules forward and backward itself (pipelines) */
+        double t0 = mt_now();
+        MT_CHECK(j->engine->run_batch(j->ectx, b, backward, loss));
+        if (rec) {
+            rec->bwd_s += mt_now() - t0; /* one figure: a schedule interleaves forward and backward */
+        }
+        return MT_OK;
+    }
     int n = mt_model_n_modules(j->model);
     int64_t mb = j->info.micro_batch, T = j->info.seq_len, ga = j->info.grad_accum;
     double sum = 0.0;
     for (int64_t k = 0; k < ga; k++) {
         const int32_t *tok = b->inputs + k * mb * T, *tgt = b->targets + k * mb * T;
         float l = 0.0f;
+        double t0 = mt_now();
         MT_CHECK(mt_model_forward(j->model, j->acts, 0, n, tok, tgt, NULL, NULL, &l));
+        double t1 = mt_now();
         if (backward) {
             MT_CHECK(mt_model_backward(j->model, j->acts, 0, n, NULL, NULL, 1.0f / (float)ga));
+        }
+        if (rec) {
+            rec->fwd_s += t1 - t0;
+            rec->bwd_s += mt_now() - t1;
         }
         sum += (double)l;
     }
@@ -237,11 +290,14 @@ static mt_status_t evaluate(job_t *j, double *val_loss) {
         const mt_batch_t *b = NULL;
         MT_CHECK(mt_data_get(j->val, i, &b));
         double l = 0.0;
-        MT_CHECK(run_batch(j, b, false, &l));
+        MT_CHECK(run_batch(j, b, false, &l, NULL));
         MT_CHECK(j->engine->reduce_loss(j->ectx, &l));
         sum += l;
     }
     *val_loss = sum / (double)nb;
+    if (j->engine->take_comm_s) {
+        j->engine->take_comm_s(j->ectx); /* evaluation's communication is no step's */
+    }
     return MT_OK;
 }
 
@@ -255,6 +311,10 @@ static mt_status_t result_alloc(mt_job_result_t *r, int64_t steps, int64_t evals
     if (!r->loss || !r->lr || !r->grad_norm || !r->eval_step || !r->val_loss) {
         mt_job_result_free(r);
         return mt_error(MT_ERR_OOM, "training results for %lld steps: out of memory", (long long)steps);
+    }
+    for (int64_t i = 0; i < steps; i++) {
+        r->loss[i] = NAN; /* steps a resumed job does not run */
+        r->grad_norm[i] = NAN;
     }
     return MT_OK;
 }
@@ -285,19 +345,23 @@ static mt_status_t model_init_source(const mt_config_t *cfg, mt_model_config_t *
         return MT_OK;
     }
     if (strncmp(init, "llmc:", 5) != 0 || init[5] == '\0') {
-        return mt_error(MT_ERR_INVALID_ARG, "model.init = \"%s\": expected \"random\" or \"llmc:PATH\" (an llm.c GPT-2 "
-                        "checkpoint)", init);
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "model.init = \"%s\": expected \"random\" or \"llmc:PATH\" (an llm.c GPT-2 "
+                        "checkpoint)",
+                        init);
     }
     const char *path = init + 5;
     if (mc->kind != MT_MODEL_GPT2) {
-        return mt_error(MT_ERR_INVALID_ARG, "model.init = \"%s\" is a GPT-2 checkpoint but model.kind = \"%s\": set "
-                        "model.kind = \"gpt2\"", init, mt_config_str(cfg, "model.kind"));
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "model.init = \"%s\" is a GPT-2 checkpoint but model.kind = \"%s\": set "
+                        "model.kind = \"gpt2\"",
+                        init, mt_config_str(cfg, "model.kind"));
     }
     static const struct {
         const char *key;
         unsigned bit;
-    } keys[] = {{"model.n_layer", MT_LLMC_SET_N_LAYER}, {"model.n_head", MT_LLMC_SET_N_HEAD},
-                {"model.n_embd", MT_LLMC_SET_N_EMBD},   {"model.seq_len", MT_LLMC_SET_SEQ_LEN},
+    } keys[] = {{"model.n_layer", MT_LLMC_SET_N_LAYER},  {"model.n_head", MT_LLMC_SET_N_HEAD},
+                {"model.n_embd", MT_LLMC_SET_N_EMBD},    {"model.seq_len", MT_LLMC_SET_SEQ_LEN},
                 {"model.vocab_size", MT_LLMC_SET_VOCAB}, {"model.padded_vocab", MT_LLMC_SET_PADDED_VOCAB}};
     unsigned mask = 0;
     for (size_t i = 0; i < MT_ARRAY_LEN(keys); i++) {
@@ -316,15 +380,9 @@ static mt_status_t setup(job_t *j) {
     mt_job_model_config(cfg, &mc);
     mt_job_info_t *info = &j->info;
     MT_CHECK(model_init_source(cfg, &mc, &info->init_llmc));
-    MT_CHECK(mt_model_init(&mc, &j->model));
     info->cfg = cfg;
-    info->model = j->model;
-    mt_job_optim_config(cfg, &info->optim, &j->sched);
-    info->global_batch = mt_config_int(cfg, "train.global_batch");
-    info->micro_batch = mt_config_int(cfg, "train.micro_batch");
-    info->grad_accum = mt_config_int(cfg, "train.grad_accum");
-    info->seq_len = mt_model_config(j->model)->seq_len; /* the checkpoint's when model.init = llmc:PATH */
     info->comm = mt_rt_world()->comm;
+    info->mesh = j->opts->mesh;
     if (j->opts->dp_size > 0) {
         info->dp_size = j->opts->dp_size;
         info->dp_rank = j->opts->dp_rank;
@@ -332,6 +390,17 @@ static mt_status_t setup(job_t *j) {
         info->dp_size = mt_rt_world()->size;
         info->dp_rank = j->rank;
     }
+    mt_model_config_t whole_cfg = mc; /* the model as configured, before any tensor-parallel padding */
+    if (j->engine->setup_model) {
+        MT_CHECK(j->engine->setup_model(info, &mc, &j->ectx));
+    }
+    MT_CHECK(mt_model_init(&mc, &j->model));
+    info->model = j->model;
+    mt_job_optim_config(cfg, &info->optim, &j->sched);
+    info->global_batch = mt_config_int(cfg, "train.global_batch");
+    info->micro_batch = mt_config_int(cfg, "train.micro_batch");
+    info->grad_accum = mt_config_int(cfg, "train.grad_accum");
+    info->seq_len = mt_model_config(j->model)->seq_len; /* the checkpoint's when model.init = llmc:PATH */
     if (info->dp_rank < 0 || info->dp_rank >= info->dp_size) {
         return mt_error(MT_ERR_INVALID_ARG, "data-parallel rank %d outside [0, %d)", info->dp_rank, info->dp_size);
     }
@@ -354,12 +423,47 @@ static mt_status_t setup(job_t *j) {
         }
     }
     MT_CHECK(j->engine->init(info, &j->ectx));
+    /* Model FLOPs per token of the whole model as configured, whatever slice of it this rank holds (the
+     * same figure in every layout, so their MFU compare). */
+    mt_model_t whole = NULL;
+    MT_CHECK(mt_model_init(&whole_cfg, &whole));
+    j->flops_per_token = mt_model_flops_per_token(whole, (int)info->seq_len);
+    j->n_params = (int64_t)mt_model_numel(whole);
+    mt_model_free(whole);
+    return MT_OK;
+}
+
+static mt_status_t agree(MPI_Comm comm, mt_status_t st);
+
+/* The parts that need the engine built, every rank having agreed on set-up: checkpoint resume,
+ * metrics, profiling hooks. Collective: the ranks agree after each part, so a rank that fails locally
+ * (a file it cannot create) never leaves the others waiting in the next part's collectives. */
+static mt_status_t setup_services(job_t *j) {
+    if (j->engine != mt_job_engine_local()) {
+        MT_CHECK(agree(j->comm, mt_job_init_llmc(j)));
+    }
+    MT_CHECK(agree(j->comm, mt_job_ckpt_init(j, &j->ckpt)));
+    MT_CHECK(agree(j->comm, mt_job_ckpt_resume(j->ckpt, j)));
+    if (j->out && mt_job_ckpt_resumed_from(j->ckpt)) { /* said once every rank has loaded its part */
+        fprintf(j->out, "resumed from checkpoint %s (after step %lld)\n", mt_job_ckpt_resumed_from(j->ckpt),
+                (long long)j->start_step);
+    }
+    MT_CHECK(agree(j->comm, mt_job_metrics_init(j, &j->metrics)));
+    MT_CHECK(agree(j->comm, mt_job_profile_init(j, &j->profile)));
+    mt_job_profile_hooks(j->profile, j);
     return MT_OK;
 }
 
 static void print_header(job_t *j) {
     const mt_config_t *cfg = j->cfg;
-    double n = (double)mt_model_numel(j->model);
+    fprintf(j->out, "effective configuration:\n");
+    mt_config_print(cfg, j->out);
+    if (j->opts->mesh_desc) {
+        fprintf(j->out, "mesh: %s\n", j->opts->mesh_desc);
+    } else {
+        fprintf(j->out, "mesh: %d rank%s = dp %d x tp 1 x pp 1\n", j->world, j->world == 1 ? "" : "s", j->info.dp_size);
+    }
+    double n = (double)j->n_params;
     fprintf(j->out,
             "meshtrain train: %s (n_layer %lld, n_embd %lld), %.3fM parameters | %lld steps of %lld x %lld tokens "
             "(micro-batch %lld x %lld) | %s lr %g %s | data %s | engine %s\n",
@@ -371,10 +475,18 @@ static void print_header(job_t *j) {
     if (j->info.init_llmc) {
         fprintf(j->out, "initial weights: llm.c checkpoint %s\n", j->info.init_llmc);
     }
+    const char *src = NULL;
+    double peak = mt_job_metrics_peak(j->metrics, &src);
+    fprintf(j->out, "model FLOPs %.3g per token (6N + attention); peak %s%s\n", j->flops_per_token,
+            peak > 0 ? "" : "unknown: no MFU", peak > 0 ? src : "");
+    if (j->start_step > 0) {
+        fprintf(j->out, "resuming after step %lld\n", (long long)j->start_step);
+    }
     if (!strcmp(mt_config_str(cfg, "data.kind"), "synthetic")) {
         int64_t v = mt_model_config(j->model)->vocab_size;
-        fprintf(j->out, "synthetic data: Markov chain with %d successors per token; a perfect model reaches loss "
-                        "%.4f, a uniform guess %.4f\n",
+        fprintf(j->out,
+                "synthetic data: Markov chain with %d successors per token; a perfect model reaches loss "
+                "%.4f, a uniform guess %.4f\n",
                 (int)MT_MIN((int64_t)MT_SYNTH_BRANCH, v), mt_synth_entropy(v), log((double)v));
     }
     fflush(j->out);
@@ -383,25 +495,48 @@ static void print_header(job_t *j) {
 static mt_status_t train(job_t *j, mt_job_result_t *r) {
     const mt_config_t *cfg = j->cfg;
     int64_t steps = mt_config_int(cfg, "train.steps"), eval_every = mt_config_int(cfg, "train.eval_every");
-    int64_t log_every = mt_config_int(cfg, "train.log_every");
     float clip = (float)mt_config_float(cfg, "optimizer.grad_clip");
     bool skip_nan = !strcmp(mt_config_str(cfg, "train.on_nan"), "skip");
     double tokens = (double)(j->info.global_batch * j->info.seq_len), train_s = 0.0;
-    for (int64_t s = 0; s < steps; s++) {
+    r->first_step = j->start_step;
+    for (int64_t s = j->start_step; s < steps; s++) {
+        mt_job_profile_step_begin(j->profile, s);
+        mt_step_rec_t rec = {.step = s + 1};
+        MT_TRACE_BEGIN(t_step);
         double t0 = mt_now();
         const mt_batch_t *b = NULL;
+        MT_TRACE_BEGIN(t_data);
         MT_CHECK(mt_data_get(j->train, s, &b));
+        MT_TRACE_END(t_data, "data", "data");
+        rec.data_s = mt_now() - t0;
         MT_CHECK(j->engine->zero_grads(j->ectx));
         double loss = 0.0, sumsq = 0.0, norm = 0.0;
-        MT_CHECK(run_batch(j, b, true, &loss));
+        MT_CHECK(run_batch(j, b, true, &loss, &rec));
+        if (j->engine->take_comm_s) { /* communication inside forward/backward is not compute */
+            double c = j->engine->take_comm_s(j->ectx), fb = rec.fwd_s + rec.bwd_s;
+            c = fb > 0 ? MT_MIN(c, fb) : 0.0;
+            if (fb > 0) {
+                rec.fwd_s -= c * rec.fwd_s / fb;
+                rec.bwd_s -= c * rec.bwd_s / fb;
+            }
+            rec.comm_s += c;
+        }
+        double tc = mt_now();
+        MT_TRACE_BEGIN(t_comm);
         MT_CHECK(j->engine->finish_grads(j->ectx));
         MT_CHECK(j->engine->grad_sumsq(j->ectx, &sumsq));
         float coef = mt_clip_coef(sumsq, clip, &norm);
         float lr = mt_lr_at(&j->sched, s);
         MT_CHECK(j->engine->reduce_loss(j->ectx, &loss));
+        MT_TRACE_END(t_comm, "comm", "gradients: finish, norm, loss");
+        rec.comm_s += mt_now() - tc;
         bool finite = isfinite(loss) && isfinite(norm);
         if (finite) {
+            double to = mt_now();
+            MT_TRACE_BEGIN(t_opt);
             MT_CHECK(j->engine->step(j->ectx, lr, coef));
+            MT_TRACE_END(t_opt, "optimizer", "optimizer");
+            rec.opt_s = mt_now() - to;
         } else if (skip_nan) {
             r->n_skipped++;
             MT_WARN("step %lld: loss %g, gradient norm %g: skipping the update (train.on_nan = skip)", (long long)s + 1,
@@ -415,30 +550,40 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
                             (long long)s + 1, loss, norm);
         }
         double dt = mt_now() - t0;
+        if (mt_trace_on()) {
+            char args[64];
+            snprintf(args, sizeof(args), "\"step\": %lld", (long long)s + 1);
+            mt_trace_span("step", "step", t_step, mt_trace_now_us(), args);
+        }
         train_s += dt;
         r->loss[s] = loss;
         r->lr[s] = lr;
         r->grad_norm[s] = norm;
         r->n_steps = s + 1;
-        if (j->out && ((s + 1) % log_every == 0 || s == 0 || s + 1 == steps)) {
-            fprintf(j->out, "step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n",
-                    (long long)s + 1, (long long)steps, loss, lr, norm, dt * 1e3, tokens / dt);
-            fflush(j->out);
-        }
+        rec.loss = loss;
+        rec.lr = lr;
+        rec.grad_norm = norm;
+        rec.step_s = dt;
         if (j->val && eval_every > 0 && ((s + 1) % eval_every == 0 || s + 1 == steps)) {
             double vl = 0.0;
+            MT_TRACE_BEGIN(t_eval);
             MT_CHECK(evaluate(j, &vl));
+            MT_TRACE_END(t_eval, "eval", "validation");
             r->eval_step[r->n_evals] = s + 1;
             r->val_loss[r->n_evals++] = vl;
-            if (j->out) {
-                fprintf(j->out, "step %5lld/%lld | val loss %.6f (%lld batches)\n", (long long)s + 1,
-                        (long long)steps, vl, (long long)mt_config_int(cfg, "train.eval_batches"));
-                fflush(j->out);
-            }
+            rec.has_val = true;
+            rec.val_loss = vl;
+        }
+        MT_CHECK(mt_job_metrics_step(j->metrics, j, &rec, s + 1 == steps));
+        MT_CHECK(mt_job_ckpt_after_step(j->ckpt, j, s, s + 1 == steps));
+        MT_CHECK(mt_job_profile_step_end(j->profile, j, s)); /* after the checkpoint, so the trace shows it */
+        if (j->opts->stop_after > 0 && s + 1 >= j->opts->stop_after && s + 1 < steps) {
+            break; /* interrupted on purpose (tests of resuming) */
         }
     }
+    int64_t ran = r->n_steps - j->start_step;
     r->seconds = train_s;
-    r->tokens_per_s = train_s > 0 ? tokens * (double)steps / train_s : 0.0;
+    r->tokens_per_s = train_s > 0 ? tokens * (double)ran / train_s : 0.0;
     return MT_OK;
 }
 
@@ -464,8 +609,12 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
         opts = *opts_in;
     }
     const mt_world_t *w = mt_rt_world();
-    job_t j = {.cfg = cfg, .opts = &opts, .engine = opts.engine ? opts.engine : mt_job_engine_local(),
-               .rank = w->rank};
+    job_t j = {.cfg = cfg,
+               .opts = &opts,
+               .engine = opts.engine ? opts.engine : mt_job_engine_local(),
+               .rank = w->rank,
+               .world = w->size,
+               .comm = w->comm};
     j.out = w->rank == 0 ? opts.progress : NULL;
     mt_job_result_t r = {0};
     int64_t steps = mt_config_int(cfg, "train.steps"), eval_every = mt_config_int(cfg, "train.eval_every");
@@ -482,13 +631,26 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
     }
     st = agree(w->comm, st);
     if (st == MT_OK) {
-        r.n_params = (int64_t)mt_model_numel(j.model);
+        st = setup_services(&j);
+        if (st == MT_ERR_IO) {
+            st = MT_ERR_INVALID_ARG;
+        }
+        st = agree(w->comm, st);
+    }
+    if (st == MT_OK) {
+        r.n_params = j.n_params;
         if (j.out) {
             print_header(&j);
         }
         st = train(&j, &r);
         st = agree(w->comm, st);
+        if (st == MT_OK) {
+            st = agree(w->comm, mt_job_metrics_finish(j.metrics, &j, &r));
+        }
     }
+    mt_job_profile_free(j.profile, &j);
+    mt_job_metrics_free(j.metrics);
+    mt_job_ckpt_free(j.ckpt);
     if (j.ectx) {
         j.engine->free(j.ectx);
     }

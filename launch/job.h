@@ -11,9 +11,12 @@
 #include <mpi.h>
 #include <stdio.h>
 
+#include "models/data/data.h"
 #include "models/model.h"
 #include "models/optim/optim.h"
 #include "runtime/config.h"
+
+#include "runtime/alloc.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -22,16 +25,31 @@ extern "C" {
 /* What an engine is told about the job when it is created. Pointers are valid for the whole run. */
 typedef struct {
     const mt_config_t *cfg;
-    mt_model_t model;            /* built, no storage bound yet: the engine binds p->data / p->grad */
-    mt_optim_params_t optim;     /* from optimizer.* */
-    const char *init_llmc;       /* model.init = "llmc:PATH": PATH, loaded after the random init; else NULL */
-    int64_t global_batch;        /* sequences per step over all dp ranks */
-    int64_t micro_batch;         /* sequences per micro-batch on this rank */
-    int64_t grad_accum;          /* micro-batches per step on this rank */
+    mt_model_t model;        /* built, no storage bound yet: the engine binds p->data / p->grad */
+    mt_optim_params_t optim; /* from optimizer.* */
+    const char *init_llmc;   /* model.init = "llmc:PATH": PATH, loaded after the random init; else NULL */
+    int64_t global_batch;    /* sequences per step over all dp ranks */
+    int64_t micro_batch;     /* sequences per micro-batch on this rank */
+    int64_t grad_accum;      /* micro-batches per step on this rank */
     int64_t seq_len;
-    int dp_rank, dp_size;        /* this rank's slice of the global batch */
-    MPI_Comm comm;               /* the job's world communicator */
+    int dp_rank, dp_size;       /* this rank's slice of the global batch */
+    MPI_Comm comm;              /* the job's world communicator */
+    const struct mt_mesh *mesh; /* the device mesh (opts.mesh); NULL: dp = the whole world */
 } mt_job_info_t;
+
+/* A piece of a global tensor held in an engine's storage, for checkpoints: the box [lo, hi) of the
+ * tensor's global (unsharded) shape, stored contiguously in row-major order at data. A 1-D tensor has
+ * ndim 1 and uses lo[0]/hi[0]. Tensor names: "param/NAME" for parameter NAME, "adamw.m/NAME",
+ * "adamw.v/NAME" and "sgd.momentum/NAME" for the optimizer state of that parameter. */
+#define MT_CKPT_NAME_MAX 96
+typedef struct {
+    char tensor[MT_CKPT_NAME_MAX];
+    int ndim;
+    int64_t shape[2];     /* global shape */
+    int64_t lo[2], hi[2]; /* the box, 0 <= lo < hi <= shape per dimension */
+    float *data;
+    int64_t ld; /* 2-D: elements from one row of data to the next; 0 = the box's width (contiguous) */
+} mt_ckpt_piece_t;
 
 /* A data-parallel (or other) engine. The loop calls, per step:
  *   zero_grads; for each micro-batch: forward + backward of the whole model (the engine's model hooks
@@ -40,8 +58,8 @@ typedef struct {
 typedef struct {
     const char *name;
     /* Binds p->data and p->grad of every parameter (storage the engine owns), writes the initial weights
-     * (mt_model_init_weights / mt_model_param_init_values, then the checkpoint info->init_llmc), creates its optimizer over what this rank
-     * owns, and installs its hooks with mt_model_set_hooks. *ctx is passed to everything below. */
+     * (mt_model_init_weights / mt_model_param_init_values, then the checkpoint info->init_llmc), creates its optimizer
+     * over what this rank owns, and installs its hooks with mt_model_set_hooks. *ctx is passed to everything below. */
     mt_status_t (*init)(const mt_job_info_t *info, void **ctx);
     /* Zeroes the gradients this rank accumulates into before the first micro-batch of a step. */
     mt_status_t (*zero_grads)(void *ctx);
@@ -57,39 +75,85 @@ typedef struct {
     /* Turns this rank's mean loss of the step into the global-batch mean (in place), for reporting. */
     mt_status_t (*reduce_loss)(void *ctx, double *loss);
     void (*free)(void *ctx);
+    /* Checkpoints (NULL: this engine cannot be checkpointed; checkpoint.dir is then refused). Lists the
+     * pieces of global tensors in this rank's storage: save = true the pieces this rank writes (over all
+     * ranks, each element of each tensor written exactly once), save = false every piece it holds (a
+     * load fills them all). *pieces is malloc'd; the caller frees it. */
+    mt_status_t (*ckpt_pieces)(void *ctx, bool save, mt_ckpt_piece_t **pieces, int *n);
+    /* The optimizer's step count (AdamW's t) for the manifest, and setting it on resume. */
+    int64_t (*ckpt_get_step)(void *ctx);
+    void (*ckpt_set_step)(void *ctx, int64_t t);
+    /* After a load filled the pieces: whatever makes derived copies consistent again. May be NULL. */
+    mt_status_t (*ckpt_loaded)(void *ctx);
+    /* Optional (NULL: not needed), called before the model is built, with info's cfg, comm, mesh and dp
+     * fields set: creates what the model needs (the tensor-parallel communicator) and fills the model
+     * configuration's tensor-parallel fields. *ctx (NULL on entry) is then handed to init; whatever
+     * happens, the loop frees it with free() at the end (so init leaves it in place on failure). */
+    mt_status_t (*setup_model)(const mt_job_info_t *info, mt_model_config_t *mc, void **ctx);
+    /* Optional (NULL: the loop runs forward/backward of the whole model itself): forward (and, with
+     * backward, backward with gradients accumulated as the loop would) of one step's batch b over
+     * info->grad_accum micro-batches, e.g. by a pipeline schedule; *loss = this rank's mean loss of the
+     * batch before reduce_loss. */
+    mt_status_t (*run_batch)(void *ctx, const mt_batch_t *b, bool backward, double *loss);
+    /* Optional: seconds this rank spent blocked in communication inside forward and backward since the
+     * last call (tensor-parallel collectives, pipeline messages); the loop reports them as exposed
+     * communication instead of compute. */
+    double (*take_comm_s)(void *ctx);
 } mt_job_engine_t;
 
 /* The engine of a single process: the model's own flat buffers, one optimizer over every parameter
  * (weight decay on 2-D weights), nothing to communicate. */
 const mt_job_engine_t *mt_job_engine_local(void);
 
+/* The data-parallel engines of parallel/engine.h (DP, DDP, ZeRO-1/2/3, chosen by parallel.engine and
+ * parallel.zero_stage, shaped by parallel.bucket_mb and parallel.zero_persist_threshold) over the dp
+ * group of info->mesh (the whole world without a mesh), with checkpoints in every layout: each rank
+ * saves what it owns (replicated tensors once, by dp rank 0) and loads whatever its layout holds. */
+const mt_job_engine_t *mt_job_engine_parallel(void);
+
+/* Tensor parallelism over the mesh's tp groups and (pp > 1) pipeline parallelism over its pp groups
+ * (parallel.schedule, parallel.stage_layers, parallel.sequence_parallel), composed with data parallelism
+ * by one averaging all-reduce of each stage's gradients per step (parallel.engine = "ddp"). Needs
+ * opts.mesh. pp > 1 returns the table whose run_batch runs the pipeline schedule. */
+const mt_job_engine_t *mt_job_engine_model_parallel(int pp);
+
 typedef struct {
-    size_t size;                  /* sizeof(mt_job_opts_t) */
+    size_t size;                   /* sizeof(mt_job_opts_t) */
     const mt_job_engine_t *engine; /* NULL: mt_job_engine_local() (requires a world of one rank) */
-    FILE *progress;               /* progress lines on rank 0; NULL: none (stdout in `meshtrain train`) */
-    bool prefetch;                /* background data loading (default true) */
-    int dp_rank, dp_size;         /* this rank's data-parallel coordinate, from the caller's device mesh;
-                                   * dp_size 0: dp = world size and dp_rank = world rank (tp = pp = 1) */
+    FILE *progress;                /* progress lines on rank 0; NULL: none (stdout in `meshtrain train`) */
+    bool prefetch;                 /* background data loading (default true) */
+    int dp_rank, dp_size;          /* this rank's data-parallel coordinate, from the caller's device mesh;
+                                    * dp_size 0: dp = world size and dp_rank = world rank (tp = pp = 1) */
+    const char *mesh_desc;         /* the mesh in words for the start-up lines; NULL: "N ranks = dp N" */
+    const struct mt_mesh *mesh;    /* the device mesh engines build their communicators from (borrowed);
+                                    * NULL: data parallel over the whole world */
+    int64_t stop_after;            /* > 0: stop once this many steps are done, as an interrupted job would
+                                    * (the schedule still spans train.steps; for resume tests) */
 } mt_job_opts_t;
 
-#define MT_JOB_OPTS_INIT                                                                                     \
-    {                                                                                                        \
-        .size = sizeof(mt_job_opts_t), .engine = NULL, .progress = NULL, .prefetch = true, .dp_rank = 0,     \
-        .dp_size = 0                                                                                         \
+#define MT_JOB_OPTS_INIT                                                                                               \
+    {                                                                                                                  \
+        .size = sizeof(mt_job_opts_t), .engine = NULL, .progress = NULL, .prefetch = true, .dp_rank = 0, .dp_size = 0, \
+        .mesh_desc = NULL, .mesh = NULL, .stop_after = 0                                                               \
     }
 
 typedef struct {
-    int64_t n_steps;     /* steps run (== train.steps unless stopped early) */
-    double *loss;        /* [n_steps] training loss of each step: mean cross-entropy over the global batch */
-    float *lr;           /* [n_steps] learning rate used */
-    double *grad_norm;   /* [n_steps] global gradient norm before clipping */
+    int64_t n_steps;   /* steps run (== train.steps unless stopped early) */
+    double *loss;      /* [n_steps] training loss of each step: mean cross-entropy over the global batch */
+    float *lr;         /* [n_steps] learning rate used */
+    double *grad_norm; /* [n_steps] global gradient norm before clipping */
     int64_t n_evals;
-    int64_t *eval_step;  /* [n_evals] evaluation after this many steps */
-    double *val_loss;    /* [n_evals] mean validation loss over train.eval_batches batches */
-    int64_t n_skipped;   /* steps skipped for a non-finite loss/gradient (train.on_nan = skip) */
-    int64_t n_params;    /* parameters of the model */
-    double seconds;      /* wall time of the training steps (excluding set-up and evaluation) */
-    double tokens_per_s; /* global tokens per second over the run */
+    int64_t *eval_step;            /* [n_evals] evaluation after this many steps */
+    double *val_loss;              /* [n_evals] mean validation loss over train.eval_batches batches */
+    int64_t n_skipped;             /* steps skipped for a non-finite loss/gradient (train.on_nan = skip) */
+    int64_t n_params;              /* parameters of the model */
+    double seconds;                /* wall time of the training steps (excluding set-up and evaluation) */
+    double tokens_per_s;           /* global tokens per second over the run */
+    int64_t first_step;            /* steps before it were not run (resumed from a checkpoint): loss[s] = NAN there */
+    double steady_tokens_per_s;    /* mean over the steady state (the steps after the first tenth, at least 1) */
+    double mfu;                    /* model FLOP utilisation over the steady state (0 when the peak is unknown) */
+    int64_t mem_peak[MT_MEM_NCAT]; /* highest bytes per allocator category over the run, max over ranks */
+    int64_t mem_peak_total;        /* highest total, max over ranks */
 } mt_job_result_t;
 
 /* Runs the job the config describes. res (may be NULL) receives the per-step figures; free them with
@@ -100,6 +164,15 @@ typedef struct {
 mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts, mt_job_result_t *res);
 
 void mt_job_result_free(mt_job_result_t *res);
+
+/* Reads the weights of a checkpoint written under any layout: path is a step directory (holding
+ * manifest.json) or a checkpoint.dir (its `latest` is used). Builds *model from the configuration
+ * recorded in the checkpoint with its own full parameter storage and fills it from the shard files
+ * (every piece's CRC32C checked); *cfg_out (may be NULL) receives that configuration and from (may be
+ * NULL) the step directory read. Local: no MPI.
+ * Errors: MT_ERR_INVALID_ARG naming the file and the problem (missing, malformed, corrupt, truncated). */
+mt_status_t mt_job_ckpt_read_model(const char *path, mt_model_t *model, mt_config_t **cfg_out, char *from,
+                                   size_t from_len);
 
 /* Fills a model configuration from the model.* keys and train.seed (tp_size 1). */
 void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out);

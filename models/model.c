@@ -122,7 +122,8 @@ mt_status_t mt_model_init(const mt_model_config_t *cfg, mt_model_t *out) {
     }
     m->cfg = *cfg;
     if (m->cfg.padded_vocab == 0) {
-        m->cfg.padded_vocab = (cfg->vocab_size + 127) / 128 * 128;
+        int mult = 128 * cfg->tp_size; /* each tp rank's vocabulary slice stays a multiple of 128 */
+        m->cfg.padded_vocab = (cfg->vocab_size + mult - 1) / mult * mult;
     }
     mt_status_t st;
     if (cfg->kind == MT_MODEL_GPT2) {
@@ -234,6 +235,10 @@ void mt_model_zero_grads(mt_model_t m) {
             memset(m->params[i].grad, 0, m->params[i].numel * sizeof(float));
         }
     }
+}
+
+void mt_model_get_hooks(mt_model_t m, mt_model_hooks_t *out) {
+    *out = m->hooks;
 }
 
 void mt_model_set_hooks(mt_model_t m, const mt_model_hooks_t *hooks) {
@@ -413,21 +418,27 @@ static mt_status_t check_range(mt_model_t m, int lo, int hi) {
         return mt_error(MT_ERR_INVALID_ARG, "model: module range [%d, %d) invalid for %d modules", lo, hi,
                         m->n_modules);
     }
-    if (m->cfg.tp_size > 1) {
-        return mt_error(
-            MT_ERR_INVALID_USAGE,
-            "model: tp_size %d: sharded forward/backward is provided by parallel/'s tensor-parallel layers, "
-            "not by this model",
-            m->cfg.tp_size);
-    }
     return MT_OK;
 }
 
-mt_status_t mt_model_forward(mt_model_t m, mt_acts_t a, int lo, int hi, const int32_t *tokens, const int32_t *targets,
-                             const float *in_act, float *out_act, float *loss) {
+static size_t act_rows(mt_model_t m, int B, int T) {
+    return m->ops->act_rows ? m->ops->act_rows(m, B, T) : (size_t)B * T;
+}
+
+size_t mt_model_act_floats(mt_model_t m, int B, int T) {
+    return act_rows(m, B, T) * (size_t)m->width;
+}
+
+/* A family's sticky error (a failed tp collective inside a module), returned once. */
+static mt_status_t take_error(mt_model_t m) {
+    return m->ops->take_error ? m->ops->take_error(m) : MT_OK;
+}
+
+mt_status_t mt_model_forward(mt_model_t m, mt_acts_t a, int lo, int hi, const int32_t *tokens,
+                             const int32_t *targets, const float *in_act, float *out_act, float *loss) {
     MT_CHECK(check_range(m, lo, hi));
     int n = m->n_modules, N = a->B * a->T, V = m->cfg.vocab_size;
-    size_t W = (size_t)m->width;
+    size_t AF = mt_model_act_floats(m, a->B, a->T);
     if (lo == 0) {
         if (!tokens) {
             return mt_error(MT_ERR_INVALID_ARG, "model: forward from module 0 needs tokens");
@@ -445,12 +456,12 @@ mt_status_t mt_model_forward(mt_model_t m, mt_acts_t a, int lo, int hi, const in
                             lo);
         }
         if (!a->in) {
-            a->in = mt_alloc((size_t)N * W * sizeof(float), MT_MEM_ACTIVATIONS, "acts stage input");
+            a->in = mt_alloc(AF * sizeof(float), MT_MEM_ACTIVATIONS, "acts stage input");
             if (!a->in) {
-                return mt_error(MT_ERR_OOM, "model: cannot allocate the stage input (%zu bytes)", N * W * 4);
+                return mt_error(MT_ERR_OOM, "model: cannot allocate the stage input (%zu bytes)", AF * 4);
             }
         }
-        memcpy(a->in, in_act, (size_t)N * W * sizeof(float));
+        memcpy(a->in, in_act, AF * sizeof(float));
     }
     if (hi == n) {
         if (!targets || !loss) {
@@ -483,13 +494,14 @@ mt_status_t mt_model_forward(mt_model_t m, mt_acts_t a, int lo, int hi, const in
         const float *inp = i == 0 ? NULL : (i == lo ? a->in : a->mod_out[i - 1]);
         a->mod_inp[i] = inp;
         m->ops->forward(m, a, i, inp);
+        MT_CHECK(take_error(m));
         a->fwd_done[i] = true;
         if (m->hooks.post_forward) {
             MT_CHECK(m->hooks.post_forward(m->hooks.arg, i));
         }
     }
     if (hi < n && out_act) {
-        memcpy(out_act, a->mod_out[hi - 1], (size_t)N * W * sizeof(float));
+        memcpy(out_act, a->mod_out[hi - 1], AF * sizeof(float));
     }
     if (hi == n) {
         *loss = a->loss;
@@ -500,8 +512,8 @@ mt_status_t mt_model_forward(mt_model_t m, mt_acts_t a, int lo, int hi, const in
 mt_status_t mt_model_backward(mt_model_t m, mt_acts_t a, int lo, int hi, const float *dout, float *din,
                               float loss_grad_scale) {
     MT_CHECK(check_range(m, lo, hi));
-    int n = m->n_modules, N = a->B * a->T;
-    size_t W = (size_t)m->width;
+    int n = m->n_modules;
+    size_t AF = mt_model_act_floats(m, a->B, a->T);
     for (int i = lo; i < hi; i++) {
         if (!a->fwd_done[i]) {
             return mt_error(MT_ERR_INVALID_USAGE,
@@ -516,14 +528,14 @@ mt_status_t mt_model_backward(mt_model_t m, mt_acts_t a, int lo, int hi, const f
         return mt_error(MT_ERR_INVALID_ARG, "model: backward to module %d needs din for the previous stage", lo);
     }
     MT_CHECK(m->ops->ensure_workspace(m, a->B, a->T));
-    if (m->gbuf_rows < (size_t)N) {
-        MT_CHECK(mt_model_realloc_scratch(&m->gbuf[0], (size_t)N * W, "model grad buffer"));
-        MT_CHECK(mt_model_realloc_scratch(&m->gbuf[1], (size_t)N * W, "model grad buffer"));
-        m->gbuf_rows = (size_t)N;
+    if (m->gbuf_floats < AF) {
+        MT_CHECK(mt_model_realloc_scratch(&m->gbuf[0], AF, "model grad buffer"));
+        MT_CHECK(mt_model_realloc_scratch(&m->gbuf[1], AF, "model grad buffer"));
+        m->gbuf_floats = AF;
     }
     float *gcur = m->gbuf[0], *gnext = m->gbuf[1];
     if (dout) {
-        memcpy(gcur, dout, (size_t)N * W * sizeof(float));
+        memcpy(gcur, dout, AF * sizeof(float));
     }
     for (int i = hi - 1; i >= lo; i--) {
         if (m->hooks.pre_backward) {
@@ -531,6 +543,7 @@ mt_status_t mt_model_backward(mt_model_t m, mt_acts_t a, int lo, int hi, const f
         }
         MT_CHECK(check_bound(m, i, true));
         m->ops->backward(m, a, i, a->mod_inp[i], i == n - 1 ? NULL : gcur, i > 0 ? gnext : NULL, loss_grad_scale);
+        MT_CHECK(take_error(m));
         if (i == n - 1) {
             a->fwd_done[i] = false; /* the head's backward consumed its logits in place */
         }
@@ -542,7 +555,7 @@ mt_status_t mt_model_backward(mt_model_t m, mt_acts_t a, int lo, int hi, const f
         }
     }
     if (lo > 0) {
-        memcpy(din, gcur, (size_t)N * W * sizeof(float));
+        memcpy(din, gcur, AF * sizeof(float));
     }
     return MT_OK;
 }
@@ -560,22 +573,22 @@ mt_status_t mt_model_step(mt_model_t m, mt_acts_t a, const int32_t *tokens, cons
 
 /* Mirrors the allocations of mt_acts_init (tokens, targets), mt_model_forward (stage input, one buffer per
  * module from module_floats), the family's ensure_workspace (workspace_floats) and mt_model_backward
- * (two gradient buffers of N x W), each through mt_alloc_accounted. */
+ * (two gradient buffers of mt_model_act_floats), each through mt_alloc_accounted. */
 mt_status_t mt_model_act_mem(mt_model_t m, int lo, int hi, int B, int T, mt_model_act_mem_t *out) {
     memset(out, 0, sizeof(*out));
     if (lo < 0 || hi > m->n_modules || lo >= hi || B < 1 || T < 1 || T > m->cfg.seq_len) {
         return mt_error(MT_ERR_INVALID_ARG, "model: sizing modules [%d, %d) for B=%d T=%d: invalid range or shape", lo,
                         hi, B, T);
     }
-    size_t N = (size_t)B * T, W = (size_t)m->width;
+    size_t N = (size_t)B * T, AF = mt_model_act_floats(m, B, T);
     int64_t a = 2 * (int64_t)mt_alloc_accounted(N * sizeof(int32_t));
     if (lo > 0) {
-        a += (int64_t)mt_alloc_accounted(N * W * sizeof(float));
+        a += (int64_t)mt_alloc_accounted(AF * sizeof(float));
     }
     for (int i = lo; i < hi; i++) {
         a += (int64_t)mt_alloc_accounted(m->ops->module_floats(m, i, B, T) * sizeof(float));
     }
-    int64_t w = 2 * (int64_t)mt_alloc_accounted(N * W * sizeof(float));
+    int64_t w = 2 * (int64_t)mt_alloc_accounted(AF * sizeof(float));
     size_t fl[MT_MODEL_MAX_WORKSPACE];
     int n = m->ops->workspace_floats ? m->ops->workspace_floats(m, B, T, fl) : 0;
     for (int k = 0; k < n; k++) {

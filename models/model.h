@@ -30,6 +30,11 @@ typedef struct {
     mt_status_t (*all_reduce_sum)(void *ctx, float *buf, size_t count);
     /* Gathers count floats from every tp rank into recv (tp_size * count floats, rank order). */
     mt_status_t (*all_gather)(void *ctx, const float *send, float *recv, size_t count);
+    /* Sums send (tp_size * count floats) over the tp group; this rank receives block tp_rank of the sum
+     * (count floats) in recv. Needed with sequence_parallel. */
+    mt_status_t (*reduce_scatter_sum)(void *ctx, const float *send, float *recv, size_t count);
+    /* Elementwise maximum of buf (count floats) over the tp group, in place. */
+    mt_status_t (*all_reduce_max)(void *ctx, float *buf, size_t count);
 } mt_tp_ops_t;
 
 /* The model is built from this plain struct; the training loop fills it from the config keys model.*
@@ -46,15 +51,19 @@ typedef struct {
     mt_recompute_t recompute; /* model.recompute */
     bool attn_recompute;      /* attention keeps only per-row softmax statistics, recomputes P in backward */
     uint64_t seed;            /* initialisation seed (train.seed) */
-    int tp_rank, tp_size;     /* tensor parallel: tp_size 1 (the only size this issue implements) */
+    int tp_rank, tp_size;     /* tensor parallel (GPT-2): Megatron sharding over tp_size ranks, see gpt2_tp.c */
     const mt_tp_ops_t *tp_ops;
+    /* Tensor parallel: LayerNorm/residual regions and the activations between modules split along the
+     * B*T rows over the tp ranks (all-gather / reduce-scatter instead of all-reduce). B*T % tp_size == 0. */
+    bool sequence_parallel;
 } mt_model_config_t;
 
 #define MT_MODEL_CONFIG_INIT                                                                                           \
     {                                                                                                                  \
         .size = sizeof(mt_model_config_t), .kind = MT_MODEL_GPT2, .n_layer = 4, .n_head = 4, .n_embd = 128,            \
         .seq_len = 64, .vocab_size = 256, .padded_vocab = 0, .recompute = MT_RECOMPUTE_NONE, .attn_recompute = false,  \
-        .seed = 1234, .tp_rank = 0, .tp_size = 1, .tp_ops = NULL                                                       \
+        .seed = 1234, .tp_rank = 0, .tp_size = 1, .tp_ops = NULL,                                                      \
+        .sequence_parallel = false                                                                                     \
     }
 
 /* ---- parameters ----------------------------------------------------------------------------- */
@@ -88,8 +97,8 @@ typedef struct mt_model *mt_model_t;
 
 /* Builds a model from cfg (copied). Registers parameters and modules; allocates NOTHING for parameter or
  * gradient storage (see mt_model_alloc_params / mt_model_alloc_grads, or bind your own). Errors:
- * MT_ERR_INVALID_ARG naming the bad field (e.g. n_embd % n_head != 0), MT_ERR_INVALID_USAGE for
- * tp_size > 1 (sharded layers arrive with the tensor-parallel issue). */
+ * MT_ERR_INVALID_ARG naming the bad field (e.g. n_embd % n_head != 0; with tp_size > 1: n_head or the
+ * padded vocabulary not divisible by tp_size, tp_ops missing a callback, an MLP model, recompute = block). */
 mt_status_t mt_model_init(const mt_model_config_t *cfg, mt_model_t *out);
 
 /* Frees the model and any storage it allocated itself (never storage an engine bound). NULL is a no-op. */
@@ -151,6 +160,8 @@ typedef struct {
 
 /* Installs hooks (copied); NULL removes them. */
 void mt_model_set_hooks(mt_model_t m, const mt_model_hooks_t *hooks);
+/* The installed hooks (all NULL if none), so a wrapper can chain to them. */
+void mt_model_get_hooks(mt_model_t m, mt_model_hooks_t *out);
 
 /* ---- execution ------------------------------------------------------------------------------ */
 
@@ -162,6 +173,10 @@ mt_status_t mt_acts_init(mt_model_t m, int B, int T, mt_acts_t *out);
 void mt_acts_free(mt_acts_t a);
 int mt_acts_B(mt_acts_t a);
 int mt_acts_T(mt_acts_t a);
+
+/* Floats of the activation one module passes to the next for a B x T micro-batch on this rank:
+ * B*T*W, or (B*T/tp_size)*W with sequence parallelism (each tp rank holds its slice of the rows). */
+size_t mt_model_act_floats(mt_model_t m, int B, int T);
 
 /* Activation memory of running modules [lo, hi) forward and backward on micro-batches of B x T, in the
  * bytes the allocator accounts (MT_MEM_ACTIVATIONS), computed by the functions that size those
@@ -180,6 +195,8 @@ int mt_model_act_width(mt_model_t m);
 /* Runs forward of modules [lo, hi) (0 <= lo < hi <= n_modules) on micro-batch a.
  *   tokens  (B,T) int32 in [0, V): required when lo == 0.
  *   targets (B,T) int32 in [0, V) or -1 (ignored): required when hi == n_modules.
+ * Activations between modules are mt_model_act_floats() floats ((B,T,W), or this rank's rows of it with
+ * sequence parallelism); with tp_size > 1 the call is collective over the tp group (tp_ops).
  *   in_act  (B,T,W) from the previous stage: required when lo > 0 (copied; the caller may reuse it).
  *   out_act (B,T,W) to the next stage: written when hi < n_modules (may be NULL then, e.g. eval).
  *   loss    mean cross-entropy over the non-ignored targets (0 if none): written when hi == n_modules.

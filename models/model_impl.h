@@ -27,6 +27,11 @@ typedef struct {
     /* Backward of one module: dout (B,T,W) (NULL for the head), dinp (B,T,W) OVERWRITTEN (NULL for module 0). */
     void (*backward)(mt_model_t m, mt_acts_t a, int module, const float *inp, const float *dout, float *dinp,
                      float loss_grad_scale);
+    /* Optional: the first error a forward/backward hit since the last call (a failed tp collective), then
+     * cleared. NULL: the family cannot fail. */
+    mt_status_t (*take_error)(mt_model_t m);
+    /* Optional: rows of the activation between modules for B x T (NULL: B*T). */
+    size_t (*act_rows)(mt_model_t m, int B, int T);
 } mt_model_ops_t;
 
 struct mt_model {
@@ -41,10 +46,10 @@ struct mt_model {
     size_t numel;
     float *params_flat, *grads_flat;
     mt_model_hooks_t hooks;
-    int width;      /* activation width between modules */
-    float *gbuf[2]; /* backward ping-pong gradients (N, width) */
-    size_t gbuf_rows;
-    void *impl; /* family-specific state */
+    int width;          /* activation width between modules */
+    float *gbuf[2];     /* backward ping-pong gradients (activation floats of a micro-batch) */
+    size_t gbuf_floats; /* floats each gbuf holds */
+    void *impl;         /* family-specific state */
 };
 
 struct mt_acts {
@@ -70,6 +75,8 @@ mt_status_t mt_model_add_param(mt_model_t m, const char *name, int ndim, int64_t
 mt_status_t mt_model_realloc_scratch(float **p, size_t floats, const char *owner);
 
 mt_status_t mt_gpt2_build(mt_model_t m);
+/* Tensor-parallel GPT-2 (gpt2_tp.c): replaces ops and impl of a GPT-2 registered by mt_gpt2_build. */
+mt_status_t mt_gpt2_tp_attach(mt_model_t m);
 mt_status_t mt_mlp_build(mt_model_t m);
 
 #endif /* MT_MODEL_IMPL_H */

@@ -83,6 +83,7 @@ mt_status_t mt_plan_job_from_config(const mt_config_t *cfg, mt_plan_job_t *out) 
                                         : MT_PREC_FP32;
     out->bucket_mb = mt_config_float(cfg, "parallel.bucket_mb");
     out->grad_clip = mt_config_float(cfg, "optimizer.grad_clip");
+    out->persist_threshold = mt_config_int(cfg, "parallel.zero_persist_threshold");
     mt_model_t m = NULL;
     MT_CHECK(mt_model_init(&out->model, &m)); /* the shape is valid for one rank */
     mt_model_free(m);
@@ -144,6 +145,13 @@ static mt_status_t check_layout(const mt_plan_job_t *job, int world, const mt_pl
     }
     if (l->dp == 1 && l->engine != MT_PLAN_DDP && l->engine != MT_PLAN_ALLREDUCE) {
         return mt_error(MT_ERR_INVALID_ARG, "ZeRO shards over dp; with dp = 1 it is DDP's layout");
+    }
+    if (model_parallel && l->engine != MT_PLAN_ALLREDUCE && l->tp > 1) {
+        return mt_error(MT_ERR_INVALID_ARG, "the data-parallel engines take tp = 1 models (parallel/engine.c): with "
+                                            "tp > 1 gradients are averaged by the all-reduce path");
+    }
+    if (model_parallel) { /* the 3-D path's own verdict (parallel3d.c) */
+        MT_CHECK(plan_check_3d(job, world, l));
     }
     if ((l->pp == 1 || l->microbatches == 1) && l->schedule != MT_PLAN_1F1B) {
         /* one stage, or one micro-batch: GPipe and 1F1B run the same steps; the plan lists 1F1B */
@@ -419,7 +427,7 @@ static mt_status_t shape_and_mem(const mt_plan_job_t *job, const mt_plan_layout_
     if (!sh->bounds || !*mem) {
         return mt_error(MT_ERR_OOM, "plan: out of memory");
     }
-    MT_CHECK(plan_build_model(job, l->tp, l->recompute, &sh->m));
+    MT_CHECK(plan_build_model(job, l->tp, l->sp, l->recompute, &sh->m));
     MT_CHECK(plan_split(sh->m, l->pp, sh->bounds));
     for (int s = 0; s < l->pp; s++) {
         MT_CHECK(plan_stage_mem_model(job, sh->m, sh->bounds, l, s, (*mem)[s]));
@@ -547,9 +555,10 @@ mt_status_t mt_plan_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t 
         if (world % tp) {
             continue;
         }
-        for (int rc = 0; rc < MT_PLAN_NRC && st == MT_OK; rc++) {
+        for (int rcsp = 0; rcsp < 2 * MT_PLAN_NRC && st == MT_OK; rcsp++) {
+            int rc = rcsp / 2, sp = rcsp % 2;
             mt_model_t m = NULL;
-            if (plan_build_model(job, tp, (mt_plan_rc_t)rc, &m) != MT_OK) {
+            if ((sp && tp == 1) || plan_build_model(job, tp, sp, (mt_plan_rc_t)rc, &m) != MT_OK) {
                 continue; /* this tp does not split the model (heads, vocabulary): no layout with it */
             }
             plan_shape_t sh = {.m = m, .bounds = bounds};
@@ -573,7 +582,7 @@ mt_status_t mt_plan_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t 
                     }
                     for (int eng = 0; eng < MT_PLAN_NENG && st == MT_OK; eng++) {
                         for (int sched = 0; sched < 2 && st == MT_OK; sched++) {
-                            for (int sp = 0; sp < 2 && st == MT_OK; sp++) {
+                            {
                                 mt_plan_layout_t l = base;
                                 l.engine = (mt_plan_engine_t)eng;
                                 l.schedule = (mt_plan_sched_t)sched;

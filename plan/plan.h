@@ -111,6 +111,7 @@ typedef struct {
     mt_prec_t prec;
     double bucket_mb;
     double grad_clip; /* optimizer.grad_clip (engines with tp or pp > 1 need 0) */
+    int64_t persist_threshold; /* parallel.zero_persist_threshold */
 } mt_plan_job_t;
 
 /* The planning inputs of a job config. MT_ERR_INVALID_ARG for a model the planner cannot build. */

@@ -304,7 +304,8 @@ mt_status_t mt_gpt2_build(mt_model_t m) {
     float std = 0.02f, res_std = (float)(0.02 / sqrt(2.0 * (double)L));
     char name[MT_PARAM_NAME_MAX];
     MT_CHECK(mt_model_add_module(m, "embedding"));
-    MT_CHECK(mt_model_add_param(m, "wte", 2, c->padded_vocab, C, std, 0, -1, 1));
+    /* vocabulary-parallel with tp: each rank holds padded_vocab / tp rows (gpt2_tp.c) */
+    MT_CHECK(mt_model_add_param(m, "wte", 2, c->padded_vocab, C, std, 0, 0, 1));
     m->init_rows[0] = c->vocab_size; /* padded rows start (and, never used, stay) at zero */
     m->params[0].tied_module = (int)L + 1;
     MT_CHECK(mt_model_add_param(m, "wpe", 2, c->seq_len, C, std, 0, -1, 1));
@@ -333,5 +334,8 @@ mt_status_t mt_gpt2_build(mt_model_t m) {
     MT_CHECK(mt_model_add_module(m, "head"));
     MT_CHECK(mt_model_add_param(m, "ln_f.weight", 1, C, 1, 0, 1, -1, 1));
     MT_CHECK(mt_model_add_param(m, "ln_f.bias", 1, C, 1, 0, 0, -1, 1));
+    if (c->tp_size > 1) {
+        MT_CHECK(mt_gpt2_tp_attach(m)); /* sharded forward/backward */
+    }
     return MT_OK;
 }

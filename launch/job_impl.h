@@ -1,0 +1,93 @@
+/* Private parts of the training loop shared by job.c (the loop), job_metrics.c (progress lines, the
+ * metrics file, MFU, the summary), job_profile.c (trace and memory profile of chosen steps) and
+ * job_ckpt.c (checkpoints).
+ * SPDX-License-Identifier: MIT */
+#ifndef MT_JOB_IMPL_H
+#define MT_JOB_IMPL_H
+
+#include "launch/job.h"
+#include "models/data/data.h"
+#include "runtime/alloc.h"
+
+/* Figures of one step, as rank 0 reports them (times are this rank's; memory the maximum over ranks). */
+typedef struct {
+    int64_t step; /* 1-based */
+    double loss, grad_norm;
+    float lr;
+    double step_s, data_s, fwd_s, bwd_s, comm_s, opt_s;
+    int64_t mem[MT_MEM_NCAT]; /* bytes now by category, max over ranks */
+    int64_t mem_peak;         /* highest total so far, max over ranks */
+    bool has_val;
+    double val_loss;
+} mt_step_rec_t;
+
+typedef struct job_metrics job_metrics_t;
+typedef struct job_profile job_profile_t;
+typedef struct job_ckpt job_ckpt_t;
+
+typedef struct {
+    const mt_config_t *cfg;
+    const mt_job_opts_t *opts;
+    const mt_job_engine_t *engine;
+    void *ectx;
+    mt_job_info_t info;
+    mt_lr_sched_t sched;
+    mt_model_t model;
+    mt_acts_t acts;
+    mt_data_t train, val;
+    int rank, world;
+    MPI_Comm comm;
+    FILE *out;              /* progress on rank 0, else NULL */
+    int64_t start_step;     /* first step to run (0, or the step a checkpoint was written after) */
+    double flops_per_token; /* of the whole (unsharded) model, for MFU */
+    int64_t n_params;       /* of the whole model */
+    job_metrics_t *metrics;
+    job_profile_t *profile;
+    job_ckpt_t *ckpt;
+} job_t;
+
+/* ---- metrics (job_metrics.c) ------------------------------------------------------------------ */
+
+/* Opens metrics.jsonl (rank 0) and the per-rank files, measures or reads the CPU's sgemm peak for MFU.
+ * Collective over j->comm. MT_ERR_INVALID_ARG naming the key when a file cannot be created. */
+mt_status_t mt_job_metrics_init(job_t *j, job_metrics_t **out);
+/* Completes rec (memory maxima over ranks: collective), prints the progress line (every log_every
+ * steps, the first and the last) and the validation line, appends the JSON line(s). */
+mt_status_t mt_job_metrics_step(job_metrics_t *m, job_t *j, mt_step_rec_t *rec, bool last);
+/* Prints the summary (collective: peak memory per category, max over ranks); fills res's summary fields. */
+mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *res);
+void mt_job_metrics_free(job_metrics_t *m);
+/* The job's peak FLOP/s (0 when unknown) and where it came from, for the header. */
+double mt_job_metrics_peak(const job_metrics_t *m, const char **source);
+
+/* ---- profiler (job_profile.c) ------------------------------------------------------------------ */
+
+/* Parses profile.*; syncs the trace clocks (collective) when profile.trace is set. *out NULL when no
+ * profiling is configured. MT_ERR_INVALID_ARG for a bad profile.steps. */
+mt_status_t mt_job_profile_init(job_t *j, job_profile_t **out);
+/* Installs the tracing hooks around the engine's (after the engine's init). */
+void mt_job_profile_hooks(job_profile_t *p, job_t *j);
+/* Around every step s (0-based): starts recording at the first profiled step; after the last one,
+ * stops and writes the trace (collective) and this rank's memory history. */
+void mt_job_profile_step_begin(job_profile_t *p, int64_t s);
+mt_status_t mt_job_profile_step_end(job_profile_t *p, job_t *j, int64_t s);
+void mt_job_profile_free(job_profile_t *p, job_t *j);
+
+/* ---- checkpoints (job_ckpt.c) ------------------------------------------------------------------- */
+
+/* Parses checkpoint.*; finds the checkpoint to resume from (checkpoint.resume) and validates its
+ * manifest against the model. Collective. *out NULL when checkpoints are off and nothing is resumed. */
+mt_status_t mt_job_ckpt_init(job_t *j, job_ckpt_t **out);
+/* Loads the resume checkpoint (if any) into the engine's storage and sets j->start_step. Collective. */
+mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j);
+/* The step directory the job resumed from, or NULL. */
+const char *mt_job_ckpt_resumed_from(const job_ckpt_t *c);
+/* Writes a checkpoint after step s (0-based) when checkpoint.every says so or s is the last. Collective. */
+mt_status_t mt_job_ckpt_after_step(job_ckpt_t *c, job_t *j, int64_t s, bool last);
+void mt_job_ckpt_free(job_ckpt_t *c);
+/* model.init = "llmc:PATH" for engines that store the weights in their own layout (everything but the
+ * single-process engine, which loads the file itself): every rank reads the file into a whole model
+ * and copies the boxes its engine holds (ckpt_pieces). Local. */
+mt_status_t mt_job_init_llmc(job_t *j);
+
+#endif

@@ -1,0 +1,444 @@
+/* What a training job reports: the progress line of each logged step (loss, lr, gradient norm, step
+ * time, tokens/s, MFU, peak memory, exposed communication, ETA), metrics.jsonl (one JSON object per
+ * step from rank 0, and one file per rank with metrics.per_rank), and the closing summary. MFU divides
+ * the model's FLOPs (mt_model_flops_per_token) by the job's peak: on CPUs the sgemm rate measured once
+ * per machine and thread count and cached (docs/metrics.md).
+ * SPDX-License-Identifier: MIT */
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "job_impl.h"
+#include "runtime/rt.h"
+
+/* Directory of the sgemm cache ("" = $XDG_CACHE_HOME/meshtrain or $HOME/.cache/meshtrain; "off" =
+ * measure at every start-up, write nothing). */
+MT_PARAM_STR(sgemm_cache, "SGEMM_CACHE", "")
+/* Peak GFLOP/s per core to use instead of measuring (0 = measure). */
+MT_PARAM(peak_gflops_core, "PEAK_GFLOPS_PER_CORE", 0)
+
+struct job_metrics {
+    FILE *jsonl;     /* rank 0: metrics.jsonl */
+    FILE *rank_file; /* metrics.per_rank: this rank's own figures */
+    char path[1024], rank_path[1040];
+    double peak_flops; /* the job's peak FLOP/s, 0 = unknown */
+    char peak_src[256];
+    char cache_path[1024]; /* rank 0: the sgemm cache file the peak came from or went to ("" = none) */
+    int64_t log_every, steps, first_step;
+    double tokens; /* global tokens per step */
+    double sum_s;  /* step time of steps run so far (for the ETA), excluding the first */
+    int64_t n_timed;
+    double steady_s; /* steady-state steps: time and count */
+    int64_t n_steady, steady_from;
+    double last_loss, last_val;
+    bool have_val;
+};
+
+/* ---- the CPU's peak: sgemm rate ----------------------------------------------------------------- */
+
+static double sgemm_measure(int n) {
+    float *a = malloc((size_t)n * n * sizeof(float)), *b = malloc((size_t)n * n * sizeof(float));
+    float *c = malloc((size_t)n * n * sizeof(float));
+    double best = 0.0;
+    if (a && b && c) {
+        for (size_t i = 0; i < (size_t)n * n; i++) {
+            a[i] = (float)(i % 7) * 0.25f;
+            b[i] = (float)(i % 5) * 0.5f;
+        }
+        double start = mt_now();
+        for (int rep = 0; rep < 12 && (rep < 3 || mt_now() - start < 0.3); rep++) {
+            double t0 = mt_now();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+            double dt = mt_now() - t0;
+            if (rep > 0 && dt > 0) { /* the first call warms the thread pool and caches */
+                best = MT_MAX(best, 2.0 * n * (double)n * n / dt);
+            }
+        }
+    }
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+/* Per-core sgemm FLOP/s on rank 0 with its thread count: the override, the cache, or a measurement
+ * (then cached). src says which. */
+static double sgemm_per_core(int threads, char *src, size_t src_len, char *cache_out, size_t cache_len) {
+    if (mt_param_peak_gflops_core() > 0) {
+        snprintf(src, src_len, "%lld GFLOP/s per core from MESHTRAIN_PEAK_GFLOPS_PER_CORE",
+                 (long long)mt_param_peak_gflops_core());
+        return (double)mt_param_peak_gflops_core() * 1e9;
+    }
+    char host[128] = "host", dir[768] = "", path[1024] = "";
+    gethostname(host, sizeof(host) - 1);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *cache = mt_param_sgemm_cache();
+    bool use_cache = strcmp(cache, "off") != 0;
+    if (use_cache) {
+        if (cache[0]) {
+            snprintf(dir, sizeof(dir), "%s", cache);
+        } else if (getenv("XDG_CACHE_HOME") && getenv("XDG_CACHE_HOME")[0]) {
+            snprintf(dir, sizeof(dir), "%s/meshtrain", getenv("XDG_CACHE_HOME"));
+        } else if (getenv("HOME") && getenv("HOME")[0]) {
+            snprintf(dir, sizeof(dir), "%s/.cache/meshtrain", getenv("HOME"));
+        } else {
+            use_cache = false;
+        }
+        snprintf(path, sizeof(path), "%s/sgemm-%s-%ldcpu-%dt.txt", dir, host, ncpu, threads);
+        snprintf(cache_out, cache_len, "%s", path);
+    }
+    if (use_cache) {
+        FILE *f = fopen(path, "r");
+        double g = 0.0;
+        if (f) {
+            bool ok = fscanf(f, "%lf", &g) == 1 && g > 0 && isfinite(g);
+            fclose(f);
+            if (ok) {
+                snprintf(src, src_len, "%.1f GFLOP/s per core (sgemm, cached in %s)", g, path);
+                return g * 1e9;
+            }
+        }
+    }
+    double rate = sgemm_measure(1024) / threads;
+    if (rate <= 0) {
+        snprintf(src, src_len, "sgemm measurement failed");
+        return 0.0;
+    }
+    if (use_cache) {
+        char tmp[1100];
+        snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
+        /* mkdir -p of the cache directory (two levels at most are missing in practice) */
+        for (char *c = dir + 1; *c; c++) {
+            if (*c == '/') {
+                *c = '\0';
+                mkdir(dir, 0755);
+                *c = '/';
+            }
+        }
+        mkdir(dir, 0755);
+        FILE *f = fopen(tmp, "w");
+        if (f &&
+            fprintf(f, "%.3f\n# sgemm 1024^3 GFLOP/s per core with %d OpenBLAS threads on %s\n", rate / 1e9, threads,
+                    host) > 0 &&
+            fclose(f) == 0 && rename(tmp, path) == 0) {
+            snprintf(src, src_len, "%.1f GFLOP/s per core (sgemm measured now, cached in %s)", rate / 1e9, path);
+        } else {
+            if (f) {
+                unlink(tmp);
+            }
+            snprintf(src, src_len, "%.1f GFLOP/s per core (sgemm measured now; cache %s not writable)", rate / 1e9,
+                     path);
+        }
+    } else {
+        snprintf(src, src_len, "%.1f GFLOP/s per core (sgemm measured now, cache off)", rate / 1e9);
+    }
+    return rate;
+}
+
+/* The job's peak: rank 0's per-core rate times the cores the job occupies, counted per node as the
+ * smaller of the ranks' threads and the node's CPUs (4 ranks of 1 thread on 2 cores occupy 2). */
+static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
+    const mt_world_t *w = mt_rt_world();
+    int threads = openblas_get_num_threads();
+    threads = threads > 0 ? threads : 1;
+    double per_core = 0.0;
+    MPI_Request req;
+    if (j->rank == 0) {
+        per_core = sgemm_per_core(threads, m->peak_src, sizeof(m->peak_src), m->cache_path, sizeof(m->cache_path));
+    }
+    /* The other ranks sleep while rank 0 measures: spinning (or yielding) in a broadcast would take cores
+     * from the measurement when ranks share them. */
+    MT_MPI_CHECK(MPI_Ibcast(&per_core, 1, MPI_DOUBLE, 0, j->comm, &req));
+    for (int done = 0; !done;) {
+        MT_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        if (!done) {
+            usleep(1000);
+        }
+    }
+    MT_MPI_CHECK(MPI_Bcast(m->peak_src, (int)sizeof(m->peak_src), MPI_CHAR, 0, j->comm));
+    int local_threads = 0;
+    MT_MPI_CHECK(MPI_Allreduce(&threads, &local_threads, 1, MPI_INT, MPI_SUM, w->local_comm));
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    double node_cores = (double)MT_MIN((long)local_threads, ncpu > 0 ? ncpu : local_threads);
+    double mine = (double)threads * node_cores / (double)local_threads, cores = 0.0;
+    MT_MPI_CHECK(MPI_Allreduce(&mine, &cores, 1, MPI_DOUBLE, MPI_SUM, j->comm));
+    m->peak_flops = per_core * cores;
+    char more[96];
+    snprintf(more, sizeof(more), " x %.0f core%s = %.1f GFLOP/s", cores, cores == 1 ? "" : "s", m->peak_flops / 1e9);
+    size_t l = strlen(m->peak_src);
+    snprintf(m->peak_src + l, sizeof(m->peak_src) - l, "%s", more);
+    return MT_OK;
+}
+
+double mt_job_metrics_peak(const job_metrics_t *m, const char **source) {
+    *source = m ? m->peak_src : "";
+    return m ? m->peak_flops : 0.0;
+}
+
+/* ---- set-up ------------------------------------------------------------------------------------ */
+
+/* A resumed job continues its metrics file: the lines of steps up to the checkpoint are kept (a stopped
+ * run may have logged steps after it, which the resumed run repeats), the rest is dropped. */
+static void keep_until(const char *path, int64_t last_step) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return;
+    }
+    char tmp[1100];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *o = fopen(tmp, "w");
+    char *line = NULL;
+    size_t cap = 0;
+    while (o && getline(&line, &cap, f) > 0) {
+        long long step = 0;
+        if (sscanf(line, "{\"step\": %lld", &step) == 1 && step <= last_step) {
+            fputs(line, o);
+        }
+    }
+    free(line);
+    fclose(f);
+    if (o && fclose(o) == 0) {
+        rename(tmp, path);
+    }
+}
+
+static mt_status_t open_out(const char *path, int64_t resume_step, FILE **out) {
+    /* create the parent directory if missing (one level: "out/demo/metrics.jsonl" needs out/ and out/demo) */
+    char dir[1024];
+    snprintf(dir, sizeof(dir), "%s", path);
+    for (char *c = dir + 1; *c; c++) {
+        if (*c == '/') {
+            *c = '\0';
+            mkdir(dir, 0755);
+            *c = '/';
+        }
+    }
+    if (resume_step > 0) {
+        keep_until(path, resume_step);
+    }
+    *out = fopen(path, resume_step > 0 ? "a" : "w");
+    if (!*out) {
+        return mt_error(MT_ERR_INVALID_ARG, "metrics.jsonl: cannot create %s: %s (choose a writable path)", path,
+                        strerror(errno));
+    }
+    return MT_OK;
+}
+
+mt_status_t mt_job_metrics_init(job_t *j, job_metrics_t **out) {
+    job_metrics_t *m = calloc(1, sizeof(*m));
+    *out = m;
+    if (!m) {
+        return mt_error(MT_ERR_OOM, "metrics: out of memory");
+    }
+    const mt_config_t *cfg = j->cfg;
+    m->log_every = mt_config_int(cfg, "train.log_every");
+    m->steps = mt_config_int(cfg, "train.steps");
+    m->first_step = j->start_step;
+    m->tokens = (double)(j->info.global_batch * j->info.seq_len);
+    int64_t run = m->steps - m->first_step;
+    m->steady_from = m->first_step + (run > 1 ? MT_MAX((int64_t)1, run / 10) : 0);
+    mt_status_t st = job_peak(j, m);
+    const char *path = mt_config_str(cfg, "metrics.jsonl");
+    if (st == MT_OK && path[0]) {
+        snprintf(m->path, sizeof(m->path), "%s", path);
+        if (j->rank == 0) {
+            st = open_out(path, j->start_step, &m->jsonl);
+        }
+        if (st == MT_OK && mt_config_bool(cfg, "metrics.per_rank")) {
+            const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
+            size_t stem = dot && (!slash || dot > slash) ? (size_t)(dot - path) : strlen(path);
+            snprintf(m->rank_path, sizeof(m->rank_path), "%.*s.rank%d%s", (int)stem, path, j->rank, path + stem);
+            st = open_out(m->rank_path, j->start_step, &m->rank_file);
+        }
+    } else if (st == MT_OK && mt_config_bool(cfg, "metrics.per_rank") && j->rank == 0) {
+        MT_WARN("metrics.per_rank = true but metrics.jsonl is empty: no metrics files are written");
+    }
+    return st;
+}
+
+void mt_job_metrics_free(job_metrics_t *m) {
+    if (!m) {
+        return;
+    }
+    if (m->jsonl) {
+        fclose(m->jsonl);
+    }
+    if (m->rank_file) {
+        fclose(m->rank_file);
+    }
+    free(m);
+}
+
+/* ---- per step ------------------------------------------------------------------------------------ */
+
+static void fmt_bytes(char *buf, size_t len, double b) {
+    if (b >= 1024.0 * 1024 * 1024) {
+        snprintf(buf, len, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+    } else {
+        snprintf(buf, len, "%.1f MiB", b / (1024.0 * 1024));
+    }
+}
+
+static void fmt_eta(char *buf, size_t len, double s) {
+    if (s >= 3600) {
+        snprintf(buf, len, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
+    } else if (s >= 60) {
+        snprintf(buf, len, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
+    } else {
+        snprintf(buf, len, "%.0fs", s);
+    }
+}
+
+static double mfu_of(const job_metrics_t *m, const job_t *j, double tokens_per_s) {
+    return m->peak_flops > 0 ? j->flops_per_token * tokens_per_s / m->peak_flops : 0.0;
+}
+
+static void write_json(FILE *f, const job_metrics_t *m, const job_t *j, const mt_step_rec_t *r, const int64_t *mem,
+                       int64_t peak) {
+    double tps = r->step_s > 0 ? m->tokens / r->step_s : 0.0;
+    fprintf(f,
+            "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.17g, \"tokens\": %.0f, "
+            "\"step_ms\": %.4f, \"tokens_per_s\": %.2f, \"mfu\": %.6g, "
+            "\"time_ms\": {\"data\": %.4f, \"forward\": %.4f, \"backward\": %.4f, \"comm_exposed\": %.4f, "
+            "\"optimizer\": %.4f}, "
+            "\"mem_bytes\": {\"params\": %lld, \"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, "
+            "\"comm\": %lld, \"peak\": %lld}",
+            (long long)r->step, r->loss, (double)r->lr, r->grad_norm, m->tokens, r->step_s * 1e3, tps,
+            mfu_of(m, j, tps), r->data_s * 1e3, r->fwd_s * 1e3, r->bwd_s * 1e3, r->comm_s * 1e3, r->opt_s * 1e3,
+            (long long)mem[MT_MEM_PARAMS], (long long)mem[MT_MEM_GRADS], (long long)mem[MT_MEM_OPTIMIZER],
+            (long long)mem[MT_MEM_ACTIVATIONS], (long long)mem[MT_MEM_COMM], (long long)peak);
+    if (r->has_val) {
+        fprintf(f, ", \"val_loss\": %.17g", r->val_loss);
+    }
+    fprintf(f, "}\n");
+    fflush(f);
+}
+
+mt_status_t mt_job_metrics_step(job_metrics_t *m, job_t *j, mt_step_rec_t *r, bool last) {
+    mt_mem_stats_t ms;
+    mt_mem_stats(MT_MEM_HOST, &ms);
+    int64_t mine[MT_MEM_NCAT + 1], maxed[MT_MEM_NCAT + 1];
+    for (int c = 0; c < MT_MEM_NCAT; c++) {
+        mine[c] = ms.current[c];
+    }
+    mine[MT_MEM_NCAT] = ms.total_peak;
+    MT_MPI_CHECK(MPI_Allreduce(mine, maxed, MT_MEM_NCAT + 1, MPI_INT64_T, MPI_MAX, j->comm));
+    memcpy(r->mem, maxed, sizeof(r->mem));
+    r->mem_peak = maxed[MT_MEM_NCAT];
+    int64_t s = r->step - 1;
+    if (s > m->first_step) {
+        m->sum_s += r->step_s;
+        m->n_timed++;
+    }
+    if (s >= m->steady_from) {
+        m->steady_s += r->step_s;
+        m->n_steady++;
+    }
+    m->last_loss = r->loss;
+    if (r->has_val) {
+        m->last_val = r->val_loss;
+        m->have_val = true;
+    }
+    if (m->rank_file) {
+        write_json(m->rank_file, m, j, r, mine, mine[MT_MEM_NCAT]);
+    }
+    if (j->rank != 0) {
+        return MT_OK;
+    }
+    if (m->jsonl) {
+        write_json(m->jsonl, m, j, r, r->mem, r->mem_peak);
+    }
+    if (j->out && (r->step % m->log_every == 0 || s == m->first_step || last)) {
+        double tps = r->step_s > 0 ? m->tokens / r->step_s : 0.0;
+        double per = m->n_timed > 0 ? m->sum_s / (double)m->n_timed : r->step_s;
+        char mem[32], eta[32], mfu[32];
+        fmt_bytes(mem, sizeof(mem), (double)r->mem_peak);
+        fmt_eta(eta, sizeof(eta), per * (double)(m->steps - r->step));
+        if (m->peak_flops > 0) {
+            snprintf(mfu, sizeof(mfu), "%.2f%%", 100.0 * mfu_of(m, j, tps));
+        } else {
+            snprintf(mfu, sizeof(mfu), "n/a");
+        }
+        fprintf(j->out,
+                "step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s | peak mem %s | "
+                "comm %.0f%% | ETA %s\n",
+                (long long)r->step, (long long)m->steps, r->loss, (double)r->lr, r->grad_norm, r->step_s * 1e3, tps,
+                mfu, mem, r->step_s > 0 ? 100.0 * r->comm_s / r->step_s : 0.0, eta);
+    }
+    if (j->out && r->has_val) {
+        fprintf(j->out, "step %5lld/%lld | val loss %.6f (%lld batches)\n", (long long)r->step, (long long)m->steps,
+                r->val_loss, (long long)mt_config_int(j->cfg, "train.eval_batches"));
+    }
+    if (j->out) {
+        fflush(j->out);
+    }
+    return MT_OK;
+}
+
+/* ---- the summary ----------------------------------------------------------------------------------- */
+
+mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *res) {
+    mt_mem_stats_t ms;
+    mt_mem_stats(MT_MEM_HOST, &ms);
+    int64_t mine[MT_MEM_NCAT + 1], maxed[MT_MEM_NCAT + 1];
+    for (int c = 0; c < MT_MEM_NCAT; c++) {
+        mine[c] = ms.peak[c];
+    }
+    mine[MT_MEM_NCAT] = ms.total_peak;
+    MT_MPI_CHECK(MPI_Allreduce(mine, maxed, MT_MEM_NCAT + 1, MPI_INT64_T, MPI_MAX, j->comm));
+    memcpy(res->mem_peak, maxed, sizeof(res->mem_peak));
+    res->mem_peak_total = maxed[MT_MEM_NCAT];
+    res->steady_tokens_per_s = m->steady_s > 0 ? m->tokens * (double)m->n_steady / m->steady_s : 0.0;
+    res->mfu = mfu_of(m, j, res->steady_tokens_per_s);
+    if (res->mfu > 1.0 && j->rank == 0) {
+        /* The model ran faster than the "peak": the sgemm was measured while other work shared the cores. */
+        MT_WARN("the job reached %.0f%% of the peak it measures MFU against (%s): that peak is too low, measured "
+                "while the cores were busy%s%s",
+                100.0 * res->mfu, m->peak_src,
+                m->cache_path[0] ? "; removing the cache so the next job measures "
+                                   "again: "
+                                 : "",
+                m->cache_path);
+        if (m->cache_path[0]) {
+            unlink(m->cache_path);
+        }
+    }
+    if (!j->out) {
+        return MT_OK;
+    }
+    FILE *o = j->out;
+    int64_t ran = res->n_steps - m->first_step;
+    fprintf(o, "summary: %lld step%s in %.2f s", (long long)ran, ran == 1 ? "" : "s", res->seconds);
+    if (m->n_steady > 0) {
+        fprintf(o, " | steady state (steps %lld-%lld): %.0f tok/s", (long long)m->steady_from + 1,
+                (long long)res->n_steps, res->steady_tokens_per_s);
+        if (m->peak_flops > 0) {
+            fprintf(o, ", MFU %.2f%%", 100.0 * res->mfu);
+        }
+    }
+    if (ran > 0) {
+        fprintf(o, " | final train loss %.6f", m->last_loss);
+    }
+    if (m->have_val) {
+        fprintf(o, " | final val loss %.6f", m->last_val);
+    }
+    fprintf(o, "\npeak memory per rank (max over ranks):");
+    for (int c = 0; c < MT_MEM_NCAT; c++) {
+        char b[32];
+        fmt_bytes(b, sizeof(b), (double)maxed[c]);
+        fprintf(o, " %s %s%s", mt_mem_cat_name((mt_mem_cat_t)c), b, c + 1 < MT_MEM_NCAT ? "," : "");
+    }
+    char b[32];
+    fmt_bytes(b, sizeof(b), (double)maxed[MT_MEM_NCAT]);
+    fprintf(o, " | total %s\n", b);
+    if (m->path[0]) {
+        fprintf(o, "metrics: %s%s (plot: launch/plot-metrics %s OUT.png)\n", m->path,
+                m->rank_path[0] ? " and one file per rank (metrics.per_rank)" : "", m->path);
+    }
+    fflush(o);
+    return MT_OK;
+}

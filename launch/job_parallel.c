@@ -1,0 +1,264 @@
+/* The training loop's adapter to the data-parallel engines (parallel/engine.h): the dp communicator
+ * from the job's mesh, the engine from the parallel.* keys, and the engine's storage described as
+ * checkpoint pieces. The pieces follow the engine's layout (parallel/engine_impl.h): replicated units
+ * hold whole parameters (and, except under DP, whole optimizer state) on every rank, written once by dp
+ * rank 0; sharded units hold the slice [rank*shard, (rank+1)*shard) of their packed parameters, which
+ * cuts parameters into flat ranges, each written by its owner as up to three boxes.
+ * SPDX-License-Identifier: MIT */
+#include <stdlib.h>
+#include <string.h>
+
+#include "job_impl.h"
+#include "parallel/engine_impl.h"
+#include "runtime/mesh.h"
+
+typedef struct {
+    mt_comm_t comm;
+    mt_engine_t e;
+    bool sgd;
+} par_ctx_t;
+
+static void par_free(void *ctx) {
+    par_ctx_t *c = ctx;
+    if (c) {
+        mt_engine_free(c->e);
+        mt_comm_free(c->comm);
+        free(c);
+    }
+}
+
+static mt_status_t par_init(const mt_job_info_t *info, void **ctx) {
+    *ctx = NULL;
+    const mt_config_t *cfg = info->cfg;
+    mt_engine_params_t ep = MT_ENGINE_PARAMS_INIT;
+    const char *kind = mt_config_str(cfg, "parallel.engine");
+    if (!mt_engine_kind_parse(kind, &ep.kind)) {
+        return mt_error(MT_ERR_INVALID_ARG, "parallel.engine = \"%s\": expected \"dp\", \"ddp\" or \"zero\"", kind);
+    }
+    ep.zero_stage = (int)mt_config_int(cfg, "parallel.zero_stage");
+    ep.bucket_mb = mt_config_float(cfg, "parallel.bucket_mb");
+    ep.persist_threshold = mt_config_int(cfg, "parallel.zero_persist_threshold");
+    ep.grad_accum = (int)info->grad_accum;
+    ep.optim = info->optim;
+    par_ctx_t *c = calloc(1, sizeof(*c));
+    if (!c) {
+        return mt_error(MT_ERR_OOM, "parallel engine: out of memory");
+    }
+    c->sgd = info->optim.kind == MT_OPTIM_SGD;
+    mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
+    cp.name = "dp";
+    mt_status_t st = MT_OK;
+    if (info->mesh) {
+        MT_CHECK_GOTO(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_DP), &cp, &c->comm), st, fail);
+    } else {
+        MT_CHECK_GOTO(mt_comm_init(info->comm, &cp, &c->comm), st, fail);
+    }
+    if (mt_comm_size(c->comm) != info->dp_size || mt_comm_rank(c->comm) != info->dp_rank) {
+        st = mt_error(MT_ERR_INTERNAL, "parallel engine: dp communicator rank %d of %d, the job expects %d of %d",
+                      mt_comm_rank(c->comm), mt_comm_size(c->comm), info->dp_rank, info->dp_size);
+        goto fail;
+    }
+    MT_CHECK_GOTO(mt_engine_init(info->model, c->comm, &ep, &c->e), st, fail);
+    *ctx = c;
+    return MT_OK;
+fail:
+    par_free(c);
+    return st;
+}
+
+static mt_status_t par_zero_grads(void *ctx) {
+    return mt_engine_zero_grads(((par_ctx_t *)ctx)->e);
+}
+
+static mt_status_t par_finish_grads(void *ctx) {
+    return mt_engine_finish_grads(((par_ctx_t *)ctx)->e);
+}
+
+static mt_status_t par_grad_sumsq(void *ctx, double *total) {
+    return mt_engine_grad_sumsq(((par_ctx_t *)ctx)->e, total);
+}
+
+static mt_status_t par_step(void *ctx, float lr, float grad_scale) {
+    return mt_engine_step(((par_ctx_t *)ctx)->e, lr, grad_scale);
+}
+
+static mt_status_t par_reduce_loss(void *ctx, double *loss) {
+    return mt_engine_reduce_loss(((par_ctx_t *)ctx)->e, loss);
+}
+
+/* ---- checkpoint pieces --------------------------------------------------------------------------- */
+
+typedef struct {
+    mt_ckpt_piece_t *v;
+    int n, cap;
+} plist_t;
+
+static mt_status_t push(plist_t *l, const char *kind, const mt_param_t *p, const int64_t lo[2], const int64_t hi[2],
+                        float *data) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        mt_ckpt_piece_t *v = realloc(l->v, (size_t)cap * sizeof(*v));
+        if (!v) {
+            return mt_error(MT_ERR_OOM, "checkpoint: out of memory listing pieces");
+        }
+        l->v = v;
+        l->cap = cap;
+    }
+    mt_ckpt_piece_t *pc = &l->v[l->n++];
+    memset(pc, 0, sizeof(*pc));
+    snprintf(pc->tensor, sizeof(pc->tensor), "%s/%s", kind, p->name);
+    pc->ndim = p->ndim;
+    for (int d = 0; d < p->ndim; d++) {
+        pc->shape[d] = p->global_shape[d];
+        pc->lo[d] = lo[d];
+        pc->hi[d] = hi[d];
+    }
+    pc->data = data;
+    return MT_OK;
+}
+
+/* Elements [a, b) of parameter p in row-major order, stored contiguously at data, as boxes: the rest of
+ * the first row, the whole rows, the start of the last row. */
+static mt_status_t push_flat(plist_t *l, const char *kind, const mt_param_t *p, size_t a, size_t b, float *data) {
+    if (a >= b) {
+        return MT_OK;
+    }
+    if (p->ndim == 1) {
+        int64_t lo[2] = {(int64_t)a, 0}, hi[2] = {(int64_t)b, 0};
+        return push(l, kind, p, lo, hi, data);
+    }
+    int64_t w = p->global_shape[1], r0 = (int64_t)a / w, c0 = (int64_t)a % w;
+    int64_t r1 = (int64_t)b / w, c1 = (int64_t)b % w;
+    if (r0 == r1) { /* inside one row */
+        int64_t lo[2] = {r0, c0}, hi[2] = {r0 + 1, c1};
+        return push(l, kind, p, lo, hi, data);
+    }
+    float *d = data;
+    if (c0 > 0) {
+        int64_t lo[2] = {r0, c0}, hi[2] = {r0 + 1, w};
+        MT_CHECK(push(l, kind, p, lo, hi, d));
+        d += w - c0;
+        r0++;
+    }
+    if (r1 > r0) {
+        int64_t lo[2] = {r0, 0}, hi[2] = {r1, w};
+        MT_CHECK(push(l, kind, p, lo, hi, d));
+        d += (r1 - r0) * w;
+    }
+    if (c1 > 0) {
+        int64_t lo[2] = {r1, 0}, hi[2] = {r1 + 1, c1};
+        MT_CHECK(push(l, kind, p, lo, hi, d));
+    }
+    return MT_OK;
+}
+
+/* The optimizer state of state tensor k, which covers elements [a, b) of parameter p. */
+static mt_status_t push_state(plist_t *l, par_ctx_t *c, int k, const mt_param_t *p, size_t a, size_t b) {
+    const char *name = NULL;
+    size_t n = 0;
+    float *m = NULL, *v = NULL;
+    MT_CHECK(mt_optim_state(mt_engine_optim(c->e), k, &name, &n, &m, &v));
+    if (n != b - a || strcmp(name, p->name) != 0) {
+        return mt_error(MT_ERR_INTERNAL, "checkpoint: optimizer tensor %d is %s (%zu elements), expected %s [%zu, %zu)",
+                        k, name, n, p->name, a, b);
+    }
+    if (c->sgd) {
+        return m ? push_flat(l, "sgd.momentum", p, a, b, m) : MT_OK;
+    }
+    MT_CHECK(push_flat(l, "adamw.m", p, a, b, m));
+    return push_flat(l, "adamw.v", p, a, b, v);
+}
+
+static mt_status_t par_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **pieces, int *n) {
+    par_ctx_t *c = ctx;
+    mt_engine_t e = c->e;
+    plist_t l = {0};
+    bool root = e->rank == 0;
+    bool has_opt = mt_engine_optim(e) != NULL; /* DP: the root only */
+    int k = 0;                                 /* optimizer tensor index, in eng_register_optim's order */
+    mt_status_t st = MT_OK;
+    for (int ui = 0; ui < e->n_units && st == MT_OK; ui++) {
+        const unit_t *u = &e->units[ui];
+        for (int j = 0; j < u->np && st == MT_OK; j++) {
+            int i = e->unit_params[u->p0 + j];
+            const mt_param_t *p = mt_model_param(e->model, i);
+            size_t pos = e->param_pos[i], end = pos + p->numel;
+            /* parameter values */
+            if (u->full) {
+                if (!save || root) { /* replicated: written once, read by every rank */
+                    st = push_flat(&l, "param", p, 0, p->numel, e->pflat + u->base + pos);
+                }
+            } else {
+                size_t own_lo = (size_t)e->rank * u->shard, own_hi = own_lo + u->shard;
+                size_t a = MT_MAX(pos, own_lo), b = MT_MIN(end, own_hi);
+                if (a < b) {
+                    st = push_flat(&l, "param", p, a - pos, b - pos, e->pshard + u->sbase + (a - own_lo));
+                }
+            }
+            if (st != MT_OK || !has_opt) {
+                continue;
+            }
+            /* optimizer state */
+            if (u->kind == UNIT_REPL) {
+                if (!save || root) {
+                    st = push_state(&l, c, k, p, 0, p->numel);
+                }
+                k++;
+            } else {
+                size_t own_lo = (size_t)e->rank * u->shard, own_hi = own_lo + u->shard;
+                size_t a = MT_MAX(pos, own_lo), b = MT_MIN(end, own_hi);
+                if (a < b) {
+                    st = push_state(&l, c, k, p, a - pos, b - pos);
+                    k++;
+                }
+            }
+        }
+    }
+    if (st == MT_OK && has_opt && k != mt_optim_count(mt_engine_optim(e))) {
+        st = mt_error(MT_ERR_INTERNAL, "checkpoint: %d optimizer tensors described, the engine has %d", k,
+                      mt_optim_count(mt_engine_optim(e)));
+    }
+    if (st != MT_OK) {
+        free(l.v);
+        return st;
+    }
+    *pieces = l.v;
+    *n = l.n;
+    return MT_OK;
+}
+
+static int64_t par_ckpt_get_step(void *ctx) {
+    mt_optim_t o = mt_engine_optim(((par_ctx_t *)ctx)->e);
+    return o ? mt_optim_get_step(o) : 0;
+}
+
+static void par_ckpt_set_step(void *ctx, int64_t t) {
+    mt_optim_t o = mt_engine_optim(((par_ctx_t *)ctx)->e);
+    if (o) {
+        mt_optim_set_step(o, t);
+    }
+}
+
+static mt_status_t par_ckpt_loaded(void *ctx) {
+    mt_engine_t e = ((par_ctx_t *)ctx)->e;
+    return e->stage == 3 ? eng_release_all_params(e) : MT_OK; /* no gathered copy may predate the load */
+}
+
+static const mt_job_engine_t parallel_engine = {
+    .name = "data-parallel",
+    .init = par_init,
+    .zero_grads = par_zero_grads,
+    .finish_grads = par_finish_grads,
+    .grad_sumsq = par_grad_sumsq,
+    .step = par_step,
+    .reduce_loss = par_reduce_loss,
+    .free = par_free,
+    .ckpt_pieces = par_ckpt_pieces,
+    .ckpt_get_step = par_ckpt_get_step,
+    .ckpt_set_step = par_ckpt_set_step,
+    .ckpt_loaded = par_ckpt_loaded,
+};
+
+const mt_job_engine_t *mt_job_engine_parallel(void) {
+    return &parallel_engine;
+}

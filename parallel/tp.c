@@ -1,0 +1,235 @@
+/* Tensor parallelism over a communicator: the seam's collectives with counting and timing, the
+ * sequence-parallel gradient sync of replicated parameters, and gathers of sharded parameters.
+ * SPDX-License-Identifier: MIT */
+#include <stdlib.h>
+#include <string.h>
+
+#include "parallel/tp.h"
+#include "parallel/tp_wait.h"
+#include "runtime/alloc.h"
+
+/* Bytes a rank sends in a bandwidth-optimal algorithm (the nccl-tests bus convention, as the data-parallel
+ * engines count): all-reduce of b bytes 2b(n-1)/n, all-gather / reduce-scatter of b = n x c bytes b(n-1)/n.
+ * So an all-reduce moves exactly what the reduce-scatter + all-gather pair of sequence parallelism moves. */
+static int64_t bus_bytes(size_t total_floats, int n, int factor) {
+    return (int64_t)((double)factor * (double)total_floats * sizeof(float) * (n - 1) / n);
+}
+
+struct mt_tp {
+    mt_comm_t comm; /* borrowed; NULL = one rank */
+    int rank, size;
+    mt_tp_ops_t ops;
+    mt_tp_counts_t counts;
+};
+
+static mt_status_t seam_all_reduce(void *ctx, float *buf, size_t count) {
+    mt_work_t w_ = NULL;
+    struct mt_tp *tp = ctx;
+    double t0 = mt_now();
+    tp->counts.all_reduce++;
+    tp->counts.bytes += bus_bytes(count, tp->size, 2);
+    mt_status_t st =
+        tp->comm
+            ? mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, count, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_, -1.0)
+            : MT_OK;
+    tp->counts.seconds += mt_now() - t0;
+    return st;
+}
+
+static mt_status_t seam_all_reduce_max(void *ctx, float *buf, size_t count) {
+    mt_work_t w_ = NULL;
+    struct mt_tp *tp = ctx;
+    double t0 = mt_now();
+    tp->counts.all_reduce_max++;
+    tp->counts.bytes += bus_bytes(count, tp->size, 2);
+    mt_status_t st =
+        tp->comm
+            ? mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, count, MT_COLL_F32, MT_REDOP_MAX, NULL, &w_), &w_, -1.0)
+            : MT_OK;
+    tp->counts.seconds += mt_now() - t0;
+    return st;
+}
+
+static mt_status_t seam_all_gather(void *ctx, const float *send, float *recv, size_t count) {
+    mt_work_t w_ = NULL;
+    struct mt_tp *tp = ctx;
+    double t0 = mt_now();
+    tp->counts.all_gather++;
+    tp->counts.bytes += bus_bytes(count * (size_t)tp->size, tp->size, 1);
+    mt_status_t st = MT_OK;
+    if (tp->comm) {
+        st = mt_mp_wait(mt_coll_all_gather(tp->comm, send, recv, count, MT_COLL_F32, NULL, &w_), &w_, -1.0);
+    } else if (recv != send) {
+        memcpy(recv, send, count * sizeof(float));
+    }
+    tp->counts.seconds += mt_now() - t0;
+    return st;
+}
+
+static mt_status_t seam_reduce_scatter(void *ctx, const float *send, float *recv, size_t count) {
+    mt_work_t w_ = NULL;
+    struct mt_tp *tp = ctx;
+    double t0 = mt_now();
+    tp->counts.reduce_scatter++;
+    tp->counts.bytes += bus_bytes(count * (size_t)tp->size, tp->size, 1);
+    mt_status_t st = MT_OK;
+    if (tp->comm) {
+        st = mt_mp_wait(mt_coll_reduce_scatter(tp->comm, send, recv, count, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_,
+                        -1.0);
+    } else if (recv != send) {
+        memcpy(recv, send, count * sizeof(float));
+    }
+    tp->counts.seconds += mt_now() - t0;
+    return st;
+}
+
+mt_status_t mt_tp_init(mt_comm_t tp_comm, mt_tp_t *out) {
+    *out = NULL;
+    struct mt_tp *tp = calloc(1, sizeof(*tp));
+    if (!tp) {
+        return mt_error(MT_ERR_OOM, "tp: out of memory");
+    }
+    tp->comm = tp_comm;
+    tp->rank = tp_comm ? mt_comm_rank(tp_comm) : 0;
+    tp->size = tp_comm ? mt_comm_size(tp_comm) : 1;
+    tp->ops.ctx = tp;
+    tp->ops.all_reduce_sum = seam_all_reduce;
+    tp->ops.all_gather = seam_all_gather;
+    tp->ops.reduce_scatter_sum = seam_reduce_scatter;
+    tp->ops.all_reduce_max = seam_all_reduce_max;
+    *out = tp;
+    return MT_OK;
+}
+
+void mt_tp_free(mt_tp_t tp) {
+    free(tp);
+}
+
+int mt_tp_rank(mt_tp_t tp) {
+    return tp->rank;
+}
+int mt_tp_size(mt_tp_t tp) {
+    return tp->size;
+}
+const mt_tp_ops_t *mt_tp_ops(mt_tp_t tp) {
+    return &tp->ops;
+}
+
+void mt_tp_model_config(mt_tp_t tp, bool sequence_parallel, mt_model_config_t *mc) {
+    mc->tp_rank = tp->rank;
+    mc->tp_size = tp->size;
+    mc->tp_ops = tp->size > 1 ? &tp->ops : NULL;
+    mc->sequence_parallel = tp->size > 1 && sequence_parallel;
+}
+
+void mt_tp_counts(mt_tp_t tp, mt_tp_counts_t *out) {
+    *out = tp->counts;
+}
+void mt_tp_reset_counts(mt_tp_t tp) {
+    memset(&tp->counts, 0, sizeof(tp->counts));
+}
+
+/* Sums the gradients of the replicated parameters in [first, first + count) over tp, packed in one buffer. */
+static mt_status_t sync_replicated(mt_tp_t tp, mt_model_t m, int first, int count) {
+    mt_work_t w_ = NULL;
+    size_t total = 0;
+    int n = first + count;
+    for (int i = first; i < n; i++) {
+        const mt_param_t *p = mt_model_param(m, i);
+        if (p->tp_dim < 0 && p->grad) {
+            total += p->numel;
+        }
+    }
+    if (total == 0) {
+        return MT_OK;
+    }
+    float *buf = mt_alloc(total * sizeof(float), MT_MEM_COMM, "tp grad sync");
+    if (!buf) {
+        return mt_error(MT_ERR_OOM, "tp: cannot allocate %zu bytes to sum replicated gradients", total * 4);
+    }
+    size_t off = 0;
+    for (int i = first; i < n; i++) {
+        const mt_param_t *p = mt_model_param(m, i);
+        if (p->tp_dim < 0 && p->grad) {
+            memcpy(buf + off, p->grad, p->numel * sizeof(float));
+            off += p->numel;
+        }
+    }
+    double t0 = mt_now();
+    mt_status_t st =
+        mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, total, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_, -1.0);
+    tp->counts.grad_sync++;
+    tp->counts.bytes += bus_bytes(total, tp->size, 2);
+    tp->counts.seconds += mt_now() - t0;
+    if (st == MT_OK) {
+        off = 0;
+        for (int i = first; i < n; i++) {
+            const mt_param_t *p = mt_model_param(m, i);
+            if (p->tp_dim < 0 && p->grad) {
+                memcpy(p->grad, buf + off, p->numel * sizeof(float));
+                off += p->numel;
+            }
+        }
+    }
+    mt_free(buf);
+    return st;
+}
+
+mt_status_t mt_tp_finish_grads(mt_tp_t tp, mt_model_t m, bool sequence_parallel) {
+    if (!sequence_parallel || tp->size == 1) {
+        return MT_OK;
+    }
+    return sync_replicated(tp, m, 0, mt_model_n_params(m));
+}
+
+mt_status_t mt_tp_sync_module_grads(mt_tp_t tp, mt_model_t m, int module, bool sequence_parallel) {
+    if (!sequence_parallel || tp->size == 1) {
+        return MT_OK;
+    }
+    int first = 0, count = 0;
+    mt_model_module_params(m, module, &first, &count);
+    return sync_replicated(tp, m, first, count);
+}
+
+mt_status_t mt_tp_gather_param(mt_tp_t tp, mt_model_t m, int i, float *out) {
+    const mt_param_t *p = mt_model_param(m, i);
+    if (!p || !p->data) {
+        return mt_error(MT_ERR_INVALID_ARG, "tp: parameter %d does not exist or has no data bound", i);
+    }
+    return mt_tp_gather_shard(tp, p, p->data, out);
+}
+
+mt_status_t mt_tp_gather_shard(mt_tp_t tp, const mt_param_t *p, const float *local, float *out) {
+    mt_work_t w_ = NULL;
+    if (p->tp_dim < 0 || tp->size == 1) {
+        memcpy(out, local, p->numel * sizeof(float));
+        return MT_OK;
+    }
+    float *all = mt_alloc(p->numel * (size_t)tp->size * sizeof(float), MT_MEM_COMM, "tp gather");
+    if (!all) {
+        return mt_error(MT_ERR_OOM, "tp: cannot allocate the gather of %s", p->name);
+    }
+    mt_status_t st = mt_mp_wait(mt_coll_all_gather(tp->comm, local, all, p->numel, MT_COLL_F32, NULL, &w_), &w_, -1.0);
+    if (st == MT_OK) {
+        int64_t r0 = p->shape[0], c0 = p->shape[1], gcols = p->global_shape[1];
+        for (int r = 0; r < tp->size; r++) {
+            const float *src = all + (size_t)r * p->numel;
+            for (int64_t a = 0; a < r0; a++) {
+                for (int64_t b = 0; b < c0; b++) {
+                    int64_t ga = a, gb = b;
+                    /* local index -> global: block k of tp_parts along tp_dim, rank r's slice inside it */
+                    if (p->tp_dim == 0) {
+                        int64_t pl = r0 / p->tp_parts;
+                        ga = (a / pl) * pl * tp->size + (int64_t)r * pl + a % pl;
+                    } else {
+                        int64_t pl = c0 / p->tp_parts;
+                        gb = (b / pl) * pl * tp->size + (int64_t)r * pl + b % pl;
+                    }
+                    out[ga * gcols + gb] = src[a * c0 + b];
+                }
+            }
+        }
+    }
+    mt_free(all);
+    return st;
+}
