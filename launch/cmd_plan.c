@@ -124,21 +124,7 @@ static mt_status_t layout_of_config(const mt_config_t *cfg, mt_plan_layout_t *l)
     const char *eng = mt_config_str(cfg, "parallel.engine");
     l->engine = strcmp(eng, "zero") ? MT_PLAN_DDP : (mt_plan_engine_t)mt_config_int(cfg, "parallel.zero_stage");
     if (l->tp > 1 || l->pp > 1) {
-        /* parallel.dp_reduce (when this build has it): "engine", "allreduce", or "auto" = the engine where
-         * parallel3d accepts it (grad_clip 0, no ZeRO-2/3 with pipelines); without the key: the all-reduce */
-        size_t ns = 0;
-        const mt_cfg_schema_t *sc = mt_config_schema(&ns);
-        const char *reduce = "allreduce";
-        for (size_t k = 0; k < ns; k++) {
-            if (!strcmp(sc[k].key, "parallel.dp_reduce")) {
-                reduce = mt_config_str(cfg, "parallel.dp_reduce");
-            }
-        }
-        bool engine_ok = mt_config_float(cfg, "optimizer.grad_clip") == 0.0 &&
-                         !(l->engine >= MT_PLAN_ZERO2 && l->pp > 1);
-        if (!strcmp(reduce, "allreduce") || (!strcmp(reduce, "auto") && !engine_ok)) {
-            l->engine = MT_PLAN_ALLREDUCE;
-        }
+        l->engine = MT_PLAN_ALLREDUCE; /* `meshtrain train`'s model-parallel path (launch/job_mp.c) */
     }
     const char *order = mt_config_str(cfg, "parallel.order");
     snprintf(l->order, sizeof(l->order), "%s", order);

@@ -39,7 +39,7 @@ void mt_plan_layout_str(const mt_plan_layout_t *l, char *buf, size_t len) {
 }
 
 void mt_plan_layout_overrides(const mt_plan_layout_t *l, char *buf, size_t len) {
-    const char *engine = "ddp", *reduce = "";
+    const char *engine = "ddp";
     int zs = 1;
     switch (l->engine) {
     case MT_PLAN_ZERO1:
@@ -48,21 +48,15 @@ void mt_plan_layout_overrides(const mt_plan_layout_t *l, char *buf, size_t len) 
         engine = "zero";
         zs = (int)l->engine;
         break;
-    case MT_PLAN_ALLREDUCE:
-        reduce = " --parallel.dp_reduce=allreduce";
-        break;
     default:
-        break;
-    }
-    if (l->engine != MT_PLAN_ALLREDUCE && (l->tp > 1 || l->pp > 1)) {
-        reduce = " --parallel.dp_reduce=engine";
+        break; /* ddp; with tp or pp > 1 the training loop's all-reduce (launch/job_mp.c) */
     }
     snprintf(buf, len,
              "--parallel.tp=%d --parallel.pp=%d --parallel.dp=%d --parallel.order=%s --parallel.engine=%s "
-             "--parallel.zero_stage=%d --parallel.schedule=%s --parallel.sequence_parallel=%s%s "
+             "--parallel.zero_stage=%d --parallel.schedule=%s --parallel.sequence_parallel=%s "
              "--train.micro_batch=%d --train.grad_accum=%d --model.recompute=%s --model.attn_recompute=%s",
              l->tp, l->pp, l->dp, l->order, engine, zs, l->schedule == MT_PLAN_GPIPE ? "gpipe" : "1f1b",
-             l->sp ? "true" : "false", reduce, l->micro_batch, l->microbatches,
+             l->sp ? "true" : "false", l->micro_batch, l->microbatches,
              rc_block(l->recompute) ? "block" : "none",
              l->recompute == MT_PLAN_RC_ATTN || l->recompute == MT_PLAN_RC_BLOCK_ATTN ? "true" : "false");
 }
@@ -131,24 +125,17 @@ static mt_status_t check_layout(const mt_plan_job_t *job, int world, const mt_pl
     }
     bool model_parallel = l->tp > 1 || l->pp > 1;
     if (l->engine == MT_PLAN_ALLREDUCE && !model_parallel) {
-        return mt_error(MT_ERR_INVALID_ARG, "parallel.dp_reduce = allreduce is the tp/pp path; with tp = pp = 1 an "
-                                            "engine averages the gradients");
-    }
-    if (l->engine != MT_PLAN_ALLREDUCE && model_parallel) {
-        if (l->engine >= MT_PLAN_ZERO2 && l->pp > 1) {
-            return mt_error(MT_ERR_INVALID_ARG, "ZeRO-2/3 are refused with parallel.pp > 1");
-        }
-        if (job->grad_clip > 0) {
-            return mt_error(MT_ERR_INVALID_ARG,
-                            "an engine with tp or pp > 1 needs optimizer.grad_clip = 0 (parallel3d refuses it)");
-        }
+        return mt_error(MT_ERR_INVALID_ARG, "the all-reduce path is the tp/pp one; with tp = pp = 1 an engine "
+                                            "averages the gradients");
     }
     if (l->dp == 1 && l->engine != MT_PLAN_DDP && l->engine != MT_PLAN_ALLREDUCE) {
         return mt_error(MT_ERR_INVALID_ARG, "ZeRO shards over dp; with dp = 1 it is DDP's layout");
     }
-    if (model_parallel && l->engine != MT_PLAN_ALLREDUCE && l->tp > 1) {
-        return mt_error(MT_ERR_INVALID_ARG, "the data-parallel engines take tp = 1 models (parallel/engine.c): with "
-                                            "tp > 1 gradients are averaged by the all-reduce path");
+    if (model_parallel && l->engine != MT_PLAN_ALLREDUCE) {
+        /* launch/job_mp.c: `meshtrain train` averages a tp / pp job's gradients with one all-reduce of the
+         * stage's gradients; the engines compose with pipelines only in `meshtrain train3d` */
+        return mt_error(MT_ERR_INVALID_ARG, "with tp or pp > 1 `meshtrain train` averages gradients with one "
+                                            "all-reduce per step (parallel.engine = \"ddp\")");
     }
     if (model_parallel) { /* the 3-D path's own verdict (parallel3d.c) */
         MT_CHECK(plan_check_3d(job, world, l));
