@@ -65,8 +65,7 @@ static void print_json_pred(FILE *out, const mt_plan_pred_t *p, const mt_plan_jo
             "\"micro_batch\": %d, \"microbatches\": %d, \"sequence_parallel\": %s, \"recompute\": \"%s\", "
             "\"order\": \"%s\", \"fits\": %s, \"over_bytes\": %lld, \"mem_stage\": %d, \"mem_bytes\": {",
             rank, l->tp, l->pp, l->dp, mt_plan_engine_name(l->engine), l->schedule == MT_PLAN_GPIPE ? "gpipe" : "1f1b",
-            l->micro_batch, l->microbatches, l->sp ? "true" : "false",
-            mt_plan_rc_name(l->recompute), l->order,
+            l->micro_batch, l->microbatches, l->sp ? "true" : "false", mt_plan_rc_name(l->recompute), l->order,
             p->fits ? "true" : "false", (long long)p->over, p->mem_stage);
     for (int k = 0; k < MT_MEM_NCAT - 1; k++) {
         fprintf(out, "\"%s\": %lld, ", cat_key[k], (long long)p->mem[k]);
@@ -76,8 +75,8 @@ static void print_json_pred(FILE *out, const mt_plan_pred_t *p, const mt_plan_jo
             "\"total\": %lld}, \"time_ms\": {\"compute\": %.4f, \"tp\": %.4f, \"pp\": %.4f, \"dp\": %.4f, "
             "\"bubble\": %.4f, \"optimizer\": %.4f, \"step\": %.4f}, \"tokens_per_s\": %.1f, "
             "\"cross_node\": {\"tp\": %s, \"dp\": %s, \"pp\": %s}, \"overrides\": \"%s\"}",
-            (long long)p->mem_total, p->t_compute * 1e3, p->t_tp * 1e3, p->t_pp * 1e3, p->t_dp * 1e3,
-            p->t_bubble * 1e3, p->t_optim * 1e3, p->t_step * 1e3, tok / p->t_step, p->tp_cross_node ? "true" : "false",
+            (long long)p->mem_total, p->t_compute * 1e3, p->t_tp * 1e3, p->t_pp * 1e3, p->t_dp * 1e3, p->t_bubble * 1e3,
+            p->t_optim * 1e3, p->t_step * 1e3, tok / p->t_step, p->tp_cross_node ? "true" : "false",
             p->dp_cross_node ? "true" : "false", p->pp_cross_node ? "true" : "false", ov);
 }
 
@@ -120,7 +119,8 @@ static mt_status_t layout_of_config(const mt_config_t *cfg, mt_plan_layout_t *l)
     }
     bool block = !strcmp(mt_config_str(cfg, "model.recompute"), "block");
     bool attn = mt_config_bool(cfg, "model.attn_recompute");
-    l->recompute = block ? (attn ? MT_PLAN_RC_BLOCK_ATTN : MT_PLAN_RC_BLOCK) : (attn ? MT_PLAN_RC_ATTN : MT_PLAN_RC_NONE);
+    l->recompute =
+        block ? (attn ? MT_PLAN_RC_BLOCK_ATTN : MT_PLAN_RC_BLOCK) : (attn ? MT_PLAN_RC_ATTN : MT_PLAN_RC_NONE);
     const char *eng = mt_config_str(cfg, "parallel.engine");
     l->engine = strcmp(eng, "zero") ? MT_PLAN_DDP : (mt_plan_engine_t)mt_config_int(cfg, "parallel.zero_stage");
     if (l->tp > 1 || l->pp > 1) {
@@ -129,8 +129,9 @@ static mt_status_t layout_of_config(const mt_config_t *cfg, mt_plan_layout_t *l)
     const char *order = mt_config_str(cfg, "parallel.order");
     snprintf(l->order, sizeof(l->order), "%s", order);
     if (l->dp < 1 || l->micro_batch < 1 || l->microbatches < 1) {
-        return mt_error(MT_ERR_INVALID_ARG, "the job's layout is not complete for this world (dp %d, micro_batch %d, "
-                                            "grad_accum %d): pass --world with the run's rank count",
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "the job's layout is not complete for this world (dp %d, micro_batch %d, "
+                        "grad_accum %d): pass --world with the run's rank count",
                         l->dp, l->micro_batch, l->microbatches);
     }
     return MT_OK;
@@ -166,8 +167,9 @@ static int read_metrics(const char *path, double *step_ms, int64_t mem[MT_MEM_NC
         const pj_t *mb = pj_get(o, "mem_bytes");
         double s = pj_num(o, "step_ms", -1);
         if (!o || s < 0 || !mb) {
-            fprintf(stderr, "meshtrain plan: --check %s:%d: not a metrics line (%s): expected an object with step_ms "
-                            "and mem_bytes (metrics.jsonl of meshtrain train)\n",
+            fprintf(stderr,
+                    "meshtrain plan: --check %s:%d: not a metrics line (%s): expected an object with step_ms "
+                    "and mem_bytes (metrics.jsonl of meshtrain train)\n",
                     path, lineno, o ? "no step_ms or mem_bytes" : err);
             pj_free(o);
             rc = 2;
@@ -259,8 +261,8 @@ static int run_check(const plan_opts_t *o, const mt_config_t *cfg, const mt_plan
     }
     printf("%-12s %12.3f M %12.3f M %8.1f%%   (measured: the allocator's peak total, max over ranks)\n", "peak",
            mib(p.mem_total), mib(peak), 100 * mem_err);
-    printf("%-12s %12.3f ms %11.3f ms %8.1f%%   (measured: median step after the first tenth)\n", "step", p.t_step * 1e3,
-           step_ms, 100 * t_err);
+    printf("%-12s %12.3f ms %11.3f ms %8.1f%%   (measured: median step after the first tenth)\n", "step",
+           p.t_step * 1e3, step_ms, 100 * t_err);
     printf("verdict: memory %s 10%%, step time %s 25%%\n", fabs(mem_err) <= 0.10 ? "within" : "NOT within",
            fabs(t_err) <= 0.25 ? "within" : "NOT within");
     return 0;
@@ -294,11 +296,13 @@ int mt_cmd_plan(int argc, char **argv) {
         return 2;
     }
     plan_opts_t o = {.top = 10, .cluster = cluster};
-    static const struct option longopts[] = {
-        {"top", required_argument, NULL, 'k'},
-        {"json", no_argument, NULL, 'j'},          {"world", required_argument, NULL, 'w'},
-        {"check", required_argument, NULL, 'x'},   {"micro-batch", required_argument, NULL, 'b'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+    static const struct option longopts[] = {{"top", required_argument, NULL, 'k'},
+                                             {"json", no_argument, NULL, 'j'},
+                                             {"world", required_argument, NULL, 'w'},
+                                             {"check", required_argument, NULL, 'x'},
+                                             {"micro-batch", required_argument, NULL, 'b'},
+                                             {"help", no_argument, NULL, 'h'},
+                                             {NULL, 0, NULL, 0}};
     optind = 1;
     opterr = 0;
     int ch, rc = 0;
@@ -318,7 +322,10 @@ int mt_cmd_plan(int argc, char **argv) {
             if (!end || *end || v < 1 || v > 1 << 30) {
                 if (me == 0) {
                     fprintf(stderr, "meshtrain plan: --%s = '%s': expected a positive integer\n",
-                            ch == 'k' ? "top" : ch == 'w' ? "world" : "micro-batch", optarg);
+                            ch == 'k'   ? "top"
+                            : ch == 'w' ? "world"
+                                        : "micro-batch",
+                            optarg);
                 }
                 rc = 2;
             }
@@ -356,7 +363,7 @@ int mt_cmd_plan(int argc, char **argv) {
     }
     if (rc != 0) {
         mt_config_cli_free(&cli);
-            free(args);
+        free(args);
         return rc;
     }
     mt_plan_cluster_t cl;
@@ -365,7 +372,7 @@ int mt_cmd_plan(int argc, char **argv) {
             fprintf(stderr, "meshtrain plan: cluster file: %s\n", mt_last_error_msg());
         }
         mt_config_cli_free(&cli);
-            free(args);
+        free(args);
         return 2;
     }
     int capacity = cl.nodes * cl.devices_per_node;
@@ -379,7 +386,7 @@ int mt_cmd_plan(int argc, char **argv) {
         }
         mt_plan_cluster_free(&cl);
         mt_config_cli_free(&cli);
-            free(args);
+        free(args);
         return 2;
     }
     mt_config_t *cfg = NULL;
@@ -390,7 +397,7 @@ int mt_cmd_plan(int argc, char **argv) {
         }
         mt_plan_cluster_free(&cl);
         mt_config_cli_free(&cli);
-            free(args);
+        free(args);
         return 2;
     }
     mt_plan_job_t job;
@@ -468,6 +475,6 @@ int mt_cmd_plan(int argc, char **argv) {
     mt_config_free(cfg);
     mt_plan_cluster_free(&cl);
     mt_config_cli_free(&cli);
-            free(args);
+    free(args);
     return rc;
 }

@@ -56,8 +56,7 @@ void mt_plan_layout_overrides(const mt_plan_layout_t *l, char *buf, size_t len) 
              "--parallel.zero_stage=%d --parallel.schedule=%s --parallel.sequence_parallel=%s "
              "--train.micro_batch=%d --train.grad_accum=%d --model.recompute=%s --model.attn_recompute=%s",
              l->tp, l->pp, l->dp, l->order, engine, zs, l->schedule == MT_PLAN_GPIPE ? "gpipe" : "1f1b",
-             l->sp ? "true" : "false", l->micro_batch, l->microbatches,
-             rc_block(l->recompute) ? "block" : "none",
+             l->sp ? "true" : "false", l->micro_batch, l->microbatches, rc_block(l->recompute) ? "block" : "none",
              l->recompute == MT_PLAN_RC_ATTN || l->recompute == MT_PLAN_RC_BLOCK_ATTN ? "true" : "false");
 }
 
@@ -71,7 +70,7 @@ mt_status_t mt_plan_job_from_config(const mt_config_t *cfg, mt_plan_job_t *out) 
     out->global_batch = mt_config_int(cfg, "train.global_batch");
     out->seq_len = out->model.seq_len;
     const char *prec = mt_config_str(cfg, "precision.compute");
-    out->prec = !strcmp(prec, "tf32") ? MT_PREC_TF32
+    out->prec = !strcmp(prec, "tf32")   ? MT_PREC_TF32
                 : !strcmp(prec, "bf16") ? MT_PREC_BF16
                 : !strcmp(prec, "fp16") ? MT_PREC_FP16
                                         : MT_PREC_FP32;
@@ -96,7 +95,8 @@ static mt_status_t check_layout(const mt_plan_job_t *job, int world, const mt_pl
     }
     if (l->micro_batch < 1 || l->microbatches < 1 ||
         (int64_t)l->micro_batch * l->microbatches * l->dp != job->global_batch) {
-        return mt_error(MT_ERR_INVALID_ARG, "micro_batch x microbatches x dp = %d x %d x %d is not train.global_batch = %lld",
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "micro_batch x microbatches x dp = %d x %d x %d is not train.global_batch = %lld",
                         l->micro_batch, l->microbatches, l->dp, (long long)job->global_batch);
     }
     if (l->pp > n_modules) {
@@ -433,8 +433,8 @@ static int n_modules_of(const mt_plan_job_t *job) {
     return job->model.n_layer + 2;
 }
 
-mt_status_t mt_plan_predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c, int world,
-                            const mt_plan_layout_t *l, mt_plan_pred_t *out) {
+mt_status_t mt_plan_predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c, int world, const mt_plan_layout_t *l,
+                            mt_plan_pred_t *out) {
     MT_CHECK(check_layout(job, world, l, n_modules_of(job)));
     mt_mesh_t *mesh = NULL;
     MT_CHECK(mt_mesh_create(world, l->tp, l->pp, l->dp, l->order, &mesh)); /* validates the order */

@@ -47,18 +47,18 @@ typedef struct {
     char name[128];
     char path[512];
     int nodes, devices_per_node;
-    bool shared_node;               /* CPU nodes: rate, memory and bandwidth are the node's, split among its ranks */
-    double mem_bytes;               /* per device (per node when shared_node) */
-    double peak_flops[MT_PREC_N];   /* FLOP/s per device (per node when shared_node); 0 = not supported */
-    double efficiency;              /* achieved fraction of peak on large matrix products (calibrated) */
-    double eff_half_work;           /* B*T*C*(C/tp), the multiply-adds of one C x C/tp product of a micro-batch, at
-                                     * which the efficiency is half of `efficiency` (smaller products run slower,
-                                     * efficiency * w / (w + half)); 0 = flat */
-    double attention_efficiency;    /* attention's products run at this fraction of the matrix-product efficiency */
-    double mem_bw;                  /* device memory bytes/s (the optimizer step is memory-bound) */
-    mt_plan_link_t intra, inter;    /* inside a node, between nodes */
-    double overlap_dp;              /* fraction of backward time that can hide data-parallel gradient traffic */
-    double reserve_bytes;           /* memory per device the plan leaves free (runtime, CUDA context, fragmentation) */
+    bool shared_node;             /* CPU nodes: rate, memory and bandwidth are the node's, split among its ranks */
+    double mem_bytes;             /* per device (per node when shared_node) */
+    double peak_flops[MT_PREC_N]; /* FLOP/s per device (per node when shared_node); 0 = not supported */
+    double efficiency;            /* achieved fraction of peak on large matrix products (calibrated) */
+    double eff_half_work;         /* B*T*C*(C/tp), the multiply-adds of one C x C/tp product of a micro-batch, at
+                                   * which the efficiency is half of `efficiency` (smaller products run slower,
+                                   * efficiency * w / (w + half)); 0 = flat */
+    double attention_efficiency;  /* attention's products run at this fraction of the matrix-product efficiency */
+    double mem_bw;                /* device memory bytes/s (the optimizer step is memory-bound) */
+    mt_plan_link_t intra, inter;  /* inside a node, between nodes */
+    double overlap_dp;            /* fraction of backward time that can hide data-parallel gradient traffic */
+    double reserve_bytes;         /* memory per device the plan leaves free (runtime, CUDA context, fragmentation) */
     int n_curves;
     mt_plan_curve_t curves[MT_PLAN_MAX_CURVES];
 } mt_plan_cluster_t;
@@ -78,11 +78,24 @@ mt_status_t mt_plan_cluster_add_bench(mt_plan_cluster_t *c, const char *json_pat
 /* How gradients are averaged over dp: a parallel/engine.h engine (DDP, ZeRO-1/2/3; with a single rank the
  * training loop's local engine), or (tp or pp > 1) the 3-D path's one all-reduce per step of the stage's
  * gradients (parallel.dp_reduce = "allreduce"). */
-typedef enum { MT_PLAN_DDP = 0, MT_PLAN_ZERO1, MT_PLAN_ZERO2, MT_PLAN_ZERO3, MT_PLAN_ALLREDUCE, MT_PLAN_NENG } mt_plan_engine_t;
+typedef enum {
+    MT_PLAN_DDP = 0,
+    MT_PLAN_ZERO1,
+    MT_PLAN_ZERO2,
+    MT_PLAN_ZERO3,
+    MT_PLAN_ALLREDUCE,
+    MT_PLAN_NENG
+} mt_plan_engine_t;
 typedef enum { MT_PLAN_GPIPE = 0, MT_PLAN_1F1B = 1 } mt_plan_sched_t;
 /* Recomputation: none; attention probabilities (model.attn_recompute); whole blocks (model.recompute =
  * "block"); both. */
-typedef enum { MT_PLAN_RC_NONE = 0, MT_PLAN_RC_ATTN, MT_PLAN_RC_BLOCK, MT_PLAN_RC_BLOCK_ATTN, MT_PLAN_NRC } mt_plan_rc_t;
+typedef enum {
+    MT_PLAN_RC_NONE = 0,
+    MT_PLAN_RC_ATTN,
+    MT_PLAN_RC_BLOCK,
+    MT_PLAN_RC_BLOCK_ATTN,
+    MT_PLAN_NRC
+} mt_plan_rc_t;
 
 typedef struct {
     int tp, pp, dp;
@@ -110,7 +123,7 @@ typedef struct {
     int seq_len;
     mt_prec_t prec;
     double bucket_mb;
-    double grad_clip; /* optimizer.grad_clip (engines with tp or pp > 1 need 0) */
+    double grad_clip;          /* optimizer.grad_clip (engines with tp or pp > 1 need 0) */
     int64_t persist_threshold; /* parallel.zero_persist_threshold */
 } mt_plan_job_t;
 
@@ -123,15 +136,15 @@ typedef struct {
     mt_plan_layout_t l;
     int64_t mem[MT_MEM_NCAT]; /* bytes on the fullest rank, by category */
     int64_t mem_total;
-    int mem_stage;   /* pipeline stage of that rank */
-    int64_t over;    /* bytes over the device's memory (0 when it fits) */
+    int mem_stage; /* pipeline stage of that rank */
+    int64_t over;  /* bytes over the device's memory (0 when it fits) */
     bool fits;
-    double t_compute;  /* forward + backward (+ recomputation) of the stage's share of the model FLOPs */
-    double t_tp;       /* tensor-parallel collectives (never hidden) */
-    double t_pp;       /* activation sends between stages on the critical path */
-    double t_dp;       /* data-parallel gradient/parameter traffic not hidden behind backward */
-    double t_bubble;   /* (p-1)/(m+p-1) of the pipelined part */
-    double t_optim;    /* optimizer step over what the rank owns */
+    double t_compute; /* forward + backward (+ recomputation) of the stage's share of the model FLOPs */
+    double t_tp;      /* tensor-parallel collectives (never hidden) */
+    double t_pp;      /* activation sends between stages on the critical path */
+    double t_dp;      /* data-parallel gradient/parameter traffic not hidden behind backward */
+    double t_bubble;  /* (p-1)/(m+p-1) of the pipelined part */
+    double t_optim;   /* optimizer step over what the rank owns */
     double t_step;
     bool tp_cross_node, dp_cross_node, pp_cross_node;
 } mt_plan_pred_t;
@@ -142,8 +155,8 @@ typedef struct {
 } mt_plan_opts_t;
 
 /* Predicts one layout. MT_ERR_INVALID_ARG (with the reason in mt_last_error_msg) when meshtrain cannot run it. */
-mt_status_t mt_plan_predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c, int world,
-                            const mt_plan_layout_t *l, mt_plan_pred_t *out);
+mt_status_t mt_plan_predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c, int world, const mt_plan_layout_t *l,
+                            mt_plan_pred_t *out);
 
 /* Replaces l->order "auto" by the order the runtime resolves it to on this cluster's nodes (block placement,
  * mt_topo_auto_order); other orders are kept. */
@@ -156,8 +169,7 @@ mt_status_t mt_plan_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t 
 
 /* The ranks of one stage's memory: per-rank bytes by category of pipeline stage `stage` (tp rank 0, dp
  * rank 0), for tests that compare with a run's allocator. */
-mt_status_t mt_plan_stage_mem(const mt_plan_job_t *job, const mt_plan_layout_t *l, int stage,
-                              int64_t mem[MT_MEM_NCAT]);
+mt_status_t mt_plan_stage_mem(const mt_plan_job_t *job, const mt_plan_layout_t *l, int stage, int64_t mem[MT_MEM_NCAT]);
 
 #ifdef __cplusplus
 }

@@ -3,8 +3,8 @@
  * the cluster. Every key is declared in one table with its range; problems are reported all at once.
  * SPDX-License-Identifier: MIT */
 #include <errno.h>
-#include <stdarg.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,8 +91,10 @@ static void on_kv(void *arg, const char *key, int line, mt_toml_value_t *v) {
         k++;
     }
     if (k == NKEYS) {
-        report(c, line, "unknown key %s (cluster keys: cluster.*, device.*, links.intra.*, links.inter.*, "
-                        "overlap.dp, bench.*; docs/planning.md lists them)", key);
+        report(c, line,
+               "unknown key %s (cluster keys: cluster.*, device.*, links.intra.*, links.inter.*, "
+               "overlap.dp, bench.*; docs/planning.md lists them)",
+               key);
         free(v->s);
         return;
     }
@@ -199,8 +201,8 @@ mt_status_t mt_plan_cluster_add_bench(mt_plan_cluster_t *c, const char *json_pat
     if (!doc || !res || res->kind != PJ_ARR) {
         pj_free(doc);
         return mt_error(MT_ERR_INVALID_ARG,
-                        "%s is not `meshtrain bench coll --json` output (%s): expected {\"results\": [...]}",
-                        json_path, doc ? "no \"results\" array" : err);
+                        "%s is not `meshtrain bench coll --json` output (%s): expected {\"results\": [...]}", json_path,
+                        doc ? "no \"results\" array" : err);
     }
     mt_status_t st = MT_OK;
     for (int r = 0; r < res->n && st == MT_OK; r++) {
@@ -286,8 +288,9 @@ mt_status_t mt_plan_cluster_load(const char *path, mt_plan_cluster_t *out, FILE 
         any_peak = any_peak || cl->peak_flops[p] > 0;
     }
     if (!any_peak) {
-        report(&c, 0, "no device.peak_tflops_* given: set at least device.peak_tflops_fp32 (the rate the plan "
-                      "divides model FLOPs by)");
+        report(&c, 0,
+               "no device.peak_tflops_* given: set at least device.peak_tflops_fp32 (the rate the plan "
+               "divides model FLOPs by)");
     }
     cl->efficiency = num(&c, "device.efficiency", 0.5);
     cl->eff_half_work = num(&c, "device.efficiency_half_work", 0);
@@ -318,20 +321,22 @@ mt_status_t mt_plan_cluster_load(const char *path, mt_plan_cluster_t *out, FILE 
         inter_curve |= cl->curves[k].inter;
     }
     if (cl->intra.bw <= 0 && !intra_curve && cl->devices_per_node > 1) {
-        report(&c, 0, "links.intra.bandwidth_gbs is required (or bench.intra_json with measured curves) when "
-                      "devices_per_node > 1");
+        report(&c, 0,
+               "links.intra.bandwidth_gbs is required (or bench.intra_json with measured curves) when "
+               "devices_per_node > 1");
     }
     if (cl->inter.bw <= 0 && !inter_curve && cl->nodes > 1) {
-        report(&c, 0, "links.inter.bandwidth_gbs is required (or bench.inter_json with measured curves) when "
-                      "nodes > 1");
+        report(&c, 0,
+               "links.inter.bandwidth_gbs is required (or bench.inter_json with measured curves) when "
+               "nodes > 1");
     }
     for (size_t k = 0; k < NKEYS; k++) {
         free(c.vals[k].s);
     }
     if (c.n_errors > 0) {
         mt_plan_cluster_free(cl);
-        return st == MT_ERR_IO ? st : mt_error(MT_ERR_INVALID_ARG, "%s: %d error(s) in the cluster file", path,
-                                               c.n_errors);
+        return st == MT_ERR_IO ? st
+                               : mt_error(MT_ERR_INVALID_ARG, "%s: %d error(s) in the cluster file", path, c.n_errors);
     }
     return MT_OK;
 }

@@ -25,9 +25,9 @@ typedef struct {
 static void run_case(const case_t *c, int rank, int world) {
     char ov_mb[64];
     snprintf(ov_mb, sizeof(ov_mb), "--train.micro_batch=%d", c->micro_batch);
-    char *ov[] = {"--model.n_layer=4", "--model.n_head=4", "--model.n_embd=64", "--model.seq_len=32",
-                  "--model.vocab_size=200", "--train.global_batch=16", "--train.grad_accum=0",
-                  "--optimizer.grad_clip=0", ov_mb};
+    char *ov[] = {"--model.n_layer=4",    "--model.n_head=4",        "--model.n_embd=64",
+                  "--model.seq_len=32",   "--model.vocab_size=200",  "--train.global_batch=16",
+                  "--train.grad_accum=0", "--optimizer.grad_clip=0", ov_mb};
     mt_config_t *cfg = NULL;
     CHECK_OK(mt_config_load(NULL, (int)MT_ARRAY_LEN(ov), ov, 0, &cfg, rank == 0 ? stderr : NULL));
     if (!cfg) {
@@ -36,8 +36,14 @@ static void run_case(const case_t *c, int rank, int world) {
     mt_plan_job_t job;
     CHECK_OK(mt_plan_job_from_config(cfg, &job));
     int m_count = (int)(job.global_batch / c->dp / c->micro_batch);
-    mt_plan_layout_t l = {.tp = c->tp, .pp = c->pp, .dp = c->dp, .engine = c->engine, .schedule = c->sched,
-                          .micro_batch = c->micro_batch, .microbatches = m_count, .sp = c->sp};
+    mt_plan_layout_t l = {.tp = c->tp,
+                          .pp = c->pp,
+                          .dp = c->dp,
+                          .engine = c->engine,
+                          .schedule = c->sched,
+                          .micro_batch = c->micro_batch,
+                          .microbatches = m_count,
+                          .sp = c->sp};
     snprintf(l.order, sizeof(l.order), "tp-dp-pp");
 
     mt_mem_stats_t before, after;
@@ -89,8 +95,9 @@ static void run_case(const case_t *c, int rank, int world) {
     plan_total += plan[MT_MEM_COMM];
     int64_t peak = after.total_peak - before.total_current;
     double err = (double)(plan_total - peak) / (double)peak;
-    CHECK(err > -0.10 && err < 0.10, "%s, rank %d (stage %d): planned %lld, measured peak %lld (%+.1f%%; comm %lld vs %lld)",
-          c->name, rank, stage, (long long)plan_total, (long long)peak, 100 * err, (long long)plan[MT_MEM_COMM],
+    CHECK(err > -0.10 && err < 0.10,
+          "%s, rank %d (stage %d): planned %lld, measured peak %lld (%+.1f%%; comm %lld vs %lld)", c->name, rank, stage,
+          (long long)plan_total, (long long)peak, 100 * err, (long long)plan[MT_MEM_COMM],
           (long long)(after.peak[MT_MEM_COMM] - before.current[MT_MEM_COMM]));
     if (sized) {
         printf("%-26s rank %d stage %d: planned %9lld B (activations %lld comm %lld)  measured peak %9lld B  %+.2f%%\n",

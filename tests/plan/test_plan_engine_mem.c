@@ -30,9 +30,18 @@ static void run_case(const case_t *c, mt_comm_t comm, int rank, int size) {
              c->rc == MT_PLAN_RC_BLOCK || c->rc == MT_PLAN_RC_BLOCK_ATTN ? "block" : "none");
     snprintf(ov_attn, sizeof(ov_attn), "--model.attn_recompute=%s",
              c->rc == MT_PLAN_RC_ATTN || c->rc == MT_PLAN_RC_BLOCK_ATTN ? "true" : "false");
-    char *ov[] = {"--model.n_layer=3", "--model.n_head=4", "--model.n_embd=64", "--model.seq_len=32",
-                  "--model.vocab_size=200", "--train.global_batch=16", "--parallel.tp=1", "--train.grad_accum=0",
-                  "--parallel.bucket_mb=0.05", ov_mb, ov_rc, ov_attn};
+    char *ov[] = {"--model.n_layer=3",
+                  "--model.n_head=4",
+                  "--model.n_embd=64",
+                  "--model.seq_len=32",
+                  "--model.vocab_size=200",
+                  "--train.global_batch=16",
+                  "--parallel.tp=1",
+                  "--train.grad_accum=0",
+                  "--parallel.bucket_mb=0.05",
+                  ov_mb,
+                  ov_rc,
+                  ov_attn};
     mt_config_t *cfg = NULL;
     CHECK_OK(mt_config_load(NULL, (int)MT_ARRAY_LEN(ov), ov, size, &cfg, rank == 0 ? stderr : NULL));
     if (!cfg) {
@@ -41,8 +50,14 @@ static void run_case(const case_t *c, mt_comm_t comm, int rank, int size) {
     mt_plan_job_t job;
     CHECK_OK(mt_plan_job_from_config(cfg, &job));
     int m_count = (int)(job.global_batch / size / c->micro_batch);
-    mt_plan_layout_t l = {.tp = 1, .pp = 1, .dp = size, .engine = c->engine, .schedule = MT_PLAN_1F1B,
-                          .micro_batch = c->micro_batch, .microbatches = m_count, .recompute = c->rc};
+    mt_plan_layout_t l = {.tp = 1,
+                          .pp = 1,
+                          .dp = size,
+                          .engine = c->engine,
+                          .schedule = MT_PLAN_1F1B,
+                          .micro_batch = c->micro_batch,
+                          .microbatches = m_count,
+                          .recompute = c->rc};
     snprintf(l.order, sizeof(l.order), "tp-dp-pp");
     int64_t plan[MT_MEM_NCAT];
     CHECK_OK(mt_plan_stage_mem(&job, &l, 0, plan));

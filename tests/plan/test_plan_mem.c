@@ -20,10 +20,10 @@ typedef struct {
     const char *extra[3];
 } case_t;
 
-static const char *base[] = {"--model.n_layer=2",      "--model.n_head=4",        "--model.n_embd=64",
-                             "--model.seq_len=32",     "--model.vocab_size=96",   "--train.global_batch=8",
-                             "--train.steps=2",        "--train.eval_every=0",    "--parallel.tp=1",
-                             "--train.grad_accum=0",   "--optimizer.lr=1e-3"};
+static const char *base[] = {"--model.n_layer=2",    "--model.n_head=4",      "--model.n_embd=64",
+                             "--model.seq_len=32",   "--model.vocab_size=96", "--train.global_batch=8",
+                             "--train.steps=2",      "--train.eval_every=0",  "--parallel.tp=1",
+                             "--train.grad_accum=0", "--optimizer.lr=1e-3"};
 
 static void run_case(const case_t *c) {
     char *ov[32];
@@ -50,9 +50,15 @@ static void run_case(const case_t *c) {
     }
     mt_plan_job_t job;
     CHECK_OK(mt_plan_job_from_config(cfg, &job));
-    mt_plan_layout_t l = {.tp = 1, .pp = 1, .dp = 1, .engine = MT_PLAN_DDP, .schedule = MT_PLAN_1F1B,
-                          .micro_batch = c->micro_batch, .microbatches = (int)(job.global_batch / c->micro_batch),
-                          .sp = false, .recompute = c->rc};
+    mt_plan_layout_t l = {.tp = 1,
+                          .pp = 1,
+                          .dp = 1,
+                          .engine = MT_PLAN_DDP,
+                          .schedule = MT_PLAN_1F1B,
+                          .micro_batch = c->micro_batch,
+                          .microbatches = (int)(job.global_batch / c->micro_batch),
+                          .sp = false,
+                          .recompute = c->rc};
     snprintf(l.order, sizeof(l.order), "tp-dp-pp");
     int64_t plan[MT_MEM_NCAT];
     CHECK_OK(mt_plan_stage_mem(&job, &l, 0, plan));

@@ -17,7 +17,8 @@
 
 static void test_json(void) {
     char err[128];
-    pj_t *v = pj_parse("{\"a\": [1, 2.5e3, {\"b\": \"x\\ny\"}], \"c\": true, \"d\": null, \"e\": -3}", err, sizeof(err));
+    pj_t *v =
+        pj_parse("{\"a\": [1, 2.5e3, {\"b\": \"x\\ny\"}], \"c\": true, \"d\": null, \"e\": -3}", err, sizeof(err));
     CHECK(v != NULL, "parse failed: %s", err);
     const pj_t *a = pj_get(v, "a");
     CHECK(a && a->kind == PJ_ARR && a->n == 3, "a is an array of 3");
@@ -73,8 +74,15 @@ static void test_cluster(void) {
 
 static mt_plan_layout_t lay(int tp, int pp, int dp, mt_plan_engine_t e, mt_plan_sched_t s, int b, int m,
                             const char *order) {
-    mt_plan_layout_t l = {.tp = tp, .pp = pp, .dp = dp, .engine = e, .schedule = s, .micro_batch = b,
-                          .microbatches = m, .sp = false, .recompute = MT_PLAN_RC_NONE};
+    mt_plan_layout_t l = {.tp = tp,
+                          .pp = pp,
+                          .dp = dp,
+                          .engine = e,
+                          .schedule = s,
+                          .micro_batch = b,
+                          .microbatches = m,
+                          .sp = false,
+                          .recompute = MT_PLAN_RC_NONE};
     snprintf(l.order, sizeof(l.order), "%s", order);
     return l;
 }
