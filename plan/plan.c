@@ -269,12 +269,19 @@ static int ranks_per_node(const mt_plan_cluster_t *c, int world) {
     return MT_MIN(world, c->devices_per_node);
 }
 
+/* Peak FLOP/s of one rank: the device's, or on a shared node its share of the node's cores (cores / ranks
+ * of them; a rank running on several cores gets multithread_efficiency of each). */
 static double device_rate(const mt_plan_cluster_t *c, mt_prec_t prec, int world) {
     double peak = c->peak_flops[prec] > 0 ? c->peak_flops[prec] : c->peak_flops[MT_PREC_FP32];
     for (int p = 0; peak <= 0 && p < MT_PREC_N; p++) {
         peak = c->peak_flops[p];
     }
-    return c->shared_node ? peak / ranks_per_node(c, world) : peak;
+    if (!c->shared_node) {
+        return peak;
+    }
+    double cores = c->cores_per_node > 0 ? c->cores_per_node : 1;
+    double per_rank = cores / ranks_per_node(c, world);
+    return peak / cores * per_rank * (per_rank > 1 ? c->multithread_efficiency : 1.0);
 }
 
 static double device_mem(const mt_plan_cluster_t *c, int world) {

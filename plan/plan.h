@@ -48,6 +48,8 @@ typedef struct {
     char path[512];
     int nodes, devices_per_node;
     bool shared_node;             /* CPU nodes: rate, memory and bandwidth are the node's, split among its ranks */
+    int cores_per_node;            /* shared nodes: cores; a rank runs on cores / ranks of them */
+    double multithread_efficiency; /* a rank on k > 1 cores computes at k x this x one core's rate */
     double mem_bytes;             /* per device (per node when shared_node) */
     double peak_flops[MT_PREC_N]; /* FLOP/s per device (per node when shared_node); 0 = not supported */
     double efficiency;            /* achieved fraction of peak on large matrix products (calibrated) */

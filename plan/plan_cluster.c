@@ -26,6 +26,8 @@ static const ckey_t keys[] = {
     {"cluster.nodes", CK_INT, 1, 1e7, "nodes"},
     {"cluster.devices_per_node", CK_INT, 1, 4096, "devices (GPUs, or ranks on CPU nodes) per node"},
     {"cluster.shared_node", CK_BOOL, 0, 1, "CPU nodes: the device figures are the node's, shared by its ranks"},
+    {"cluster.cores_per_node", CK_INT, 1, 1e6, "shared nodes: cores (a rank runs on cores / ranks of them)"},
+    {"device.multithread_efficiency", CK_FLOAT, 1e-3, 1, "a rank on k > 1 cores: k x this x one core's rate"},
     {"device.memory_gib", CK_FLOAT, 1e-6, 1e9, "memory per device (GiB)"},
     {"device.reserve_gib", CK_FLOAT, 0, 1e9, "memory per device left free for the runtime (GiB)"},
     {"device.peak_tflops_fp32", CK_FLOAT, 0, 1e9, "peak fp32 rate (TFLOP/s)"},
@@ -278,6 +280,8 @@ mt_status_t mt_plan_cluster_load(const char *path, mt_plan_cluster_t *out, FILE 
     cl->nodes = (int)num(&c, "cluster.nodes", 1);
     cl->devices_per_node = (int)num(&c, "cluster.devices_per_node", 1);
     cl->shared_node = val(&c, "cluster.shared_node")->set && val(&c, "cluster.shared_node")->b;
+    cl->cores_per_node = (int)num(&c, "cluster.cores_per_node", cl->devices_per_node);
+    cl->multithread_efficiency = num(&c, "device.multithread_efficiency", 1.0);
     cl->mem_bytes = num(&c, "device.memory_gib", 1) * 1073741824.0;
     cl->reserve_bytes = num(&c, "device.reserve_gib", 0) * 1073741824.0;
     static const char *peaks[MT_PREC_N] = {"device.peak_tflops_fp32", "device.peak_tflops_tf32",

@@ -9,7 +9,7 @@ its fastest step among steps 6-20 ("min") and, for comparison, its median step (
 is the median over the REPS runs of each. Runs of different layouts are interleaved (round-robin over the
 layouts, REPS rounds) so a burst of load does not fall on one layout only.
 
-  bench/plan/bench_planner.py [--reps 5] [--multi] [--save FILE] [--load FILE] [--calibrate]
+  bench/plan/bench_planner.py [--reps 5] [--multi | --multi-only] [--save FILE] [--load FILE] [--calibrate]
 
 --save/--load keep the measurements (JSON) so predictions can be recomputed after a cluster-file change;
 --calibrate prints the device.efficiency and efficiency_half_work that fit two layouts (micro-batch 1 and 16,
@@ -104,11 +104,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--multi", action="store_true")
+    ap.add_argument("--multi-only", action="store_true", help="only the multi-rank layouts (no calibration points)")
     ap.add_argument("--save")
     ap.add_argument("--load")
     ap.add_argument("--calibrate", action="store_true")
     a = ap.parse_args()
-    layouts = LAYOUTS + (MULTI if a.multi else [])
+    layouts = MULTI if a.multi_only else LAYOUTS + (MULTI if a.multi else [])
     if a.load:
         meas = json.load(open(a.load))
         layouts = [tuple(x) for x in meas["layouts"]]
@@ -133,13 +134,14 @@ def main():
         cfg = open(CLUSTER).read()
         peak = float(re.search(r"^peak_tflops_fp32 = ([0-9.e+-]+)", cfg, re.M).group(1)) * 1e12
         att = float(re.search(r"^attention_efficiency = ([0-9.e+-]+)", cfg, re.M).group(1))
+        mt = float(re.search(r"^multithread_efficiency = ([0-9.e+-]+)", cfg, re.M).group(1))  # one rank: both cores
         pred = predict(layouts[:2])
         t1 = mins[0] - (pred[0]["step"] - pred[0]["compute"])
         t16 = mins[1] - (pred[1]["step"] - pred[1]["compute"])
         w1, w16 = 1 * T * C * C, 16 * T * C * C
         r = t1 / t16
         h = w1 * 16 * (r - 1) / (16 - r)  # r = 16 (w1 + h) / (16 w1 + h)
-        e = tokens * (fmm + fatt / att) / (peak * t16 * 1e-3 * w16 / (w16 + h))
+        e = tokens * (fmm + fatt / att) / (peak * mt * t16 * 1e-3 * w16 / (w16 + h))
         print("calibration: efficiency = %.3f, efficiency_half_work = %.0f (from micro-batch 1: %.1f ms, 16: %.1f ms; "
               "attention_efficiency %.2f)" % (e, h, mins[0], mins[1], att))
         return
@@ -149,11 +151,11 @@ def main():
                                           "error"))
     for i, (world, ov) in enumerate(layouts):
         p = pred[i]["step"]
-        tag = " (calibration)" if i < 2 else ""
+        tag = " (calibration)" if i < 2 and layouts[0] == LAYOUTS[0] else ""
         print("%-74s %9.2f %9.2f %+6.1f%% %9.2f %+6.1f%%" % ("%d | %s%s" % (world, ov, tag), p, mins[i],
                                                             100 * (p - mins[i]) / mins[i], meds[i],
                                                             100 * (p - meds[i]) / meds[i]))
-    val = range(2, len(layouts))
+    val = range(2 if layouts[0] == LAYOUTS[0] else 0, len(layouts))
     within = sum(1 for i in val if abs(pred[i]["step"] - mins[i]) <= 0.25 * mins[i])
     print("validation layouts within 25%% (min): %d of %d" % (within, len(val)))
     bp = min(range(len(layouts)), key=lambda i: pred[i]["step"])
