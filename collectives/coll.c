@@ -23,6 +23,7 @@ static const struct mt_coll_backend *const backends[] = {
 #if MT_HAVE_NCCL
     &mt_coll_backend_nccl,
 #endif
+    &mt_coll_backend_shm,
     &mt_coll_backend_mpi,
     &mt_coll_backend_self,
 };

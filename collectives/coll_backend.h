@@ -85,6 +85,7 @@ struct mt_coll_backend {
 
 extern const struct mt_coll_backend mt_coll_backend_self;
 extern const struct mt_coll_backend mt_coll_backend_mpi;
+extern const struct mt_coll_backend mt_coll_backend_shm; /* shm_backend.c */
 #if MT_HAVE_NCCL
 extern const struct mt_coll_backend mt_coll_backend_nccl;
 #endif

@@ -326,7 +326,7 @@ int main(int argc, char **argv) {
     buf_a = mt_alloc(buf_bytes + GUARD, MT_MEM_COMM, "test");
     buf_b = mt_alloc(buf_bytes + GUARD, MT_MEM_COMM, "test");
 
-    /* The world: a group of w->size ranks, backend by priority (self for 1 rank, mpi otherwise). */
+    /* The world: a group of w->size ranks, backend by priority (self for 1 rank, shm otherwise). */
     mt_comm_params_t p = MT_COMM_PARAMS_INIT;
     p.name = "world";
     mt_comm_t world = NULL;
@@ -335,7 +335,7 @@ int main(int argc, char **argv) {
           mt_comm_size(world));
     /* MESHTRAIN_COLL_BACKEND (set by the *_forced tests) overrides the choice by priority */
     const char *forced = getenv("MESHTRAIN_COLL_BACKEND");
-    const char *want_backend = forced && *forced ? forced : (w->size == 1 ? "self" : "mpi");
+    const char *want_backend = forced && *forced ? forced : (w->size == 1 ? "self" : "shm");
     CHECK(!strcmp(mt_comm_backend_name(world), want_backend), "backend %s, want %s", mt_comm_backend_name(world),
           want_backend);
     run_all(world);

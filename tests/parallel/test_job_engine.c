@@ -1,4 +1,4 @@
-/* The engines driven by the training loop (mt_job_run through mt_parallel_job_engine): every engine and
+/* The engines driven by the training loop (mt_job_run through mt_job_engine_parallel, the adapter meshtrain train uses): every engine and
  * ZeRO stage gives the same per-step loss and gradient norm as DDP on the same config (SGD, 1e-5
  * relative; DDP itself is checked against the serial run in test_equiv), and the loss goes down.
  * SPDX-License-Identifier: MIT */
@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "parallel/job_engine.h"
+#include "launch/job.h"
 #include "runtime/config.h"
 #include "runtime/rt.h"
 #include "testutil.h"
@@ -37,7 +37,7 @@ static mt_status_t run(const char *engine, int stage, mt_job_result_t *res) {
     mt_config_t *cfg = NULL;
     MT_CHECK(mt_config_load_world(mt_rt_world()->comm, NULL, (int)(sizeof(ov) / sizeof(ov[0])), ov, &cfg));
     mt_job_opts_t opts = MT_JOB_OPTS_INIT;
-    opts.engine = mt_parallel_job_engine();
+    opts.engine = mt_job_engine_parallel();
     opts.prefetch = false;
     mt_status_t st = mt_job_run(cfg, &opts, res);
     mt_config_free(cfg);
