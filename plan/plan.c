@@ -440,8 +440,20 @@ static int n_modules_of(const mt_plan_job_t *job) {
     return job->model.n_layer + 2;
 }
 
-mt_status_t mt_plan_predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c, int world, const mt_plan_layout_t *l,
-                            mt_plan_pred_t *out) {
+/* The job placed on the cluster's nodes: block placement of ranks_per_node, each rank bound to its share
+ * of the node's cores (cores / ranks of them, at least one), as meshtrain train's runtime.bind = "auto"
+ * splits them (runtime/topo_plan.c). */
+static mt_plan_job_t placed(const mt_plan_job_t *job, const mt_plan_cluster_t *c, int world) {
+    mt_plan_job_t j = *job;
+    j.node_ranks = ranks_per_node(c, world);
+    j.node_cpus = c->cores_per_node > 0 ? MT_MAX(1, c->cores_per_node / j.node_ranks) : 0;
+    return j;
+}
+
+mt_status_t mt_plan_predict(const mt_plan_job_t *job_in, const mt_plan_cluster_t *c, int world,
+                            const mt_plan_layout_t *l, mt_plan_pred_t *out) {
+    mt_plan_job_t placed_job = placed(job_in, c, world);
+    const mt_plan_job_t *job = &placed_job;
     MT_CHECK(check_layout(job, world, l, n_modules_of(job)));
     mt_mesh_t *mesh = NULL;
     MT_CHECK(mt_mesh_create(world, l->tp, l->pp, l->dp, l->order, &mesh)); /* validates the order */
@@ -530,11 +542,13 @@ static int distinct_orders(const mt_plan_cluster_t *c, int world, mt_plan_layout
     return n;
 }
 
-mt_status_t mt_plan_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t *c, const mt_plan_opts_t *o,
+mt_status_t mt_plan_enumerate(const mt_plan_job_t *job_in, const mt_plan_cluster_t *c, const mt_plan_opts_t *o,
                               mt_plan_pred_t **out, int *n_out) {
     *out = NULL;
     *n_out = 0;
     int world = o->world;
+    mt_plan_job_t placed_job = placed(job_in, c, world);
+    const mt_plan_job_t *job = &placed_job;
     pred_vec_t pv = {0};
     mt_status_t st = MT_OK;
     int nmod = n_modules_of(job);
@@ -591,6 +605,17 @@ mt_status_t mt_plan_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t 
                                     st = plan_stage_mem_model(job, m, bounds, &l, s, mem[s]);
                                 }
                                 for (int k = 0; k < no && st == MT_OK; k++) {
+                                    /* the shm segments depend on which ranks share a node: the order's */
+                                    for (int s = 0; s < pp && st == MT_OK; s++) {
+                                        int64_t was = 0, now = 0;
+                                        st = mt_plan_stage_shm_bytes(job, &l, s, MT_PLAN_PATH_TRAIN, &was);
+                                        mt_plan_layout_t lk = l;
+                                        snprintf(lk.order, sizeof(lk.order), "%s", ords[k]);
+                                        if (st == MT_OK) {
+                                            st = mt_plan_stage_shm_bytes(job, &lk, s, MT_PLAN_PATH_TRAIN, &now);
+                                        }
+                                        mem[s][MT_MEM_COMM] += now - was;
+                                    }
                                     snprintf(l.order, sizeof(l.order), "%s", ords[k]);
                                     mt_plan_pred_t p;
                                     st = predict(job, c, world, &l, &sh, (const int64_t(*)[MT_MEM_NCAT])mem, xs[k], &p);

@@ -127,6 +127,10 @@ typedef struct {
     double bucket_mb;
     double grad_clip;          /* optimizer.grad_clip (engines with tp or pp > 1 need 0) */
     int64_t persist_threshold; /* parallel.zero_persist_threshold */
+    /* Placement, for the shared-memory collectives' segments (mt_plan_stage_shm_bytes); the planner sets
+     * them from the cluster, mt_plan_job_from_config to 0. */
+    int node_ranks; /* ranks per node, placed in world-rank blocks (0: every rank on one node) */
+    int node_cpus;  /* CPUs each rank may run on (0: at least as many as ranks per node) */
 } mt_plan_job_t;
 
 /* The planning inputs of a job config. MT_ERR_INVALID_ARG for a model the planner cannot build. */
@@ -168,6 +172,19 @@ void mt_plan_resolve_order(const mt_plan_cluster_t *c, int world, mt_plan_layout
  * how much they are over. *out is malloc'd (free()). */
 mt_status_t mt_plan_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t *c, const mt_plan_opts_t *o,
                               mt_plan_pred_t **out, int *n_out);
+
+/* The training path whose host communicators a plan counts: `meshtrain train` (launch/job_mp.c when tp or
+ * pp > 1: tp, pp, dp, tp-pp and the embedding pair; launch/job_parallel.c otherwise: dp) or
+ * `meshtrain train3d` (parallel/parallel3d.c: tp, dp, pp and the embedding pair). */
+typedef enum { MT_PLAN_PATH_TRAIN = 0, MT_PLAN_PATH_TRAIN3D } mt_plan_path_t;
+
+/* Bytes the shared-memory collectives backend accounts (MT_MEM_COMM) on pipeline stage `stage`'s planned
+ * rank (tp rank 0, dp rank 0) for the host communicators `path` creates, each sized by
+ * mt_coll_shm_plan_bytes from its placement under l->order (an unparsable order, e.g. "auto": tp-dp-pp)
+ * and job->node_ranks / node_cpus; 0 for every comm when MESHTRAIN_COLL_ALGO=mpi. mt_plan_stage_mem's comm
+ * bytes include it for MT_PLAN_PATH_TRAIN. */
+mt_status_t mt_plan_stage_shm_bytes(const mt_plan_job_t *job, const mt_plan_layout_t *l, int stage,
+                                    mt_plan_path_t path, int64_t *bytes);
 
 /* The ranks of one stage's memory: per-rank bytes by category of pipeline stage `stage` (tp rank 0, dp
  * rank 0), for tests that compare with a run's allocator. */

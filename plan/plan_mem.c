@@ -8,10 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "collectives/coll.h"
 #include "parallel/engine.h"
 #include "parallel/parallel3d.h"
 #include "parallel/pipeline.h"
 #include "plan/plan_impl.h"
+#include "runtime/mesh.h"
 
 /* ---- the model of one tensor-parallel rank ----------------------------------------------------- */
 
@@ -87,6 +89,74 @@ static mt_status_t engine_mem(const mt_plan_job_t *job, mt_model_t m, const mt_p
     return MT_OK;
 }
 
+/* ---- the shared-memory collectives' segments -------------------------------------------------------- */
+
+#define BIT(a) MT_AXIS_BIT(MT_AXIS_##a)
+
+/* The shm backend's bytes on world rank `me` for a host comm over ranks[0..n) (in comm-rank order) created
+ * with default params: its placement (block placement of job->node_ranks per node) for
+ * mt_coll_shm_plan_bytes. */
+static mt_status_t comm_shm(const mt_plan_job_t *job, int world, const int *ranks, int n, int me, int64_t *bytes) {
+    int rpn = job->node_ranks > 0 ? job->node_ranks : world;
+    int my_node = me / rpn;
+    mt_coll_host_place_t pl = {.size = n, .n_nodes = 0};
+    for (int i = 0; i < n; i++) {
+        int node = ranks[i] / rpn, on_node = 0, first = 1;
+        for (int j = 0; j < n; j++) {
+            on_node += ranks[j] / rpn == node;
+            first &= !(j < i && ranks[j] / rpn == node);
+        }
+        pl.n_nodes += first;
+        pl.max_local_size = MT_MAX(pl.max_local_size, on_node);
+        if (node == my_node) {
+            pl.local_size++;
+            pl.local_rank += ranks[i] < me ? 1 : 0; /* comm ranks ascend with world ranks in these groups */
+        }
+    }
+    pl.oversubscribed = job->node_cpus > 0 && pl.local_size > job->node_cpus;
+    return mt_coll_shm_plan_bytes(&pl, NULL, bytes);
+}
+
+mt_status_t mt_plan_stage_shm_bytes(const mt_plan_job_t *job, const mt_plan_layout_t *l, int stage,
+                                    mt_plan_path_t path, int64_t *bytes) {
+    *bytes = 0;
+    int world = l->tp * l->pp * l->dp;
+    mt_mesh_t *mesh = NULL;
+    if (mt_mesh_create(world, l->tp, l->pp, l->dp, l->order, &mesh) != MT_OK) {
+        MT_CHECK(mt_mesh_create(world, l->tp, l->pp, l->dp, "tp-dp-pp", &mesh));
+    }
+    /* the comms each path creates (launch/job_mp.c mp_setup_model, launch/job_parallel.c par_init,
+     * parallel/parallel3d.c make_comms); the embedding pair apart */
+    static const unsigned mp[] = {BIT(TP), BIT(PP), BIT(DP), BIT(TP) | BIT(PP)};
+    static const unsigned dp_only[] = {BIT(DP)};
+    static const unsigned p3d[] = {BIT(TP), BIT(DP), BIT(PP)};
+    bool model_parallel = l->tp > 1 || l->pp > 1;
+    const unsigned *masks = path == MT_PLAN_PATH_TRAIN3D ? p3d : model_parallel ? mp : dp_only;
+    int n_masks = path == MT_PLAN_PATH_TRAIN3D ? 3 : model_parallel ? 4 : 1;
+    bool emb = path == MT_PLAN_PATH_TRAIN3D || model_parallel;
+    int *ranks = malloc(sizeof(int) * (size_t)world);
+    mt_status_t st = ranks ? MT_OK : mt_error(MT_ERR_OOM, "plan: out of memory");
+    int coords[MT_AXIS_N] = {0};
+    coords[MT_AXIS_PP] = stage;
+    int me = mt_mesh_rank_of(mesh, coords);
+    for (int k = 0; k < n_masks && st == MT_OK; k++) {
+        int64_t b = 0;
+        int n = mt_mesh_group(mesh, me, masks[k], ranks, NULL);
+        st = comm_shm(job, world, ranks, n, me, &b);
+        *bytes += b;
+    }
+    int er[2];
+    if (st == MT_OK && emb && mt_mesh_embedding_group(mesh, me, er) == 2 && (er[0] == me || er[1] == me)) {
+        int64_t b = 0;
+        int pair[2] = {MT_MIN(er[0], er[1]), MT_MAX(er[0], er[1])};
+        st = comm_shm(job, world, pair, 2, me, &b);
+        *bytes += b;
+    }
+    free(ranks);
+    mt_mesh_free(mesh);
+    return st;
+}
+
 mt_status_t plan_stage_mem_model(const mt_plan_job_t *job, mt_model_t m, const int *bounds, const mt_plan_layout_t *l,
                                  int s, int64_t mem[MT_MEM_NCAT]) {
     memset(mem, 0, sizeof(int64_t) * MT_MEM_NCAT);
@@ -126,6 +196,9 @@ mt_status_t plan_stage_mem_model(const mt_plan_job_t *job, mt_model_t m, const i
     } else {
         MT_CHECK(engine_mem(job, m, l, mem));
     }
+    int64_t shm = 0; /* the node-local segments of the job's host communicators */
+    MT_CHECK(mt_plan_stage_shm_bytes(job, l, s, MT_PLAN_PATH_TRAIN, &shm));
+    mem[MT_MEM_COMM] += shm;
     return MT_OK;
 }
 

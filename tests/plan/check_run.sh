@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `meshtrain plan --check` against a real run: train the tiny job on NP ranks (0: no launcher) with the
 # given overrides, writing metrics.jsonl, then check the plan's memory for that layout is within 10% of
-# the allocator's peak the run reports.
+# the allocator's peak the run reports. The cluster is given this machine's CPUs (cluster.cores_per_node =
+# nproc): the run binds each rank to its share of them, which sizes the shared-memory collectives' segments.
 #   check_run.sh MESHTRAIN JOB CLUSTER NP MPIEXEC [MPIEXEC_FLAGS...] -- OVERRIDES...
 # SPDX-License-Identifier: MIT
 set -euo pipefail
@@ -13,6 +14,8 @@ shift
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 world=$np
+sed "s/^\[cluster\]\$/[cluster]\ncores_per_node = $(nproc)/" "$cluster" > "$dir/cluster.toml"
+cluster=$dir/cluster.toml
 if [ "$np" -eq 0 ]; then
     world=1
     "$bin" train "$job" --train.steps=4 --metrics.jsonl="$dir/m.jsonl" "$@" > "$dir/train.txt" 2>&1 || { cat "$dir/train.txt"; exit 1; }

@@ -5,6 +5,7 @@
  * agree to the byte on the ranks the plan sizes (tp rank 0, dp rank 0 of each stage); communication
  * buffers and every rank's total within 10%.
  * SPDX-License-Identifier: MIT */
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -35,6 +36,10 @@ static void run_case(const case_t *c, int rank, int world) {
     }
     mt_plan_job_t job;
     CHECK_OK(mt_plan_job_from_config(cfg, &job));
+    /* every rank here runs unbound on this machine's CPUs: a comm with more ranks than that is
+     * oversubscribed, which sizes its shared-memory segment */
+    cpu_set_t set;
+    job.node_cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
     int m_count = (int)(job.global_batch / c->dp / c->micro_batch);
     mt_plan_layout_t l = {.tp = c->tp,
                           .pp = c->pp,
@@ -85,6 +90,12 @@ static void run_case(const case_t *c, int rank, int world) {
     int stage = coords[MT_AXIS_PP];
     int64_t plan[MT_MEM_NCAT], plan_total = 0;
     CHECK_OK(mt_plan_stage_mem(&job, &l, stage, plan));
+    /* the plan counts `meshtrain train`'s communicators (launch/job_mp.c, with a tp-pp comm); this runs
+     * parallel3d.c's, whose shared-memory segments differ */
+    int64_t shm_train = 0, shm_3d = 0;
+    CHECK_OK(mt_plan_stage_shm_bytes(&job, &l, stage, MT_PLAN_PATH_TRAIN, &shm_train));
+    CHECK_OK(mt_plan_stage_shm_bytes(&job, &l, stage, MT_PLAN_PATH_TRAIN3D, &shm_3d));
+    plan[MT_MEM_COMM] += shm_3d - shm_train;
     bool sized = coords[MT_AXIS_TP] == 0 && coords[MT_AXIS_DP] == 0;
     for (int k = 0; k < MT_MEM_COMM; k++) {
         int64_t measured = after.peak[k] - before.current[k];

@@ -110,7 +110,24 @@ static void test_layouts(const mt_plan_job_t *job, const mt_plan_cluster_t *c) {
     CHECK_OK(mt_plan_predict(job, c, 8, &l, &q));
     CHECK(!p.tp_cross_node && q.tp_cross_node, "tp-dp-pp keeps tp in a node, dp-tp-pp does not");
     CHECK(p.t_tp > 0 && q.t_tp > 5 * p.t_tp, "tp across nodes is slower: %g vs %g s", q.t_tp, p.t_tp);
-    CHECK(p.mem_total == q.mem_total, "the order does not change memory");
+    /* the order changes only which ranks share a node, so only the shared-memory segments' bytes */
+    for (int k = 0; k < MT_MEM_COMM; k++) {
+        CHECK(p.mem[k] == q.mem[k], "the order does not change %s", mt_mem_cat_name((mt_mem_cat_t)k));
+    }
+    {
+        mt_plan_job_t placed = *job;
+        placed.node_ranks = c->devices_per_node; /* as mt_plan_predict places 8 ranks on this cluster */
+        placed.node_cpus = MT_MAX(1, c->cores_per_node / c->devices_per_node);
+        mt_plan_layout_t lp = lay(4, 1, 2, MT_PLAN_ALLREDUCE, MT_PLAN_1F1B, 8, 1, "tp-dp-pp");
+        mt_plan_layout_t lq = lay(4, 1, 2, MT_PLAN_ALLREDUCE, MT_PLAN_1F1B, 8, 1, "dp-tp-pp");
+        int64_t sp = 0, sq = 0;
+        CHECK_OK(mt_plan_stage_shm_bytes(&placed, &lp, 0, MT_PLAN_PATH_TRAIN, &sp));
+        CHECK_OK(mt_plan_stage_shm_bytes(&placed, &lq, 0, MT_PLAN_PATH_TRAIN, &sq));
+        CHECK(sp > 0 && sq > 0 && sp != sq, "tp in a node and tp across nodes share memory differently: %lld, %lld",
+              (long long)sp, (long long)sq);
+        CHECK(p.mem[MT_MEM_COMM] - q.mem[MT_MEM_COMM] == sp - sq, "comm differs by the segments: %lld vs %lld",
+              (long long)(p.mem[MT_MEM_COMM] - q.mem[MT_MEM_COMM]), (long long)(sp - sq));
+    }
 
     /* the pipeline bubble: (p-1)/(m+p-1) of the pipelined part */
     l = lay(1, 4, 2, MT_PLAN_ALLREDUCE, MT_PLAN_1F1B, 1, 8, "tp-dp-pp");
