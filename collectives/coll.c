@@ -19,6 +19,11 @@
 MT_PARAM_STR(coll_backend, "COLL_BACKEND", NULL)
 MT_PARAM(coll_timeout, "COLL_TIMEOUT", 300)
 
+const char *mt_coll_forced_backend(const mt_comm_params_t *params) {
+    const char *f = params && params->backend ? params->backend : mt_param_coll_backend();
+    return f && *f ? f : NULL;
+}
+
 /* Preference order (NCCL first): ties in priority go to the earlier entry. */
 static const struct mt_coll_backend *const backends[] = {
 #if MT_HAVE_NCCL
@@ -201,7 +206,7 @@ static mt_status_t comm_create(MPI_Comm mpi, MPI_Comm parent, const mt_comm_para
     }
 
     struct mt_comm_info info = {c->rank, c->size, c->memory, c->thread_level, c->name, c->mpi};
-    const char *forced = p.backend ? p.backend : mt_param_coll_backend();
+    const char *forced = mt_coll_forced_backend(&p);
     if (forced && *forced) {
         const struct mt_coll_backend *be = NULL;
         for (size_t i = 0; i < MT_ARRAY_LEN(backends); i++) {

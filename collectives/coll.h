@@ -101,6 +101,26 @@ mt_status_t mt_comm_init_mesh(MPI_Comm world, const struct mt_mesh *mesh, unsign
  * still runs on it: call mt_comm_abort). */
 mt_status_t mt_comm_free(mt_comm_t comm);
 
+/* Where a host communicator's ranks sit, for sizing it without creating it (the planner). */
+typedef struct {
+    int size;            /* ranks of the comm */
+    int local_size;      /* of them on this rank's node (1..size) */
+    int local_rank;      /* this rank among them, by comm rank (0: it holds the segment's header) */
+    int max_local_size;  /* the most ranks of the comm any node holds */
+    int n_nodes;         /* nodes the comm spans */
+    bool oversubscribed; /* some rank on this node has fewer CPUs than local_size (mt_shm_init's test) */
+} mt_coll_host_place_t;
+
+/* The host bytes (MT_MEM_COMM) the shared-memory backend accounts on this rank for a host communicator
+ * placed as *pl and created with params (NULL: defaults), over what an MPI-only communicator holds: its
+ * context, node map, its own MPI context, and (local_size > 1) the mt_shm_t and this rank's share of the
+ * segment, plus the leaders' MPI context on local rank 0 of a comm spanning nodes. The same functions size
+ * the real allocations (shm_seg.c, shm_backend.c). 0 when the shm backend will not serve the comm: a
+ * 1-rank comm, MESHTRAIN_COLL_ALGO=mpi, or another backend forced (params->backend or
+ * MESHTRAIN_COLL_BACKEND). Reads MESHTRAIN_COLL_ALGO, MESHTRAIN_SHM_CHUNK as the backend does;
+ * MT_ERR_INVALID_ARG for a bad MESHTRAIN_COLL_ALGO or placement. Pure: no MPI, no allocation. */
+mt_status_t mt_coll_shm_plan_bytes(const mt_coll_host_place_t *pl, const mt_comm_params_t *params, int64_t *bytes);
+
 int mt_comm_rank(const mt_comm_t comm);
 int mt_comm_size(const mt_comm_t comm);
 const char *mt_comm_name(const mt_comm_t comm);

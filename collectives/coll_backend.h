@@ -92,6 +92,11 @@ extern const struct mt_coll_backend mt_coll_backend_nccl;
 
 /* ---- helpers shared by the backends --------------------------------------------------------- */
 
+/* The backend params->backend or MESHTRAIN_COLL_BACKEND forces ("mpi", "shm", ...), or NULL (coll.c). */
+const char *mt_coll_forced_backend(const mt_comm_params_t *params);
+/* The accounted bytes of one MPI backend context as mpi_init allocates it (coll_mpi.c). */
+size_t mt_coll_mpi_ctx_bytes(void);
+
 /* The 1-rank result of each collective on host memory: a copy (memmove when the in-place form
  * overlaps) or nothing. All reductions of one rank's data are the data itself (avg divides by 1). */
 void mt_coll_local_copy(const void *send, void *recv, size_t bytes);

@@ -81,6 +81,8 @@ static mt_status_t mpi_query(const struct mt_comm_info *info, int *priority) {
     return MT_OK;
 }
 
+size_t mt_coll_mpi_ctx_bytes(void) { return mt_alloc_accounted(sizeof(struct mpi_ctx)); }
+
 static mt_status_t mpi_init(mt_comm_t comm, const struct mt_comm_info *info, void **ctx) {
     int rc = mt_coll_mpi_redop_init();
     if (rc != MPI_SUCCESS) {

@@ -33,6 +33,16 @@ typedef struct {
     const int *group_ranks;               /* local rank -> rank in the comm (for messages; NULL: identity) */
 } mt_shm_params_t;
 
+/* The segment's sizing, used by mt_shm_init and by the planner (through mt_coll_shm_plan_bytes), so a
+ * plan's figure is the allocation's own. Chunk: chunk_param (MESHTRAIN_SHM_CHUNK; 0 = default: 512 KiB, or
+ * 2 MiB when oversubscribed, i.e. some local rank has fewer CPUs than the group has ranks), at least one
+ * page, rounded up to pages. Rank bytes: what local rank `rank` of an n-rank group accounts under
+ * MT_MEM_COMM for the mapping (its slot of 4 x chunk; local rank 0 also the page-rounded header); 0 when
+ * n < 2 (no segment). Ctx bytes: the accounted size of the mt_shm_t each rank allocates. */
+size_t mt_shm_chunk_bytes(size_t chunk_param, bool oversubscribed);
+size_t mt_shm_rank_bytes(int n, int rank, size_t chunk);
+size_t mt_shm_ctx_bytes(void);
+
 /* Creates and maps the segment of the ranks of local (all on one node, at most MT_SHM_MAX_RANKS):
  * collective over local. On failure every rank returns the same error status (the ranks agree through
  * local), with the reason in mt_last_error_msg(), and nothing is left mapped or named. */

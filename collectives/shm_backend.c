@@ -367,6 +367,36 @@ static mt_status_t shm_group_end(void *ctx, mt_stream_t stream) {
     return mt_coll_backend_mpi.group_end(((struct shm_ctx *)ctx)->mpi, stream);
 }
 
+mt_status_t mt_coll_shm_plan_bytes(const mt_coll_host_place_t *pl, const mt_comm_params_t *params, int64_t *bytes) {
+    *bytes = 0;
+    if (pl->size < 1 || pl->local_size < 1 || pl->local_size > pl->size || pl->local_rank < 0 ||
+        pl->local_rank >= pl->local_size || pl->max_local_size < pl->local_size || pl->max_local_size > pl->size ||
+        pl->n_nodes < 1 || pl->n_nodes > pl->size) {
+        return mt_error(MT_ERR_INVALID_ARG, "mt_coll_shm_plan_bytes: inconsistent placement (size %d, local size %d, "
+                        "local rank %d, max local size %d, nodes %d)", pl->size, pl->local_size, pl->local_rank,
+                        pl->max_local_size, pl->n_nodes);
+    }
+    algo_t algo;
+    MT_CHECK(parse_algo(&algo));
+    const char *forced = mt_coll_forced_backend(params);
+    /* shm_query's verdict (host memory is the caller's premise) and coll.c's forcing */
+    if (pl->size < 2 || algo == ALGO_MPI || (forced && strcasecmp(forced, mt_coll_backend_shm.name) != 0)) {
+        return MT_OK;
+    }
+    /* shm_init_ctx: the context, the node map, the MPI backend context it owns */
+    size_t b = mt_alloc_accounted(sizeof(struct shm_ctx)) + 2 * mt_alloc_accounted(sizeof(int) * (size_t)pl->size) +
+               mt_coll_mpi_ctx_bytes();
+    if (pl->max_local_size > 1 && pl->local_size > 1) { /* mt_shm_init */
+        size_t chunk = mt_shm_chunk_bytes((size_t)mt_param_shm_chunk(), pl->oversubscribed);
+        b += mt_shm_ctx_bytes() + mt_shm_rank_bytes(pl->local_size, pl->local_rank, chunk);
+    }
+    if (pl->max_local_size > 1 && pl->n_nodes > 1 && pl->local_rank == 0) { /* the leaders' MPI context */
+        b += mt_coll_mpi_ctx_bytes();
+    }
+    *bytes = (int64_t)b;
+    return MT_OK;
+}
+
 mt_status_t mt_coll_shm_info(mt_comm_t comm, bool *active, int *n_nodes, int *local_size) {
     if (!comm || comm->ops[MT_COLL_ALL_REDUCE].be != &mt_coll_backend_shm) {
         return mt_error(MT_ERR_INVALID_ARG, "mt_coll_shm_info: comm %s is not served by the shm backend",

@@ -53,6 +53,24 @@ static double polls_per_us(void) {
     return rate;
 }
 
+/* ---- sizing (pure: the planner calls these too) ----------------------------------------------------- */
+
+static size_t header_bytes(void) { return round_up(sizeof(struct shm_header), PAGE); }
+
+size_t mt_shm_chunk_bytes(size_t chunk_param, bool oversubscribed) {
+    size_t chunk = chunk_param ? chunk_param : oversubscribed ? (2u << 20) : (512u << 10);
+    return round_up(chunk < PAGE ? PAGE : chunk, PAGE);
+}
+
+size_t mt_shm_rank_bytes(int n, int rank, size_t chunk) {
+    if (n < 2) {
+        return 0;
+    }
+    return 4 * chunk + (rank == 0 ? header_bytes() : 0); /* each rank its slot; rank 0 the header too */
+}
+
+size_t mt_shm_ctx_bytes(void) { return mt_alloc_accounted(sizeof(struct mt_shm)); }
+
 /* ---- creation -------------------------------------------------------------------------------------- */
 
 struct seg_offer {
@@ -190,9 +208,9 @@ mt_status_t mt_shm_init(MPI_Comm local, const mt_shm_params_t *prm, mt_shm_t **o
     int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
     int over = n > cpus, any_over = 0;
     MPI_Allreduce(&over, &any_over, 1, MPI_INT, MPI_MAX, local);
-    unsigned long long chunk = prm->chunk_bytes ? prm->chunk_bytes : any_over ? (2u << 20) : (512u << 10);
+    unsigned long long chunk = mt_shm_chunk_bytes(prm->chunk_bytes, any_over);
     MPI_Bcast(&chunk, 1, MPI_UNSIGNED_LONG_LONG, 0, local); /* the layout is local rank 0's */
-    s->chunk = round_up(chunk < PAGE ? PAGE : (size_t)chunk, PAGE);
+    s->chunk = (size_t)chunk;
     s->timeout_s = prm->timeout_s > 0 ? prm->timeout_s : 300.0;
     double spin_us = prm->spin_us < 0 ? (any_over ? 0.0 : 20.0) : prm->spin_us;
     s->spin_cur = s->spin_max = (uint32_t)MT_MIN(spin_us * polls_per_us(), 1e8);
@@ -202,7 +220,7 @@ mt_status_t mt_shm_init(MPI_Comm local, const mt_shm_params_t *prm, mt_shm_t **o
      * never with 4 ranks on 2 CPUs) */
     s->yield_s = (prm->yield_us < 0 ? (any_over ? 20000.0 : 2000.0) : prm->yield_us) * 1e-6;
     s->seq_completed = prm->seq_completed;
-    size_t hdr = round_up(sizeof(struct shm_header), PAGE);
+    size_t hdr = header_bytes();
     size_t slot = 4 * s->chunk;
     s->bytes = hdr + (size_t)n * slot;
 
@@ -246,7 +264,7 @@ mt_status_t mt_shm_init(MPI_Comm local, const mt_shm_params_t *prm, mt_shm_t **o
     memset(s->slots + (size_t)rank * slot, 0, slot); /* fault our slot in now, not in the first call */
     MPI_Barrier(local);
     MT_ASSERT(s->hdr->magic == MT_SHM_MAGIC && s->hdr->slot_bytes == slot);
-    s->accounted = slot + (rank == 0 ? hdr : 0); /* each rank accounts its slot; rank 0 the header too */
+    s->accounted = mt_shm_rank_bytes(n, rank, s->chunk);
     mt_mem_account(MT_MEM_HOST, MT_MEM_COMM, (int64_t)s->accounted, s->hdr, "coll_shm");
     *out = s;
     return MT_OK;

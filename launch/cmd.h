@@ -11,5 +11,6 @@ int mt_cmd_train(int argc, char **argv);
 int mt_cmd_train3d(int argc, char **argv);
 int mt_cmd_version(int argc, char **argv);
 int mt_cmd_bench(int argc, char **argv);
+int mt_cmd_plan(int argc, char **argv);
 
 #endif

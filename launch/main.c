@@ -20,6 +20,7 @@ static const subcommand_t subcommands[] = {
     {"train", mt_cmd_train, "train the model a config describes, any tp x pp x dp layout (default job without CONFIG)"},
     {"train3d", mt_cmd_train3d, "train with tensor, pipeline and data parallelism (tp x pp x dp = world)"},
     {"version", mt_cmd_version, "print version, git commit and the components this build has"},
+    {"plan", mt_cmd_plan, "predict memory and step time of every layout of a job on a cluster and pick one"},
     {"bench", mt_cmd_bench, "collective microbenchmarks (`meshtrain bench coll`, nccl-tests style)"},
 };
 

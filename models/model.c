@@ -568,3 +568,33 @@ mt_status_t mt_model_step(mt_model_t m, mt_acts_t a, const int32_t *tokens, cons
     }
     return MT_OK;
 }
+
+/* ---- sizing (for planning) -------------------------------------------------------------------- */
+
+/* Mirrors the allocations of mt_acts_init (tokens, targets), mt_model_forward (stage input, one buffer per
+ * module from module_floats), the family's ensure_workspace (workspace_floats) and mt_model_backward
+ * (two gradient buffers of mt_model_act_floats), each through mt_alloc_accounted. */
+mt_status_t mt_model_act_mem(mt_model_t m, int lo, int hi, int B, int T, mt_model_act_mem_t *out) {
+    memset(out, 0, sizeof(*out));
+    if (lo < 0 || hi > m->n_modules || lo >= hi || B < 1 || T < 1 || T > m->cfg.seq_len) {
+        return mt_error(MT_ERR_INVALID_ARG, "model: sizing modules [%d, %d) for B=%d T=%d: invalid range or shape", lo,
+                        hi, B, T);
+    }
+    size_t N = (size_t)B * T, AF = mt_model_act_floats(m, B, T);
+    int64_t a = 2 * (int64_t)mt_alloc_accounted(N * sizeof(int32_t));
+    if (lo > 0) {
+        a += (int64_t)mt_alloc_accounted(AF * sizeof(float));
+    }
+    for (int i = lo; i < hi; i++) {
+        a += (int64_t)mt_alloc_accounted(m->ops->module_floats(m, i, B, T) * sizeof(float));
+    }
+    int64_t w = 2 * (int64_t)mt_alloc_accounted(AF * sizeof(float));
+    size_t fl[MT_MODEL_MAX_WORKSPACE];
+    int n = m->ops->workspace_floats ? m->ops->workspace_floats(m, B, T, fl) : 0;
+    for (int k = 0; k < n; k++) {
+        w += (int64_t)mt_alloc_accounted(fl[k] * sizeof(float));
+    }
+    out->per_acts = a;
+    out->workspace = w;
+    return MT_OK;
+}

@@ -178,6 +178,16 @@ int mt_acts_T(mt_acts_t a);
  * B*T*W, or (B*T/tp_size)*W with sequence parallelism (each tp rank holds its slice of the rows). */
 size_t mt_model_act_floats(mt_model_t m, int B, int T);
 
+/* Activation memory of running modules [lo, hi) forward and backward on micro-batches of B x T, in the
+ * bytes the allocator accounts (MT_MEM_ACTIVATIONS), computed by the functions that size those
+ * allocations (the families' module_floats / workspace_floats and mt_alloc_accounted), so a plan and a
+ * run agree to the byte. Pure: allocates nothing. Errors: MT_ERR_INVALID_ARG for a bad range or B, T. */
+typedef struct {
+    int64_t per_acts;  /* one mt_acts_t: token and target copies, the stage input (lo > 0), module buffers */
+    int64_t workspace; /* shared by all of a model's micro-batches: family scratch + backward gradient buffers */
+} mt_model_act_mem_t;
+mt_status_t mt_model_act_mem(mt_model_t m, int lo, int hi, int B, int T, mt_model_act_mem_t *out);
+
 /* Width of the activation passed between modules (C for gpt2, hidden width for mlp): in_act/out_act
  * and dout/din are (B, T, mt_model_act_width()) floats. */
 int mt_model_act_width(mt_model_t m);

@@ -7,6 +7,7 @@
 #include "models/model.h"
 
 #define MT_MODULE_NAME_MAX 32
+#define MT_MODEL_MAX_WORKSPACE 4
 
 /* What a model family implements. Module buffers are one allocation per (acts, module), carved by the family. */
 typedef struct {
@@ -16,6 +17,10 @@ typedef struct {
     float *(*module_out)(mt_model_t m, mt_acts_t a, int module);
     /* Makes sure the model-level workspace fits B x T (recompute scratch, backward scratch). */
     mt_status_t (*ensure_workspace)(mt_model_t m, int B, int T);
+    /* Floats of each model-level scratch buffer ensure_workspace allocates for a first call with B x T, one
+     * entry per allocation (at most MT_MODEL_MAX_WORKSPACE); returns the count. Pure: ensure_workspace
+     * sizes its buffers with this, so planning (mt_model_act_mem) and the allocation cannot disagree. */
+    int (*workspace_floats)(mt_model_t m, int B, int T, size_t *floats);
     void (*free_impl)(mt_model_t m);
     /* Forward of one module: inp (B,T,W) (NULL for module 0). The head writes a->loss and a->n_valid. */
     void (*forward)(mt_model_t m, mt_acts_t a, int module, const float *inp);

@@ -2,6 +2,8 @@
  * ZeRO-1/2), one unit per module (ZeRO-3, plus the persistent parameters), one unit for DP; then the
  * padded offsets, storage, binding, layout-independent initial values and the optimizer's pieces.
  * SPDX-License-Identifier: MIT */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "parallel/engine_impl.h"
@@ -283,4 +285,116 @@ mt_status_t eng_register_optim(mt_engine_t e) {
         }
     }
     return MT_OK;
+}
+
+/* ---- sizing without a communicator (meshtrain plan) ------------------------------------------------- */
+
+static mt_status_t count_piece(mt_engine_t e, const unit_t *u, int i, size_t lo, size_t hi) {
+    (void)u;
+    (void)i;
+    e->plan_bytes += (int64_t)mt_alloc_accounted((hi - lo) * sizeof(float));
+    return MT_OK;
+}
+
+/* The planner's figures come from here: the layout this file builds (e->ops->layout + eng_layout_finish), the
+ * buffers eng_alloc_storage allocates and the optimizer pieces eng_register_optim registers, each as the
+ * allocator accounts it; the pools at the bound their use keeps to (tests/parallel/test_accounting.c). */
+mt_status_t mt_engine_plan_mem(mt_model_t model, int size, int rank, const mt_engine_params_t *params,
+                               mt_engine_mem_t *out) {
+    memset(out, 0, sizeof(*out));
+    if (!model || !params || params->size != sizeof(mt_engine_params_t) || size < 1 || rank < 0 || rank >= size ||
+        params->kind < MT_ENGINE_DP || params->kind > MT_ENGINE_ZERO ||
+        (params->kind == MT_ENGINE_ZERO && (params->zero_stage < 1 || params->zero_stage > 3))) {
+        return mt_error(MT_ERR_INVALID_ARG, "mt_engine_plan_mem: bad arguments (size %d, rank %d)", size, rank);
+    }
+    struct mt_engine *e = calloc(1, sizeof(*e));
+    if (!e) {
+        return mt_error(MT_ERR_OOM, "engine sizing: out of memory");
+    }
+    e->p = *params;
+    e->model = model;
+    e->rank = rank;
+    e->size = size;
+    e->n_params = mt_model_n_params(model);
+    e->n_modules = mt_model_n_modules(model);
+    e->stage = params->kind == MT_ENGINE_ZERO ? params->zero_stage : 0;
+    e->ops = params->kind == MT_ENGINE_DP ? &mt_engine_dp_ops
+             : params->kind == MT_ENGINE_DDP ? &mt_engine_ddp_ops
+                                             : &mt_engine_zero_ops;
+    snprintf(e->name, sizeof(e->name), "plan");
+    size_t np = (size_t)MT_MAX(e->n_params, 1);
+    e->units = calloc(np + 1, sizeof(unit_t));
+    e->unit_params = calloc(np, sizeof(int));
+    e->param_unit = calloc(np, sizeof(int));
+    e->param_pos = calloc(np, sizeof(size_t));
+    mt_status_t st = MT_OK;
+    if (!e->units || !e->unit_params || !e->param_unit || !e->param_pos) {
+        st = mt_error(MT_ERR_OOM, "engine sizing: out of memory for %d parameters", e->n_params);
+        goto done;
+    }
+    MT_CHECK_GOTO(e->ops->layout(e), st, done);
+    MT_CHECK_GOTO(eng_layout_finish(e), st, done);
+    size_t maxlen = 0;
+    int nbuf = mt_optim_state_buffers(&params->optim);
+    bool owns = !(params->kind == MT_ENGINE_DP && rank != 0);
+    for (int k = 0; k < e->n_units; k++) {
+        const unit_t *u = &e->units[k];
+        out->numel_padded += (int64_t)u->len;
+        out->max_unit = MT_MAX(out->max_unit, (int64_t)u->len);
+        bool tied = false;
+        for (int j = 0; j < u->np; j++) {
+            tied |= mt_model_param(model, e->unit_params[u->p0 + j])->tied_module >= 0;
+        }
+        out->n_tied_units += u->kind == UNIT_SHARD && tied;
+        if (u->kind == UNIT_SHARD) {
+            maxlen = MT_MAX(maxlen, u->len);
+            if (owns) {
+                e->plan_bytes = 0;
+                MT_CHECK_GOTO(for_each_piece(e, u, count_piece), st, done);
+                out->optimizer += nbuf * e->plan_bytes;
+            }
+        } else {
+            if (e->stage == 3) {
+                out->numel_persist += (int64_t)u->numel;
+            }
+            for (int j = 0; owns && j < u->np; j++) {
+                size_t n = mt_model_param(model, e->unit_params[u->p0 + j])->numel;
+                out->optimizer += nbuf * (int64_t)mt_alloc_accounted(n * sizeof(float));
+            }
+        }
+    }
+    for (int m = 0; m < e->n_modules; m++) {
+        out->max_module_units = MT_MAX(out->max_module_units, e->mod_off[m + 1] - e->mod_off[m]);
+    }
+    /* eng_alloc_storage's buffers */
+    int64_t flat = e->flat_len > 0 ? (int64_t)mt_alloc_accounted(e->flat_len * sizeof(float)) : 0;
+    int64_t shard = e->shard_len > 0 ? (int64_t)mt_alloc_accounted(e->shard_len * sizeof(float)) : 0;
+    out->params = flat + (e->stage == 3 ? shard : 0);
+    out->grads = (e->stage != 2 ? flat : 0) + (e->stage >= 2 ? shard : 0);
+    /* pools: ZeRO-2/3 hold at most (units one module writes + tied units) gradient buckets, ZeRO-3 also two
+     * modules' worth of gathered parameters, each buffer at most the largest sharded unit, and a pool never
+     * more than every sharded unit at once (one buffer per unit and pass). An upper bound: how many are in
+     * flight together depends on how fast collectives complete. */
+    int64_t buf = maxlen > 0 ? (int64_t)mt_alloc_accounted(maxlen * sizeof(float)) : 0;
+    int64_t all_units = 0;
+    for (int k = 0; k < e->n_units; k++) {
+        all_units += e->units[k].kind == UNIT_SHARD ? (int64_t)mt_alloc_accounted(e->units[k].len * sizeof(float)) : 0;
+    }
+    int grad_bufs = e->stage >= 2 ? out->max_module_units + out->n_tied_units : 0;
+    int param_bufs = e->stage == 3 ? 2 * out->max_module_units : 0;
+    out->comm = MT_MIN(grad_bufs * buf, all_units) + MT_MIN(param_bufs * buf, all_units);
+    out->comm_peak = out->comm;
+    out->grad_buffers = grad_bufs;
+    out->param_buffers = param_bufs;
+    out->numel = (int64_t)mt_model_numel(model);
+    out->n_units = e->n_units;
+done:
+    mt_free(e->mod_off);
+    mt_free(e->mod_units);
+    free(e->units);
+    free(e->unit_params);
+    free(e->param_unit);
+    free(e->param_pos);
+    free(e);
+    return st;
 }

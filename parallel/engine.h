@@ -173,6 +173,14 @@ typedef struct {
 /* Per-category bytes of the engine's storage, read from the allocator. */
 void mt_engine_mem(mt_engine_t e, mt_engine_mem_t *out);
 
+/* What an engine of these params over `size` ranks would hold on dp rank `rank` for model (built, no storage
+ * bound), computed by the code that lays out and allocates it (bucket.c), without a communicator and without
+ * allocating storage: params, grads and optimizer exactly as mt_engine_mem reports them after
+ * mt_engine_init, comm at the most the pools can hold. For `meshtrain plan`. MT_ERR_INVALID_ARG on bad
+ * arguments. */
+mt_status_t mt_engine_plan_mem(mt_model_t model, int size, int rank, const mt_engine_params_t *params,
+                               mt_engine_mem_t *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -90,6 +90,7 @@ struct mt_engine {
                           * collective may still write into them) */
     mt_work_t stuck[16]; /* collectives whose wait failed, waited again by mt_engine_free */
     int n_stuck;
+    int64_t plan_bytes; /* mt_engine_plan_mem's accumulator */
 };
 
 /* What differs per engine kind; NULL entries fall back to the common behaviour in comm.c/engine.c. */

@@ -69,9 +69,13 @@ static uint64_t machine_bytes(void) {
     return v;
 }
 
+size_t mt_alloc_accounted(size_t bytes) {
+    return MT_DIV_UP(bytes, MT_ALLOC_ALIGN) * MT_ALLOC_ALIGN;
+}
+
 void *mt_alloc(size_t bytes, mt_mem_cat_t cat, const char *owner) {
     MT_ASSERT((unsigned)cat < MT_MEM_NCAT);
-    size_t rounded = MT_DIV_UP(bytes, MT_ALLOC_ALIGN) * MT_ALLOC_ALIGN;
+    size_t rounded = mt_alloc_accounted(bytes);
     if (rounded < bytes || rounded > SIZE_MAX - MT_ALLOC_ALIGN) {
         MT_WARN("allocation of %zu bytes for %s (%s) overflows", bytes, owner ? owner : "?", mt_mem_cat_name(cat));
         return NULL;

@@ -26,6 +26,10 @@ typedef enum { MT_MEM_HOST = 0, MT_MEM_DEVICE = 1, MT_MEM_NDEV } mt_mem_where_t;
 
 #define MT_ALLOC_ALIGN 64 /* host memory is aligned for AVX-512 loads */
 
+/* The bytes mt_alloc accounts for a request of `bytes`: rounded up to a multiple of MT_ALLOC_ALIGN. Pure;
+ * the planner (plan/) sizes memory with it so its figures are the allocator's. */
+size_t mt_alloc_accounted(size_t bytes);
+
 /* Allocates bytes (rounded up to a multiple of MT_ALLOC_ALIGN, which is what is accounted) of host
  * memory aligned to MT_ALLOC_ALIGN, counted under cat. owner (may be NULL) is a short static name
  * kept for the memory history. Returns NULL on out-of-memory (after a WARN naming the request and

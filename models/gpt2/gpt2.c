@@ -120,23 +120,38 @@ static float *gpt2_module_out(mt_model_t m, mt_acts_t a, int module) {
     return b.out;
 }
 
+/* The workspace for up to `rows` rows (B*T) and sequences of up to tt: [0] gradient scratch, [1]
+ * attention scratch, [2] (recompute = block) one block's activations. Blocks are carved per (B, T) and
+ * never exceed it because B*T <= rows and every term grows with B*T or B*T*T <= rows*tt. */
+static int gpt2_workspace(const mt_model_config_t *c, size_t rows, int tt, size_t *floats) {
+    int n = 0;
+    floats[n++] = 10 * rows * c->n_embd;             /* dr2 (N,C), dA (N,C), dfg (N,4C), dfc (N,4C) */
+    floats[n++] = mt_attention_scratch_floats(tt); /* per-thread rows: grows with the OpenMP thread count */
+    if (c->recompute == MT_RECOMPUTE_BLOCK) {
+        size_t need = carve_block(NULL, c, (int)rows, 1, false, NULL);
+        if (!c->attn_recompute) {
+            need += rows * (size_t)c->n_head * tt; /* B*NH*T*T <= rows*NH*tt */
+        }
+        floats[n++] = need;
+    }
+    return n;
+}
+
+static int gpt2_workspace_floats(mt_model_t m, int B, int T, size_t *floats) {
+    return gpt2_workspace(&m->cfg, (size_t)B * T, T, floats);
+}
+
 static mt_status_t gpt2_ensure_workspace(mt_model_t m, int B, int T) {
     gpt2_impl_t *g = m->impl;
-    const mt_model_config_t *c = &m->cfg;
     size_t N = (size_t)B * T;
     if (N > g->rows || T > g->T) {
         size_t rows = N > g->rows ? N : g->rows;
         int tt = T > g->T ? T : g->T;
-        /* Scratch is sized for (rows, tt); blocks are carved per (B, T) and never exceed it because
-         * B*T <= rows and every term grows with B*T or B*T*T <= rows*tt. */
-        if (c->recompute == MT_RECOMPUTE_BLOCK) {
-            size_t need = carve_block(NULL, c, (int)rows, 1, false, NULL);
-            if (!c->attn_recompute) {
-                need += rows * (size_t)c->n_head * tt; /* B*NH*T*T <= rows*NH*tt */
-            }
-            MT_CHECK(mt_model_realloc_scratch(&g->recomp, need, "gpt2 recompute scratch"));
+        size_t fl[MT_MODEL_MAX_WORKSPACE];
+        if (gpt2_workspace(&m->cfg, rows, tt, fl) > 2) {
+            MT_CHECK(mt_model_realloc_scratch(&g->recomp, fl[2], "gpt2 recompute scratch"));
         }
-        MT_CHECK(mt_model_realloc_scratch(&g->gscratch, 10 * rows * c->n_embd, "gpt2 backward scratch"));
+        MT_CHECK(mt_model_realloc_scratch(&g->gscratch, fl[0], "gpt2 backward scratch"));
         g->rows = rows;
         g->T = tt;
     }
@@ -258,6 +273,7 @@ static const mt_model_ops_t gpt2_ops = {
     .module_floats = gpt2_module_floats,
     .module_out = gpt2_module_out,
     .ensure_workspace = gpt2_ensure_workspace,
+    .workspace_floats = gpt2_workspace_floats,
     .free_impl = gpt2_free_impl,
     .forward = gpt2_forward,
     .backward = gpt2_backward,

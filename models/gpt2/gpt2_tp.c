@@ -149,6 +149,14 @@ static size_t ws_floats(const mt_model_config_t *c, const tp_impl_t *g, size_t N
     return 3 * N * C + 2 * N * (size_t)g->Hl + 2 * rows_local(g, N) * C + 3 * N;
 }
 
+/* The scratch tp_ensure_workspace allocates for B x T: the workspace and the attention scratch (pure; the
+ * planner sizes activations with it through mt_model_act_mem). */
+static int tp_workspace_floats(mt_model_t m, int B, int T, size_t *floats) {
+    floats[0] = ws_floats(&m->cfg, m->impl, (size_t)B * T);
+    floats[1] = mt_attention_scratch_floats(T);
+    return 2;
+}
+
 static mt_status_t tp_ensure_workspace(mt_model_t m, int B, int T) {
     tp_impl_t *g = m->impl;
     size_t N = (size_t)B * T;
@@ -544,6 +552,7 @@ static const mt_model_ops_t gpt2_tp_ops = {
     .module_floats = tp_module_floats,
     .module_out = tp_module_out,
     .ensure_workspace = tp_ensure_workspace,
+    .workspace_floats = tp_workspace_floats,
     .free_impl = tp_free_impl,
     .forward = tp_forward,
     .backward = tp_backward,

@@ -44,13 +44,24 @@ static float *mlp_module_out(mt_model_t m, mt_acts_t a, int module) {
     return a->mod_buf[module] + (size_t)a->B * a->T * m->cfg.n_embd;
 }
 
+/* The workspace for B*T rows: recompute scratch, backward scratch, logits gradient (pure: planning uses it). */
+static int mlp_workspace_floats(mt_model_t m, int B, int T, size_t *floats) {
+    size_t N = (size_t)B * T;
+    floats[0] = N * m->cfg.n_embd;
+    floats[1] = N * m->cfg.n_embd;
+    floats[2] = N * m->cfg.vocab_size;
+    return 3;
+}
+
 static mt_status_t mlp_ensure_workspace(mt_model_t m, int B, int T) {
     mlp_impl_t *g = m->impl;
     size_t N = (size_t)B * T;
     if (N > g->rows) {
-        MT_CHECK(mt_model_realloc_scratch(&g->pre, N * m->cfg.n_embd, "mlp recompute scratch"));
-        MT_CHECK(mt_model_realloc_scratch(&g->dpre, N * m->cfg.n_embd, "mlp backward scratch"));
-        MT_CHECK(mt_model_realloc_scratch(&g->dlog, N * m->cfg.vocab_size, "mlp backward scratch"));
+        size_t fl[MT_MODEL_MAX_WORKSPACE];
+        mlp_workspace_floats(m, B, T, fl);
+        MT_CHECK(mt_model_realloc_scratch(&g->pre, fl[0], "mlp recompute scratch"));
+        MT_CHECK(mt_model_realloc_scratch(&g->dpre, fl[1], "mlp backward scratch"));
+        MT_CHECK(mt_model_realloc_scratch(&g->dlog, fl[2], "mlp backward scratch"));
         g->rows = N;
     }
     return MT_OK;
@@ -122,6 +133,7 @@ static const mt_model_ops_t mlp_ops = {
     .module_floats = mlp_module_floats,
     .module_out = mlp_module_out,
     .ensure_workspace = mlp_ensure_workspace,
+    .workspace_floats = mlp_workspace_floats,
     .free_impl = mlp_free_impl,
     .forward = mlp_forward,
     .backward = mlp_backward,

@@ -59,6 +59,10 @@ mt_status_t mt_optim_init(const mt_optim_params_t *params, mt_optim_t *out) {
     return MT_OK;
 }
 
+int mt_optim_state_buffers(const mt_optim_params_t *p) {
+    return p->kind == MT_OPTIM_ADAMW ? 2 : (p->momentum > 0.0f ? 1 : 0);
+}
+
 mt_status_t mt_optim_add(mt_optim_t opt, const char *name, float *param, const float *grad, size_t n, bool decay,
                          int *index) {
     if (!opt || (n > 0 && (!param || !grad))) {
@@ -76,8 +80,8 @@ mt_status_t mt_optim_add(mt_optim_t opt, const char *name, float *param, const f
     }
     optim_tensor_t t = {.param = param, .grad = grad, .n = n, .decay = decay};
     t.name = strdup(name ? name : "");
-    bool need_m = opt->p.kind == MT_OPTIM_ADAMW || opt->p.momentum > 0.0f;
-    bool need_v = opt->p.kind == MT_OPTIM_ADAMW;
+    int nbuf = mt_optim_state_buffers(&opt->p); /* m, then v */
+    bool need_m = nbuf >= 1, need_v = nbuf >= 2;
     if (need_m) {
         t.m = mt_calloc(n * sizeof(float), MT_MEM_OPTIMIZER, "optim.m");
     }

@@ -49,6 +49,10 @@ mt_status_t mt_optim_init(const mt_optim_params_t *params, mt_optim_t *out);
 mt_status_t mt_optim_add(mt_optim_t opt, const char *name, float *param, const float *grad, size_t n, bool decay,
                          int *index);
 
+/* State buffers mt_optim_add allocates per tensor with these parameters (AdamW: 2, SGD with momentum: 1,
+ * plain SGD: 0), each of n floats. Pure: planning multiplies it by mt_alloc_accounted(n * 4). */
+int mt_optim_state_buffers(const mt_optim_params_t *params);
+
 /* One optimizer step over every registered tensor at learning rate lr. Each gradient element is
  * first multiplied by grad_scale in fp32 (the clipping coefficient from mt_clip_coef, or 1), which
  * is bit-identical to scaling the gradients in place before the step as torch's clip_grad_norm_

@@ -1,0 +1,219 @@
+/* The planner's pieces without running jobs: the JSON reader, cluster files (and every mistake reported with
+ * its line), layout validity, the enumeration's invariants, and the time model's shape: tensor parallelism
+ * inside a node beats across nodes, the bubble is (p-1)/(m+p-1) of the pipelined part, 1F1B holds fewer
+ * activations than GPipe, ZeRO shards what it says.
+ * SPDX-License-Identifier: MIT */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan/plan.h"
+#include "plan/plan_json.h"
+#include "testutil.h"
+
+#ifndef PLAN_DATA
+#error PLAN_DATA must name tests/plan/data
+#endif
+
+static void test_json(void) {
+    char err[128];
+    pj_t *v =
+        pj_parse("{\"a\": [1, 2.5e3, {\"b\": \"x\\ny\"}], \"c\": true, \"d\": null, \"e\": -3}", err, sizeof(err));
+    CHECK(v != NULL, "parse failed: %s", err);
+    const pj_t *a = pj_get(v, "a");
+    CHECK(a && a->kind == PJ_ARR && a->n == 3, "a is an array of 3");
+    if (a && a->n == 3) {
+        CHECK(a->items[1]->num == 2500.0, "2.5e3 -> %g", a->items[1]->num);
+        CHECK(!strcmp(pj_get(a->items[2], "b")->str, "x\ny"), "escape");
+    }
+    CHECK(pj_num(v, "e", 0) == -3, "e");
+    CHECK(pj_get(v, "c")->kind == PJ_BOOL && pj_get(v, "c")->num == 1, "true");
+    CHECK(pj_get(v, "d")->kind == PJ_NULL, "null");
+    CHECK(pj_num(v, "missing", 7) == 7, "default");
+    pj_free(v);
+    const char *bad[] = {"[1,", "{\"a\" 1}", "tru", "{\"a\": 1} x", "\"abc", "[01x]"};
+    for (size_t k = 0; k < MT_ARRAY_LEN(bad); k++) {
+        v = pj_parse(bad[k], err, sizeof(err));
+        CHECK(v == NULL && err[0] != '\0', "'%s' must be refused with a message", bad[k]);
+        pj_free(v);
+    }
+}
+
+static void test_cluster(void) {
+    mt_plan_cluster_t c;
+    CHECK_OK(mt_plan_cluster_load(PLAN_DATA "/tiny_cluster.toml", &c, stderr));
+    CHECK(c.nodes == 2 && c.devices_per_node == 4, "shape %d x %d", c.nodes, c.devices_per_node);
+    CHECK_CLOSE(c.intra.bw, 100e9, 1e-12, 0);
+    CHECK_CLOSE(c.inter.latency_s, 10e-6, 1e-12, 0);
+    CHECK_CLOSE(c.peak_flops[MT_PREC_FP32], 10e12, 1e-12, 0);
+    mt_plan_cluster_free(&c);
+
+    char *text = NULL;
+    size_t len = 0;
+    FILE *errs = open_memstream(&text, &len);
+    mt_status_t st = mt_plan_cluster_load(PLAN_DATA "/bad_cluster.toml", &c, errs);
+    fclose(errs);
+    CHECK(st == MT_ERR_INVALID_ARG, "bad cluster file: %s", mt_status_str(st));
+    const char *want[] = {"bad_cluster.toml:3: cluster.nodes = 0 is out of range",
+                          "bad_cluster.toml:4: cluster.devices_per_node must be an integer",
+                          "bad_cluster.toml:9: unknown key links.intra.bandwith_gbs"};
+    for (size_t k = 0; k < MT_ARRAY_LEN(want); k++) {
+        CHECK(text && strstr(text, want[k]), "the errors name '%s':\n%s", want[k], text ? text : "");
+    }
+    CHECK(text && !strstr(text, "cluster.nodes is required"), "a bad value is not also reported as missing");
+    free(text);
+    st = mt_plan_cluster_load(PLAN_DATA "/no_such_cluster.toml", &c, NULL);
+    CHECK(st == MT_ERR_IO, "missing file: %s", mt_status_str(st));
+    CHECK_OK(mt_plan_cluster_load(PLAN_SRC "/launch/clusters/dgx-a100-80g.toml", &c, stderr));
+    CHECK(c.nodes * c.devices_per_node == 3072, "the Megatron cluster has 3072 GPUs");
+    mt_plan_cluster_free(&c);
+    CHECK_OK(mt_plan_cluster_load(PLAN_SRC "/launch/clusters/cpu-dev.toml", &c, stderr));
+    CHECK(c.n_curves >= 12, "the CPU cluster's measured curves: %d", c.n_curves);
+    mt_plan_cluster_free(&c);
+}
+
+static mt_plan_layout_t lay(int tp, int pp, int dp, mt_plan_engine_t e, mt_plan_sched_t s, int b, int m,
+                            const char *order) {
+    mt_plan_layout_t l = {.tp = tp,
+                          .pp = pp,
+                          .dp = dp,
+                          .engine = e,
+                          .schedule = s,
+                          .micro_batch = b,
+                          .microbatches = m,
+                          .sp = false,
+                          .recompute = MT_PLAN_RC_NONE};
+    snprintf(l.order, sizeof(l.order), "%s", order);
+    return l;
+}
+
+static void test_layouts(const mt_plan_job_t *job, const mt_plan_cluster_t *c) {
+    /* validity */
+    mt_plan_pred_t p, q;
+    mt_plan_layout_t l = lay(3, 1, 1, MT_PLAN_ALLREDUCE, MT_PLAN_1F1B, 16, 1, "tp-dp-pp");
+    CHECK(mt_plan_predict(job, c, 3, &l, &p) == MT_ERR_INVALID_ARG, "n_head 4 does not split over tp 3");
+    l = lay(1, 1, 8, MT_PLAN_DDP, MT_PLAN_1F1B, 2, 1, "tp-dp-pp");
+    l.sp = true;
+    CHECK(mt_plan_predict(job, c, 8, &l, &p) == MT_ERR_INVALID_ARG, "sequence parallelism needs tp > 1");
+    l = lay(2, 1, 4, MT_PLAN_ALLREDUCE, MT_PLAN_1F1B, 4, 1, "tp-dp-pp");
+    l.recompute = MT_PLAN_RC_BLOCK;
+    CHECK(mt_plan_predict(job, c, 8, &l, &p) == MT_ERR_INVALID_ARG, "block recompute is refused with tp");
+    l = lay(1, 2, 4, MT_PLAN_ZERO2, MT_PLAN_1F1B, 2, 2, "tp-dp-pp");
+    CHECK(mt_plan_predict(job, c, 8, &l, &p) == MT_ERR_INVALID_ARG, "ZeRO-2 is refused with pipelines");
+    l = lay(1, 1, 8, MT_PLAN_DDP, MT_PLAN_1F1B, 2, 2, "tp-dp-pp");
+    CHECK(mt_plan_predict(job, c, 8, &l, &p) == MT_ERR_INVALID_ARG, "2 x 2 x 8 is not the global batch 16");
+
+    /* tensor parallelism inside a node (tp-dp-pp: ranks 0-3) against across nodes (dp-tp-pp: 0,2,4,6) */
+    l = lay(4, 1, 2, MT_PLAN_ALLREDUCE, MT_PLAN_1F1B, 8, 1, "tp-dp-pp");
+    CHECK_OK(mt_plan_predict(job, c, 8, &l, &p));
+    l = lay(4, 1, 2, MT_PLAN_ALLREDUCE, MT_PLAN_1F1B, 8, 1, "dp-tp-pp");
+    CHECK_OK(mt_plan_predict(job, c, 8, &l, &q));
+    CHECK(!p.tp_cross_node && q.tp_cross_node, "tp-dp-pp keeps tp in a node, dp-tp-pp does not");
+    CHECK(p.t_tp > 0 && q.t_tp > 5 * p.t_tp, "tp across nodes is slower: %g vs %g s", q.t_tp, p.t_tp);
+    /* the order changes only which ranks share a node, so only the shared-memory segments' bytes */
+    for (int k = 0; k < MT_MEM_COMM; k++) {
+        CHECK(p.mem[k] == q.mem[k], "the order does not change %s", mt_mem_cat_name((mt_mem_cat_t)k));
+    }
+    {
+        mt_plan_job_t placed = *job;
+        placed.node_ranks = c->devices_per_node; /* as mt_plan_predict places 8 ranks on this cluster */
+        placed.node_cpus = MT_MAX(1, c->cores_per_node / c->devices_per_node);
+        mt_plan_layout_t lp = lay(4, 1, 2, MT_PLAN_ALLREDUCE, MT_PLAN_1F1B, 8, 1, "tp-dp-pp");
+        mt_plan_layout_t lq = lay(4, 1, 2, MT_PLAN_ALLREDUCE, MT_PLAN_1F1B, 8, 1, "dp-tp-pp");
+        int64_t sp = 0, sq = 0;
+        CHECK_OK(mt_plan_stage_shm_bytes(&placed, &lp, 0, MT_PLAN_PATH_TRAIN, &sp));
+        CHECK_OK(mt_plan_stage_shm_bytes(&placed, &lq, 0, MT_PLAN_PATH_TRAIN, &sq));
+        CHECK(sp > 0 && sq > 0 && sp != sq, "tp in a node and tp across nodes share memory differently: %lld, %lld",
+              (long long)sp, (long long)sq);
+        CHECK(p.mem[MT_MEM_COMM] - q.mem[MT_MEM_COMM] == sp - sq, "comm differs by the segments: %lld vs %lld",
+              (long long)(p.mem[MT_MEM_COMM] - q.mem[MT_MEM_COMM]), (long long)(sp - sq));
+    }
+
+    /* the pipeline bubble: (p-1)/(m+p-1) of the pipelined part */
+    l = lay(1, 4, 2, MT_PLAN_ALLREDUCE, MT_PLAN_1F1B, 1, 8, "tp-dp-pp");
+    CHECK_OK(mt_plan_predict(job, c, 8, &l, &p));
+    double piped = p.t_compute + p.t_tp + p.t_pp + p.t_bubble;
+    CHECK_CLOSE(p.t_bubble / piped, 3.0 / 11.0, 1e-9, 0);
+    CHECK(p.t_pp > 0, "stages send activations");
+    /* 1F1B holds at most pp - stage micro-batches; GPipe all m */
+    mt_plan_layout_t g = l;
+    g.schedule = MT_PLAN_GPIPE;
+    int64_t m1[MT_MEM_NCAT], m3[MT_MEM_NCAT], mg[MT_MEM_NCAT];
+    CHECK_OK(mt_plan_stage_mem(job, &l, 1, m1));
+    CHECK_OK(mt_plan_stage_mem(job, &l, 3, m3));
+    CHECK_OK(mt_plan_stage_mem(job, &g, 1, mg));
+    CHECK(m1[MT_MEM_ACTIVATIONS] < mg[MT_MEM_ACTIVATIONS], "1F1B %lld < GPipe %lld", (long long)m1[MT_MEM_ACTIVATIONS],
+          (long long)mg[MT_MEM_ACTIVATIONS]);
+    CHECK(m1[MT_MEM_PARAMS] < 2 * m3[MT_MEM_PARAMS] && m1[MT_MEM_PARAMS] > 0, "stages hold a share of the model");
+
+    /* ZeRO: optimizer state sharded from stage 1, gradients from 2, parameters at 3 */
+    int64_t ddp[MT_MEM_NCAT], z1[MT_MEM_NCAT], z2[MT_MEM_NCAT], z3[MT_MEM_NCAT];
+    l = lay(1, 1, 8, MT_PLAN_DDP, MT_PLAN_1F1B, 2, 1, "tp-dp-pp");
+    CHECK_OK(mt_plan_stage_mem(job, &l, 0, ddp));
+    l.engine = MT_PLAN_ZERO1;
+    CHECK_OK(mt_plan_stage_mem(job, &l, 0, z1));
+    l.engine = MT_PLAN_ZERO2;
+    CHECK_OK(mt_plan_stage_mem(job, &l, 0, z2));
+    l.engine = MT_PLAN_ZERO3;
+    CHECK_OK(mt_plan_stage_mem(job, &l, 0, z3));
+    CHECK(z1[MT_MEM_OPTIMIZER] * 6 < ddp[MT_MEM_OPTIMIZER], "ZeRO-1 optimizer %lld vs DDP %lld",
+          (long long)z1[MT_MEM_OPTIMIZER], (long long)ddp[MT_MEM_OPTIMIZER]);
+    CHECK(z2[MT_MEM_GRADS] * 6 < z1[MT_MEM_GRADS], "ZeRO-2 gradients sharded");
+    CHECK(z3[MT_MEM_PARAMS] * 6 < z2[MT_MEM_PARAMS], "ZeRO-3 parameters sharded");
+    CHECK(ddp[MT_MEM_ACTIVATIONS] == z3[MT_MEM_ACTIVATIONS], "engines do not change activations");
+}
+
+static void test_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t *c) {
+    mt_plan_opts_t o = {.world = 8, .micro_batch = 0};
+    mt_plan_pred_t *v = NULL;
+    int n = 0;
+    CHECK_OK(mt_plan_enumerate(job, c, &o, &v, &n));
+    CHECK(n > 100, "%d layouts of 8 ranks", n);
+    bool seen_tp = false, seen_pp = false, seen_zero3 = false, seen_sp = false, seen_gpipe = false;
+    for (int i = 0; i < n; i++) {
+        const mt_plan_layout_t *l = &v[i].l;
+        CHECK(l->tp * l->pp * l->dp == 8, "layout %d: %d x %d x %d", i, l->tp, l->pp, l->dp);
+        CHECK((int64_t)l->micro_batch * l->microbatches * l->dp == job->global_batch, "layout %d batch", i);
+        if (i > 0) {
+            CHECK(v[i - 1].fits >= v[i].fits, "fitting layouts first");
+            CHECK(!(v[i - 1].fits && v[i].fits) || v[i - 1].t_step <= v[i].t_step, "sorted by step time at %d", i);
+        }
+        CHECK(fabs(v[i].t_step - (v[i].t_compute + v[i].t_tp + v[i].t_pp + v[i].t_dp + v[i].t_bubble + v[i].t_optim)) <
+                  1e-12,
+              "the breakdown adds up");
+        seen_tp |= l->tp > 1;
+        seen_pp |= l->pp > 1;
+        seen_zero3 |= l->engine == MT_PLAN_ZERO3;
+        seen_sp |= l->sp;
+        seen_gpipe |= l->schedule == MT_PLAN_GPIPE;
+    }
+    CHECK(seen_tp && seen_pp && seen_zero3 && seen_sp && seen_gpipe, "every dimension is enumerated");
+    char ov[512];
+    mt_plan_layout_overrides(&v[0].l, ov, sizeof(ov));
+    CHECK(strstr(ov, "--parallel.tp=") && strstr(ov, "--train.micro_batch="), "override line: %s", ov);
+    free(v);
+    o.micro_batch = 2;
+    CHECK_OK(mt_plan_enumerate(job, c, &o, &v, &n));
+    for (int i = 0; i < n; i++) {
+        CHECK(v[i].l.micro_batch == 2, "--micro-batch 2 keeps b = 2");
+    }
+    free(v);
+}
+
+int main(void) {
+    test_json();
+    test_cluster();
+    mt_config_t *cfg = NULL;
+    CHECK_OK(mt_config_load(PLAN_DATA "/tiny_job.toml", 0, NULL, 0, &cfg, stderr));
+    mt_plan_cluster_t c;
+    CHECK_OK(mt_plan_cluster_load(PLAN_DATA "/tiny_cluster.toml", &c, stderr));
+    if (cfg) {
+        mt_plan_job_t job;
+        CHECK_OK(mt_plan_job_from_config(cfg, &job));
+        test_layouts(&job, &c);
+        test_enumerate(&job, &c);
+        mt_config_free(cfg);
+    }
+    mt_plan_cluster_free(&c);
+    return mt_test_finish("test_plan_unit");
+}
