@@ -637,7 +637,9 @@ mt_status_t mt_plan_enumerate(const mt_plan_job_t *job_in, const mt_plan_cluster
         free(pv.v);
         return st;
     }
-    qsort(pv.v, (size_t)pv.n, sizeof(*pv.v), cmp_pred);
+    if (pv.n > 1) { /* qsort's base must not be NULL, even for zero elements (UBSan) */
+        qsort(pv.v, (size_t)pv.n, sizeof(*pv.v), cmp_pred);
+    }
     *out = pv.v;
     *n_out = pv.n;
     return MT_OK;
