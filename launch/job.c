@@ -248,6 +248,10 @@ static mt_status_t open_data(job_t *j, bool val, mt_data_t *out) {
     p.vocab_size = mt_model_config(j->model)->vocab_size;
     p.dp_rank = j->info.dp_rank;
     p.dp_size = j->info.dp_size;
+    if (!val && j->scatter) { /* the dp root reads the rows of its whole group: the global batch */
+        p.dp_rank = 0;
+        p.dp_size = 1;
+    }
     p.prefetch = j->opts->prefetch;
     return mt_data_open(&p, out);
 }
@@ -268,7 +272,19 @@ static mt_status_t run_batch(job_t *j, const mt_batch_t *b, bool backward, doubl
     int64_t mb = j->info.micro_batch, T = j->info.seq_len, ga = j->info.grad_accum;
     double sum = 0.0;
     for (int64_t k = 0; k < ga; k++) {
-        const int32_t *tok = b->inputs + k * mb * T, *tgt = b->targets + k * mb * T;
+        const int32_t *tok = NULL, *tgt = NULL;
+        if (j->scatter && backward) { /* training batches: the dp root's group batch, scattered (b NULL elsewhere) */
+            double ts = mt_now();
+            MT_CHECK(j->engine->scatter_micro_batch(j->ectx, b, k, j->mb_buf, j->mb_buf + mb * T));
+            tok = j->mb_buf;
+            tgt = j->mb_buf + mb * T;
+            if (rec) {
+                rec->comm_s += mt_now() - ts;
+            }
+        } else {
+            tok = b->inputs + k * mb * T;
+            tgt = b->targets + k * mb * T;
+        }
         float l = 0.0f;
         double t0 = mt_now();
         MT_CHECK(mt_model_forward(j->model, j->acts, 0, n, tok, tgt, NULL, NULL, &l));
@@ -377,6 +393,26 @@ static mt_status_t model_init_source(const mt_config_t *cfg, mt_model_config_t *
     return MT_OK;
 }
 
+/* The training data: every rank its own rows, or (an engine that scatters) the dp root the rows of its
+ * whole group and the other ranks nothing, with a buffer for the micro-batch they receive. */
+static mt_status_t open_train_data(job_t *j) {
+    j->scatter = j->engine->root_loads_batch && j->engine->root_loads_batch(j->ectx);
+    if (j->scatter && !j->engine->scatter_micro_batch) {
+        return mt_error(MT_ERR_INTERNAL, "engine %s: root_loads_batch without scatter_micro_batch", j->engine->name);
+    }
+    if (j->scatter) {
+        size_t n = 2 * (size_t)(j->info.micro_batch * j->info.seq_len);
+        j->mb_buf = mt_alloc(n * sizeof(int32_t), MT_MEM_OTHER, "scattered micro-batch");
+        if (!j->mb_buf) {
+            return mt_error(MT_ERR_OOM, "training: out of memory for a %zu-token micro-batch", n);
+        }
+        if (j->info.dp_rank != 0) {
+            return MT_OK; /* the root reads for this rank */
+        }
+    }
+    return open_data(j, false, &j->train);
+}
+
 static mt_status_t setup(job_t *j) {
     const mt_config_t *cfg = j->cfg;
     mt_model_config_t mc;
@@ -415,7 +451,6 @@ static mt_status_t setup(job_t *j) {
                         info->dp_size);
     }
     MT_CHECK(mt_acts_init(j->model, (int)info->micro_batch, (int)info->seq_len, &j->acts));
-    MT_CHECK(open_data(j, false, &j->train));
     if (mt_config_int(cfg, "train.eval_every") > 0) {
         bool synthetic = !strcmp(mt_config_str(cfg, "data.kind"), "synthetic");
         if (synthetic || mt_config_str(cfg, "data.val")[0] != '\0') {
@@ -426,6 +461,7 @@ static mt_status_t setup(job_t *j) {
         }
     }
     MT_CHECK(j->engine->init(info, &j->ectx));
+    MT_CHECK(open_train_data(j));
     /* Model FLOPs per token of the whole model as configured, whatever slice of it this rank holds (the
      * same figure in every layout, so their MFU compare). */
     mt_model_t whole = NULL;
@@ -482,6 +518,12 @@ static void print_header(job_t *j) {
     double peak = mt_job_metrics_peak(j->metrics, &src);
     fprintf(j->out, "model FLOPs %.3g per token (6N + attention); peak %s%s\n", j->flops_per_token,
             peak > 0 ? "" : "unknown: no MFU", peak > 0 ? src : "");
+    if (j->scatter) {
+        fprintf(j->out,
+                "data: dp rank 0 loads the %lld rows of each step for its %d-rank group and scatters every "
+                "micro-batch (%lld rows per rank); the other ranks open no training data\n",
+                (long long)j->info.global_batch, j->info.dp_size, (long long)j->info.micro_batch);
+    }
     if (j->start_step > 0) {
         fprintf(j->out, "resuming after step %lld\n", (long long)j->start_step);
     }
@@ -510,7 +552,10 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         mt_watchdog_test_fault(s + 1, j->rank); /* MESHTRAIN_TEST_HANG_STEP / _KILL_STEP (tests only) */
         const mt_batch_t *b = NULL;
         MT_TRACE_BEGIN(t_data);
-        MT_CHECK(mt_data_get(j->train, s, &b));
+        if (j->train) { /* NULL on the ranks an engine's root loads for */
+            MT_CHECK(mt_data_get(j->train, s, &b));
+            rec.data_rows = b->rows;
+        }
         MT_TRACE_END(t_data, "data", "data");
         rec.data_s = mt_now() - t0;
         MT_CHECK(j->engine->zero_grads(j->ectx));
@@ -547,6 +592,10 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
             MT_CHECK(j->engine->step(j->ectx, lr, coef));
             MT_TRACE_END(t_opt, "optimizer", "optimizer");
             rec.opt_s = mt_now() - to;
+            if (j->engine->comm_bytes) {
+                rec.has_bytes = true;
+                j->engine->comm_bytes(j->ectx, &rec.bytes_model, &rec.bytes_other);
+            }
         } else if (skip_nan) {
             r->n_skipped++;
             MT_WARN("step %lld: loss %g, gradient norm %g (non-finite gradients first in module '%s'): skipping the "
@@ -685,6 +734,7 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
     }
     mt_data_close(j.train);
     mt_data_close(j.val);
+    mt_free(j.mb_buf);
     mt_acts_free(j.acts);
     mt_model_free(j.model);
     if (res) {

@@ -19,6 +19,9 @@ typedef struct {
     int64_t mem_peak;         /* highest total so far, max over ranks */
     bool has_val;
     double val_loss;
+    int64_t data_rows;                   /* rows of the training batch this rank's loader read (0: none) */
+    bool has_bytes;                      /* the engine reports its communication (comm_bytes) */
+    double bytes_model, bytes_other;     /* bytes this rank sent this step (mt_job_engine_t.comm_bytes) */
 } mt_step_rec_t;
 
 typedef struct job_metrics job_metrics_t;
@@ -45,6 +48,8 @@ typedef struct {
     job_metrics_t *metrics;
     job_profile_t *profile;
     job_ckpt_t *ckpt;
+    bool scatter;    /* the engine's root loads the dp group's batch and scatters micro-batches to it */
+    int32_t *mb_buf; /* scatter: this rank's micro-batch, inputs then targets (2 x micro_batch x seq_len) */
 } job_t;
 
 /* ---- metrics (job_metrics.c) ------------------------------------------------------------------ */

@@ -314,6 +314,10 @@ static void write_json(FILE *f, const job_metrics_t *m, const job_t *j, const mt
     if (r->has_val) {
         fprintf(f, ", \"val_loss\": %.17g", r->val_loss);
     }
+    fprintf(f, ", \"data_rows\": %lld", (long long)r->data_rows); /* this rank's; rank 0's in metrics.jsonl */
+    if (r->has_bytes) {
+        fprintf(f, ", \"comm_bytes\": {\"model\": %.0f, \"other\": %.0f}", r->bytes_model, r->bytes_other);
+    }
     fprintf(f, "}\n");
     fflush(f);
 }
