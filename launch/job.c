@@ -472,23 +472,21 @@ static mt_status_t setup(job_t *j) {
     return MT_OK;
 }
 
-static mt_status_t agree(MPI_Comm comm, mt_status_t st);
-
 /* The parts that need the engine built, every rank having agreed on set-up: checkpoint resume,
  * metrics, profiling hooks. Collective: the ranks agree after each part, so a rank that fails locally
  * (a file it cannot create) never leaves the others waiting in the next part's collectives. */
 static mt_status_t setup_services(job_t *j) {
     if (j->engine != mt_job_engine_local()) {
-        MT_CHECK(agree(j->comm, mt_job_init_llmc(j)));
+        MT_CHECK(mt_job_agree(&j->sync, "agree_llmc_init", mt_job_init_llmc(j)));
     }
-    MT_CHECK(agree(j->comm, mt_job_ckpt_init(j, &j->ckpt)));
-    MT_CHECK(agree(j->comm, mt_job_ckpt_resume(j->ckpt, j)));
+    MT_CHECK(mt_job_agree(&j->sync, "agree_ckpt_init", mt_job_ckpt_init(j, &j->ckpt)));
+    MT_CHECK(mt_job_agree(&j->sync, "agree_ckpt_resume", mt_job_ckpt_resume(j->ckpt, j)));
     if (j->out && mt_job_ckpt_resumed_from(j->ckpt)) { /* said once every rank has loaded its part */
         fprintf(j->out, "resumed from checkpoint %s (after step %lld)\n", mt_job_ckpt_resumed_from(j->ckpt),
                 (long long)j->start_step);
     }
-    MT_CHECK(agree(j->comm, mt_job_metrics_init(j, &j->metrics)));
-    MT_CHECK(agree(j->comm, mt_job_profile_init(j, &j->profile)));
+    MT_CHECK(mt_job_agree(&j->sync, "agree_metrics_init", mt_job_metrics_init(j, &j->metrics)));
+    MT_CHECK(mt_job_agree(&j->sync, "agree_profile_init", mt_job_profile_init(j, &j->profile)));
     mt_job_profile_hooks(j->profile, j);
     return MT_OK;
 }
@@ -583,8 +581,10 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         /* Every rank takes the same decision, naming the module whose gradients went non-finite first. */
         bool local_ok = isfinite(loss) && isfinite(norm);
         mt_nan_verdict_t nv;
+        uint64_t nan_call = mt_job_sync_begin(&j->sync, "nan_agree", 2 * sizeof(int)); /* watched like the rest */
         MT_CHECK(mt_nan_agree(j->comm, local_ok, local_ok ? -1 : mt_model_first_nonfinite_grad(j->model, NULL, 0),
                               &nv));
+        mt_job_sync_end(&j->sync, nan_call);
         const char *bad_module = nv.module >= 0 ? mt_model_module_name(j->model, nv.module) : "?";
         if (nv.finite) {
             double to = mt_now();
@@ -645,19 +645,6 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
     return MT_OK;
 }
 
-/* Every rank returns the same status, the numerically largest of all ranks' (so a bad-input verdict and
- * its exit status are the same everywhere); ranks that were fine get the message "another rank failed". */
-static mt_status_t agree(MPI_Comm comm, mt_status_t st) {
-    int mine = (int)st, worst = 0;
-    if (MPI_Allreduce(&mine, &worst, 1, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS) {
-        return mt_error(MT_ERR_MPI, "training: agreeing on the outcome failed");
-    }
-    if (st == MT_OK && worst != MT_OK) {
-        return mt_error((mt_status_t)worst, "another rank failed (its message is above)");
-    }
-    return st;
-}
-
 mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_job_result_t *res) {
     mt_job_opts_t opts = MT_JOB_OPTS_INIT;
     if (opts_in) {
@@ -677,7 +664,26 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
     mt_job_result_t r = {0};
     int64_t steps = mt_config_int(cfg, "train.steps"), eval_every = mt_config_int(cfg, "train.eval_every");
     int64_t evals = eval_every > 0 ? steps / eval_every + 1 : 0;
-    mt_status_t st = check_layout(cfg, &opts, w->size);
+    mt_job_sync_init(&j.sync, w->comm);
+    /* The hang watchdog, from the first agreement on: it watches every communicator the engine creates and
+     * the loop's own calls (job_sync.c), with runtime.watchdog_s (docs/reliability.md), unless the caller
+     * runs one already; its report lands next to the trace. */
+    bool own_wd = false;
+    mt_status_t st = MT_OK;
+    if (!mt_watchdog_running()) {
+        mt_watchdog_params_t wp = MT_WATCHDOG_PARAMS_INIT;
+        wp.timeout_s = mt_config_float(cfg, "runtime.watchdog_s");
+        char report[1100] = "";
+        if (mt_config_str(cfg, "profile.trace")[0]) {
+            snprintf(report, sizeof(report), "%s.desync.json", mt_config_str(cfg, "profile.trace"));
+            wp.report_path = report; /* copied by mt_watchdog_start */
+        }
+        st = mt_watchdog_start(&wp);
+        own_wd = st == MT_OK;
+    }
+    if (st == MT_OK) {
+        st = check_layout(cfg, &opts, w->size);
+    }
     if (st == MT_OK) {
         st = result_alloc(&r, steps, evals);
     }
@@ -687,44 +693,28 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
             st = MT_ERR_INVALID_ARG; /* an input file (data, checkpoint) that cannot be read is bad input */
         }
     }
-    st = agree(w->comm, st);
+    st = mt_job_agree(&j.sync, "agree_setup", st);
     if (st == MT_OK) {
         st = setup_services(&j);
         if (st == MT_ERR_IO) {
             st = MT_ERR_INVALID_ARG;
         }
-        st = agree(w->comm, st);
+        st = mt_job_agree(&j.sync, "agree_services", st);
     }
     if (st == MT_OK) {
         r.n_params = j.n_params;
         if (j.out) {
             print_header(&j);
         }
-        /* The hang watchdog over every communicator the engine uses (runtime.watchdog_s; docs/reliability.md),
-         * unless the caller runs one already; its report lands next to the trace. */
-        bool own_wd = false;
-        if (!mt_watchdog_running()) {
-            mt_watchdog_params_t wp = MT_WATCHDOG_PARAMS_INIT;
-            wp.timeout_s = mt_config_float(cfg, "runtime.watchdog_s");
-            char report[1100] = "";
-            if (mt_config_str(cfg, "profile.trace")[0]) {
-                snprintf(report, sizeof(report), "%s.desync.json", mt_config_str(cfg, "profile.trace"));
-                wp.report_path = report; /* copied by mt_watchdog_start */
-            }
-            st = agree(w->comm, mt_watchdog_start(&wp));
-            own_wd = st == MT_OK;
-        }
-        if (st == MT_OK) {
-            st = train(&j, &r);
-            st = agree(w->comm, st);
-        }
+        st = train(&j, &r);
+        st = mt_job_agree(&j.sync, "agree_train", st);
         r.stop_signal = j.stop_signal;
         if (st == MT_OK) {
-            st = agree(w->comm, mt_job_metrics_finish(j.metrics, &j, &r));
+            st = mt_job_agree(&j.sync, "agree_finish", mt_job_metrics_finish(j.metrics, &j, &r));
         }
-        if (own_wd) {
-            mt_watchdog_stop(); /* collective: every rank gets here with the same status */
-        }
+    }
+    if (own_wd) {
+        mt_watchdog_stop(); /* collective: every rank gets here (the statuses were agreed) */
     }
     mt_job_profile_free(j.profile, &j);
     mt_job_metrics_free(j.metrics);
@@ -737,6 +727,7 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
     mt_free(j.mb_buf);
     mt_acts_free(j.acts);
     mt_model_free(j.model);
+    mt_job_sync_free(&j.sync);
     if (res) {
         *res = r; /* on failure: the steps that ran */
     } else {
