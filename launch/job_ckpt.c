@@ -1131,7 +1131,10 @@ mt_status_t mt_job_ckpt_after_step(job_ckpt_t *c, job_t *j, int64_t s, bool last
     }
     int sig = 0;
     if (c->on_signal) { /* every rank learns of a signal any rank got, at the same step */
-        MT_CHECK(mt_signals_agree(j->comm, &sig));
+        uint64_t call = mt_job_sync_begin(&j->sync, "signal_agree", sizeof(int)); /* watched (job_sync.c) */
+        mt_status_t st = mt_signals_agree(j->comm, &sig);
+        mt_job_sync_end(&j->sync, call);
+        MT_CHECK(st);
     }
     if (!last && !sig && (c->every <= 0 || (s + 1) % c->every != 0)) {
         return MT_OK;
