@@ -14,6 +14,7 @@
 #include "models/data/data.h"
 #include "models/grad_check.h"
 #include "models/llmc.h"
+#include "models/model_config.h"
 #include "runtime/alloc.h"
 #include "runtime/numerics.h"
 #include "runtime/watchdog.h"
@@ -23,18 +24,7 @@
 /* ---- config -> component parameters ---------------------------------------------------------- */
 
 void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out) {
-    mt_model_config_t m = MT_MODEL_CONFIG_INIT;
-    m.kind = strcmp(mt_config_str(cfg, "model.kind"), "mlp") ? MT_MODEL_GPT2 : MT_MODEL_MLP;
-    m.n_layer = (int)mt_config_int(cfg, "model.n_layer");
-    m.n_head = (int)mt_config_int(cfg, "model.n_head");
-    m.n_embd = (int)mt_config_int(cfg, "model.n_embd");
-    m.seq_len = (int)mt_config_int(cfg, "model.seq_len");
-    m.vocab_size = (int)mt_config_int(cfg, "model.vocab_size");
-    m.padded_vocab = (int)mt_config_int(cfg, "model.padded_vocab");
-    m.recompute = strcmp(mt_config_str(cfg, "model.recompute"), "block") ? MT_RECOMPUTE_NONE : MT_RECOMPUTE_BLOCK;
-    m.attn_recompute = mt_config_bool(cfg, "model.attn_recompute");
-    m.seed = (uint64_t)mt_config_int(cfg, "train.seed");
-    *out = m;
+    mt_model_config_keys(cfg, out); /* the one mapping: models/model_config.c */
 }
 
 void mt_job_optim_config(const mt_config_t *cfg, mt_optim_params_t *optim, mt_lr_sched_t *sched) {
@@ -350,49 +340,6 @@ void mt_job_result_free(mt_job_result_t *r) {
     memset(r, 0, sizeof(*r));
 }
 
-static bool explicit_key(const mt_config_t *cfg, const char *key) {
-    mt_cfg_source_t src = mt_config_source(cfg, key);
-    return src == MT_CFG_SRC_FILE || src == MT_CFG_SRC_OVERRIDE;
-}
-
-/* model.init: "random", or "llmc:PATH" whose header sets the architecture (a key set explicitly to
- * another value is an error naming both); *llmc = PATH (borrowed from cfg) or NULL. */
-static mt_status_t model_init_source(const mt_config_t *cfg, mt_model_config_t *mc, const char **llmc) {
-    const char *init = mt_config_str(cfg, "model.init");
-    *llmc = NULL;
-    if (!strcmp(init, "random")) {
-        return MT_OK;
-    }
-    if (strncmp(init, "llmc:", 5) != 0 || init[5] == '\0') {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "model.init = \"%s\": expected \"random\" or \"llmc:PATH\" (an llm.c GPT-2 "
-                        "checkpoint)",
-                        init);
-    }
-    const char *path = init + 5;
-    if (mc->kind != MT_MODEL_GPT2) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "model.init = \"%s\" is a GPT-2 checkpoint but model.kind = \"%s\": set "
-                        "model.kind = \"gpt2\"",
-                        init, mt_config_str(cfg, "model.kind"));
-    }
-    static const struct {
-        const char *key;
-        unsigned bit;
-    } keys[] = {{"model.n_layer", MT_LLMC_SET_N_LAYER},  {"model.n_head", MT_LLMC_SET_N_HEAD},
-                {"model.n_embd", MT_LLMC_SET_N_EMBD},    {"model.seq_len", MT_LLMC_SET_SEQ_LEN},
-                {"model.vocab_size", MT_LLMC_SET_VOCAB}, {"model.padded_vocab", MT_LLMC_SET_PADDED_VOCAB}};
-    unsigned mask = 0;
-    for (size_t i = 0; i < MT_ARRAY_LEN(keys); i++) {
-        mask |= explicit_key(cfg, keys[i].key) ? keys[i].bit : 0u;
-    }
-    mt_llmc_header_t h;
-    MT_CHECK(mt_llmc_read_header(path, &h));
-    MT_CHECK(mt_llmc_apply_header(&h, path, mask, mc));
-    *llmc = path;
-    return MT_OK;
-}
-
 /* The training data: every rank its own rows, or (an engine that scatters) the dp root the rows of its
  * whole group and the other ranks nothing, with a buffer for the micro-batch they receive. */
 static mt_status_t open_train_data(job_t *j) {
@@ -416,9 +363,9 @@ static mt_status_t open_train_data(job_t *j) {
 static mt_status_t setup(job_t *j) {
     const mt_config_t *cfg = j->cfg;
     mt_model_config_t mc;
-    mt_job_model_config(cfg, &mc);
     mt_job_info_t *info = &j->info;
-    MT_CHECK(model_init_source(cfg, &mc, &info->init_llmc));
+    MT_CHECK(mt_model_config_from(cfg, &mc)); /* model.init = "llmc:PATH": the architecture is the file's */
+    info->init_llmc = mt_model_config_llmc_path(cfg);
     info->cfg = cfg;
     info->comm = mt_rt_world()->comm;
     info->mesh = j->opts->mesh;

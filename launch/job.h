@@ -190,7 +190,8 @@ void mt_job_result_free(mt_job_result_t *res);
 mt_status_t mt_job_ckpt_read_model(const char *path, mt_model_t *model, mt_config_t **cfg_out, char *from,
                                    size_t from_len);
 
-/* Fills a model configuration from the model.* keys and train.seed (tp_size 1). */
+/* Fills a model configuration from the model.* keys and train.seed (tp_size 1): mt_model_config_keys of
+ * models/model_config.c, the one mapping (model.init is not looked at; the loop uses mt_model_config_from). */
 void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out);
 
 /* Fills optimizer parameters and the learning-rate schedule from optimizer.* and train.steps. */
