@@ -67,7 +67,8 @@ static mt_status_t par_init(const mt_job_info_t *info, void **ctx) {
     MT_CHECK_GOTO(mt_engine_init(info->model, c->comm, &ep, &c->e), st, fail);
     if (mt_engine_root_loads_batch(c->e) && info->dp_rank == 0 && info->dp_size > 1) {
         size_t n = (size_t)info->dp_size * (size_t)(info->micro_batch * info->seq_len);
-        c->pack = mt_alloc(n * sizeof(int32_t), MT_MEM_COMM, "dp batch scatter");
+        /* batch data, like the loader's buffers (category other, which `meshtrain plan` does not size) */
+        c->pack = mt_alloc(n * sizeof(int32_t), MT_MEM_OTHER, "dp batch scatter");
         if (!c->pack) {
             st = mt_error(MT_ERR_OOM, "engine dp: out of memory for the %zu-token scatter buffer", n);
             goto fail;
