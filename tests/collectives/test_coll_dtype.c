@@ -1,4 +1,4 @@
-/* Element types: names and parsing, f16/bf16 <-> f32 conversions (exact round trips, round to nearest
+/* Element types: names and parsing, single elements through double, f16/bf16 <-> f32 conversions (exact round trips, round to nearest
  * even on ties, NaN/inf/subnormals), and the MPI backend's user-defined f16/bf16 reductions checked
  * element by element against f32 arithmetic rounded once, at odd lengths and unaligned offsets.
  * SPDX-License-Identifier: MIT */
@@ -39,6 +39,23 @@ int main(int argc, char **argv) {
               mt_coll_dtype_size(MT_COLL_U8) == 1,
           "sizes");
     CHECK(!strcmp(mt_coll_dtype_name(MT_COLL_F16), "f16") && !strcmp(mt_redop_name(MT_REDOP_PROD), "prod"), "names");
+
+    /* single elements through double: every dtype stores and returns -3 and 1.5 where it can hold them,
+     * at the right offset, and the combine of each op */
+    for (int dt = 0; dt < MT_COLL_DTYPE_COUNT; dt++) {
+        mt_coll_dtype_t t = (mt_coll_dtype_t)dt;
+        uint64_t buf[4] = {0};
+        bool integral = t == MT_COLL_I32 || t == MT_COLL_I64 || t == MT_COLL_U8;
+        double v = t == MT_COLL_U8 ? 200.0 : integral ? -3.0 : 1.5;
+        mt_coll_elem_set(buf, t, 2, v);
+        CHECK(mt_coll_elem_get(buf, t, 2) == v && mt_coll_elem_get(buf, t, 1) == 0.0 &&
+                  mt_coll_elem_get(buf, t, 3) == 0.0,
+              "element round trip of %s", mt_coll_dtype_name(t));
+    }
+    CHECK(mt_redop_apply(MT_REDOP_SUM, 2, 3) == 5 && mt_redop_apply(MT_REDOP_AVG, 2, 3) == 5 &&
+              mt_redop_apply(MT_REDOP_MAX, 2, -3) == 2 && mt_redop_apply(MT_REDOP_MIN, 2, -3) == -3 &&
+              mt_redop_apply(MT_REDOP_PROD, 2, -3) == -6,
+          "mt_redop_apply");
 
     /* every 16-bit pattern round-trips (NaN stays NaN) */
     int bad_bf = 0, bad_h = 0;
