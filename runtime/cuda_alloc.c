@@ -106,6 +106,18 @@ static block_t *fl_best_fit(free_list_t *fl, void *stream, size_t bytes) {
     return NULL;
 }
 
+/* Merges b->next (of the same segment, not allocated, no longer in any free list) into b and frees its
+ * record. */
+static void absorb_next(block_t *b) {
+    block_t *n = b->next;
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) {
+        n->next->prev = b;
+    }
+    free(n);
+}
+
 /* ---- live-block hash table ---- */
 
 static size_t hash_ptr(const void *p, size_t cap) {
@@ -404,13 +416,7 @@ mt_status_t mt_cuda_alloc_malloc(mt_cuda_alloc_t a, void **ptr, size_t bytes, mt
             b->next = rest;
             b->size = rounded;
             if (!fl_insert(&a->pools[pool], rest)) {
-                /* cannot index the remainder: merge it back and hand out the whole block */
-                b->next = rest->next;
-                if (rest->next) {
-                    rest->next->prev = b;
-                }
-                b->size += rest->size;
-                free(rest);
+                absorb_next(b); /* cannot index the remainder: merge it back and hand out the whole block */
             }
         }
     }
@@ -462,23 +468,12 @@ void mt_cuda_alloc_free(mt_cuda_alloc_t a, void *ptr) {
     if (b->prev && !b->prev->allocated) {
         block_t *p = b->prev;
         fl_remove(fl, p);
-        p->size += b->size;
-        p->next = b->next;
-        if (b->next) {
-            b->next->prev = p;
-        }
-        free(b);
+        absorb_next(p);
         b = p;
     }
     if (b->next && !b->next->allocated) {
-        block_t *n = b->next;
-        fl_remove(fl, n);
-        b->size += n->size;
-        b->next = n->next;
-        if (n->next) {
-            n->next->prev = b;
-        }
-        free(n);
+        fl_remove(fl, b->next);
+        absorb_next(b);
     }
     if (!fl_insert(fl, b)) {
         MT_ABORT("cuda_alloc: no host memory to index a free block");
