@@ -537,16 +537,6 @@ static mt_status_t check_once(const ctx_t *x, bench_op_t op, const bench_opts_t 
     return MT_OK;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* Median over the rounds of the slowest rank's mean time per call, ours and (alternating) raw. */
 static mt_status_t time_op(const ctx_t *x, bench_op_t op, const bench_opts_t *o, buf_t *sb, buf_t *rb, size_t pc,
                            bool in_place, result_t *res) {
@@ -576,8 +566,8 @@ static mt_status_t time_op(const ctx_t *x, bench_op_t op, const bench_opts_t *o,
             (raw ? t_raw : t_ours)[round] = worst;
         }
     }
-    res->time_us = 1e6 * median(t_ours, o->rounds);
-    res->raw_us = 1e6 * median(t_raw, o->rounds);
+    res->time_us = 1e6 * mt_median(t_ours, o->rounds);
+    res->raw_us = 1e6 * mt_median(t_raw, o->rounds);
     return MT_OK;
 }
 
