@@ -118,6 +118,16 @@ static void absorb_next(block_t *b) {
     free(n);
 }
 
+/* Appends b to the growing array *v of *n blocks (*cap allocated). */
+static void push_block(block_t ***v, size_t *n, size_t *cap, block_t *b) {
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        *v = realloc(*v, *cap * sizeof(**v));
+        MT_ASSERT(*v);
+    }
+    (*v)[(*n)++] = b;
+}
+
 /* ---- live-block hash table ---- */
 
 static size_t hash_ptr(const void *p, size_t cap) {
@@ -271,24 +281,14 @@ void mt_cuda_alloc_destroy(mt_cuda_alloc_t a) {
         for (size_t i = 0; i < a->pools[p].n; i++) {
             block_t *b = a->pools[p].v[i];
             if (!b->prev) {
-                if (n_heads == cap_heads) {
-                    cap_heads = cap_heads ? 2 * cap_heads : 64;
-                    heads = realloc(heads, cap_heads * sizeof(*heads));
-                    MT_ASSERT(heads);
-                }
-                heads[n_heads++] = b;
+                push_block(&heads, &n_heads, &cap_heads, b);
             }
         }
     }
     for (size_t i = 0; i < a->hcap; i++) {
         for (block_t *b = a->htab[i]; b; b = b->hnext) {
             if (!b->prev) {
-                if (n_heads == cap_heads) {
-                    cap_heads = cap_heads ? 2 * cap_heads : 64;
-                    heads = realloc(heads, cap_heads * sizeof(*heads));
-                    MT_ASSERT(heads);
-                }
-                heads[n_heads++] = b;
+                push_block(&heads, &n_heads, &cap_heads, b);
             }
         }
     }
