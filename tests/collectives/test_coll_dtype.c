@@ -18,12 +18,6 @@ static uint32_t next_u32(void) {
     return rng;
 }
 
-static float bits_f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 int main(int argc, char **argv) {
     CHECK_OK(mt_rt_init(&argc, &argv));
     /* names */
@@ -74,7 +68,7 @@ int main(int argc, char **argv) {
     CHECK(mt_f32_to_f16(5.9604644775390625e-8f) == 0x0001 && mt_f16_to_f32(0x0001) == 5.9604644775390625e-8f,
           "f16 smallest subnormal");
     CHECK(mt_f32_to_f16(2.98e-8f) == 0x0000 && mt_f32_to_f16(-3.0e-8f) == 0x8001, "f16 subnormal rounding");
-    CHECK(mt_f32_to_bf16(bits_f(0x7f7fffffu)) == 0x7f80, "bf16 max float rounds to inf");
+    CHECK(mt_f32_to_bf16(mt_bits_f32(0x7f7fffffu)) == 0x7f80, "bf16 max float rounds to inf");
 
     /* the MPI reductions against f32 arithmetic rounded once, odd lengths, unaligned starts */
     int bad_op = 0;
