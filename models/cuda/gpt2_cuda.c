@@ -2,7 +2,8 @@
  * models/gpt2/gpt2.c (see that file for the math of each step). Differences that save memory traffic:
  * each residual add is fused with the LayerNorm that follows it (attention residual + ln_2, MLP residual
  * + the next block's ln_1 or ln_f), the fc layer's bias and GELU run in the matmul epilogue, attention
- * keeps only the log-sum-exp. Shape legend: B batch, T time, C channels, NH heads, N = B*T, V vocab,
+ * keeps only the log-sum-exp. model.recompute = "block" keeps only each block's input (resid) and one
+ * block's internals, refilled by block_recompute before that block's backward. Shape legend: B batch, T time, C channels, NH heads, N = B*T, V vocab,
  * Vp padded vocab, L layers; activations in the storage dtype of precision.compute, statistics f32.
  * SPDX-License-Identifier: MIT */
 #include "models/cuda/gpt2_cuda.h"
@@ -29,6 +30,7 @@ struct mt_gpt2_cuda {
     mt_model_t m;
     mt_gpt2_cuda_params_t p;
     int L, C, NH, V, Vp, B, T, N, dt;
+    bool recompute; /* model.recompute = block: one layer_acts_t shared by every block, refilled in backward */
     size_t es, numel;
     cudaStream_t stream;
     cudaEvent_t copied; /* the token copy out of the pinned buffer finished */
@@ -100,10 +102,6 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: tensor parallelism (tp_size %d) is not on the GPU path",
                         c->tp_size);
     }
-    if (c->recompute != MT_RECOMPUTE_NONE) {
-        return mt_error(MT_ERR_INVALID_USAGE,
-                        "gpt2_cuda: model.recompute = \"block\" is not implemented on the GPU path (set \"none\")");
-    }
     if (!p || p->size != sizeof(*p) || (unsigned)p->prec >= MT_PREC_COUNT) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: parameters not initialised with MT_GPT2_CUDA_PARAMS_INIT");
     }
@@ -143,6 +141,7 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     g->es = mt_dtype_size((mt_dtype_t)g->dt);
     g->numel = mt_model_numel(m);
     g->n_params = mt_model_n_params(m);
+    g->recompute = c->recompute == MT_RECOMPUTE_BLOCK;
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es;
     MT_CHECK_GOTO(mt_loss_scaler_init(&g->scaler, p->prec, p->init_scale, p->scale_window), st, fail);
     MT_CHECK_GOTO(mt_cuda_status(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), "stream"), st, fail);
@@ -188,11 +187,13 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         head += MT_DIV_UP(head_sizes[i], 256) * 256;
     }
     size_t resid_bytes = MT_DIV_UP(N * C * es, 256) * 256;
-    g->act_bytes = (size_t)(g->L + 1) * resid_bytes + (size_t)g->L * lb + head;
+    /* recompute = block: the block inputs resid[0..L] stay, the internals of one block are shared */
+    int n_la = g->recompute ? MT_MIN(g->L, 1) : g->L;
+    g->act_bytes = (size_t)(g->L + 1) * resid_bytes + (size_t)n_la * lb + head;
     char *cur = NULL;
     MT_CHECK_GOTO(dalloc(g, (void **)&cur, g->act_bytes, MT_MEM_ACTIVATIONS, "gpt2_cuda activations"), st, fail);
     g->resid = carve(&cur, (size_t)(g->L + 1) * resid_bytes);
-    for (int l = 0; l < g->L; l++) {
+    for (int l = 0; l < n_la; l++) {
         layer_acts_t *a = &g->la[l];
         a->ln1 = carve(&cur, N * C * es);
         a->qkv = carve(&cur, 3 * N * C * es);
@@ -206,6 +207,9 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         a->ln2_mean = carve(&cur, N * 4);
         a->ln2_rstd = carve(&cur, N * 4);
         a->lse = carve(&cur, (size_t)g->B * g->NH * g->T * 4);
+    }
+    for (int l = n_la; l < g->L; l++) {
+        g->la[l] = g->la[0]; /* recompute = block: every block's view of the shared internals */
     }
     g->lnf = carve(&cur, N * C * es);
     g->lnf_mean = carve(&cur, N * 4);
@@ -418,6 +422,34 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     return MT_OK;
 }
 
+/* recompute = block: refills the shared internals of block l from its input resid[l] with the forward's
+ * kernels (ln_1 unfused here: the fused kernel normalises the stored sum, so the bits are the same), up to
+ * gelu(fc): the block's output is not needed again. g->tmp_c is free during backward. */
+static mt_status_t block_recompute(mt_gpt2_cuda_t g, int l) {
+    int N = g->N, C = g->C, B = g->B, T = g->T, dt = g->dt;
+    void *s = g->stream;
+    layer_acts_t *a = &g->la[l];
+    int p = BLOCK0 + l * NBP;
+    OP(PROF_LN_FWD,
+       mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W), W(p + LN1B), N, C, dt, s));
+    OP(PROF_MATMUL_FWD,
+       mt_cuda_matmul_forward(g->ctx, a->qkv, 3 * C, NULL, a->ln1, W(p + QKVW), W(p + QKVB), N, C, 3 * C, dt, s));
+    OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, C, g->NH, dt, s));
+    OP(PROF_MATMUL_FWD,
+       mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->atty, W(p + PROJW), W(p + PROJB), N, C, C, dt, s));
+    OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, a->ln2, a->ln2_mean, a->ln2_rstd, g->tmp_c, RES(l),
+                                                       W(p + LN2W), W(p + LN2B), N, C, dt, s));
+    if (g->p.fused_gelu) {
+        OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, a->fch_gelu, 4 * C, a->fch, a->ln2, W(p + FCW), W(p + FCB),
+                                                   N, C, 4 * C, dt, s));
+    } else {
+        OP(PROF_MATMUL_FWD,
+           mt_cuda_matmul_forward(g->ctx, a->fch, 4 * C, NULL, a->ln2, W(p + FCW), W(p + FCB), N, C, 4 * C, dt, s));
+        OP(PROF_GELU, mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C, dt, s));
+    }
+    return MT_OK;
+}
+
 mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt;
     size_t NC = (size_t)N * C, es = g->es;
@@ -438,6 +470,9 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     for (int l = L - 1; l >= 0; l--) {
         layer_acts_t *a = &g->la[l];
         int p = BLOCK0 + l * NBP;
+        if (g->recompute && l + 1 < L) { /* the last block's internals are still those of the forward */
+            MT_CHECK(block_recompute(g, l));
+        }
         /* MLP branch: x_{l+1} = r2 + fcproj(gelu(fc(ln2(r2)))); dresid holds d x_{l+1} */
         OP(PROF_OTHER, cudaMemsetAsync(g->dfg, 0, 4 * NC * es, cs));
         OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->dfg, G(p + FCPW), G(p + FCPB), g->dresid, C, a->fch_gelu,
