@@ -19,6 +19,8 @@ typedef struct {
     int64_t mem_peak;         /* highest total so far, max over ranks */
     bool has_val;
     double val_loss;
+    bool has_energy;  /* this rank's device energy is known (engine step_energy) */
+    double energy_j;  /* this rank's; mt_job_metrics_step makes it the sum over ranks */
 } mt_step_rec_t;
 
 typedef struct job_metrics job_metrics_t;

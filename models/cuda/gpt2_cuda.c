@@ -9,6 +9,7 @@
 #include "models/cuda/gpt2_cuda.h"
 
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <string.h>
 
 #include "models/cuda/cuda_backend.h"
@@ -53,6 +54,9 @@ struct mt_gpt2_cuda {
     int32_t *tokens_d, *targets_d, *pinned;
     mt_loss_scaler_t scaler;
     int64_t t;    /* AdamW steps taken */
+    bool nonfinite; /* the last mt_gpt2_cuda_grad_stats found inf/NaN */
+    mt_gpt2_cuda_grad_hook_t hook;
+    void *hook_arg;
     bool stepped; /* a step is pending its result */
     size_t act_bytes;
     void *bufs[MAX_BUFS]; /* device buffers to free, with sub-allocations carved from them */
@@ -422,6 +426,15 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     return MT_OK;
 }
 
+/* The gradients of parameters [p0, p1) are complete in stream order: tells the hook their flat range. */
+static mt_status_t grads_done(mt_gpt2_cuda_t g, int p0, int p1) {
+    if (!g->hook) {
+        return MT_OK;
+    }
+    size_t lo = g->offs[p0], hi = p1 < g->n_params ? g->offs[p1] : g->numel;
+    return g->hook(g->hook_arg, lo, hi);
+}
+
 /* recompute = block: refills the shared internals of block l from its input resid[l] with the forward's
  * kernels (ln_1 unfused here: the fused kernel normalises the stored sum, so the bits are the same), up to
  * gelu(fc): the block's output is not needed again. g->tmp_c is free during backward. */
@@ -467,6 +480,7 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, NC * es, cs));
     OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->lnf_mean,
                                                g->lnf_rstd, N, C, dt, g->ln_scratch, s));
+    MT_CHECK(grads_done(g, pf, g->n_params));
     for (int l = L - 1; l >= 0; l--) {
         layer_acts_t *a = &g->la[l];
         int p = BLOCK0 + l * NBP;
@@ -498,9 +512,10 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
                                                     W(p + QKVW), N, C, 3 * C, dt, g->col_scratch, s));
         OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(p + LN1W), G(p + LN1B), dln1, RES(l), W(p + LN1W),
                                                    a->ln1_mean, a->ln1_rstd, N, C, dt, g->ln_scratch, s));
+        MT_CHECK(grads_done(g, p, p + NBP));
     }
     OP(PROF_EMBED, mt_cuda_embedding_backward(G(0), G(1), g->dresid, g->tokens_d, B, T, C, dt, s));
-    return MT_OK;
+    return grads_done(g, 0, BLOCK0);
 }
 
 mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float max_norm) {
@@ -584,4 +599,115 @@ void *mt_gpt2_cuda_stream(mt_gpt2_cuda_t g) {
 
 size_t mt_gpt2_cuda_activation_bytes(mt_gpt2_cuda_t g) {
     return g->act_bytes;
+}
+
+void mt_gpt2_cuda_set_grad_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_grad_hook_t fn, void *arg) {
+    g->hook = fn;
+    g->hook_arg = arg;
+}
+
+float *mt_gpt2_cuda_grads(mt_gpt2_cuda_t g) {
+    return g->grads;
+}
+
+const float *mt_gpt2_cuda_loss_dev(mt_gpt2_cuda_t g) {
+    return g->mean_loss;
+}
+
+mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfinite) {
+    void *s = g->stream;
+    int found = 0;
+    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    if (g->scaler.dynamic) {
+        OP(PROF_OTHER, cudaMemsetAsync(g->found_inf, 0, sizeof(int), g->stream));
+        OP(PROF_OPT, mt_cuda_check_finite(g->found_inf, g->grads, g->numel, MT_CU_F32, s));
+    }
+    OP(PROF_OPT, mt_cuda_sumsq(g->sumsq, g->grads, g->numel, g->sumsq_scratch, s));
+    CK(cudaStreamSynchronize(g->stream));
+    double ss = 0;
+    CK(cudaMemcpy(&ss, g->sumsq, sizeof(double), cudaMemcpyDeviceToHost));
+    if (g->scaler.dynamic) {
+        CK(cudaMemcpy(&found, g->found_inf, sizeof(int), cudaMemcpyDeviceToHost));
+    }
+    double inv = mt_loss_scaler_inv_scale(&g->scaler);
+    g->nonfinite = found != 0 || !isfinite(ss);
+    *sumsq = ss * inv * inv;
+    *nonfinite = g->nonfinite;
+    return MT_OK;
+}
+
+mt_status_t mt_gpt2_cuda_step_scaled(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,
+                                     bool *skipped) {
+    if (op->kind != MT_OPTIM_ADAMW) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the GPU step implements AdamW (optimizer.kind = \"adamw\")");
+    }
+    float inv = mt_loss_scaler_inv_scale(&g->scaler); /* the scale backward used, before the update */
+    bool skip = false;
+    if (g->scaler.dynamic) {
+        skip = mt_loss_scaler_update(&g->scaler, g->nonfinite ? 1 : 0);
+    }
+    if (skipped) {
+        *skipped = skip;
+    }
+    if (skip) {
+        return MT_OK; /* nothing launched: parameters, moments and the step count stay */
+    }
+    void *s = g->stream;
+    g->t++;
+    void *lowp = g->dt == MT_CU_F32 ? NULL : g->wc;
+    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    for (int i = 0; i < g->n_params;) {
+        int j = i + 1;
+        while (j < g->n_params && g->decay[j] == g->decay[i]) {
+            j++;
+        }
+        size_t lo = g->offs[i], hi = j < g->n_params ? g->offs[j] : g->numel;
+        float wd = g->decay[i] ? op->weight_decay : 0.0f;
+        void *lp = lowp ? (char *)lowp + lo * g->es : NULL;
+        OP(PROF_OPT, mt_cuda_adamw(g->master + lo, g->grads + lo, g->adam_m + lo, g->adam_v + lo, hi - lo, lr,
+                                   op->beta1, op->beta2, op->eps, wd, g->t, grad_scale * inv, NULL, NULL, lp, g->dt,
+                                   s));
+        i = j;
+    }
+    return MT_OK;
+}
+
+float mt_gpt2_cuda_loss_scale(mt_gpt2_cuda_t g) {
+    return mt_loss_scaler_scale(&g->scaler);
+}
+
+/* Copies on the compute stream, then waits: a pageable cudaMemcpy may return before its DMA lands, and
+ * the non-blocking compute stream would not be ordered after it. */
+mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, float *v) {
+    float *src[3] = {g->master, g->adam_m, g->adam_v}, *dst[3] = {params, m, v};
+    for (int i = 0; i < 3; i++) {
+        if (dst[i]) {
+            CK(cudaMemcpyAsync(dst[i], src[i], g->numel * 4, cudaMemcpyDeviceToHost, g->stream));
+        }
+    }
+    CK(cudaStreamSynchronize(g->stream));
+    return MT_OK;
+}
+
+mt_status_t mt_gpt2_cuda_set_state(mt_gpt2_cuda_t g, const float *params, const float *m, const float *v) {
+    float *dst[3] = {g->master, g->adam_m, g->adam_v};
+    const float *src[3] = {params, m, v};
+    for (int i = 0; i < 3; i++) {
+        if (src[i]) {
+            CK(cudaMemcpyAsync(dst[i], src[i], g->numel * 4, cudaMemcpyHostToDevice, g->stream));
+        }
+    }
+    if (params && g->dt != MT_CU_F32) {
+        CK(mt_cuda_convert(g->wc, g->dt, g->master, MT_CU_F32, g->numel, 1.0f, g->stream));
+    }
+    CK(cudaStreamSynchronize(g->stream));
+    return MT_OK;
+}
+
+int64_t mt_gpt2_cuda_get_step(mt_gpt2_cuda_t g) {
+    return g->t;
+}
+
+void mt_gpt2_cuda_set_step(mt_gpt2_cuda_t g, int64_t t) {
+    g->t = t;
 }
