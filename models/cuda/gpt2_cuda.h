@@ -2,8 +2,8 @@
  * registration order and flat layout, same math; the CPU code stays the reference it is tested against),
  * with f32 master weights, gradients and AdamW state on the device, compute in precision.compute
  * (fp32 / tf32 / bf16 / fp16 with dynamic loss scaling), and a step that never waits on the device except
- * where the caller reads a result (mt_gpt2_cuda_step_result). Used by bench/ and the GPU tests; the engines
- * of parallel/ still drive the CPU model (see docs/gpu.md for what the device path covers).
+ * where the caller reads a result (mt_gpt2_cuda_step_result). Used by the GPU engine of `meshtrain train`
+ * (launch/job_cuda.c), bench/ and the GPU tests (see docs/gpu.md for what the device path covers).
  * SPDX-License-Identifier: MIT */
 #ifndef MT_GPT2_CUDA_H
 #define MT_GPT2_CUDA_H

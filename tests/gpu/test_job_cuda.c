@@ -6,7 +6,8 @@
  *     run of parameters) and one all-reduce after backward ("dp") give the same losses (1e-6);
  *   - model.recompute = "block" gives the losses of the run without it (1e-5);
  *   - bf16 trains (loss falls) within 3e-2 of the CPU;
- *   - a checkpoint written after step 3 and resumed gives the losses of the uninterrupted run (1e-5);
+ *   - a checkpoint written after step 3 and resumed gives the losses of the uninterrupted run (1e-5), and
+ *     resumed on the CPU engine, those of the CPU run (1e-3);
  *   - metrics.jsonl carries energy_j and tokens_per_j exactly when NVML reads this GPU's energy counter
  *     (never under the CPU emulator, whose device has no NVML): absent, not zero, otherwise.
  * Built twice: against the CUDA runtime (label gpu; exits 77 printing "skipped: no CUDA device" without a
@@ -189,7 +190,22 @@ int main(int argc, char **argv) {
         double d = fabs(resumed.loss[s] - gpu.loss[s]) / gpu.loss[s];
         CHECK(d <= 1e-5, "resumed step %lld: %.9g vs %.9g", (long long)s + 1, resumed.loss[s], gpu.loss[s]);
     }
-    mt_job_result_t *all[] = {&cpu, &gpu, &one, &rc, &bf, &part, &resumed};
+    /* the GPU checkpoint resumed on the CPU: the layout is the CPU engines' */
+    char ckpt2_arg[300];
+    snprintf(ckpt2_arg, sizeof(ckpt2_arg), "--checkpoint.dir=%s/ckpt2", dir);
+    mt_job_result_t part2, on_cpu;
+    const char *stop2[] = {ckpt2_arg, "--checkpoint.every=3", "--stop-after=3"};
+    CHECK_OK(run_cuda(3, stop2, &part2));
+    const char *res2[] = {ckpt2_arg, "--parallel.engine=ddp"};
+    CHECK_OK(run("cpu", 2, res2, &on_cpu));
+    CHECK(on_cpu.first_step == 3 && on_cpu.n_steps == STEPS, "cpu resumed after step %lld, ran to %lld",
+          (long long)on_cpu.first_step, (long long)on_cpu.n_steps);
+    for (int64_t s = 3; s < STEPS && s < on_cpu.n_steps; s++) {
+        double d = fabs(on_cpu.loss[s] - cpu.loss[s]) / cpu.loss[s];
+        CHECK(d <= 1e-3, "gpu checkpoint resumed on the cpu, step %lld: %.9g vs %.9g", (long long)s + 1,
+              on_cpu.loss[s], cpu.loss[s]);
+    }
+    mt_job_result_t *all[] = {&cpu, &gpu, &one, &rc, &bf, &part, &resumed, &part2, &on_cpu};
     for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) {
         mt_job_result_free(all[i]);
     }
