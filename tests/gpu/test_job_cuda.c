@@ -2,12 +2,13 @@
  * synthetic data, 5 steps of AdamW with 2 micro-batches per step:
  *   - fp32 losses within 1e-3 (relative) of the CPU run at every step (the single-process engine on one
  *     rank, the CPU DDP engine on two), the same tolerance as test_gpt2_cuda;
- *   - dp = 2: bucketed all-reduces during backward (parallel.engine = "ddp", buckets of ~1 KiB: one per
- *     run of parameters) and one all-reduce after backward ("dp") give the same losses (1e-6);
- *   - model.recompute = "block" gives the losses of the run without it (1e-5);
+ *   - bucketed all-reduces during backward (parallel.engine = "ddp", buckets of ~1 KiB: one per run of
+ *     parameters) and one all-reduce after backward ("dp") give the same losses (dp = 2 exercises them);
+ *   - model.recompute = "block" gives the losses of the run without it;
  *   - bf16 trains (loss falls) within 3e-2 of the CPU;
- *   - a checkpoint written after step 3 and resumed gives the losses of the uninterrupted run (1e-5), and
- *     resumed on the CPU engine, those of the CPU run (1e-3);
+ *   - a checkpoint written after step 3 and resumed gives the losses of the uninterrupted run, and resumed
+ *     on the CPU engine, those of the CPU run (1e-3);
+ *   "the same losses": 1e-6 relative under the emulator (in practice equal), 1e-4 on a device (SAME_TOL);
  *   - metrics.jsonl carries energy_j and tokens_per_j exactly when NVML reads this GPU's energy counter
  *     (never under the CPU emulator, whose device has no NVML): absent, not zero, otherwise.
  * Built twice: against the CUDA runtime (label gpu; exits 77 printing "skipped: no CUDA device" without a
@@ -31,6 +32,10 @@
 #endif
 
 enum { STEPS = 5 };
+
+/* Runs that compute the same function: exact under the emulator; on a device dwte's float atomics add in
+ * a run-dependent order, which AdamW can magnify in near-zero gradients over the steps. */
+#define SAME_TOL (MT_CUDA_EMULATED ? 1e-6 : 1e-4)
 
 static const char *base[] = {
     "--model.kind=gpt2",       "--model.n_layer=2",      "--model.n_head=2",          "--model.n_embd=32",
@@ -168,11 +173,11 @@ int main(int argc, char **argv) {
     /* one all-reduce after backward: the same averages */
     const char *dp[] = {"--parallel.engine=dp"};
     CHECK_OK(run_cuda(1, dp, &one));
-    same_losses("dp (one all-reduce) vs ddp (buckets)", &one, &gpu, 1e-6);
+    same_losses("dp (one all-reduce) vs ddp (buckets)", &one, &gpu, SAME_TOL);
     /* recompute = block */
     const char *rcb[] = {"--model.recompute=block"};
     CHECK_OK(run_cuda(1, rcb, &rc));
-    same_losses("recompute = block vs none", &rc, &gpu, 1e-5);
+    same_losses("recompute = block vs none", &rc, &gpu, SAME_TOL);
     /* bf16 trains */
     const char *b16[] = {"--precision.compute=bf16"};
     CHECK_OK(run_cuda(1, b16, &bf));
@@ -188,7 +193,7 @@ int main(int argc, char **argv) {
     CHECK(resumed.first_step == 3, "resumed after step %lld", (long long)resumed.first_step);
     for (int64_t s = 3; s < STEPS && s < resumed.n_steps; s++) {
         double d = fabs(resumed.loss[s] - gpu.loss[s]) / gpu.loss[s];
-        CHECK(d <= 1e-5, "resumed step %lld: %.9g vs %.9g", (long long)s + 1, resumed.loss[s], gpu.loss[s]);
+        CHECK(d <= SAME_TOL, "resumed step %lld: %.9g vs %.9g", (long long)s + 1, resumed.loss[s], gpu.loss[s]);
     }
     /* the GPU checkpoint resumed on the CPU: the layout is the CPU engines' */
     char ckpt2_arg[300];
