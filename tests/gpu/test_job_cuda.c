@@ -5,7 +5,8 @@
  *   - bucketed all-reduces during backward (parallel.engine = "ddp", buckets of ~1 KiB: one per run of
  *     parameters) and one all-reduce after backward ("dp") give the same losses (dp = 2 exercises them);
  *   - model.recompute = "block" gives the losses of the run without it;
- *   - bf16 trains (loss falls) within 3e-2 of the CPU;
+ *   - bf16 trains (loss falls) within 3e-2 of the CPU; fp16 (loss scale 1024) within 1e-2; fp16 from a
+ *     loss scale of 2^24 overflows, skips those steps (gradient norm 0) and trains on;
  *   - a checkpoint written after step 3 and resumed gives the losses of the uninterrupted run, and resumed
  *     on the CPU engine, those of the CPU run (1e-3);
  *   "the same losses": 1e-6 relative under the emulator (in practice equal), 1e-4 on a device (SAME_TOL);
@@ -184,6 +185,23 @@ int main(int argc, char **argv) {
     same_losses("bf16 gpu vs cpu fp32", &bf, &cpu, 3e-2);
     CHECK(bf.n_steps == STEPS && bf.loss[STEPS - 1] < bf.loss[0], "bf16 trains: %g -> %g", bf.loss[0],
           bf.loss[bf.n_steps > 0 ? bf.n_steps - 1 : 0]);
+    /* fp16: with a moderate loss scale it tracks the CPU; from 2^24 the first steps overflow, are skipped
+     * (reported with gradient norm 0, parameters untouched) while the scale halves, and training goes on */
+    mt_job_result_t h16, h16o;
+    const char *f16[] = {"--precision.compute=fp16", "--precision.init_scale=1024"};
+    CHECK_OK(run_cuda(2, f16, &h16));
+    same_losses("fp16 gpu vs cpu fp32", &h16, &cpu, 1e-2);
+    const char *f16o[] = {"--precision.compute=fp16", "--precision.init_scale=16777216"};
+    CHECK_OK(run_cuda(2, f16o, &h16o));
+    int zero_norm = 0;
+    for (int64_t s = 0; s < h16o.n_steps; s++) {
+        zero_norm += h16o.grad_norm[s] == 0.0;
+    }
+    CHECK(h16o.n_steps == STEPS && zero_norm >= 1 && zero_norm < STEPS && isfinite(h16o.loss[STEPS - 1]),
+          "fp16 from 2^24: %d of %lld steps skipped (norm 0), last loss %g", zero_norm, (long long)h16o.n_steps,
+          h16o.n_steps == STEPS ? h16o.loss[STEPS - 1] : NAN);
+    mt_job_result_free(&h16);
+    mt_job_result_free(&h16o);
     /* checkpoint after step 3, resume */
     const char *stop[] = {ckpt_arg, "--checkpoint.every=3", "--stop-after=3"};
     CHECK_OK(run_cuda(3, stop, &part));
