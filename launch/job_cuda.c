@@ -40,7 +40,8 @@ static mt_status_t cuda_check_config(const mt_config_t *cfg) {
                         "set model.kind = \"gpt2\", or runtime.device = \"cpu\"",
                         dev, mt_config_str(cfg, "model.kind"));
     }
-    static const char *const axes[][2] = {{"parallel.tp", "tensor parallelism"}, {"parallel.pp", "pipeline parallelism"}};
+    static const char *const axes[][2] = {{"parallel.tp", "tensor parallelism"},
+                                          {"parallel.pp", "pipeline parallelism"}};
     for (int i = 0; i < 2; i++) {
         int64_t v = mt_config_int(cfg, axes[i][0]);
         if (v != 1) {

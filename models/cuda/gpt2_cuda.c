@@ -1,10 +1,10 @@
 /* GPT-2 forward, backward and AdamW on one GPU, composed from the launchers of mt_cuda.h in the order of
- * models/gpt2/gpt2.c (see that file for the math of each step). Differences that save memory traffic:
- * each residual add is fused with the LayerNorm that follows it (attention residual + ln_2, MLP residual
- * + the next block's ln_1 or ln_f), the fc layer's bias and GELU run in the matmul epilogue, attention
- * keeps only the log-sum-exp. model.recompute = "block" keeps only each block's input (resid) and one
- * block's internals, refilled by block_recompute before that block's backward. Shape legend: B batch, T time, C channels, NH heads, N = B*T, V vocab,
- * Vp padded vocab, L layers; activations in the storage dtype of precision.compute, statistics f32.
+ * models/gpt2/gpt2.c (see that file for the math of each step). Differences that save memory traffic: each residual add
+ * is fused with the LayerNorm that follows it (attention residual + ln_2, MLP residual + the next block's ln_1 or
+ * ln_f), the fc layer's bias and GELU run in the matmul epilogue, attention keeps only the log-sum-exp. model.recompute
+ * = "block" keeps only each block's input (resid) and one block's internals, refilled by block_recompute before that
+ * block's backward. Shape legend: B batch, T time, C channels, NH heads, N = B*T, V vocab, Vp padded vocab, L layers;
+ * activations in the storage dtype of precision.compute, statistics f32.
  * SPDX-License-Identifier: MIT */
 #include "models/cuda/gpt2_cuda.h"
 

@@ -33,13 +33,13 @@ typedef struct {
 
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
 
-/* Builds the device model from m (a GPT-2 with tp_size 1 whose parameters are bound and initialised on the
- * host): uploads the parameters as f32 master weights, allocates the compute copy (bf16/fp16), gradients,
- * AdamW moments and the activations of one B x T micro-batch through the caching allocator. With
- * model.recompute = "block" the activations are the block inputs plus one block's internals, which backward
- * recomputes block by block (the last block's are still those of the forward); categories as on the CPU
- * (everything a micro-batch needs under ACTIVATIONS). Errors: MT_ERR_INVALID_ARG / MT_ERR_INVALID_USAGE naming the unsupported setting, MT_ERR_OOM
- * (with the allocator's report), MT_ERR_CUDA. */
+/* Builds the device model from m (a GPT-2 with tp_size 1 whose parameters are bound and initialised on the host):
+ * uploads the parameters as f32 master weights, allocates the compute copy (bf16/fp16), gradients, AdamW moments and
+ * the activations of one B x T micro-batch through the caching allocator. With model.recompute = "block" the
+ * activations are the block inputs plus one block's internals, which backward recomputes block by block (the last
+ * block's are still those of the forward); categories as on the CPU (everything a micro-batch needs under ACTIVATIONS).
+ * Errors: MT_ERR_INVALID_ARG / MT_ERR_INVALID_USAGE naming the unsupported setting, MT_ERR_OOM (with the allocator's
+ * report), MT_ERR_CUDA. */
 mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_gpt2_cuda_t *out);
 void mt_gpt2_cuda_free(mt_gpt2_cuda_t g);
 

@@ -213,10 +213,10 @@ static void gpu_grads(mt_model_t m, mt_prec_t prec, const int32_t *tok, const in
     mt_gpt2_cuda_free(g);
 }
 
-/* model.recompute = "block" on the GPU: the loss and every gradient against the CPU model with the same
- * setting (the per-mode tolerances of compare_grads), the same figures as the GPU without recomputation
- * (the same kernels on the same inputs: the loss bit for bit, the gradients to 1e-5 of the largest in fp32), and the activation bytes down by the internals of
- * n_layer - 1 blocks, in the ACTIVATIONS category of the device allocator. */
+/* model.recompute = "block" on the GPU: the loss and every gradient against the CPU model with the same setting (the
+ * per-mode tolerances of compare_grads), the same figures as the GPU without recomputation (the same kernels on the
+ * same inputs: the loss bit for bit, the gradients to 1e-5 of the largest in fp32), and the activation bytes down by
+ * the internals of n_layer - 1 blocks, in the ACTIVATIONS category of the device allocator. */
 static void compare_recompute(mt_prec_t prec) {
     static const double loss_tol[] = {1e-4, 1e-2, 3e-2, 1e-2}, grad_tol[] = {1e-3, 5e-2, 2e-1, 1e-1};
     /* against the GPU without recomputation: only dwte's atomics, and on a device cuBLASLt's algorithm choice
@@ -255,8 +255,8 @@ static void compare_recompute(mt_prec_t prec) {
         double e = den > 0 ? num / den : num;
         CHECK(e <= grad_tol[prec], "%s recompute grad %s: relative error %.3e against the cpu", pn, pp->name, e);
         same = zmax > 0 ? same / zmax : same;
-        CHECK(same <= same_tol[prec], "%s recompute grad %s: %.3e from the gradient without recomputation", pn, pp->name,
-              same);
+        CHECK(same <= same_tol[prec], "%s recompute grad %s: %.3e from the gradient without recomputation", pn,
+              pp->name, same);
     }
     /* recomputation keeps one block's internals instead of n_layer's */
     const mt_model_config_t *c = mt_model_config(mr);
