@@ -34,7 +34,9 @@ struct mt_gpt2_cuda {
     bool recompute; /* model.recompute = block: one layer_acts_t shared by every block, refilled in backward */
     size_t es, numel;
     cudaStream_t stream;
-    cudaEvent_t copied; /* the token copy out of the pinned buffer finished */
+    cudaEvent_t copied[2]; /* the token copy out of pinned slot i finished */
+    int slot;              /* the pinned slot the next forward fills: two, so the host never waits for the
+                            * previous micro-batch's work before it enqueues the next forward */
     mt_cuda_ctx_t ctx;
     void *ws;
     float *master, *grads, *adam_m, *adam_v;
@@ -149,7 +151,10 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es;
     MT_CHECK_GOTO(mt_loss_scaler_init(&g->scaler, p->prec, p->init_scale, p->scale_window), st, fail);
     MT_CHECK_GOTO(mt_cuda_status(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), "stream"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&g->copied, cudaEventDisableTiming), "event"), st, fail);
+    for (int i = 0; i < 2; i++) {
+        MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&g->copied[i], cudaEventDisableTiming), "event"), st,
+                      fail);
+    }
     g->offs = mt_calloc(g->n_params * sizeof(size_t), MT_MEM_OTHER, "gpt2_cuda offsets");
     g->decay = mt_calloc(g->n_params * sizeof(bool), MT_MEM_OTHER, "gpt2_cuda decay");
     g->la = mt_calloc((size_t)(g->L > 0 ? g->L : 1) * sizeof(layer_acts_t), MT_MEM_OTHER, "gpt2_cuda layers");
@@ -248,8 +253,10 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     MT_CHECK_GOTO(dalloc(g, &g->ws, 32 << 20, MT_MEM_OTHER, "cuBLASLt workspace"), st, fail);
     MT_CHECK_GOTO(mt_cuda_status(mt_cuda_ctx_create(&g->ctx, g->ws, 32 << 20, p->prec == MT_PREC_TF32), "cuBLASLt"), st,
                   fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&g->pinned, 2 * N * 4), "pinned tokens"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaEventRecord(g->copied, g->stream), "event"), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&g->pinned, 4 * N * 4), "pinned tokens"), st, fail);
+    for (int i = 0; i < 2; i++) {
+        MT_CHECK_GOTO(mt_cuda_status(cudaEventRecord(g->copied[i], g->stream), "event"), st, fail);
+    }
     MT_CHECK_GOTO(mt_cuda_status(cudaStreamSynchronize(g->stream), "init"), st, fail);
     *out = g;
     return MT_OK;
@@ -272,8 +279,10 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
     if (g->pinned) {
         cudaFreeHost(g->pinned);
     }
-    if (g->copied) {
-        cudaEventDestroy(g->copied);
+    for (int i = 0; i < 2; i++) {
+        if (g->copied[i]) {
+            cudaEventDestroy(g->copied[i]);
+        }
     }
     if (g->stream) {
         cudaStreamDestroy(g->stream);
@@ -371,12 +380,16 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
                             targets[i], i, g->V);
         }
     }
-    CK(cudaEventSynchronize(g->copied)); /* the previous copy out of the pinned buffer is done */
-    memcpy(g->pinned, tokens, (size_t)N * 4);
-    memcpy(g->pinned + N, targets, (size_t)N * 4);
-    CK(cudaMemcpyAsync(g->tokens_d, g->pinned, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
-    CK(cudaMemcpyAsync(g->targets_d, g->pinned + N, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
-    CK(cudaEventRecord(g->copied, g->stream));
+    /* the copy out of this slot two forwards ago is done (long since, unless the host runs far ahead) */
+    int k = g->slot;
+    g->slot ^= 1;
+    int32_t *pin = g->pinned + (size_t)k * 2 * N;
+    CK(cudaEventSynchronize(g->copied[k]));
+    memcpy(pin, tokens, (size_t)N * 4);
+    memcpy(pin + N, targets, (size_t)N * 4);
+    CK(cudaMemcpyAsync(g->tokens_d, pin, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
+    CK(cudaMemcpyAsync(g->targets_d, pin + N, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
+    CK(cudaEventRecord(g->copied[k], g->stream));
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
     OP(PROF_EMBED, mt_cuda_embedding_forward(RES(0), g->tokens_d, W(0), W(1), B, T, C, dt, s));
     int pf = BLOCK0 + L * NBP; /* ln_f */
