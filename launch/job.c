@@ -206,7 +206,7 @@ static mt_status_t check_layout(const mt_config_t *cfg, const mt_job_opts_t *opt
                         world);
     }
     const char *prec = mt_config_str(cfg, "precision.compute");
-    if (strcmp(prec, "fp32") != 0) {
+    if (strcmp(prec, "fp32") != 0 && !(opts->engine && opts->engine->any_precision)) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "precision.compute = \"%s\": the training loop computes in fp32 (set precision.compute = "
                         "\"fp32\")",
@@ -397,7 +397,9 @@ static mt_status_t setup(job_t *j) {
                         (long long)info->global_batch, (long long)info->micro_batch, (long long)info->grad_accum,
                         info->dp_size);
     }
-    MT_CHECK(mt_acts_init(j->model, (int)info->micro_batch, (int)info->seq_len, &j->acts));
+    if (!j->engine->own_activations) { /* a device engine keeps its activations on the device */
+        MT_CHECK(mt_acts_init(j->model, (int)info->micro_batch, (int)info->seq_len, &j->acts));
+    }
     if (mt_config_int(cfg, "train.eval_every") > 0) {
         bool synthetic = !strcmp(mt_config_str(cfg, "data.kind"), "synthetic");
         if (synthetic || mt_config_str(cfg, "data.val")[0] != '\0') {
@@ -555,6 +557,9 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
             return mt_error(MT_ERR_INTERNAL, "%s", msg);
         }
         double dt = mt_now() - t0;
+        if (j->engine->step_energy) {
+            rec.has_energy = j->engine->step_energy(j->ectx, &rec.energy_j);
+        }
         if (mt_trace_on()) {
             char args[64];
             snprintf(args, sizeof(args), "\"step\": %lld", (long long)s + 1);

@@ -114,6 +114,16 @@ typedef struct {
     /* Optional: bytes this rank sent in the last step, gradients and parameters (model) and everything
      * else: loss, norm, scattered batches (other), as the engine counts them; reported in the metrics. */
     void (*comm_bytes)(void *ctx, double *model, double *other);
+    /* The engine computes in precision.compute (fp32, tf32, bf16, fp16); false: the loop refuses all but fp32. */
+    bool any_precision;
+    /* The engine holds the activations itself (on its device): the loop allocates none for the model. */
+    bool own_activations;
+    /* Optional: joules this rank's device used since the last call (the loop calls it once per step);
+     * false when unknown (no NVML, no energy counter): the step metrics then carry no energy figures. */
+    bool (*step_energy)(void *ctx, double *joules);
+    /* Optional (NULL: the CPU's sgemm rate): this rank's peak FLOP/s for MFU (0: unknown, no MFU), with
+     * where it comes from in src (len bytes); the loop sums it over the ranks. */
+    double (*peak_flops)(void *ctx, char *src, size_t len);
 } mt_job_engine_t;
 
 /* The engine of a single process: the model's own flat buffers, one optimizer over every parameter
@@ -131,6 +141,19 @@ const mt_job_engine_t *mt_job_engine_parallel(void);
  * by one averaging all-reduce of each stage's gradients per step (parallel.engine = "ddp"). Needs
  * opts.mesh. pp > 1 returns the table whose run_batch runs the pipeline schedule. */
 const mt_job_engine_t *mt_job_engine_model_parallel(int pp);
+
+/* GPT-2 on this rank's GPU (runtime.device = "cuda"; launch/job_cuda.c): models/cuda/gpt2_cuda.h in
+ * precision.compute, and with dp > 1 whole replicas whose gradients are averaged over NCCL on their own
+ * stream (parallel.engine = "ddp": bucket by bucket during backward; "dp": after it). Refuses (as
+ * MT_ERR_INVALID_ARG naming the key) tp or pp > 1, ZeRO, SGD, the MLP, a build without CUDA, no device. */
+const mt_job_engine_t *mt_job_engine_cuda(void);
+
+/* Whether `meshtrain train` trains on the GPU: runtime.device = "cuda" -> yes, or MT_ERR_INVALID_ARG naming
+ * what the GPU path cannot run (the config key and what to use instead; no device on some rank; a build
+ * without CUDA); "auto" -> yes when every rank sees a GPU and the config is one the GPU path runs (else
+ * no, with a one-line note when GPUs were present); "cpu" -> no. Collective over comm: every rank gets
+ * the same *use and status. note (note_len bytes) receives the note or "". */
+mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use, char *note, size_t note_len);
 
 typedef struct {
     size_t size;                   /* sizeof(mt_job_opts_t) */

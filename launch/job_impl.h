@@ -24,6 +24,8 @@ typedef struct {
     int64_t data_rows;                   /* rows of the training batch this rank's loader read (0: none) */
     bool has_bytes;                      /* the engine reports its communication (comm_bytes) */
     double bytes_model, bytes_other;     /* bytes this rank sent this step (mt_job_engine_t.comm_bytes) */
+    bool has_energy;  /* this rank's device energy is known (engine step_energy) */
+    double energy_j;  /* this rank's; mt_job_metrics_step makes it the sum over ranks */
 } mt_step_rec_t;
 
 /* The loop's own MPI calls on the world communicator, each registered with the hang watchdog as a
