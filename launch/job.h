@@ -147,6 +147,8 @@ typedef struct {
     double *val_loss;              /* [n_evals] mean validation loss over train.eval_batches batches */
     int stop_signal; /* signal the run stopped on at a step boundary (0: none); exit 128 + it */
     int64_t n_skipped;             /* steps skipped for a non-finite loss/gradient (train.on_nan = skip) */
+    int64_t n_overflow;            /* fp16: steps skipped for overflowed gradients (the loss scale halved) */
+    float loss_scale;              /* the loss scale after the last step (1 unless precision.compute = fp16) */
     int64_t n_params;              /* parameters of the model */
     double seconds;                /* wall time of the training steps (excluding set-up and evaluation) */
     double tokens_per_s;           /* global tokens per second over the run */

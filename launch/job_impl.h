@@ -8,6 +8,7 @@
 #include "launch/job.h"
 #include "models/data/data.h"
 #include "runtime/alloc.h"
+#include "runtime/precision.h"
 
 /* Figures of one step, as rank 0 reports them (times are this rank's; memory the maximum over ranks). */
 typedef struct {
@@ -19,6 +20,8 @@ typedef struct {
     int64_t mem_peak;         /* highest total so far, max over ranks */
     bool has_val;
     double val_loss;
+    float loss_scale; /* the loss scale this step's backward used (1 unless precision.compute = fp16) */
+    bool skipped;     /* no optimizer update: an fp16 overflow, or a non-finite step with train.on_nan = skip */
 } mt_step_rec_t;
 
 typedef struct job_metrics job_metrics_t;
@@ -45,6 +48,8 @@ typedef struct {
     job_metrics_t *metrics;
     job_profile_t *profile;
     job_ckpt_t *ckpt;
+    mt_prec_t prec;           /* precision.compute */
+    mt_loss_scaler_t scaler;  /* fp16: dynamic loss scale (saved in checkpoints); else fixed at 1 */
 } job_t;
 
 /* ---- metrics (job_metrics.c) ------------------------------------------------------------------ */
