@@ -20,6 +20,12 @@
 #include "runtime/rt.h"
 #include "runtime/trace.h"
 
+/* Test knob (docs/params.md): at this step (1-based) the rank MESHTRAIN_TEST_OVERFLOW_RANK multiplies its
+ * fp16 loss scale by 2^24 for backward, so its gradients genuinely overflow f16 inside backward and the
+ * infs travel through the engine's gradient communication as a real overflow would. */
+MT_PARAM(test_overflow_step, "TEST_OVERFLOW_STEP", 0)
+MT_PARAM(test_overflow_rank, "TEST_OVERFLOW_RANK", 0)
+
 /* ---- config -> component parameters ---------------------------------------------------------- */
 
 void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out) {
@@ -520,7 +526,12 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         double loss = 0.0, sumsq = 0.0, norm = 0.0;
         float scale = mt_loss_scaler_scale(&j->scaler); /* 1 unless fp16 */
         rec.loss_scale = scale;
-        mt_model_set_loss_scale(j->model, scale);
+        bool force_overflow = j->scaler.dynamic && s + 1 == mt_param_test_overflow_step() &&
+                              (mt_param_test_overflow_rank() < 0 || mt_param_test_overflow_rank() == j->rank);
+        if (force_overflow) {
+            MT_WARN("test knob: loss scale x 2^24 on rank %d at step %lld (an fp16 overflow)", j->rank, (long long)s + 1);
+        }
+        mt_model_set_loss_scale(j->model, force_overflow ? scale * 16777216.0f : scale);
         MT_CHECK(run_batch(j, b, true, &loss, &rec));
         if (j->engine->take_comm_s) { /* communication inside forward/backward is not compute */
             double c = j->engine->take_comm_s(j->ectx), fb = rec.fwd_s + rec.bwd_s;
@@ -546,11 +557,18 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         MT_CHECK(j->engine->reduce_loss(j->ectx, &loss));
         MT_TRACE_END(t_comm, "comm", "gradients: finish, norm, loss");
         rec.comm_s += mt_now() - tc;
-        /* Every rank takes the same decision, naming the module whose gradients went non-finite first. */
-        bool local_ok = isfinite(loss) && (j->scaler.dynamic || isfinite(norm)); /* fp16: the scaler's */
+        /* Every rank takes the same decision, naming the module whose gradients went non-finite first. In
+         * fp16 non-finite gradients are the loss scaler's business (agreed separately, so a rank whose own
+         * copy alone went bad still skips with the others) and only a non-finite loss is train.on_nan's. */
+        bool local_ok = isfinite(loss) && (j->scaler.dynamic || isfinite(norm));
         mt_nan_verdict_t nv;
         MT_CHECK(mt_nan_agree(j->comm, local_ok, local_ok ? -1 : mt_model_first_nonfinite_grad(j->model, NULL, 0),
                               &nv));
+        if (j->scaler.dynamic && nv.finite) {
+            mt_nan_verdict_t gv;
+            MT_CHECK(mt_nan_agree(j->comm, isfinite(sumsq), -1, &gv));
+            overflow = !gv.finite;
+        }
         const char *bad_module = nv.module >= 0 ? mt_model_module_name(j->model, nv.module) : "?";
         if (nv.finite && mt_loss_scaler_update(&j->scaler, overflow)) {
             rec.skipped = true; /* fp16 overflow: no update, the scale halved (the same on every rank) */
