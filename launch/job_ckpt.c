@@ -261,11 +261,12 @@ static mt_status_t check_sizes(const char *dir, const mt_json_t *man, const mt_c
     if (!tensors || tensors->kind != MT_JSON_ARRAY) {
         return mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: manifest has no \"tensors\" array", dir);
     }
-    if (!files || files->kind != MT_JSON_ARRAY) {
-        return mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: manifest has no \"files\" array", dir);
+    if (files && files->kind != MT_JSON_ARRAY) {
+        return mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: the manifest's \"files\" is not an array", dir);
     }
-    /* the files: each as large as the manifest says (a shorter one was truncated after it was written) */
-    for (int k = 0; k < files->n; k++) {
+    /* the files: each as large as the manifest says (a shorter one was truncated after it was written).
+     * Without "files" (a hand-made manifest) fill_pieces still checks each shard against its file. */
+    for (int k = 0; files && k < files->n; k++) {
         const char *name = mt_json_get_str(files->items[k], "file");
         int64_t bytes = -1;
         if (!name || strchr(name, '/') || !mt_json_get_int(files->items[k], "bytes", &bytes) || bytes < 0 ||
@@ -310,20 +311,19 @@ static mt_status_t check_sizes(const char *dir, const mt_json_t *man, const mt_c
         }
         if (!dims_ok) {
             return mt_error(MT_ERR_INVALID_ARG,
-                            "checkpoint %s: tensor %s has the absurd or malformed shape %s in the manifest (the model "
-                            "has %s): the manifest is damaged; resume from an older checkpoint (checkpoint.resume "
-                            "= PATH)",
-                            dir, pc[i].tensor, got, want);
+                            "checkpoint %s: tensor %s has another shape than %s in the model this config builds: the "
+                            "absurd or malformed %s in the manifest, which is damaged; resume from an older checkpoint "
+                            "(checkpoint.resume = PATH)",
+                            dir, pc[i].tensor, want, got);
         }
         bool padded = pc[i].ndim == 2 && shape[1] == pc[i].shape[1] && shape[0] != pc[i].shape[0] && vocab > 0 &&
                       man_vocab == vocab && shape[0] >= vocab && pc[i].shape[0] >= vocab;
         if (!padded && (shape[0] != pc[i].shape[0] || (pc[i].ndim == 2 && shape[1] != pc[i].shape[1]))) {
             return mt_error(MT_ERR_INVALID_ARG,
-                            "checkpoint %s: tensor %s has shape %s in the checkpoint but %s in the model this config "
-                            "builds (another shape than %s): either the config is wrong (use the model.* of the "
-                            "checkpoint's config.toml) or the checkpoint is (point checkpoint.resume at one written "
-                            "for this model)",
-                            dir, pc[i].tensor, got, want, want);
+                            "checkpoint %s: tensor %s has another shape than %s in the model this config builds: %s "
+                            "in the checkpoint. Either the config is wrong (use the model.* of the checkpoint's "
+                            "config.toml) or the checkpoint is (point checkpoint.resume at one written for this model)",
+                            dir, pc[i].tensor, want, got);
         }
         const mt_json_t *shards = mt_json_get(t, "shards");
         for (int k = 0; shards && shards->kind == MT_JSON_ARRAY && k < shards->n; k++) {
@@ -342,6 +342,9 @@ static mt_status_t check_sizes(const char *dir, const mt_json_t *man, const mt_c
                                 "count %lld does not match its box: the manifest is damaged; resume from an older "
                                 "checkpoint",
                                 dir, k, pc[i].tensor, got, (long long)bytes);
+            }
+            if (!files) {
+                continue;
             }
             int64_t fbytes = -1;
             for (int f = 0; f < files->n; f++) {
