@@ -573,9 +573,9 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         if (nv.finite && mt_loss_scaler_update(&j->scaler, overflow)) {
             rec.skipped = true; /* fp16 overflow: no update, the scale halved (the same on every rank) */
             r->n_overflow++;
-            MT_WARN("step %lld: fp16 gradients overflowed at loss scale %g (gradient norm %g): update skipped, loss "
-                    "scale now %g",
-                    (long long)s + 1, (double)scale, norm, (double)mt_loss_scaler_scale(&j->scaler));
+            MT_WARN("step %lld: fp16 gradients overflowed at loss scale %g (inf/NaN on some rank): update skipped, "
+                    "loss scale now %g",
+                    (long long)s + 1, (double)scale, (double)mt_loss_scaler_scale(&j->scaler));
         } else if (nv.finite) {
             double to = mt_now();
             MT_TRACE_BEGIN(t_opt);

@@ -442,6 +442,14 @@ mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *r
     if (m->have_val) {
         fprintf(o, " | final val loss %.6f", m->last_val);
     }
+    if (j->scaler.dynamic) {
+        fprintf(o, " | fp16: %lld step%s skipped on overflow, loss scale now %g", (long long)res->n_overflow,
+                res->n_overflow == 1 ? "" : "s", (double)res->loss_scale);
+    }
+    if (res->n_skipped > 0) {
+        fprintf(o, " | %lld non-finite step%s skipped (train.on_nan = skip)", (long long)res->n_skipped,
+                res->n_skipped == 1 ? "" : "s");
+    }
     fprintf(o, "\npeak memory per rank (max over ranks):");
     for (int c = 0; c < MT_MEM_NCAT; c++) {
         char b[32];
