@@ -244,7 +244,11 @@ static void fmt_json_shape(char *buf, size_t len, const mt_json_t *a) {
     size_t o = (size_t)snprintf(buf, len, "[");
     for (int d = 0; a && a->kind == MT_JSON_ARRAY && d < a->n && d < 4 && o < len; d++) {
         const mt_json_t *v = a->items[d];
-        o += (size_t)snprintf(buf + o, len - o, v->kind == MT_JSON_NUMBER ? "%s%.17g" : "%s?", d ? ", " : "", v->num);
+        if (v->kind == MT_JSON_NUMBER) {
+            o += (size_t)snprintf(buf + o, len - o, "%s%.17g", d ? ", " : "", v->num);
+        } else {
+            o += (size_t)snprintf(buf + o, len - o, "%s?", d ? ", " : "");
+        }
     }
     if (o < len) {
         snprintf(buf + o, len - o, "]");
