@@ -547,9 +547,10 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         MT_CHECK(j->engine->finish_grads(j->ectx));
         mt_model_test_inject_nan(j->model, s + 1, j->rank); /* MESHTRAIN_TEST_NAN_STEP (tests only) */
         MT_CHECK(j->engine->grad_sumsq(j->ectx, &sumsq));
-        /* fp16: the gradients carry the loss scale. grad_sumsq is all-reduced, so an inf/NaN anywhere makes
-         * it non-finite on every rank alike: the scaler's verdict needs no further agreement. The norm and
-         * the clip coefficient are of the unscaled gradient; 1/scale is folded into the step's multiplier. */
+        /* fp16: the gradients carry the loss scale. grad_sumsq is all-reduced, so an inf/NaN in any rank's
+         * share makes it non-finite everywhere (the verdict is still agreed below, for a copy only one rank
+         * holds). The norm and the clip coefficient are of the unscaled gradient; 1/scale is folded into the
+         * step's gradient multiplier. */
         bool overflow = j->scaler.dynamic && !isfinite(sumsq);
         double inv_scale = 1.0 / (double)scale; /* a power of two: exact */
         float coef = mt_clip_coef(sumsq * inv_scale * inv_scale, clip, &norm);
