@@ -114,7 +114,8 @@ typedef struct {
     /* Optional: bytes this rank sent in the last step, gradients and parameters (model) and everything
      * else: loss, norm, scattered batches (other), as the engine counts them; reported in the metrics. */
     void (*comm_bytes)(void *ctx, double *model, double *other);
-    /* The engine computes in precision.compute (fp32, tf32, bf16, fp16); false: the loop refuses all but fp32. */
+    /* The engine computes in precision.compute (fp32, tf32, bf16, fp16) itself, rounding and (fp16) loss
+     * scaling on its device; false: the loop does both (the model's CPU emulation and the loop's scaler). */
     bool any_precision;
     /* The engine holds the activations itself (on its device): the loop allocates none for the model. */
     bool own_activations;
@@ -185,6 +186,8 @@ typedef struct {
     double *val_loss;              /* [n_evals] mean validation loss over train.eval_batches batches */
     int stop_signal; /* signal the run stopped on at a step boundary (0: none); exit 128 + it */
     int64_t n_skipped;             /* steps skipped for a non-finite loss/gradient (train.on_nan = skip) */
+    int64_t n_overflow;            /* fp16: steps skipped for overflowed gradients (the loss scale halved) */
+    float loss_scale;              /* the loss scale after the last step (1 unless precision.compute = fp16) */
     int64_t n_params;              /* parameters of the model */
     double seconds;                /* wall time of the training steps (excluding set-up and evaluation) */
     double tokens_per_s;           /* global tokens per second over the run */

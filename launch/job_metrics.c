@@ -305,20 +305,32 @@ static double mfu_of(const job_metrics_t *m, const job_t *j, double tokens_per_s
     return m->peak_flops > 0 ? j->flops_per_token * tokens_per_s / m->peak_flops : 0.0;
 }
 
+static void json_num(char *buf, size_t len, double v) {
+    if (isfinite(v)) {
+        snprintf(buf, len, "%.17g", v);
+    } else {
+        snprintf(buf, len, "null");
+    }
+}
+
 /* energy_j < 0: unknown, the energy fields are left out (not written as zero); tokens_e: the tokens that
  * energy processed. */
 static void write_json(FILE *f, const job_metrics_t *m, const job_t *j, const mt_step_rec_t *r, const int64_t *mem,
                        int64_t peak, double energy_j, double tokens_e) {
     double tps = r->step_s > 0 ? m->tokens / r->step_s : 0.0;
+    char loss[32], norm[32]; /* JSON has no inf or NaN: a non-finite value is written as null */
+    json_num(loss, sizeof(loss), r->loss);
+    json_num(norm, sizeof(norm), r->grad_norm);
     fprintf(f,
-            "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.17g, \"tokens\": %.0f, "
+            "{\"step\": %lld, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"loss_scale\": %.9g, "
+            "\"skipped\": %s, \"tokens\": %.0f, "
             "\"step_ms\": %.4f, \"tokens_per_s\": %.2f, \"mfu\": %.6g, "
             "\"time_ms\": {\"data\": %.4f, \"forward\": %.4f, \"backward\": %.4f, \"comm_exposed\": %.4f, "
             "\"optimizer\": %.4f}, "
             "\"mem_bytes\": {\"params\": %lld, \"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, "
             "\"comm\": %lld, \"peak\": %lld}",
-            (long long)r->step, r->loss, (double)r->lr, r->grad_norm, m->tokens, r->step_s * 1e3, tps,
-            mfu_of(m, j, tps), r->data_s * 1e3, r->fwd_s * 1e3, r->bwd_s * 1e3, r->comm_s * 1e3, r->opt_s * 1e3,
+            (long long)r->step, loss, (double)r->lr, norm, (double)r->loss_scale, r->skipped ? "true" : "false",
+            m->tokens, r->step_s * 1e3, tps, mfu_of(m, j, tps), r->data_s * 1e3, r->fwd_s * 1e3, r->bwd_s * 1e3, r->comm_s * 1e3, r->opt_s * 1e3,
             (long long)mem[MT_MEM_PARAMS], (long long)mem[MT_MEM_GRADS], (long long)mem[MT_MEM_OPTIMIZER],
             (long long)mem[MT_MEM_ACTIVATIONS], (long long)mem[MT_MEM_COMM], (long long)peak);
     if (r->has_val) {
@@ -397,6 +409,10 @@ mt_status_t mt_job_metrics_step(job_metrics_t *m, job_t *j, mt_step_rec_t *r, bo
             fprintf(j->out, "step %5lld/%lld | energy %.1f J | %.1f tok/J\n", (long long)r->step, (long long)m->steps,
                     r->energy_j, r->energy_j > 0 ? m->tokens / r->energy_j : 0.0);
         }
+        if (j->scaler.dynamic || r->skipped) { /* fp16: the loss scale; any mode: a step without an update */
+            fprintf(j->out, "step %5lld/%lld | loss scale %g%s\n", (long long)r->step, (long long)m->steps,
+                    (double)r->loss_scale, r->skipped ? " | update skipped" : "");
+        }
     }
     if (j->out && r->has_val) {
         fprintf(j->out, "step %5lld/%lld | val loss %.6f (%lld batches)\n", (long long)r->step, (long long)m->steps,
@@ -454,6 +470,14 @@ mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *r
     }
     if (m->have_val) {
         fprintf(o, " | final val loss %.6f", m->last_val);
+    }
+    if (j->scaler.dynamic) {
+        fprintf(o, " | fp16: %lld step%s skipped on overflow, loss scale now %g", (long long)res->n_overflow,
+                res->n_overflow == 1 ? "" : "s", (double)res->loss_scale);
+    }
+    if (res->n_skipped > 0) {
+        fprintf(o, " | %lld non-finite step%s skipped (train.on_nan = skip)", (long long)res->n_skipped,
+                res->n_skipped == 1 ? "" : "s");
     }
     fprintf(o, "\npeak memory per rank (max over ranks):");
     for (int c = 0; c < MT_MEM_NCAT; c++) {
