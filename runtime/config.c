@@ -6,9 +6,12 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "config_toml.h"
 
@@ -626,6 +629,39 @@ static mt_config_t *deserialize(const char *buf) {
     return cfg;
 }
 
+/* The configuration is broadcast before the job's watchdog exists (runtime.watchdog_s is in it), so the
+ * broadcast bounds its own wait: MESHTRAIN_WATCHDOG_S, the watchdog's own default. A rank that waits longer
+ * (rank 0 stuck reading the file, or never started its part) says so and aborts the job. */
+MT_PARAM(config_wait_s, "WATCHDOG_S", 600)
+MT_PARAM(test_config_stall_s, "TEST_CONFIG_STALL_S", 0)
+
+static mt_status_t bcast_bounded(void *buf, int count, MPI_Datatype type, MPI_Comm comm, int rank, const char *what) {
+    MPI_Request req;
+    MT_MPI_CHECK(MPI_Ibcast(buf, count, type, 0, comm, &req));
+    double limit = (double)mt_param_config_wait_s(), start = mt_now();
+    long nap_ns = 1000;
+    for (;;) {
+        int done = 0;
+        MT_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        if (done) {
+            return MT_OK;
+        }
+        if (limit > 0 && mt_now() - start > limit) {
+            fprintf(stderr,
+                    "meshtrain: rank %d: waited %.0f s for rank 0 to broadcast the %s (MPI_Ibcast on the world "
+                    "communicator): rank 0 is stuck loading the configuration or did not start; aborting the job "
+                    "(MESHTRAIN_WATCHDOG_S sets this limit)\n",
+                    rank, limit, what);
+            fflush(stderr);
+            MPI_Abort(comm, 3);
+            return mt_error(MT_ERR_TIMEOUT, "configuration broadcast timed out");
+        }
+        struct timespec ts = {0, nap_ns};
+        nanosleep(&ts, NULL);
+        nap_ns = nap_ns < 1000000 ? nap_ns * 2 : nap_ns; /* up to 1 ms between polls */
+    }
+}
+
 mt_status_t mt_config_load_world(MPI_Comm comm, const char *path, int n_overrides, char *const *overrides,
                                  mt_config_t **out) {
     int rank, size;
@@ -636,6 +672,9 @@ mt_status_t mt_config_load_world(MPI_Comm comm, const char *path, int n_override
     long long header[2] = {0, 0};
     mt_config_t *cfg = NULL;
     char *buf = NULL;
+    if (rank == 0 && size > 1 && mt_param_test_config_stall_s() > 0) { /* test knob: rank 0 stuck in the load */
+        sleep((unsigned)mt_param_test_config_stall_s());
+    }
     if (rank == 0) {
         char *msgs = NULL;
         size_t msgs_len = 0;
@@ -658,15 +697,14 @@ mt_status_t mt_config_load_world(MPI_Comm comm, const char *path, int n_override
         }
         free(msgs);
     }
-    MT_MPI_CHECK(MPI_Bcast(header, 2, MPI_LONG_LONG, 0, comm));
+    MT_CHECK(bcast_bounded(header, 2, MPI_LONG_LONG, comm, rank, "configuration's verdict"));
     if (header[0] != 0) {
         return mt_error(MT_ERR_INVALID_ARG, "invalid configuration (errors printed by rank 0)");
     }
     if (rank != 0) {
         buf = malloc((size_t)header[1]);
     }
-    int rc = MPI_Bcast(buf, (int)header[1], MPI_BYTE, 0, comm);
-    if (rc != MPI_SUCCESS) {
+    if (bcast_bounded(buf, (int)header[1], MPI_BYTE, comm, rank, "configuration") != MT_OK) {
         free(buf);
         mt_config_free(cfg);
         return mt_error(MT_ERR_MPI, "broadcast of the configuration failed");
