@@ -414,7 +414,9 @@ static mt_status_t setup(job_t *j) {
                         (long long)info->global_batch, (long long)info->micro_batch, (long long)info->grad_accum,
                         info->dp_size);
     }
-    MT_CHECK(mt_acts_init(j->model, (int)info->micro_batch, (int)info->seq_len, &j->acts));
+    if (!j->engine->run_batch) { /* an engine that runs the batch itself has its own activations */
+        MT_CHECK(mt_acts_init(j->model, (int)info->micro_batch, (int)info->seq_len, &j->acts));
+    }
     MT_CHECK(open_data(j, false, &j->train));
     if (mt_config_int(cfg, "train.eval_every") > 0) {
         bool synthetic = !strcmp(mt_config_str(cfg, "data.kind"), "synthetic");

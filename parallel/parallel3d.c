@@ -170,20 +170,9 @@ fail:
     return st;
 }
 
-/* Per parameter, what this rank's stage holds (HELD: read by its modules, the tied copy included), counts in
- * the norm (NORM: owned by the stage, and sharded over tp or on tp rank 0) and completes only after the
- * schedule (ONCE: read on two stages). From the split alone, before the pipeline or the engine exists. */
-static mt_status_t stage_flags(mt_par3d_t p3) {
-    int np = mt_model_n_params(p3->model), pp = p3->p.pp, stage = p3->coords[MT_AXIS_PP];
-    int *bounds = calloc((size_t)pp + 1, sizeof(int));
-    p3->flags = calloc((size_t)MT_MAX(np, 1), 1);
-    if (!bounds || !p3->flags) {
-        free(bounds);
-        return mt_error(MT_ERR_OOM, "parallel3d: out of memory");
-    }
-    mt_status_t st = mt_pipeline_split(p3->model, pp, p3->p.stage_layers, bounds);
-    for (int i = 0; i < np && st == MT_OK; i++) {
-        const mt_param_t *q = mt_model_param(p3->model, i);
+void mt_par3d_stage_flags(mt_model_t model, const int *bounds, int pp, int stage, int tp_rank, uint8_t *flags) {
+    for (int i = 0; i < mt_model_n_params(model); i++) {
+        const mt_param_t *q = mt_model_param(model, i);
         int s_own = 0, s_tied = -1;
         for (int s = 0; s < pp; s++) {
             s_own = q->module >= bounds[s] && q->module < bounds[s + 1] ? s : s_own;
@@ -191,9 +180,23 @@ static mt_status_t stage_flags(mt_par3d_t p3) {
         }
         bool owns = s_own == stage, needs = owns || s_tied == stage;
         uint8_t f = needs ? MT_ENGINE_PARAM_HELD : 0;
-        f |= owns && (q->tp_dim >= 0 || p3->coords[MT_AXIS_TP] == 0) ? MT_ENGINE_PARAM_NORM : 0;
+        f |= owns && (q->tp_dim >= 0 || tp_rank == 0) ? MT_ENGINE_PARAM_NORM : 0;
         f |= needs && s_tied >= 0 && s_tied != s_own ? MT_ENGINE_PARAM_ONCE : 0;
-        p3->flags[i] = f;
+        flags[i] = f;
+    }
+}
+
+static mt_status_t stage_flags(mt_par3d_t p3) {
+    int np = mt_model_n_params(p3->model), pp = p3->p.pp;
+    int *bounds = calloc((size_t)pp + 1, sizeof(int));
+    p3->flags = calloc((size_t)MT_MAX(np, 1), 1);
+    if (!bounds || !p3->flags) {
+        free(bounds);
+        return mt_error(MT_ERR_OOM, "parallel3d: out of memory");
+    }
+    mt_status_t st = mt_pipeline_split(p3->model, pp, p3->p.stage_layers, bounds);
+    if (st == MT_OK) {
+        mt_par3d_stage_flags(p3->model, bounds, pp, p3->coords[MT_AXIS_PP], p3->coords[MT_AXIS_TP], p3->flags);
     }
     free(bounds);
     return st;

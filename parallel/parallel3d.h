@@ -117,6 +117,13 @@ mt_status_t mt_par3d_grad_sumsq(mt_par3d_t p3, double *total);
 /* The optimizer over what this rank owns, gradients times grad_scale; parameters whole again after. */
 mt_status_t mt_par3d_apply(mt_par3d_t p3, float lr, float grad_scale);
 
+/* Per parameter of model, the MT_ENGINE_PARAM_* bits of stage `stage` of the split bounds (pp + 1 entries,
+ * mt_pipeline_split) on tp rank tp_rank: HELD when the stage reads it (its modules' and the tied copy),
+ * NORM when the stage owns it and it is sharded over tp or tp_rank is 0 (the copy counted in the norm and
+ * written to checkpoints), ONCE when it is read on two stages (its gradient is complete only after the
+ * schedule). Pure: the planner sizes an engine's stage storage with it. */
+void mt_par3d_stage_flags(mt_model_t model, const int *bounds, int pp, int stage, int tp_rank, uint8_t *flags);
+
 /* The engine (NULL with the built-in all-reduce), the optimizer over what this rank updates (the
  * engine's or the built-in one), and parameter i's MT_ENGINE_PARAM_* bits on this rank (HELD: its
  * stage reads it; NORM: this rank's copy is the one counted, and saved, for its dp replica). */
