@@ -99,6 +99,9 @@ typedef struct {
      * last call (tensor-parallel collectives, pipeline messages); the loop reports them as exposed
      * communication instead of compute. */
     double (*take_comm_s)(void *ctx);
+    /* Optional: more about the engine for the start-up line after its name (e.g. how gradients are
+     * averaged over dp), or NULL; the string lives as long as ctx. */
+    const char *(*describe)(void *ctx);
 } mt_job_engine_t;
 
 /* The engine of a single process: the model's own flat buffers, one optimizer over every parameter

@@ -27,6 +27,7 @@ typedef struct {
     const mt_tp_ops_t *tp_inner; /* parallel/tp.c's seam; the model gets tp_traced, which times it */
     mt_tp_ops_t tp_traced;
     double comm_s; /* blocked in tp collectives and pipeline messages since take_comm_s */
+    char desc[160];
 } mp_ctx_t;
 
 static void mp_free(void *ctx) {
@@ -167,7 +168,17 @@ static mt_status_t mp_init(const mt_job_info_t *info, void **ctx) {
     c->sgd = info->optim.kind == MT_OPTIM_SGD;
     MT_CHECK(mt_par3d_attach(c->p3, c->model));
     c->pl = mt_par3d_pipeline(c->p3);
+    mt_engine_t e = mt_par3d_engine(c->p3);
+    int dp = mt_comm_size(mt_par3d_comm(c->p3, MT_AXIS_DP));
+    snprintf(c->desc, sizeof(c->desc), "tp %d x pp %d (%s), dp %d by %s%s%s", c->tp_size,
+             mt_pipeline_n_stages(c->pl), mt_config_str(info->cfg, "parallel.schedule"), dp,
+             e ? "the " : "", e ? mt_engine_name(e) : dp > 1 ? "one all-reduce per step" : "nothing (one replica)",
+             e ? " engine over each stage's parameters" : "");
     return MT_OK;
+}
+
+static const char *mp_describe(void *ctx) {
+    return ((mp_ctx_t *)ctx)->desc;
 }
 
 /* ---- the step ------------------------------------------------------------------------------------------ */
@@ -298,7 +309,7 @@ static mt_status_t mp_ckpt_loaded(void *ctx) {
     .init = mp_init, .zero_grads = mp_zero_grads, .finish_grads = mp_finish_grads, .grad_sumsq = mp_grad_sumsq,        \
     .step = mp_step, .reduce_loss = mp_reduce_loss, .free = mp_free, .ckpt_pieces = mp_ckpt_pieces,                    \
     .ckpt_get_step = mp_ckpt_get_step, .ckpt_set_step = mp_ckpt_set_step, .ckpt_loaded = mp_ckpt_loaded,               \
-    .setup_model = mp_setup_model, .run_batch = mp_run_batch, .take_comm_s = mp_take_comm_s
+    .setup_model = mp_setup_model, .run_batch = mp_run_batch, .take_comm_s = mp_take_comm_s, .describe = mp_describe
 
 static const mt_job_engine_t tp_engine = {.name = "tensor-parallel", MP_ENGINE_FIELDS};
 static const mt_job_engine_t pp_engine = {.name = "pipeline", MP_ENGINE_FIELDS};
