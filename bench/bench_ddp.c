@@ -74,16 +74,6 @@ static int parse(int argc, char **argv, opts_t *o) {
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* One engine under test: its own model copy, activations and per-step figures. */
 typedef struct {
     char spec[32];
@@ -218,20 +208,21 @@ static void report(const opts_t *o, mt_comm_t dp, run_t *r, const run_t *first) 
         snprintf(hidden, sizeof(hidden), "%.1f%%", 100.0 * sum_hid / sum_busy);
     }
     if (r != first && ratio) {
-        snprintf(rel, sizeof(rel), " | %.2f x %s (paired median)", median(ratio, o->steps), first->spec);
+        snprintf(rel, sizeof(rel), " | %.2f x %s (paired median)", mt_median(ratio, o->steps), first->spec);
     }
     free(ratio);
     double best = r->step_s[0];
     for (int s = 1; s < o->steps; s++) {
         best = MT_MIN(best, r->step_s[s]);
     }
-    double ms = median(r->step_s, o->steps) * 1e3;
+    double ms = mt_median(r->step_s, o->steps) * 1e3;
     printf("engine %-7s ranks %d | %.2fM params, %d units | batch %d x %d per rank, accum %d | step %.1f ms (median of "
            "%d, min %.1f) | backward %.1f ms | comm %.1f ms, hidden %s | exposed %.1f ms | %.3f MB sent/rank | %.0f "
            "tok/s%s\n",
            mt_engine_name(r->e), N, (double)mem.numel / 1e6, mem.n_units, o->batch, T, o->accum, ms, o->steps,
-           best * 1e3, median(r->bwd_s, o->steps) * 1e3, median(r->busy, o->steps) * 1e3, hidden,
-           median(r->exposed, o->steps) * 1e3, cs.bytes_model / 1e6, (double)o->batch * T * N / (ms / 1e3), rel);
+           best * 1e3, mt_median(r->bwd_s, o->steps) * 1e3, mt_median(r->busy, o->steps) * 1e3, hidden,
+           mt_median(r->exposed, o->steps) * 1e3, cs.bytes_model / 1e6, (double)o->batch * T * N / (ms / 1e3),
+           rel);
 }
 
 /* --engine takes a comma-separated list: the engines run alternately, step by step, on the same data,

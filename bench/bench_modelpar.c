@@ -22,15 +22,6 @@ typedef struct {
     char ms[64];
 } opts_t;
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static void fill_batch(int32_t *tok, int32_t *tgt, size_t n, int vocab, int step) {
     uint32_t s = 2654435761u * (uint32_t)(step + 1);
     for (size_t i = 0; i < n; i++) {
@@ -114,7 +105,7 @@ static int bench_pipeline(const opts_t *o, const mt_world_t *w) {
                 }
             }
             mt_mem_stats(MT_MEM_HOST, &ms);
-            double my_idle = median(idle, o->steps), my_step = median(step, o->steps);
+            double my_idle = mt_median(idle, o->steps), my_step = mt_median(step, o->steps);
             double act_mib = (double)(ms.peak[MT_MEM_ACTIVATIONS] - base) / (1 << 20);
             double all_idle[64] = {0}, all_step[64] = {0}, all_act[64] = {0};
             MPI_Gather(&my_idle, 1, MPI_DOUBLE, all_idle, 1, MPI_DOUBLE, 0, w->comm);
@@ -204,7 +195,7 @@ static int bench_tp(const opts_t *o, const mt_world_t *w) {
             }
         }
         mt_mem_stats(MT_MEM_HOST, &ms);
-        double s = median(step, o->steps), cs = median(coll, o->steps);
+        double s = mt_median(step, o->steps), cs = mt_median(coll, o->steps);
         int64_t ncoll = c.all_reduce + c.all_reduce_max + c.all_gather + c.reduce_scatter + c.grad_sync;
         if (w->rank == 0) {
             printf("%-4d %10.2f %12.2f %10.3f %10lld %10.2f %14.2f\n", sp, s * 1e3, cs * 1e3, cs / s, (long long)ncoll,

@@ -599,6 +599,20 @@ static mt_status_t drain(mt_comm_t c, const char *why) {
     return MT_OK;
 }
 
+/* *out = a new work handle of comm c for call number seq (0: numbered when queued), not done yet.
+ * MT_ERR_OOM if it cannot be allocated. */
+static mt_status_t work_new(mt_comm_t c, uint64_t seq, mt_coll_kind_t kind, struct mt_work **out) {
+    struct mt_work *w = mt_calloc(sizeof(*w), MT_MEM_COMM, "mt_work");
+    if (!w) {
+        return mt_error(MT_ERR_OOM, "cannot allocate a work handle");
+    }
+    w->comm = c;
+    w->seq = seq;
+    w->call.kind = kind;
+    *out = w;
+    return MT_OK;
+}
+
 /* Issues a validated call: synchronously on this thread (work == NULL), or as a work handle. */
 mt_status_t mt_coll_issue(mt_comm_t c, const struct mt_coll_call *call, mt_work_t *work) {
     mt_status_t st = (mt_status_t)atomic_load_explicit(&c->async_error, memory_order_relaxed);
@@ -614,14 +628,7 @@ mt_status_t mt_coll_issue(mt_comm_t c, const struct mt_coll_call *call, mt_work_
         }
         MT_CHECK(events_push(c, seq, call->stream));
         if (work) {
-            struct mt_work *w = mt_calloc(sizeof(*w), MT_MEM_COMM, "mt_work");
-            if (!w) {
-                return mt_error(MT_ERR_OOM, "cannot allocate a work handle");
-            }
-            w->comm = c;
-            w->seq = seq;
-            w->call.kind = call->kind;
-            *work = w;
+            MT_CHECK(work_new(c, seq, call->kind, work));
         }
         return MT_OK;
     }
@@ -636,24 +643,16 @@ mt_status_t mt_coll_issue(mt_comm_t c, const struct mt_coll_call *call, mt_work_
         atomic_store_explicit(&c->seq_completed, seq, memory_order_release);
         if (work) {
             /* No MPI_THREAD_MULTIPLE: the call ran here; hand back a completed handle. */
-            struct mt_work *w = mt_calloc(sizeof(*w), MT_MEM_COMM, "mt_work");
-            if (!w) {
-                return mt_error(MT_ERR_OOM, "cannot allocate a work handle");
-            }
-            w->comm = c;
-            w->seq = seq;
-            w->call.kind = call->kind;
+            struct mt_work *w = NULL;
+            MT_CHECK(work_new(c, seq, call->kind, &w));
             w->status = st;
             atomic_store(&w->done, 1);
             *work = w;
         }
         return st;
     }
-    struct mt_work *w = mt_calloc(sizeof(*w), MT_MEM_COMM, "mt_work");
-    if (!w) {
-        return mt_error(MT_ERR_OOM, "cannot allocate a work handle");
-    }
-    w->comm = c;
+    struct mt_work *w = NULL;
+    MT_CHECK(work_new(c, 0, call->kind, &w));
     w->call = *call;
     if (call->kind == MT_COLL_GROUP) {
         /* the group's calls move into the handle; the comm's buffer stays for the next group */

@@ -49,6 +49,14 @@ const char *mt_redop_name(mt_redop_t op);
 bool mt_coll_dtype_parse(const char *s, mt_coll_dtype_t *out);
 bool mt_redop_parse(const char *s, mt_redop_t *out);
 
+/* Element i of a host buffer of type dtype, read as a double / written from one (f16, bf16 through f32,
+ * integers by C conversion). For checking and filling buffers (benchmarks, tests), not for hot loops.
+ * A dtype outside mt_coll_dtype_t is an internal error (MT_ABORT). */
+double mt_coll_elem_get(const void *buf, mt_coll_dtype_t dtype, size_t i);
+void mt_coll_elem_set(void *buf, mt_coll_dtype_t dtype, size_t i, double v);
+/* acc combined with v by op, in double: max, min, prod; sum and avg add (avg's division is the caller's). */
+double mt_redop_apply(mt_redop_t op, double acc, double v);
+
 /* ---- communicators ------------------------------------------------------------------------ */
 
 typedef struct mt_comm *mt_comm_t;

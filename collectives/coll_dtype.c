@@ -58,6 +58,70 @@ bool mt_redop_parse(const char *s, mt_redop_t *out) {
     return false;
 }
 
+/* ---- single elements as double ------------------------------------------------------------------ */
+
+double mt_coll_elem_get(const void *buf, mt_coll_dtype_t dtype, size_t i) {
+    switch (dtype) {
+    case MT_COLL_F32:
+        return ((const float *)buf)[i];
+    case MT_COLL_F64:
+        return ((const double *)buf)[i];
+    case MT_COLL_F16:
+        return mt_f16_to_f32(((const uint16_t *)buf)[i]);
+    case MT_COLL_BF16:
+        return mt_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case MT_COLL_I32:
+        return ((const int32_t *)buf)[i];
+    case MT_COLL_I64:
+        return (double)((const int64_t *)buf)[i];
+    case MT_COLL_U8:
+        return ((const uint8_t *)buf)[i];
+    default:
+        MT_ABORT("mt_coll_elem_get: dtype %d not validated", (int)dtype);
+    }
+}
+
+void mt_coll_elem_set(void *buf, mt_coll_dtype_t dtype, size_t i, double v) {
+    switch (dtype) {
+    case MT_COLL_F32:
+        ((float *)buf)[i] = (float)v;
+        break;
+    case MT_COLL_F64:
+        ((double *)buf)[i] = v;
+        break;
+    case MT_COLL_F16:
+        ((uint16_t *)buf)[i] = mt_f32_to_f16((float)v);
+        break;
+    case MT_COLL_BF16:
+        ((uint16_t *)buf)[i] = mt_f32_to_bf16((float)v);
+        break;
+    case MT_COLL_I32:
+        ((int32_t *)buf)[i] = (int32_t)v;
+        break;
+    case MT_COLL_I64:
+        ((int64_t *)buf)[i] = (int64_t)v;
+        break;
+    case MT_COLL_U8:
+        ((uint8_t *)buf)[i] = (uint8_t)v;
+        break;
+    default:
+        MT_ABORT("mt_coll_elem_set: dtype %d not validated", (int)dtype);
+    }
+}
+
+double mt_redop_apply(mt_redop_t op, double acc, double v) {
+    switch (op) {
+    case MT_REDOP_MAX:
+        return v > acc ? v : acc;
+    case MT_REDOP_MIN:
+        return v < acc ? v : acc;
+    case MT_REDOP_PROD:
+        return acc * v;
+    default:
+        return acc + v;
+    }
+}
+
 /* ---- avg = sum / n ------------------------------------------------------------------------------ */
 
 void mt_coll_divide(void *buf, size_t count, mt_coll_dtype_t dtype, int n) {

@@ -7,17 +7,10 @@
 
 #include "collectives/coll_mpi.h"
 
-static inline float as_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* f32 -> bf16 in the upper 16 bits (lower 16 zero): round to nearest even, NaN kept quiet. Branch-free
  * so the loops vectorise. */
 static inline uint32_t round_hi(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    uint32_t u = mt_f32_bits(f);
     uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);
     return ((u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) : r) & 0xffff0000u;
 }
@@ -47,8 +40,8 @@ static inline uint32_t round_hi(float f) {
             uint32_t x, y;                                                                                             \
             memcpy(&x, a + 4 * (size_t)i, 4);                                                                          \
             memcpy(&y, b + 4 * (size_t)i, 4);                                                                          \
-            uint32_t hi = round_hi(OP(as_f32(x & 0xffff0000u), as_f32(y & 0xffff0000u)));                              \
-            uint32_t lo = round_hi(OP(as_f32(x << 16), as_f32(y << 16)));                                              \
+            uint32_t hi = round_hi(OP(mt_bits_f32(x & 0xffff0000u), mt_bits_f32(y & 0xffff0000u)));                    \
+            uint32_t lo = round_hi(OP(mt_bits_f32(x << 16), mt_bits_f32(y << 16)));                                    \
             uint32_t r = hi | (lo >> 16);                                                                              \
             memcpy(b + 4 * (size_t)i, &r, 4);                                                                          \
         }                                                                                                              \
@@ -56,7 +49,8 @@ static inline uint32_t round_hi(float f) {
             uint16_t x, y;                                                                                             \
             memcpy(&x, a + 4 * (size_t)pairs, 2);                                                                      \
             memcpy(&y, b + 4 * (size_t)pairs, 2);                                                                      \
-            uint16_t r = (uint16_t)(round_hi(OP(as_f32((uint32_t)x << 16), as_f32((uint32_t)y << 16))) >> 16);         \
+            uint32_t w = round_hi(OP(mt_bits_f32((uint32_t)x << 16), mt_bits_f32((uint32_t)y << 16)));                 \
+            uint16_t r = (uint16_t)(w >> 16);                                                                          \
             memcpy(b + 4 * (size_t)pairs, &r, 2);                                                                      \
         }                                                                                                              \
     }

@@ -9,23 +9,11 @@
 
 #define BLK 1024
 
-static inline uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline float bf16_load(uint16_t h) { return u2f((uint32_t)h << 16); }
+static inline float bf16_load(uint16_t h) { return mt_bits_f32((uint32_t)h << 16); }
 
 /* Round to nearest even; NaN stays a quiet NaN with its sign. */
 static inline uint16_t bf16_store(float f) {
-    uint32_t u = f2u(f);
+    uint32_t u = mt_f32_bits(f);
     uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     uint32_t nan = (u >> 16) | 0x40u;
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : r);
@@ -37,18 +25,18 @@ static inline float f16_load(uint16_t h) {
     uint32_t em = h & 0x7fffu;
     uint32_t normal = (em << 13) + 0x38000000u;
     uint32_t infnan = (em << 13) | 0x7f800000u;
-    uint32_t sub = f2u((float)(int32_t)em * 5.9604644775390625e-8f);
+    uint32_t sub = mt_f32_bits((float)(int32_t)em * 5.9604644775390625e-8f);
     uint32_t r = em >= 0x7c00u ? infnan : (em < 0x400u ? sub : normal);
-    return u2f(r | sign);
+    return mt_bits_f32(r | sign);
 }
 
 /* Round to nearest even. Subnormal results: adding 0.5f (whose ulp is 2^-24, the f16 subnormal step)
  * lets the FPU do the rounding; normal ones round the 13 dropped mantissa bits by integer arithmetic. */
 static inline uint16_t f16_store(float f) {
-    uint32_t u = f2u(f);
+    uint32_t u = mt_f32_bits(f);
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t a = u & 0x7fffffffu;
-    uint32_t sub = f2u(u2f(a) + 0.5f) - 0x3f000000u;
+    uint32_t sub = mt_f32_bits(mt_bits_f32(a) + 0.5f) - 0x3f000000u;
     uint32_t n = a - 0x38000000u;
     n = (n + 0xfffu + ((n >> 13) & 1u)) >> 13;
     uint32_t r = a > 0x7f800000u ? 0x7e00u : (a >= 0x477ff000u ? 0x7c00u : (a < 0x38800000u ? sub : n));

@@ -357,59 +357,10 @@ static double val(int r, size_t i, mt_redop_t op, int n) {
     return 1.0 + (double)(((size_t)r * 3 + i) % 4);
 }
 
-static void set_el(void *buf, mt_coll_dtype_t d, size_t i, double v) {
-    switch (d) {
-    case MT_COLL_F32:
-        ((float *)buf)[i] = (float)v;
-        break;
-    case MT_COLL_F64:
-        ((double *)buf)[i] = v;
-        break;
-    case MT_COLL_F16:
-        ((uint16_t *)buf)[i] = mt_f32_to_f16((float)v);
-        break;
-    case MT_COLL_BF16:
-        ((uint16_t *)buf)[i] = mt_f32_to_bf16((float)v);
-        break;
-    case MT_COLL_I32:
-        ((int32_t *)buf)[i] = (int32_t)v;
-        break;
-    case MT_COLL_I64:
-        ((int64_t *)buf)[i] = (int64_t)v;
-        break;
-    default:
-        ((uint8_t *)buf)[i] = (uint8_t)v;
-        break;
-    }
-}
-
-static double get_el(const void *buf, mt_coll_dtype_t d, size_t i) {
-    switch (d) {
-    case MT_COLL_F32:
-        return ((const float *)buf)[i];
-    case MT_COLL_F64:
-        return ((const double *)buf)[i];
-    case MT_COLL_F16:
-        return mt_f16_to_f32(((const uint16_t *)buf)[i]);
-    case MT_COLL_BF16:
-        return mt_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case MT_COLL_I32:
-        return ((const int32_t *)buf)[i];
-    case MT_COLL_I64:
-        return (double)((const int64_t *)buf)[i];
-    default:
-        return ((const uint8_t *)buf)[i];
-    }
-}
-
 static double reduced(int n, size_t i, mt_coll_dtype_t d, mt_redop_t op) {
     double acc = val(0, i, op, n);
     for (int r = 1; r < n; r++) {
-        double v = val(r, i, op, n);
-        acc = op == MT_REDOP_MAX    ? fmax(acc, v)
-              : op == MT_REDOP_MIN  ? fmin(acc, v)
-              : op == MT_REDOP_PROD ? acc * v
-                                    : acc + v;
+        acc = mt_redop_apply(op, acc, val(r, i, op, n));
     }
     if (op == MT_REDOP_AVG) {
         bool integral = d == MT_COLL_I32 || d == MT_COLL_I64 || d == MT_COLL_U8;
@@ -531,7 +482,7 @@ static mt_status_t check_once(const ctx_t *x, bench_op_t op, const bench_opts_t 
         double v = op == OP_ALLTOALL
                        ? 1.0 + (double)(((size_t)me * 5 + (i / (pc ? pc : 1)) * 3 + i % (pc ? pc : 1)) % 7)
                        : val(me, i, o->redop, n);
-        set_el(h, o->dtype, i, v);
+        mt_coll_elem_set(h, o->dtype, i, v);
     }
     /* poison the output with zeros: a call that writes nothing is caught (no expected value is zero) */
     void *zero = mt_calloc(recv_n * es + 64, MT_MEM_OTHER, "bench check");
@@ -578,22 +529,12 @@ static mt_status_t check_once(const ctx_t *x, bench_op_t op, const bench_opts_t 
             want = val((me + n - 1) % n, i, o->redop, n);
             break;
         }
-        bad += !close_enough(get_el(h, o->dtype, i), want, o->dtype, n);
+        bad += !close_enough(mt_coll_elem_get(h, o->dtype, i), want, o->dtype, n);
     }
     mt_free(zero);
     mt_free(h);
     *wrong = bad;
     return MT_OK;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* Median over the rounds of the slowest rank's mean time per call, ours and (alternating) raw. */
@@ -625,8 +566,8 @@ static mt_status_t time_op(const ctx_t *x, bench_op_t op, const bench_opts_t *o,
             (raw ? t_raw : t_ours)[round] = worst;
         }
     }
-    res->time_us = 1e6 * median(t_ours, o->rounds);
-    res->raw_us = 1e6 * median(t_raw, o->rounds);
+    res->time_us = 1e6 * mt_median(t_ours, o->rounds);
+    res->raw_us = 1e6 * mt_median(t_raw, o->rounds);
     return MT_OK;
 }
 

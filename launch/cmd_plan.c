@@ -138,11 +138,6 @@ static mt_status_t layout_of_config(const mt_config_t *cfg, mt_plan_layout_t *l)
     return MT_OK;
 }
 
-static int cmp_dbl(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Reads metrics.jsonl: median step_ms over the steady state (the first tenth of the steps, at least one,
  * left out) and the last line's mem_bytes. */
 static int read_metrics(const char *path, double *step_ms, int64_t mem[MT_MEM_NCAT], int64_t *peak, int *n_steps) {
@@ -204,9 +199,7 @@ static int read_metrics(const char *path, double *step_ms, int64_t mem[MT_MEM_NC
         if (skip >= n) {
             skip = 0;
         }
-        qsort(ms + skip, n - skip, sizeof(double), cmp_dbl);
-        size_t k = n - skip;
-        *step_ms = k % 2 ? ms[skip + k / 2] : 0.5 * (ms[skip + k / 2 - 1] + ms[skip + k / 2]);
+        *step_ms = mt_median(ms + skip, n - skip);
         *n_steps = (int)n;
     }
     free(ms);

@@ -14,6 +14,7 @@
 #include "models/data/data.h"
 #include "models/grad_check.h"
 #include "models/llmc.h"
+#include "models/model_config.h"
 #include "runtime/alloc.h"
 #include "runtime/numerics.h"
 #include "runtime/watchdog.h"
@@ -23,18 +24,7 @@
 /* ---- config -> component parameters ---------------------------------------------------------- */
 
 void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out) {
-    mt_model_config_t m = MT_MODEL_CONFIG_INIT;
-    m.kind = strcmp(mt_config_str(cfg, "model.kind"), "mlp") ? MT_MODEL_GPT2 : MT_MODEL_MLP;
-    m.n_layer = (int)mt_config_int(cfg, "model.n_layer");
-    m.n_head = (int)mt_config_int(cfg, "model.n_head");
-    m.n_embd = (int)mt_config_int(cfg, "model.n_embd");
-    m.seq_len = (int)mt_config_int(cfg, "model.seq_len");
-    m.vocab_size = (int)mt_config_int(cfg, "model.vocab_size");
-    m.padded_vocab = (int)mt_config_int(cfg, "model.padded_vocab");
-    m.recompute = strcmp(mt_config_str(cfg, "model.recompute"), "block") ? MT_RECOMPUTE_NONE : MT_RECOMPUTE_BLOCK;
-    m.attn_recompute = mt_config_bool(cfg, "model.attn_recompute");
-    m.seed = (uint64_t)mt_config_int(cfg, "train.seed");
-    *out = m;
+    mt_model_config_keys(cfg, out); /* the one mapping: models/model_config.c */
 }
 
 void mt_job_optim_config(const mt_config_t *cfg, mt_optim_params_t *optim, mt_lr_sched_t *sched) {
@@ -248,6 +238,10 @@ static mt_status_t open_data(job_t *j, bool val, mt_data_t *out) {
     p.vocab_size = mt_model_config(j->model)->vocab_size;
     p.dp_rank = j->info.dp_rank;
     p.dp_size = j->info.dp_size;
+    if (!val && j->scatter) { /* the dp root reads the rows of its whole group: the global batch */
+        p.dp_rank = 0;
+        p.dp_size = 1;
+    }
     p.prefetch = j->opts->prefetch;
     return mt_data_open(&p, out);
 }
@@ -268,7 +262,19 @@ static mt_status_t run_batch(job_t *j, const mt_batch_t *b, bool backward, doubl
     int64_t mb = j->info.micro_batch, T = j->info.seq_len, ga = j->info.grad_accum;
     double sum = 0.0;
     for (int64_t k = 0; k < ga; k++) {
-        const int32_t *tok = b->inputs + k * mb * T, *tgt = b->targets + k * mb * T;
+        const int32_t *tok = NULL, *tgt = NULL;
+        if (j->scatter && backward) { /* training batches: the dp root's group batch, scattered (b NULL elsewhere) */
+            double ts = mt_now();
+            MT_CHECK(j->engine->scatter_micro_batch(j->ectx, b, k, j->mb_buf, j->mb_buf + mb * T));
+            tok = j->mb_buf;
+            tgt = j->mb_buf + mb * T;
+            if (rec) {
+                rec->comm_s += mt_now() - ts;
+            }
+        } else {
+            tok = b->inputs + k * mb * T;
+            tgt = b->targets + k * mb * T;
+        }
         float l = 0.0f;
         double t0 = mt_now();
         MT_CHECK(mt_model_forward(j->model, j->acts, 0, n, tok, tgt, NULL, NULL, &l));
@@ -334,55 +340,32 @@ void mt_job_result_free(mt_job_result_t *r) {
     memset(r, 0, sizeof(*r));
 }
 
-static bool explicit_key(const mt_config_t *cfg, const char *key) {
-    mt_cfg_source_t src = mt_config_source(cfg, key);
-    return src == MT_CFG_SRC_FILE || src == MT_CFG_SRC_OVERRIDE;
-}
-
-/* model.init: "random", or "llmc:PATH" whose header sets the architecture (a key set explicitly to
- * another value is an error naming both); *llmc = PATH (borrowed from cfg) or NULL. */
-static mt_status_t model_init_source(const mt_config_t *cfg, mt_model_config_t *mc, const char **llmc) {
-    const char *init = mt_config_str(cfg, "model.init");
-    *llmc = NULL;
-    if (!strcmp(init, "random")) {
-        return MT_OK;
+/* The training data: every rank its own rows, or (an engine that scatters) the dp root the rows of its
+ * whole group and the other ranks nothing, with a buffer for the micro-batch they receive. */
+static mt_status_t open_train_data(job_t *j) {
+    j->scatter = j->engine->root_loads_batch && j->engine->root_loads_batch(j->ectx);
+    if (j->scatter && !j->engine->scatter_micro_batch) {
+        return mt_error(MT_ERR_INTERNAL, "engine %s: root_loads_batch without scatter_micro_batch", j->engine->name);
     }
-    if (strncmp(init, "llmc:", 5) != 0 || init[5] == '\0') {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "model.init = \"%s\": expected \"random\" or \"llmc:PATH\" (an llm.c GPT-2 "
-                        "checkpoint)",
-                        init);
+    if (j->scatter) {
+        size_t n = 2 * (size_t)(j->info.micro_batch * j->info.seq_len);
+        j->mb_buf = mt_alloc(n * sizeof(int32_t), MT_MEM_OTHER, "scattered micro-batch");
+        if (!j->mb_buf) {
+            return mt_error(MT_ERR_OOM, "training: out of memory for a %zu-token micro-batch", n);
+        }
+        if (j->info.dp_rank != 0) {
+            return MT_OK; /* the root reads for this rank */
+        }
     }
-    const char *path = init + 5;
-    if (mc->kind != MT_MODEL_GPT2) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "model.init = \"%s\" is a GPT-2 checkpoint but model.kind = \"%s\": set "
-                        "model.kind = \"gpt2\"",
-                        init, mt_config_str(cfg, "model.kind"));
-    }
-    static const struct {
-        const char *key;
-        unsigned bit;
-    } keys[] = {{"model.n_layer", MT_LLMC_SET_N_LAYER},  {"model.n_head", MT_LLMC_SET_N_HEAD},
-                {"model.n_embd", MT_LLMC_SET_N_EMBD},    {"model.seq_len", MT_LLMC_SET_SEQ_LEN},
-                {"model.vocab_size", MT_LLMC_SET_VOCAB}, {"model.padded_vocab", MT_LLMC_SET_PADDED_VOCAB}};
-    unsigned mask = 0;
-    for (size_t i = 0; i < MT_ARRAY_LEN(keys); i++) {
-        mask |= explicit_key(cfg, keys[i].key) ? keys[i].bit : 0u;
-    }
-    mt_llmc_header_t h;
-    MT_CHECK(mt_llmc_read_header(path, &h));
-    MT_CHECK(mt_llmc_apply_header(&h, path, mask, mc));
-    *llmc = path;
-    return MT_OK;
+    return open_data(j, false, &j->train);
 }
 
 static mt_status_t setup(job_t *j) {
     const mt_config_t *cfg = j->cfg;
     mt_model_config_t mc;
-    mt_job_model_config(cfg, &mc);
     mt_job_info_t *info = &j->info;
-    MT_CHECK(model_init_source(cfg, &mc, &info->init_llmc));
+    MT_CHECK(mt_model_config_from(cfg, &mc)); /* model.init = "llmc:PATH": the architecture is the file's */
+    info->init_llmc = mt_model_config_llmc_path(cfg);
     info->cfg = cfg;
     info->comm = mt_rt_world()->comm;
     info->mesh = j->opts->mesh;
@@ -417,7 +400,6 @@ static mt_status_t setup(job_t *j) {
     if (!j->engine->run_batch) { /* an engine that runs the batch itself has its own activations */
         MT_CHECK(mt_acts_init(j->model, (int)info->micro_batch, (int)info->seq_len, &j->acts));
     }
-    MT_CHECK(open_data(j, false, &j->train));
     if (mt_config_int(cfg, "train.eval_every") > 0) {
         bool synthetic = !strcmp(mt_config_str(cfg, "data.kind"), "synthetic");
         if (synthetic || mt_config_str(cfg, "data.val")[0] != '\0') {
@@ -428,6 +410,7 @@ static mt_status_t setup(job_t *j) {
         }
     }
     MT_CHECK(j->engine->init(info, &j->ectx));
+    MT_CHECK(open_train_data(j));
     /* Model FLOPs per token of the whole model as configured, whatever slice of it this rank holds (the
      * same figure in every layout, so their MFU compare). */
     mt_model_t whole = NULL;
@@ -438,23 +421,21 @@ static mt_status_t setup(job_t *j) {
     return MT_OK;
 }
 
-static mt_status_t agree(MPI_Comm comm, mt_status_t st);
-
 /* The parts that need the engine built, every rank having agreed on set-up: checkpoint resume,
  * metrics, profiling hooks. Collective: the ranks agree after each part, so a rank that fails locally
  * (a file it cannot create) never leaves the others waiting in the next part's collectives. */
 static mt_status_t setup_services(job_t *j) {
     if (j->engine != mt_job_engine_local()) {
-        MT_CHECK(agree(j->comm, mt_job_init_llmc(j)));
+        MT_CHECK(mt_job_agree(&j->sync, "agree_llmc_init", mt_job_init_llmc(j)));
     }
-    MT_CHECK(agree(j->comm, mt_job_ckpt_init(j, &j->ckpt)));
-    MT_CHECK(agree(j->comm, mt_job_ckpt_resume(j->ckpt, j)));
+    MT_CHECK(mt_job_agree(&j->sync, "agree_ckpt_init", mt_job_ckpt_init(j, &j->ckpt)));
+    MT_CHECK(mt_job_agree(&j->sync, "agree_ckpt_resume", mt_job_ckpt_resume(j->ckpt, j)));
     if (j->out && mt_job_ckpt_resumed_from(j->ckpt)) { /* said once every rank has loaded its part */
         fprintf(j->out, "resumed from checkpoint %s (after step %lld)\n", mt_job_ckpt_resumed_from(j->ckpt),
                 (long long)j->start_step);
     }
-    MT_CHECK(agree(j->comm, mt_job_metrics_init(j, &j->metrics)));
-    MT_CHECK(agree(j->comm, mt_job_profile_init(j, &j->profile)));
+    MT_CHECK(mt_job_agree(&j->sync, "agree_metrics_init", mt_job_metrics_init(j, &j->metrics)));
+    MT_CHECK(mt_job_agree(&j->sync, "agree_profile_init", mt_job_profile_init(j, &j->profile)));
     mt_job_profile_hooks(j->profile, j);
     return MT_OK;
 }
@@ -488,6 +469,12 @@ static void print_header(job_t *j) {
     double peak = mt_job_metrics_peak(j->metrics, &src);
     fprintf(j->out, "model FLOPs %.3g per token (6N + attention); peak %s%s\n", j->flops_per_token,
             peak > 0 ? "" : "unknown: no MFU", peak > 0 ? src : "");
+    if (j->scatter) {
+        fprintf(j->out,
+                "data: dp rank 0 loads the %lld rows of each step for its %d-rank group and scatters every "
+                "micro-batch (%lld rows per rank); the other ranks open no training data\n",
+                (long long)j->info.global_batch, j->info.dp_size, (long long)j->info.micro_batch);
+    }
     if (j->start_step > 0) {
         fprintf(j->out, "resuming after step %lld\n", (long long)j->start_step);
     }
@@ -516,7 +503,10 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         mt_watchdog_test_fault(s + 1, j->rank); /* MESHTRAIN_TEST_HANG_STEP / _KILL_STEP (tests only) */
         const mt_batch_t *b = NULL;
         MT_TRACE_BEGIN(t_data);
-        MT_CHECK(mt_data_get(j->train, s, &b));
+        if (j->train) { /* NULL on the ranks an engine's root loads for */
+            MT_CHECK(mt_data_get(j->train, s, &b));
+            rec.data_rows = b->rows;
+        }
         MT_TRACE_END(t_data, "data", "data");
         rec.data_s = mt_now() - t0;
         MT_CHECK(j->engine->zero_grads(j->ectx));
@@ -544,8 +534,10 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         /* Every rank takes the same decision, naming the module whose gradients went non-finite first. */
         bool local_ok = isfinite(loss) && isfinite(norm);
         mt_nan_verdict_t nv;
+        uint64_t nan_call = mt_job_sync_begin(&j->sync, "nan_agree", 2 * sizeof(int)); /* watched like the rest */
         MT_CHECK(mt_nan_agree(j->comm, local_ok, local_ok ? -1 : mt_model_first_nonfinite_grad(j->model, NULL, 0),
                               &nv));
+        mt_job_sync_end(&j->sync, nan_call);
         const char *bad_module = nv.module >= 0 ? mt_model_module_name(j->model, nv.module) : "?";
         if (nv.finite) {
             double to = mt_now();
@@ -553,6 +545,10 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
             MT_CHECK(j->engine->step(j->ectx, lr, coef));
             MT_TRACE_END(t_opt, "optimizer", "optimizer");
             rec.opt_s = mt_now() - to;
+            if (j->engine->comm_bytes) {
+                rec.has_bytes = true;
+                j->engine->comm_bytes(j->ectx, &rec.bytes_model, &rec.bytes_other);
+            }
         } else if (skip_nan) {
             r->n_skipped++;
             MT_WARN("step %lld: loss %g, gradient norm %g (non-finite gradients first in module '%s'): skipping the "
@@ -602,19 +598,6 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
     return MT_OK;
 }
 
-/* Every rank returns the same status, the numerically largest of all ranks' (so a bad-input verdict and
- * its exit status are the same everywhere); ranks that were fine get the message "another rank failed". */
-static mt_status_t agree(MPI_Comm comm, mt_status_t st) {
-    int mine = (int)st, worst = 0;
-    if (MPI_Allreduce(&mine, &worst, 1, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS) {
-        return mt_error(MT_ERR_MPI, "training: agreeing on the outcome failed");
-    }
-    if (st == MT_OK && worst != MT_OK) {
-        return mt_error((mt_status_t)worst, "another rank failed (its message is above)");
-    }
-    return st;
-}
-
 mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_job_result_t *res) {
     mt_job_opts_t opts = MT_JOB_OPTS_INIT;
     if (opts_in) {
@@ -634,7 +617,26 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
     mt_job_result_t r = {0};
     int64_t steps = mt_config_int(cfg, "train.steps"), eval_every = mt_config_int(cfg, "train.eval_every");
     int64_t evals = eval_every > 0 ? steps / eval_every + 1 : 0;
-    mt_status_t st = check_layout(cfg, &opts, w->size);
+    mt_job_sync_init(&j.sync, w->comm);
+    /* The hang watchdog, from the first agreement on: it watches every communicator the engine creates and
+     * the loop's own calls (job_sync.c), with runtime.watchdog_s (docs/reliability.md), unless the caller
+     * runs one already; its report lands next to the trace. */
+    bool own_wd = false;
+    mt_status_t st = MT_OK;
+    if (!mt_watchdog_running()) {
+        mt_watchdog_params_t wp = MT_WATCHDOG_PARAMS_INIT;
+        wp.timeout_s = mt_config_float(cfg, "runtime.watchdog_s");
+        char report[1100] = "";
+        if (mt_config_str(cfg, "profile.trace")[0]) {
+            snprintf(report, sizeof(report), "%s.desync.json", mt_config_str(cfg, "profile.trace"));
+            wp.report_path = report; /* copied by mt_watchdog_start */
+        }
+        st = mt_watchdog_start(&wp);
+        own_wd = st == MT_OK;
+    }
+    if (st == MT_OK) {
+        st = check_layout(cfg, &opts, w->size);
+    }
     if (st == MT_OK) {
         st = result_alloc(&r, steps, evals);
     }
@@ -644,44 +646,28 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
             st = MT_ERR_INVALID_ARG; /* an input file (data, checkpoint) that cannot be read is bad input */
         }
     }
-    st = agree(w->comm, st);
+    st = mt_job_agree(&j.sync, "agree_setup", st);
     if (st == MT_OK) {
         st = setup_services(&j);
         if (st == MT_ERR_IO) {
             st = MT_ERR_INVALID_ARG;
         }
-        st = agree(w->comm, st);
+        st = mt_job_agree(&j.sync, "agree_services", st);
     }
     if (st == MT_OK) {
         r.n_params = j.n_params;
         if (j.out) {
             print_header(&j);
         }
-        /* The hang watchdog over every communicator the engine uses (runtime.watchdog_s; docs/reliability.md),
-         * unless the caller runs one already; its report lands next to the trace. */
-        bool own_wd = false;
-        if (!mt_watchdog_running()) {
-            mt_watchdog_params_t wp = MT_WATCHDOG_PARAMS_INIT;
-            wp.timeout_s = mt_config_float(cfg, "runtime.watchdog_s");
-            char report[1100] = "";
-            if (mt_config_str(cfg, "profile.trace")[0]) {
-                snprintf(report, sizeof(report), "%s.desync.json", mt_config_str(cfg, "profile.trace"));
-                wp.report_path = report; /* copied by mt_watchdog_start */
-            }
-            st = agree(w->comm, mt_watchdog_start(&wp));
-            own_wd = st == MT_OK;
-        }
-        if (st == MT_OK) {
-            st = train(&j, &r);
-            st = agree(w->comm, st);
-        }
+        st = train(&j, &r);
+        st = mt_job_agree(&j.sync, "agree_train", st);
         r.stop_signal = j.stop_signal;
         if (st == MT_OK) {
-            st = agree(w->comm, mt_job_metrics_finish(j.metrics, &j, &r));
+            st = mt_job_agree(&j.sync, "agree_finish", mt_job_metrics_finish(j.metrics, &j, &r));
         }
-        if (own_wd) {
-            mt_watchdog_stop(); /* collective: every rank gets here with the same status */
-        }
+    }
+    if (own_wd) {
+        mt_watchdog_stop(); /* collective: every rank gets here (the statuses were agreed) */
     }
     mt_job_profile_free(j.profile, &j);
     mt_job_metrics_free(j.metrics);
@@ -691,8 +677,10 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
     }
     mt_data_close(j.train);
     mt_data_close(j.val);
+    mt_free(j.mb_buf);
     mt_acts_free(j.acts);
     mt_model_free(j.model);
+    mt_job_sync_free(&j.sync);
     if (res) {
         *res = r; /* on failure: the steps that ran */
     } else {

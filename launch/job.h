@@ -99,6 +99,21 @@ typedef struct {
      * last call (tensor-parallel collectives, pipeline messages); the loop reports them as exposed
      * communication instead of compute. */
     double (*take_comm_s)(void *ctx);
+    /* Optional batch distribution (NULL: every rank loads its own rows of each training batch from its own
+     * loader). Asked once after init: true when the engine's data path is the DataParallel one, where dp
+     * rank 0 alone opens the training data and loads the rows of its whole dp group (the step's global
+     * batch) and the other ranks open none. The loop then calls scatter_micro_batch, collectively over the
+     * dp group, before the forward of each micro-batch k (0 <= k < grad_accum): group is the group's batch
+     * on dp rank 0 (dp_size x micro_batch x grad_accum rows; rank r's rows are the contiguous block
+     * [r * rows, (r+1) * rows) a per-rank loader would have given it) and NULL elsewhere; inputs and
+     * targets (micro_batch x seq_len each, the loop's buffers) receive this rank's rows of micro-batch k.
+     * The bytes sent count in the engine's step account (comm_bytes). Evaluation batches stay per rank. */
+    bool (*root_loads_batch)(void *ctx);
+    mt_status_t (*scatter_micro_batch)(void *ctx, const mt_batch_t *group, int64_t k, int32_t *inputs,
+                                       int32_t *targets);
+    /* Optional: bytes this rank sent in the last step, gradients and parameters (model) and everything
+     * else: loss, norm, scattered batches (other), as the engine counts them; reported in the metrics. */
+    void (*comm_bytes)(void *ctx, double *model, double *other);
     /* Optional: more about the engine for the start-up line after its name (e.g. how gradients are
      * averaged over dp), or NULL; the string lives as long as ctx. */
     const char *(*describe)(void *ctx);
@@ -180,7 +195,8 @@ void mt_job_result_free(mt_job_result_t *res);
 mt_status_t mt_job_ckpt_read_model(const char *path, mt_model_t *model, mt_config_t **cfg_out, char *from,
                                    size_t from_len);
 
-/* Fills a model configuration from the model.* keys and train.seed (tp_size 1). */
+/* Fills a model configuration from the model.* keys and train.seed (tp_size 1): mt_model_config_keys of
+ * models/model_config.c, the one mapping (model.init is not looked at; the loop uses mt_model_config_from). */
 void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out);
 
 /* Fills optimizer parameters and the learning-rate schedule from optimizer.* and train.steps. */

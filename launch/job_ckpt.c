@@ -565,9 +565,9 @@ mt_status_t mt_job_ckpt_init(job_t *j, job_ckpt_t **out) {
         snprintf(msg, sizeof(msg), "%s", mt_last_error_msg());
     }
     int sti = (int)st;
-    MT_MPI_CHECK(MPI_Bcast(&sti, 1, MPI_INT, 0, j->comm));
-    MT_MPI_CHECK(MPI_Bcast(msg, (int)sizeof(msg), MPI_CHAR, 0, j->comm));
-    MT_MPI_CHECK(MPI_Bcast(c->resume, (int)sizeof(c->resume), MPI_CHAR, 0, j->comm));
+    MT_CHECK(mt_job_bcast(&j->sync, "resume_verdict", &sti, 1, MPI_INT, 0));
+    MT_CHECK(mt_job_bcast(&j->sync, "resume_message", msg, (int)sizeof(msg), MPI_CHAR, 0));
+    MT_CHECK(mt_job_bcast(&j->sync, "resume_path", c->resume, (int)sizeof(c->resume), MPI_CHAR, 0));
     if (sti != MT_OK) {
         return mt_error((mt_status_t)sti, "%s", msg);
     }
@@ -591,9 +591,9 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
         }
     }
     int64_t l64 = st == MT_OK ? (int64_t)len : -1;
-    MT_MPI_CHECK(MPI_Bcast(&l64, 1, MPI_INT64_T, 0, j->comm));
+    MT_CHECK(mt_job_bcast(&j->sync, "manifest_length", &l64, 1, MPI_INT64_T, 0));
     if (l64 < 0) {
-        MT_MPI_CHECK(MPI_Bcast(msg, (int)sizeof(msg), MPI_CHAR, 0, j->comm));
+        MT_CHECK(mt_job_bcast(&j->sync, "manifest_message", msg, (int)sizeof(msg), MPI_CHAR, 0));
         free(text);
         return mt_error(MT_ERR_INVALID_ARG, "%s", msg);
     }
@@ -604,7 +604,7 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
         }
         text[l64] = '\0';
     }
-    MT_MPI_CHECK(MPI_Bcast(text, (int)l64, MPI_CHAR, 0, j->comm)); /* manifests stay far below 2 GiB */
+    MT_CHECK(mt_job_bcast(&j->sync, "manifest", text, (int)l64, MPI_CHAR, 0)); /* manifests stay far below 2 GiB */
     mt_json_t *man = NULL;
     st = mt_json_parse(text, (size_t)l64, path, &man);
     free(text);
@@ -974,7 +974,7 @@ static void prune(const char *dir, int64_t keep, int64_t newest) {
 
 static mt_status_t agree_st(job_t *j, mt_status_t st) {
     int mine = (int)st, worst = 0;
-    MT_MPI_CHECK(MPI_Allreduce(&mine, &worst, 1, MPI_INT, MPI_MAX, j->comm));
+    MT_CHECK(mt_job_allreduce(&j->sync, "ckpt_agree", &mine, &worst, 1, MPI_INT, MPI_MAX));
     if (st == MT_OK && worst != MT_OK) {
         return mt_error((mt_status_t)worst, "checkpoint: another rank failed (its message is above)");
     }
@@ -1035,8 +1035,10 @@ static mt_status_t save(job_ckpt_t *c, job_t *j, int64_t step) {
         bytes = calloc((size_t)j->world, sizeof(int64_t));
         per = calloc((size_t)j->world, sizeof(char *));
     }
-    MPI_Gather(&len, 1, MPI_INT, lens, 1, MPI_INT, 0, j->comm);
-    MPI_Gather(&total, 1, MPI_INT64_T, bytes, 1, MPI_INT64_T, 0, j->comm);
+    st = mt_job_gather(&j->sync, "ckpt_meta_lengths", &len, 1, MPI_INT, lens, 0);
+    if (st == MT_OK) {
+        st = mt_job_gather(&j->sync, "ckpt_shard_bytes", &total, 1, MPI_INT64_T, bytes, 0);
+    }
     size_t sum = 0;
     if (j->rank == 0) {
         for (int r = 0; r < j->world; r++) {
@@ -1045,7 +1047,9 @@ static mt_status_t save(job_ckpt_t *c, job_t *j, int64_t step) {
         }
         all = calloc(sum + 1, 1);
     }
-    MPI_Gatherv(meta, len, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, j->comm);
+    if (st == MT_OK) {
+        st = mt_job_gatherv(&j->sync, "ckpt_meta", meta, len, MPI_CHAR, all, lens, displs, 0);
+    }
     free(meta);
     if (j->rank == 0) {
         for (int r = 0; r < j->world; r++) {
@@ -1054,7 +1058,7 @@ static mt_status_t save(job_ckpt_t *c, job_t *j, int64_t step) {
         }
         char path[1200];
         snprintf(path, sizeof(path), "%s/config.toml", tmp);
-        st = write_config(j->cfg, path);
+        st = st == MT_OK ? write_config(j->cfg, path) : st; /* nothing is written after a failed gather */
         if (st == MT_OK) {
             snprintf(path, sizeof(path), "%s/manifest.json", tmp);
             st = write_manifest(j, path, step, per, bytes); /* the manifest is the last file written */
@@ -1127,7 +1131,10 @@ mt_status_t mt_job_ckpt_after_step(job_ckpt_t *c, job_t *j, int64_t s, bool last
     }
     int sig = 0;
     if (c->on_signal) { /* every rank learns of a signal any rank got, at the same step */
-        MT_CHECK(mt_signals_agree(j->comm, &sig));
+        uint64_t call = mt_job_sync_begin(&j->sync, "signal_agree", sizeof(int)); /* watched (job_sync.c) */
+        mt_status_t st = mt_signals_agree(j->comm, &sig);
+        mt_job_sync_end(&j->sync, call);
+        MT_CHECK(st);
     }
     if (!last && !sig && (c->every <= 0 || (s + 1) % c->every != 0)) {
         return MT_OK;

@@ -9,6 +9,8 @@
 #include "models/data/data.h"
 #include "runtime/alloc.h"
 
+#include <stdatomic.h>
+
 /* Figures of one step, as rank 0 reports them (times are this rank's; memory the maximum over ranks). */
 typedef struct {
     int64_t step; /* 1-based */
@@ -19,7 +21,22 @@ typedef struct {
     int64_t mem_peak;         /* highest total so far, max over ranks */
     bool has_val;
     double val_loss;
+    int64_t data_rows;                   /* rows of the training batch this rank's loader read (0: none) */
+    bool has_bytes;                      /* the engine reports its communication (comm_bytes) */
+    double bytes_model, bytes_other;     /* bytes this rank sent this step (mt_job_engine_t.comm_bytes) */
 } mt_step_rec_t;
+
+/* The loop's own MPI calls on the world communicator, each registered with the hang watchdog as a
+ * numbered call of group "job" (job_sync.c). */
+typedef struct job_sync {
+    MPI_Comm comm;
+    int rank;
+    struct mt_wd_group *wd;   /* NULL for a world of one rank (nothing can wait on a peer) */
+    _Atomic uint64_t done;    /* calls 1..done are complete (read by the watchdog thread) */
+    uint64_t issued;          /* calls issued (the loop's thread only) */
+    char skip_op[32];         /* MESHTRAIN_TEST_SKIP_SYNC, parsed on the fault rank */
+    int64_t skip_n, skip_seen;
+} job_sync_t;
 
 typedef struct job_metrics job_metrics_t;
 typedef struct job_profile job_profile_t;
@@ -45,7 +62,40 @@ typedef struct {
     job_metrics_t *metrics;
     job_profile_t *profile;
     job_ckpt_t *ckpt;
+    job_sync_t sync;  /* the loop's watched MPI calls over comm (mt_job_sync_init) */
+    bool scatter;    /* the engine's root loads the dp group's batch and scatters micro-batches to it */
+    int32_t *mb_buf; /* scatter: this rank's micro-batch, inputs then targets (2 x micro_batch x seq_len) */
 } job_t;
+
+/* ---- the loop's synchronisation (job_sync.c) ----------------------------------------------------
+ * Every blocking MPI call the loop makes outside collectives/ goes through these: each is call #n (1, 2,
+ * ... in issue order) of the watchdog group "job" over comm, named by op (a static string, at most 23
+ * characters, shown in the desync report: "agree_setup", "mem_max", ...), so a rank that never arrives
+ * is reported by rank, op and call number, and the job ends within runtime.watchdog_s. Same arguments
+ * and errors as the MPI call they make (MT_ERR_MPI with op and MPI's message). Test knob
+ * MESHTRAIN_TEST_SKIP_SYNC = "OP:N": rank MESHTRAIN_TEST_FAULT_RANK skips its N-th call named OP and idles. */
+
+/* Registers the group over comm (nothing to register for a world of one rank; should registering run
+ * out of memory, the calls are made unwatched). Local. */
+void mt_job_sync_init(job_sync_t *s, MPI_Comm comm);
+void mt_job_sync_free(job_sync_t *s);
+/* A blocking call on comm made by another module (mt_nan_agree): bracket it with begin (returns the call
+ * number; bytes: this rank's payload) and end. */
+uint64_t mt_job_sync_begin(job_sync_t *s, const char *op, size_t bytes);
+void mt_job_sync_end(job_sync_t *s, uint64_t seq);
+mt_status_t mt_job_allreduce(job_sync_t *s, const char *op, const void *send, void *recv, int count, MPI_Datatype t,
+                             MPI_Op red);
+mt_status_t mt_job_bcast(job_sync_t *s, const char *op, void *buf, int count, MPI_Datatype t, int root);
+/* As mt_job_bcast, but the waiting ranks sleep in 1 ms steps instead of spinning (while the root measures). */
+mt_status_t mt_job_bcast_sleepy(job_sync_t *s, const char *op, void *buf, int count, MPI_Datatype t, int root);
+mt_status_t mt_job_allgather(job_sync_t *s, const char *op, const void *send, int count, MPI_Datatype t, void *recv);
+mt_status_t mt_job_gather(job_sync_t *s, const char *op, const void *send, int count, MPI_Datatype t, void *recv,
+                          int root);
+mt_status_t mt_job_gatherv(job_sync_t *s, const char *op, const void *send, int count, MPI_Datatype t, void *recv,
+                           const int *counts, const int *displs, int root);
+/* Every rank returns the same verdict: st where st failed (its message kept), else the numerically
+ * largest status of all ranks with "another rank failed (its message is above)". */
+mt_status_t mt_job_agree(job_sync_t *s, const char *op, mt_status_t st);
 
 /* ---- metrics (job_metrics.c) ------------------------------------------------------------------ */
 

@@ -146,26 +146,29 @@ static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
     int threads = openblas_get_num_threads();
     threads = threads > 0 ? threads : 1;
     double per_core = 0.0;
-    MPI_Request req;
     if (j->rank == 0) {
         per_core = sgemm_per_core(threads, m->peak_src, sizeof(m->peak_src), m->cache_path, sizeof(m->cache_path));
     }
     /* The other ranks sleep while rank 0 measures: spinning (or yielding) in a broadcast would take cores
      * from the measurement when ranks share them. */
-    MT_MPI_CHECK(MPI_Ibcast(&per_core, 1, MPI_DOUBLE, 0, j->comm, &req));
-    for (int done = 0; !done;) {
-        MT_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-        if (!done) {
-            usleep(1000);
-        }
+    MT_CHECK(mt_job_bcast_sleepy(&j->sync, "peak_flops", &per_core, 1, MPI_DOUBLE, 0));
+    MT_CHECK(mt_job_bcast(&j->sync, "peak_source", m->peak_src, (int)sizeof(m->peak_src), MPI_CHAR, 0));
+    /* threads of the ranks on this node: every rank's (node, threads), summed over this node's */
+    int mine_nt[2] = {w->node_id, threads}, *all_nt = malloc(2 * sizeof(int) * (size_t)j->world);
+    if (!all_nt) {
+        return mt_error(MT_ERR_OOM, "metrics: out of memory");
     }
-    MT_MPI_CHECK(MPI_Bcast(m->peak_src, (int)sizeof(m->peak_src), MPI_CHAR, 0, j->comm));
+    mt_status_t st = mt_job_allgather(&j->sync, "node_threads", mine_nt, 2, MPI_INT, all_nt);
     int local_threads = 0;
-    MT_MPI_CHECK(MPI_Allreduce(&threads, &local_threads, 1, MPI_INT, MPI_SUM, w->local_comm));
+    for (int r = 0; r < j->world; r++) {
+        local_threads += all_nt[2 * r] == w->node_id ? all_nt[2 * r + 1] : 0;
+    }
+    free(all_nt);
+    MT_CHECK(st);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     double node_cores = (double)MT_MIN((long)local_threads, ncpu > 0 ? ncpu : local_threads);
     double mine = (double)threads * node_cores / (double)local_threads, cores = 0.0;
-    MT_MPI_CHECK(MPI_Allreduce(&mine, &cores, 1, MPI_DOUBLE, MPI_SUM, j->comm));
+    MT_CHECK(mt_job_allreduce(&j->sync, "peak_cores", &mine, &cores, 1, MPI_DOUBLE, MPI_SUM));
     m->peak_flops = per_core * cores;
     char more[96];
     snprintf(more, sizeof(more), " x %.0f core%s = %.1f GFLOP/s", cores, cores == 1 ? "" : "s", m->peak_flops / 1e9);
@@ -314,6 +317,10 @@ static void write_json(FILE *f, const job_metrics_t *m, const job_t *j, const mt
     if (r->has_val) {
         fprintf(f, ", \"val_loss\": %.17g", r->val_loss);
     }
+    fprintf(f, ", \"data_rows\": %lld", (long long)r->data_rows); /* this rank's; rank 0's in metrics.jsonl */
+    if (r->has_bytes) {
+        fprintf(f, ", \"comm_bytes\": {\"model\": %.0f, \"other\": %.0f}", r->bytes_model, r->bytes_other);
+    }
     fprintf(f, "}\n");
     fflush(f);
 }
@@ -326,7 +333,7 @@ mt_status_t mt_job_metrics_step(job_metrics_t *m, job_t *j, mt_step_rec_t *r, bo
         mine[c] = ms.current[c];
     }
     mine[MT_MEM_NCAT] = ms.total_peak;
-    MT_MPI_CHECK(MPI_Allreduce(mine, maxed, MT_MEM_NCAT + 1, MPI_INT64_T, MPI_MAX, j->comm));
+    MT_CHECK(mt_job_allreduce(&j->sync, "mem_max", mine, maxed, MT_MEM_NCAT + 1, MPI_INT64_T, MPI_MAX));
     memcpy(r->mem, maxed, sizeof(r->mem));
     r->mem_peak = maxed[MT_MEM_NCAT];
     int64_t s = r->step - 1;
@@ -389,7 +396,7 @@ mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *r
         mine[c] = ms.peak[c];
     }
     mine[MT_MEM_NCAT] = ms.total_peak;
-    MT_MPI_CHECK(MPI_Allreduce(mine, maxed, MT_MEM_NCAT + 1, MPI_INT64_T, MPI_MAX, j->comm));
+    MT_CHECK(mt_job_allreduce(&j->sync, "mem_peak_max", mine, maxed, MT_MEM_NCAT + 1, MPI_INT64_T, MPI_MAX));
     memcpy(res->mem_peak, maxed, sizeof(res->mem_peak));
     res->mem_peak_total = maxed[MT_MEM_NCAT];
     res->steady_tokens_per_s = m->steady_s > 0 ? m->tokens * (double)m->n_steady / m->steady_s : 0.0;

@@ -16,11 +16,14 @@
 typedef struct {
     mt_comm_t comm;
     mt_engine_t e;
+    int64_t micro_batch, grad_accum, seq_len; /* DP's scatter: rows and tokens per micro-batch */
+    int32_t *pack;                            /* DP root: one micro-batch of the whole group, packed by rank */
 } par_ctx_t;
 
 static void par_free(void *ctx) {
     par_ctx_t *c = ctx;
     if (c) {
+        mt_free(c->pack);
         mt_engine_free(c->e);
         mt_comm_free(c->comm);
         free(c);
@@ -44,6 +47,9 @@ static mt_status_t par_init(const mt_job_info_t *info, void **ctx) {
     if (!c) {
         return mt_error(MT_ERR_OOM, "parallel engine: out of memory");
     }
+    c->micro_batch = info->micro_batch;
+    c->grad_accum = info->grad_accum;
+    c->seq_len = info->seq_len;
     mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
     cp.name = "dp";
     mt_status_t st = MT_OK;
@@ -58,6 +64,15 @@ static mt_status_t par_init(const mt_job_info_t *info, void **ctx) {
         goto fail;
     }
     MT_CHECK_GOTO(mt_engine_init(info->model, c->comm, &ep, &c->e), st, fail);
+    if (mt_engine_root_loads_batch(c->e) && info->dp_rank == 0 && info->dp_size > 1) {
+        size_t n = (size_t)info->dp_size * (size_t)(info->micro_batch * info->seq_len);
+        /* batch data, like the loader's buffers (category other, which `meshtrain plan` does not size) */
+        c->pack = mt_alloc(n * sizeof(int32_t), MT_MEM_OTHER, "dp batch scatter");
+        if (!c->pack) {
+            st = mt_error(MT_ERR_OOM, "engine dp: out of memory for the %zu-token scatter buffer", n);
+            goto fail;
+        }
+    }
     *ctx = c;
     return MT_OK;
 fail:
@@ -83,6 +98,59 @@ static mt_status_t par_step(void *ctx, float lr, float grad_scale) {
 
 static mt_status_t par_reduce_loss(void *ctx, double *loss) {
     return mt_engine_reduce_loss(((par_ctx_t *)ctx)->e, loss);
+}
+
+static bool par_root_loads_batch(void *ctx) {
+    return mt_engine_root_loads_batch(((par_ctx_t *)ctx)->e);
+}
+
+/* Packs rows [r*rows + k*mb, r*rows + (k+1)*mb) of the group's batch for every dp rank r, rank after rank
+ * (mt_engine_scatter_batch's root layout), from src (inputs or targets of the group batch). */
+static void pack_micro(const par_ctx_t *c, const int32_t *src, int64_t rows, int64_t k, int32_t *dst) {
+    size_t n = (size_t)(c->micro_batch * c->seq_len);
+    for (int r = 0; r < c->e->size; r++) {
+        memcpy(dst + (size_t)r * n, src + (size_t)(r * rows + k * c->micro_batch) * (size_t)c->seq_len,
+               n * sizeof(int32_t));
+    }
+}
+
+/* DP's data path: the root sends every rank its rows of micro-batch k (inputs, then targets), counted in
+ * the step's bytes_other by the engine. */
+static mt_status_t par_scatter_micro_batch(void *ctx, const mt_batch_t *group, int64_t k, int32_t *inputs,
+                                           int32_t *targets) {
+    par_ctx_t *c = ctx;
+    mt_engine_t e = c->e;
+    size_t n = (size_t)(c->micro_batch * c->seq_len);
+    int64_t rows = c->micro_batch * c->grad_accum; /* per rank */
+    if (k < 0 || k >= c->grad_accum) {
+        return mt_error(MT_ERR_INVALID_USAGE, "engine dp: micro-batch %lld of %lld", (long long)k,
+                        (long long)c->grad_accum);
+    }
+    if (e->rank == 0 && (!group || group->rows != rows * e->size || group->seq_len != c->seq_len)) {
+        return mt_error(MT_ERR_INVALID_USAGE, "engine dp: the root needs the group's batch of %lld x %lld tokens",
+                        (long long)(rows * e->size), (long long)c->seq_len);
+    }
+    if (e->size == 1) {
+        memcpy(inputs, group->inputs + (size_t)k * n, n * sizeof(int32_t));
+        memcpy(targets, group->targets + (size_t)k * n, n * sizeof(int32_t));
+        return MT_OK;
+    }
+    const int32_t *srcs[2] = {e->rank == 0 ? group->inputs : NULL, e->rank == 0 ? group->targets : NULL};
+    int32_t *dsts[2] = {inputs, targets};
+    for (int i = 0; i < 2; i++) {
+        if (e->rank == 0) {
+            pack_micro(c, srcs[i], rows, k, c->pack);
+        }
+        MT_CHECK(mt_engine_scatter_batch(e, e->rank == 0 ? c->pack : NULL, dsts[i], n));
+    }
+    return MT_OK;
+}
+
+static void par_comm_bytes(void *ctx, double *model, double *other) {
+    mt_engine_comm_stats_t s;
+    mt_engine_comm_stats(((par_ctx_t *)ctx)->e, &s);
+    *model = s.bytes_model;
+    *other = s.bytes_other;
 }
 
 /* ---- checkpoint pieces (shared with job_mp.c: launch/job_pieces.h) ---------------------------------- */
@@ -281,6 +349,9 @@ static const mt_job_engine_t parallel_engine = {
     .ckpt_get_step = par_ckpt_get_step,
     .ckpt_set_step = par_ckpt_set_step,
     .ckpt_loaded = par_ckpt_loaded,
+    .root_loads_batch = par_root_loads_batch,
+    .scatter_micro_batch = par_scatter_micro_batch,
+    .comm_bytes = par_comm_bytes,
 };
 
 const mt_job_engine_t *mt_job_engine_parallel(void) {

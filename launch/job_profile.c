@@ -129,7 +129,10 @@ mt_status_t mt_job_profile_init(job_t *j, job_profile_t **out) {
         }
     }
     if (p->trace) {
-        MT_CHECK(mt_trace_sync_clocks(j->comm));
+        uint64_t call = mt_job_sync_begin(&j->sync, "trace_sync_clocks", 0); /* watched (job_sync.c) */
+        mt_status_t st = mt_trace_sync_clocks(j->comm);
+        mt_job_sync_end(&j->sync, call);
+        MT_CHECK(st);
         mt_trace_reset();
         mt_trace_thread_name("main");
     }
@@ -199,7 +202,9 @@ mt_status_t mt_job_profile_step_end(job_profile_t *p, job_t *j, int64_t s) {
     }
     if (p->trace) {
         mt_trace_stop();
+        uint64_t call = mt_job_sync_begin(&j->sync, "trace_write", 0); /* watched (job_sync.c) */
         mt_status_t tst = mt_trace_write(j->comm, p->trace);
+        mt_job_sync_end(&j->sync, call);
         mt_trace_reset();
         st = st == MT_OK ? tst : st;
     }

@@ -11,12 +11,12 @@ static bool is_set(const mt_config_t *cfg, const char *key) {
     return s == MT_CFG_SRC_FILE || s == MT_CFG_SRC_OVERRIDE;
 }
 
-static const char *llmc_path(const mt_config_t *cfg) {
+const char *mt_model_config_llmc_path(const mt_config_t *cfg) {
     const char *init = mt_config_str(cfg, "model.init");
-    return init && strncmp(init, "llmc:", 5) == 0 ? init + 5 : NULL;
+    return init && strncmp(init, "llmc:", 5) == 0 && init[5] != '\0' ? init + 5 : NULL;
 }
 
-mt_status_t mt_model_config_from(const mt_config_t *cfg, mt_model_config_t *out) {
+void mt_model_config_keys(const mt_config_t *cfg, mt_model_config_t *out) {
     mt_model_config_t c = MT_MODEL_CONFIG_INIT;
     c.kind = strcmp(mt_config_str(cfg, "model.kind"), "mlp") == 0 ? MT_MODEL_MLP : MT_MODEL_GPT2;
     c.n_layer = (int)mt_config_int(cfg, "model.n_layer");
@@ -28,12 +28,25 @@ mt_status_t mt_model_config_from(const mt_config_t *cfg, mt_model_config_t *out)
     c.recompute = strcmp(mt_config_str(cfg, "model.recompute"), "block") == 0 ? MT_RECOMPUTE_BLOCK : MT_RECOMPUTE_NONE;
     c.attn_recompute = mt_config_bool(cfg, "model.attn_recompute");
     c.seed = (uint64_t)mt_config_int(cfg, "train.seed");
+    *out = c;
+}
+
+mt_status_t mt_model_config_from(const mt_config_t *cfg, mt_model_config_t *out) {
+    mt_model_config_t c;
+    mt_model_config_keys(cfg, &c);
     const char *init = mt_config_str(cfg, "model.init");
-    const char *path = llmc_path(cfg);
+    const char *path = mt_model_config_llmc_path(cfg);
     if (!path && init && strcmp(init, "random") != 0) {
-        return mt_error(MT_ERR_INVALID_ARG, "model.init = \"%s\": expected \"random\" or \"llmc:PATH\"", init);
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "model.init = \"%s\": expected \"random\" or \"llmc:PATH\" (an llm.c GPT-2 checkpoint)", init);
     }
     if (path) {
+        if (c.kind != MT_MODEL_GPT2) {
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "model.init = \"%s\" is a GPT-2 checkpoint but model.kind = \"%s\": set model.kind = "
+                            "\"gpt2\"",
+                            init, mt_config_str(cfg, "model.kind"));
+        }
         mt_llmc_header_t h;
         MT_CHECK(mt_llmc_read_header(path, &h));
         unsigned mask = (is_set(cfg, "model.n_layer") ? MT_LLMC_SET_N_LAYER : 0) |
@@ -49,7 +62,7 @@ mt_status_t mt_model_config_from(const mt_config_t *cfg, mt_model_config_t *out)
 }
 
 mt_status_t mt_model_init_from_config(mt_model_t m, const mt_config_t *cfg) {
-    const char *path = llmc_path(cfg);
+    const char *path = mt_model_config_llmc_path(cfg);
     if (path) {
         return mt_llmc_load(m, path);
     }

@@ -22,65 +22,59 @@ struct mt_tp {
     mt_tp_counts_t counts;
 };
 
-static mt_status_t seam_all_reduce(void *ctx, float *buf, size_t count) {
-    mt_work_t w_ = NULL;
-    struct mt_tp *tp = ctx;
+/* The seam's collectives over count floats per rank: all-reduce (sum or max, in place: send == recv),
+ * all-gather and reduce-scatter (sum). Each call adds 1 to *kind (its counter in tp->counts), its bus bytes
+ * and its time; a group of one only copies send to recv. */
+typedef enum { SEAM_ALL_REDUCE_SUM, SEAM_ALL_REDUCE_MAX, SEAM_ALL_GATHER, SEAM_REDUCE_SCATTER } seam_op_t;
+
+static mt_status_t seam_run(struct mt_tp *tp, seam_op_t op, int64_t *kind, const float *send, float *recv,
+                            size_t count) {
+    mt_work_t w = NULL;
     double t0 = mt_now();
-    tp->counts.all_reduce++;
-    tp->counts.bytes += bus_bytes(count, tp->size, 2);
-    mt_status_t st =
-        tp->comm
-            ? mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, count, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_, -1.0)
-            : MT_OK;
+    bool all_reduce = op == SEAM_ALL_REDUCE_SUM || op == SEAM_ALL_REDUCE_MAX;
+    (*kind)++;
+    tp->counts.bytes += all_reduce ? bus_bytes(count, tp->size, 2) : bus_bytes(count * (size_t)tp->size, tp->size, 1);
+    mt_status_t st = MT_OK;
+    if (tp->comm) {
+        switch (op) {
+        case SEAM_ALL_REDUCE_SUM:
+        case SEAM_ALL_REDUCE_MAX:
+            st = mt_coll_all_reduce(tp->comm, send, recv, count, MT_COLL_F32,
+                                    op == SEAM_ALL_REDUCE_MAX ? MT_REDOP_MAX : MT_REDOP_SUM, NULL, &w);
+            break;
+        case SEAM_ALL_GATHER:
+            st = mt_coll_all_gather(tp->comm, send, recv, count, MT_COLL_F32, NULL, &w);
+            break;
+        case SEAM_REDUCE_SCATTER:
+            st = mt_coll_reduce_scatter(tp->comm, send, recv, count, MT_COLL_F32, MT_REDOP_SUM, NULL, &w);
+            break;
+        }
+        st = mt_mp_wait(st, &w, -1.0);
+    } else if (recv != send) {
+        memcpy(recv, send, count * sizeof(float));
+    }
     tp->counts.seconds += mt_now() - t0;
     return st;
+}
+
+static mt_status_t seam_all_reduce(void *ctx, float *buf, size_t count) {
+    struct mt_tp *tp = ctx;
+    return seam_run(tp, SEAM_ALL_REDUCE_SUM, &tp->counts.all_reduce, buf, buf, count);
 }
 
 static mt_status_t seam_all_reduce_max(void *ctx, float *buf, size_t count) {
-    mt_work_t w_ = NULL;
     struct mt_tp *tp = ctx;
-    double t0 = mt_now();
-    tp->counts.all_reduce_max++;
-    tp->counts.bytes += bus_bytes(count, tp->size, 2);
-    mt_status_t st =
-        tp->comm
-            ? mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, count, MT_COLL_F32, MT_REDOP_MAX, NULL, &w_), &w_, -1.0)
-            : MT_OK;
-    tp->counts.seconds += mt_now() - t0;
-    return st;
+    return seam_run(tp, SEAM_ALL_REDUCE_MAX, &tp->counts.all_reduce_max, buf, buf, count);
 }
 
 static mt_status_t seam_all_gather(void *ctx, const float *send, float *recv, size_t count) {
-    mt_work_t w_ = NULL;
     struct mt_tp *tp = ctx;
-    double t0 = mt_now();
-    tp->counts.all_gather++;
-    tp->counts.bytes += bus_bytes(count * (size_t)tp->size, tp->size, 1);
-    mt_status_t st = MT_OK;
-    if (tp->comm) {
-        st = mt_mp_wait(mt_coll_all_gather(tp->comm, send, recv, count, MT_COLL_F32, NULL, &w_), &w_, -1.0);
-    } else if (recv != send) {
-        memcpy(recv, send, count * sizeof(float));
-    }
-    tp->counts.seconds += mt_now() - t0;
-    return st;
+    return seam_run(tp, SEAM_ALL_GATHER, &tp->counts.all_gather, send, recv, count);
 }
 
 static mt_status_t seam_reduce_scatter(void *ctx, const float *send, float *recv, size_t count) {
-    mt_work_t w_ = NULL;
     struct mt_tp *tp = ctx;
-    double t0 = mt_now();
-    tp->counts.reduce_scatter++;
-    tp->counts.bytes += bus_bytes(count * (size_t)tp->size, tp->size, 1);
-    mt_status_t st = MT_OK;
-    if (tp->comm) {
-        st = mt_mp_wait(mt_coll_reduce_scatter(tp->comm, send, recv, count, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_,
-                        -1.0);
-    } else if (recv != send) {
-        memcpy(recv, send, count * sizeof(float));
-    }
-    tp->counts.seconds += mt_now() - t0;
-    return st;
+    return seam_run(tp, SEAM_REDUCE_SCATTER, &tp->counts.reduce_scatter, send, recv, count);
 }
 
 mt_status_t mt_tp_init(mt_comm_t tp_comm, mt_tp_t *out) {
@@ -129,17 +123,29 @@ void mt_tp_reset_counts(mt_tp_t tp) {
     memset(&tp->counts, 0, sizeof(tp->counts));
 }
 
-/* Sums the gradients of the replicated parameters in [first, first + count) over tp, packed in one buffer. */
-static mt_status_t sync_replicated(mt_tp_t tp, mt_model_t m, int first, int count) {
-    mt_work_t w_ = NULL;
-    size_t total = 0;
-    int n = first + count;
+/* Copies the gradients of the replicated parameters (tp_dim < 0, with a gradient) among [first, n) into
+ * buf back to back (to_buf) or out of it; returns their total number of floats (buf may be NULL to count). */
+static size_t pack_replicated(mt_model_t m, int first, int n, float *buf, bool to_buf) {
+    size_t off = 0;
     for (int i = first; i < n; i++) {
         const mt_param_t *p = mt_model_param(m, i);
         if (p->tp_dim < 0 && p->grad) {
-            total += p->numel;
+            if (buf && to_buf) {
+                memcpy(buf + off, p->grad, p->numel * sizeof(float));
+            } else if (buf) {
+                memcpy(p->grad, buf + off, p->numel * sizeof(float));
+            }
+            off += p->numel;
         }
     }
+    return off;
+}
+
+/* Sums the gradients of the replicated parameters in [first, first + count) over tp, packed in one buffer. */
+static mt_status_t sync_replicated(mt_tp_t tp, mt_model_t m, int first, int count) {
+    mt_work_t w_ = NULL;
+    int n = first + count;
+    size_t total = pack_replicated(m, first, n, NULL, false);
     if (total == 0) {
         return MT_OK;
     }
@@ -147,14 +153,7 @@ static mt_status_t sync_replicated(mt_tp_t tp, mt_model_t m, int first, int coun
     if (!buf) {
         return mt_error(MT_ERR_OOM, "tp: cannot allocate %zu bytes to sum replicated gradients", total * 4);
     }
-    size_t off = 0;
-    for (int i = first; i < n; i++) {
-        const mt_param_t *p = mt_model_param(m, i);
-        if (p->tp_dim < 0 && p->grad) {
-            memcpy(buf + off, p->grad, p->numel * sizeof(float));
-            off += p->numel;
-        }
-    }
+    pack_replicated(m, first, n, buf, true);
     double t0 = mt_now();
     mt_status_t st =
         mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, total, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_, -1.0);
@@ -162,14 +161,7 @@ static mt_status_t sync_replicated(mt_tp_t tp, mt_model_t m, int first, int coun
     tp->counts.bytes += bus_bytes(total, tp->size, 2);
     tp->counts.seconds += mt_now() - t0;
     if (st == MT_OK) {
-        off = 0;
-        for (int i = first; i < n; i++) {
-            const mt_param_t *p = mt_model_param(m, i);
-            if (p->tp_dim < 0 && p->grad) {
-                memcpy(p->grad, buf + off, p->numel * sizeof(float));
-                off += p->numel;
-            }
-        }
+        pack_replicated(m, first, n, buf, false);
     }
     mt_free(buf);
     return st;

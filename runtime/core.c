@@ -215,6 +215,19 @@ _Noreturn void mt_abort_impl(const char *file, int line, const char *fmt, ...) {
     abort();
 }
 
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double mt_median(double *v, size_t n) {
+    MT_ASSERT(n >= 1);
+    qsort(v, n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 /* ---- parameters ---------------------------------------------------------------------------- */
 
 bool mt_parse_size(const char *s, int64_t *out) {

@@ -106,6 +106,28 @@ static block_t *fl_best_fit(free_list_t *fl, void *stream, size_t bytes) {
     return NULL;
 }
 
+/* Merges b->next (of the same segment, not allocated, no longer in any free list) into b and frees its
+ * record. */
+static void absorb_next(block_t *b) {
+    block_t *n = b->next;
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) {
+        n->next->prev = b;
+    }
+    free(n);
+}
+
+/* Appends b to the growing array *v of *n blocks (*cap allocated). */
+static void push_block(block_t ***v, size_t *n, size_t *cap, block_t *b) {
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        *v = realloc(*v, *cap * sizeof(**v));
+        MT_ASSERT(*v);
+    }
+    (*v)[(*n)++] = b;
+}
+
 /* ---- live-block hash table ---- */
 
 static size_t hash_ptr(const void *p, size_t cap) {
@@ -259,24 +281,14 @@ void mt_cuda_alloc_destroy(mt_cuda_alloc_t a) {
         for (size_t i = 0; i < a->pools[p].n; i++) {
             block_t *b = a->pools[p].v[i];
             if (!b->prev) {
-                if (n_heads == cap_heads) {
-                    cap_heads = cap_heads ? 2 * cap_heads : 64;
-                    heads = realloc(heads, cap_heads * sizeof(*heads));
-                    MT_ASSERT(heads);
-                }
-                heads[n_heads++] = b;
+                push_block(&heads, &n_heads, &cap_heads, b);
             }
         }
     }
     for (size_t i = 0; i < a->hcap; i++) {
         for (block_t *b = a->htab[i]; b; b = b->hnext) {
             if (!b->prev) {
-                if (n_heads == cap_heads) {
-                    cap_heads = cap_heads ? 2 * cap_heads : 64;
-                    heads = realloc(heads, cap_heads * sizeof(*heads));
-                    MT_ASSERT(heads);
-                }
-                heads[n_heads++] = b;
+                push_block(&heads, &n_heads, &cap_heads, b);
             }
         }
     }
@@ -404,13 +416,7 @@ mt_status_t mt_cuda_alloc_malloc(mt_cuda_alloc_t a, void **ptr, size_t bytes, mt
             b->next = rest;
             b->size = rounded;
             if (!fl_insert(&a->pools[pool], rest)) {
-                /* cannot index the remainder: merge it back and hand out the whole block */
-                b->next = rest->next;
-                if (rest->next) {
-                    rest->next->prev = b;
-                }
-                b->size += rest->size;
-                free(rest);
+                absorb_next(b); /* cannot index the remainder: merge it back and hand out the whole block */
             }
         }
     }
@@ -462,23 +468,12 @@ void mt_cuda_alloc_free(mt_cuda_alloc_t a, void *ptr) {
     if (b->prev && !b->prev->allocated) {
         block_t *p = b->prev;
         fl_remove(fl, p);
-        p->size += b->size;
-        p->next = b->next;
-        if (b->next) {
-            b->next->prev = p;
-        }
-        free(b);
+        absorb_next(p);
         b = p;
     }
     if (b->next && !b->next->allocated) {
-        block_t *n = b->next;
-        fl_remove(fl, n);
-        b->size += n->size;
-        b->next = n->next;
-        if (n->next) {
-            n->next->prev = b;
-        }
-        free(n);
+        fl_remove(fl, b->next);
+        absorb_next(b);
     }
     if (!fl_insert(fl, b)) {
         MT_ABORT("cuda_alloc: no host memory to index a free block");

@@ -193,6 +193,10 @@ const char *mt_param_str_load(const char *suffix, const char *dflt, _Atomic(cons
 /* Monotonic time in seconds. */
 double mt_now(void);
 
+/* Sorts v[0..n) ascending in place and returns its median (the mean of the two middle values for even n);
+ * n >= 1. For benchmark figures. */
+double mt_median(double *v, size_t n);
+
 /* Parses "123", "64K", "1M", "2G" (binary multiples) into *out. Returns false on anything else. */
 bool mt_parse_size(const char *s, int64_t *out);
 

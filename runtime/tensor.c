@@ -109,20 +109,8 @@ void mt_tensor_free(mt_tensor_t *t) {
     memset(t, 0, sizeof(*t));
 }
 
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 uint16_t mt_f32_to_bf16(float f) {
-    uint32_t u = f32_bits(f);
+    uint32_t u = mt_f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) {
         return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
     }
@@ -131,11 +119,11 @@ uint16_t mt_f32_to_bf16(float f) {
 }
 
 float mt_bf16_to_f32(uint16_t h) {
-    return bits_f32((uint32_t)h << 16);
+    return mt_bits_f32((uint32_t)h << 16);
 }
 
 uint16_t mt_f32_to_f16(float f) {
-    uint32_t u = f32_bits(f);
+    uint32_t u = mt_f32_bits(f);
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t abs = u & 0x7fffffffu;
     if (abs > 0x7f800000u) {
@@ -145,7 +133,7 @@ uint16_t mt_f32_to_f16(float f) {
         return (uint16_t)(sign | 0x7c00u);
     }
     if (abs < 0x38800000u) { /* below the smallest normal 2^-14: subnormal or zero */
-        float a = bits_f32(abs);
+        float a = mt_bits_f32(abs);
         /* value in units of 2^-24, rounded to nearest even by the FPU */
         float q = nearbyintf(a * 16777216.0f);
         return (uint16_t)(sign | (uint32_t)q);
@@ -168,9 +156,9 @@ float mt_f16_to_f32(uint16_t h) {
         return sign ? -v : v;
     }
     if (e == 31) {
-        return bits_f32(sign | 0x7f800000u | (mant << 13));
+        return mt_bits_f32(sign | 0x7f800000u | (mant << 13));
     }
-    return bits_f32(sign | ((e - 15 + 127) << 23) | (mant << 13));
+    return mt_bits_f32(sign | ((e - 15 + 127) << 23) | (mant << 13));
 }
 
 static float load(const void *src, mt_dtype_t dt, size_t i) {

@@ -4,6 +4,8 @@
 #ifndef MT_TENSOR_H
 #define MT_TENSOR_H
 
+#include <string.h>
+
 #include "alloc.h"
 #include "mt_core.h"
 
@@ -47,6 +49,19 @@ mt_tensor_t mt_tensor_view(void *data, mt_dtype_t dt, mt_device_t dev, int ndim,
 
 /* Frees owned storage and clears the tensor; a view or a zeroed struct is a no-op. */
 void mt_tensor_free(mt_tensor_t *t);
+
+/* The bits of an f32, and the f32 of 32 bits (memcpy: no aliasing question; compiles to a register move,
+ * so vectorised loops may use them). */
+static inline uint32_t mt_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float mt_bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 /* Round-to-nearest-even conversions (NaN stays NaN, overflow to inf for f16). */
 uint16_t mt_f32_to_bf16(float f);

@@ -9,13 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/gpt2/gpt2_impl.h"
 #include "models/layers/layers.h"
-#include "models/model_impl.h"
 #include "runtime/alloc.h"
-
-/* Parameters of a block, in registration order (also llm.c's per-layer order). */
-enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, NBP };
-#define BLOCK0 2 /* wte, wpe come first */
 
 typedef struct {
     float *recomp;   /* recompute = block: one block's internal activations */
@@ -26,86 +22,39 @@ typedef struct {
     size_t attn_floats; /* attention scratch size (per-thread rows: grows with the OpenMP thread count) */
 } gpt2_impl_t;
 
-/* Saved activations of one block. */
-typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd; /* (N,C) (N) (N) */
-    float *qkv;                       /* (N,3C) */
-    float *atty;                      /* (N,C) attention output before the projection */
-    float *att;                       /* (B,NH,T,T) probabilities, or NULL with attn_recompute */
-    float *lse;                       /* (B,NH,T) per-row log-sum-exp with attn_recompute, else NULL */
-    float *r2;                        /* (N,C) residual after attention */
-    float *ln2, *ln2_mean, *ln2_rstd; /* (N,C) (N) (N) */
-    float *fch, *fch_gelu;            /* (N,4C) */
-    float *out;                       /* (N,C) block output = next module's input */
-} blk_t;
-
-/* Points b's fields into base (NULL base: just count). Returns floats used. */
-static size_t carve_block(float *base, const mt_model_config_t *c, int B, int T, bool with_out, blk_t *b) {
-    size_t N = (size_t)B * T, C = (size_t)c->n_embd, off = 0;
-    blk_t tmp;
-    if (!b) {
-        b = &tmp;
-    }
-#define TAKE(field, n)                                                                                                 \
-    do {                                                                                                               \
-        b->field = base ? base + off : NULL;                                                                           \
-        off += (n);                                                                                                    \
-    } while (0)
-    TAKE(ln1, N * C);
-    TAKE(ln1_mean, N);
-    TAKE(ln1_rstd, N);
-    TAKE(qkv, 3 * N * C);
-    TAKE(atty, N * C);
-    if (c->attn_recompute) {
-        TAKE(lse, (size_t)B * c->n_head * T);
-        b->att = NULL;
-    } else {
-        TAKE(att, (size_t)B * c->n_head * T * T);
-        b->lse = NULL;
-    }
-    TAKE(r2, N * C);
-    TAKE(ln2, N * C);
-    TAKE(ln2_mean, N);
-    TAKE(ln2_rstd, N);
-    TAKE(fch, 4 * N * C);
-    TAKE(fch_gelu, 4 * N * C);
-    if (with_out) {
-        TAKE(out, N * C);
-    } else {
-        b->out = NULL;
-    }
-#undef TAKE
-    return off;
+/* The plain model's geometry: tp = 1, whole rows, heads and vocabulary (gpt2_impl.h). */
+static void geom(const mt_model_config_t *c, int B, int T, mt_gpt2_geom_t *g) {
+    mt_gpt2_geom(c, 1, false, B, T, g);
 }
 
 /* The block's activations: its own buffer, or (recompute = block) the shared scratch plus its own output. */
-static void block_acts(mt_model_t m, mt_acts_t a, int module, blk_t *b) {
+static void block_acts(mt_model_t m, mt_acts_t a, int module, mt_gpt2_blk_t *b) {
     gpt2_impl_t *g = m->impl;
+    mt_gpt2_geom_t geo;
+    geom(&m->cfg, a->B, a->T, &geo);
     if (m->cfg.recompute == MT_RECOMPUTE_BLOCK) {
-        carve_block(g->recomp, &m->cfg, a->B, a->T, false, b);
+        mt_gpt2_carve_block(g->recomp, &geo, false, b);
         b->out = a->mod_buf[module];
     } else {
-        carve_block(a->mod_buf[module], &m->cfg, a->B, a->T, true, b);
+        mt_gpt2_carve_block(a->mod_buf[module], &geo, true, b);
     }
-}
-
-static size_t head_floats(const mt_model_config_t *c, size_t N) {
-    return N * c->n_embd + 2 * N + N * (size_t)c->padded_vocab + 2 * N;
 }
 
 static size_t gpt2_module_floats(mt_model_t m, int module, int B, int T) {
     const mt_model_config_t *c = &m->cfg;
     size_t N = (size_t)B * T;
+    mt_gpt2_geom_t geo;
+    geom(c, B, T, &geo);
     if (module == 0) {
         return N * c->n_embd;
     }
     if (module == m->n_modules - 1) {
-        return head_floats(c, N);
+        return mt_gpt2_carve_head(NULL, &geo, NULL);
     }
     if (c->recompute == MT_RECOMPUTE_BLOCK) {
         return N * c->n_embd;
     }
-    return carve_block(NULL, c, B, T, true, NULL);
+    return mt_gpt2_carve_block(NULL, &geo, true, NULL);
 }
 
 static float *gpt2_module_out(mt_model_t m, mt_acts_t a, int module) {
@@ -115,8 +64,10 @@ static float *gpt2_module_out(mt_model_t m, mt_acts_t a, int module) {
     if (module == 0 || m->cfg.recompute == MT_RECOMPUTE_BLOCK) {
         return a->mod_buf[module];
     }
-    blk_t b;
-    carve_block(a->mod_buf[module], &m->cfg, a->B, a->T, true, &b);
+    mt_gpt2_blk_t b;
+    mt_gpt2_geom_t geo;
+    geom(&m->cfg, a->B, a->T, &geo);
+    mt_gpt2_carve_block(a->mod_buf[module], &geo, true, &b);
     return b.out;
 }
 
@@ -128,7 +79,9 @@ static int gpt2_workspace(const mt_model_config_t *c, size_t rows, int tt, size_
     floats[n++] = 10 * rows * c->n_embd;             /* dr2 (N,C), dA (N,C), dfg (N,4C), dfc (N,4C) */
     floats[n++] = mt_attention_scratch_floats(tt); /* per-thread rows: grows with the OpenMP thread count */
     if (c->recompute == MT_RECOMPUTE_BLOCK) {
-        size_t need = carve_block(NULL, c, (int)rows, 1, false, NULL);
+        mt_gpt2_geom_t geo;
+        geom(c, (int)rows, 1, &geo);
+        size_t need = mt_gpt2_carve_block(NULL, &geo, false, NULL);
         if (!c->attn_recompute) {
             need += rows * (size_t)c->n_head * tt; /* B*NH*T*T <= rows*NH*tt */
         }
@@ -177,7 +130,7 @@ static void gpt2_free_impl(mt_model_t m) {
 #define PG(i) (m->params[(i)].grad)
 
 /* inp (N,C) -> b (all fields; out only when need_out). */
-static void block_forward(mt_model_t m, mt_acts_t a, int l, const float *inp, blk_t *b, bool need_out) {
+static void block_forward(mt_model_t m, mt_acts_t a, int l, const float *inp, mt_gpt2_blk_t *b, bool need_out) {
     const mt_model_config_t *c = &m->cfg;
     int B = a->B, T = a->T, N = B * T, C = c->n_embd;
     int p = BLOCK0 + l * NBP;
@@ -202,17 +155,19 @@ static void gpt2_forward(mt_model_t m, mt_acts_t a, int module, const float *inp
     if (module == 0) {
         mt_embedding_forward(a->mod_buf[0], a->tokens, PD(0), PD(1), B, T, C);
     } else if (module <= L) {
-        blk_t b;
+        mt_gpt2_blk_t b;
         block_acts(m, a, module, &b);
         block_forward(m, a, module - 1, inp, &b, true);
     } else {
         int p = BLOCK0 + L * NBP, Vp = c->padded_vocab;
-        float *lnf = a->mod_buf[module], *mean = lnf + (size_t)N * C, *rstd = mean + N, *logits = rstd + N;
-        float *losses = logits + (size_t)N * Vp, *lse = losses + N;
-        mt_layernorm_forward(lnf, mean, rstd, inp, PD(p), PD(p + 1), N, C);
+        mt_gpt2_geom_t geo;
+        mt_gpt2_head_t h;
+        geom(c, B, T, &geo);
+        mt_gpt2_carve_head(a->mod_buf[module], &geo, &h);
+        mt_layernorm_forward(h.lnf, h.mean, h.rstd, inp, PD(p), PD(p + 1), N, C);
         /* logits (N, Vp): only the V real vocabulary columns are computed; padded rows of wte are never used */
-        mt_matmul_forward(logits, Vp, lnf, PD(0), NULL, N, C, c->vocab_size);
-        a->n_valid = mt_softmax_ce_forward(losses, lse, &a->loss, logits, a->targets, N, c->vocab_size, Vp);
+        mt_matmul_forward(h.logits, Vp, h.lnf, PD(0), NULL, N, C, c->vocab_size);
+        a->n_valid = mt_softmax_ce_forward(h.losses, h.lse, &a->loss, h.logits, a->targets, N, c->vocab_size, Vp);
     }
 }
 
@@ -229,21 +184,23 @@ static void gpt2_backward(mt_model_t m, mt_acts_t a, int module, const float *in
     }
     if (module == L + 1) {
         int p = BLOCK0 + L * NBP, Vp = c->padded_vocab, V = c->vocab_size;
-        float *lnf = a->mod_buf[module], *mean = lnf + NC, *rstd = mean + N, *logits = rstd + N;
-        float *lse = logits + (size_t)N * Vp + N;
+        mt_gpt2_geom_t geo;
+        mt_gpt2_head_t h;
+        geom(c, B, T, &geo);
+        mt_gpt2_carve_head(a->mod_buf[module], &geo, &h);
         memset(dinp, 0, NC * sizeof(float));
         if (a->n_valid == 0) {
             return; /* every target ignored: the loss is the constant 0 */
         }
         /* dlogits = scale/n_valid (softmax - onehot), in place over the logits */
-        mt_softmax_ce_backward(logits, logits, lse, a->targets, N, V, Vp, scale / (float)a->n_valid);
+        mt_softmax_ce_backward(h.logits, h.logits, h.lse, a->targets, N, V, Vp, scale / (float)a->n_valid);
         memset(dA, 0, NC * sizeof(float));
-        mt_matmul_backward(dA, PG(0), NULL, logits, Vp, lnf, PD(0), N, C, V);
-        mt_layernorm_backward(dinp, PG(p), PG(p + 1), dA, inp, PD(p), mean, rstd, N, C);
+        mt_matmul_backward(dA, PG(0), NULL, h.logits, Vp, h.lnf, PD(0), N, C, V);
+        mt_layernorm_backward(dinp, PG(p), PG(p + 1), dA, inp, PD(p), h.mean, h.rstd, N, C);
         return;
     }
     int l = module - 1, p = BLOCK0 + l * NBP;
-    blk_t b;
+    mt_gpt2_blk_t b;
     block_acts(m, a, module, &b);
     if (c->recompute == MT_RECOMPUTE_BLOCK) {
         block_forward(m, a, l, inp, &b, false); /* same inputs, same kernels: bit-identical activations */
@@ -312,23 +269,25 @@ mt_status_t mt_gpt2_build(mt_model_t m) {
     for (int l = 0; l < L; l++) {
         snprintf(name, sizeof(name), "block.%d", l);
         MT_CHECK(mt_model_add_module(m, name));
-#define P(suffix, nd, d0, d1, sd, cst, tpd, parts)                                                                     \
+/* Block parameter k, registered at its index in the shared layout (gpt2_impl.h) under its shared name. */
+#define P(k, nd, d0, d1, sd, cst, tpd, parts)                                                                          \
     do {                                                                                                               \
-        snprintf(name, sizeof(name), "h.%d.%s", l, suffix);                                                            \
+        MT_ASSERT(m->n_params == BLOCK0 + l * NBP + (k));                                                              \
+        snprintf(name, sizeof(name), "h.%d.%s", l, mt_gpt2_block_suffix[k]);                                           \
         MT_CHECK(mt_model_add_param(m, name, nd, d0, d1, sd, cst, tpd, parts));                                        \
     } while (0)
-        P("ln_1.weight", 1, C, 1, 0, 1, -1, 1);
-        P("ln_1.bias", 1, C, 1, 0, 0, -1, 1);
-        P("attn.qkv.weight", 2, 3 * C, C, std, 0, 0, 3); /* column-parallel, Q|K|V each split by heads */
-        P("attn.qkv.bias", 1, 3 * C, 1, 0, 0, 0, 3);
-        P("attn.proj.weight", 2, C, C, res_std, 0, 1, 1); /* row-parallel */
-        P("attn.proj.bias", 1, C, 1, 0, 0, -1, 1);
-        P("ln_2.weight", 1, C, 1, 0, 1, -1, 1);
-        P("ln_2.bias", 1, C, 1, 0, 0, -1, 1);
-        P("mlp.fc.weight", 2, 4 * C, C, std, 0, 0, 1);
-        P("mlp.fc.bias", 1, 4 * C, 1, 0, 0, 0, 1);
-        P("mlp.proj.weight", 2, C, 4 * C, res_std, 0, 1, 1);
-        P("mlp.proj.bias", 1, C, 1, 0, 0, -1, 1);
+        P(LN1W, 1, C, 1, 0, 1, -1, 1);
+        P(LN1B, 1, C, 1, 0, 0, -1, 1);
+        P(QKVW, 2, 3 * C, C, std, 0, 0, 3); /* column-parallel, Q|K|V each split by heads */
+        P(QKVB, 1, 3 * C, 1, 0, 0, 0, 3);
+        P(PROJW, 2, C, C, res_std, 0, 1, 1); /* row-parallel */
+        P(PROJB, 1, C, 1, 0, 0, -1, 1);
+        P(LN2W, 1, C, 1, 0, 1, -1, 1);
+        P(LN2B, 1, C, 1, 0, 0, -1, 1);
+        P(FCW, 2, 4 * C, C, std, 0, 0, 1);
+        P(FCB, 1, 4 * C, 1, 0, 0, 0, 1);
+        P(FCPW, 2, C, 4 * C, res_std, 0, 1, 1);
+        P(FCPB, 1, C, 1, 0, 0, -1, 1);
 #undef P
     }
     MT_CHECK(mt_model_add_module(m, "head"));

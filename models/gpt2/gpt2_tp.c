@@ -21,13 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/gpt2/gpt2_impl.h"
 #include "models/layers/layers.h"
-#include "models/model_impl.h"
 #include "runtime/alloc.h"
-
-/* Parameters of a block in registration order: must match gpt2.c (checked by name in attach). */
-enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, NBP };
-#define BLOCK0 2
 
 typedef struct {
     const mt_tp_ops_t *ops;
@@ -41,89 +37,26 @@ typedef struct {
     int T;
 } tp_impl_t;
 
-/* Saved activations of one block on this rank. */
-typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd; /* (N,C) (R) (R); ln1 NULL with sequence parallelism */
-    float *ln1_full;                  /* (N,C) gathered, with sequence parallelism only */
-    float *qkv;                       /* (N,3Cl) local Q|K|V */
-    float *atty;                      /* (N,Cl) */
-    float *att, *lse;                 /* (B,NHl,T,T) or (B,NHl,T) with attn_recompute */
-    float *r2;                        /* (R,C) */
-    float *ln2, *ln2_mean, *ln2_rstd; /* as ln1 */
-    float *ln2_full;
-    float *fch, *fch_gelu; /* (N,Hl) */
-    float *out;            /* (R,C) */
-} tblk_t;
-
 static size_t rows_local(const tp_impl_t *g, size_t N) {
     return g->sp ? N / (size_t)g->tp : N;
 }
 
-static size_t carve(float *base, const mt_model_config_t *c, const tp_impl_t *g, int B, int T, tblk_t *b) {
-    size_t N = (size_t)B * T, R = rows_local(g, N), C = (size_t)c->n_embd, off = 0;
-    tblk_t tmp;
-    if (!b) {
-        b = &tmp;
-    }
-#define TAKE(field, n)                                                                                                 \
-    do {                                                                                                               \
-        b->field = base ? base + off : NULL;                                                                           \
-        off += (n);                                                                                                    \
-    } while (0)
-    /* With sequence parallelism only the gathered LayerNorm output is kept (for the weight gradients, so
-     * backward repeats no all-gather); the local rows are transient, in the workspace. */
-    if (g->sp) {
-        b->ln1 = NULL;
-        TAKE(ln1_full, N * C);
-    } else {
-        TAKE(ln1, R * C);
-        b->ln1_full = NULL;
-    }
-    TAKE(ln1_mean, R);
-    TAKE(ln1_rstd, R);
-    TAKE(qkv, 3 * N * (size_t)g->Cl);
-    TAKE(atty, N * (size_t)g->Cl);
-    if (c->attn_recompute) {
-        TAKE(lse, (size_t)B * g->NHl * T);
-        b->att = NULL;
-    } else {
-        TAKE(att, (size_t)B * g->NHl * T * T);
-        b->lse = NULL;
-    }
-    TAKE(r2, R * C);
-    if (g->sp) {
-        b->ln2 = NULL;
-        TAKE(ln2_full, N * C);
-    } else {
-        TAKE(ln2, R * C);
-        b->ln2_full = NULL;
-    }
-    TAKE(ln2_mean, R);
-    TAKE(ln2_rstd, R);
-    TAKE(fch, N * (size_t)g->Hl);
-    TAKE(fch_gelu, N * (size_t)g->Hl);
-    TAKE(out, R * C);
-#undef TAKE
-    return off;
-}
-
-/* Head buffer: lnf (R,C), mean (R), rstd (R), lnf_full (N,C) with sp, logits (N,Vl), losses (N), lse (N). */
-static size_t head_floats(const mt_model_config_t *c, const tp_impl_t *g, size_t N) {
-    size_t R = rows_local(g, N);
-    /* ln_f's output: gathered (N,C) with sequence parallelism (the local rows are transient), else (N,C) */
-    return (g->sp ? N : R) * c->n_embd + 2 * R + N * (size_t)g->Vl + 2 * N;
+/* This rank's geometry for B x T (gpt2_impl.h). */
+static void geom(mt_model_t m, int B, int T, mt_gpt2_geom_t *geo) {
+    const tp_impl_t *g = m->impl;
+    mt_gpt2_geom(&m->cfg, g->tp, g->sp, B, T, geo);
 }
 
 static size_t tp_module_floats(mt_model_t m, int module, int B, int T) {
-    tp_impl_t *g = m->impl;
-    size_t N = (size_t)B * T;
+    mt_gpt2_geom_t geo;
+    geom(m, B, T, &geo);
     if (module == 0) {
-        return rows_local(g, N) * m->cfg.n_embd;
+        return geo.R * m->cfg.n_embd;
     }
     if (module == m->n_modules - 1) {
-        return head_floats(&m->cfg, g, N);
+        return mt_gpt2_carve_head(NULL, &geo, NULL);
     }
-    return carve(NULL, &m->cfg, g, B, T, NULL);
+    return mt_gpt2_carve_block(NULL, &geo, true, NULL);
 }
 
 static float *tp_module_out(mt_model_t m, mt_acts_t a, int module) {
@@ -133,8 +66,10 @@ static float *tp_module_out(mt_model_t m, mt_acts_t a, int module) {
     if (module == 0) {
         return a->mod_buf[0];
     }
-    tblk_t b;
-    carve(a->mod_buf[module], &m->cfg, m->impl, a->B, a->T, &b);
+    mt_gpt2_blk_t b;
+    mt_gpt2_geom_t geo;
+    geom(m, a->B, a->T, &geo);
+    mt_gpt2_carve_block(a->mod_buf[module], &geo, true, &b);
     return b.out;
 }
 
@@ -332,7 +267,7 @@ static void embedding_backward(mt_model_t m, mt_acts_t a, const float *dout) {
 
 /* ---- transformer block ----------------------------------------------------------------------- */
 
-static void block_forward(mt_model_t m, mt_acts_t a, int l, const float *inp, tblk_t *b) {
+static void block_forward(mt_model_t m, mt_acts_t a, int l, const float *inp, mt_gpt2_blk_t *b) {
     tp_impl_t *g = m->impl;
     int B = a->B, T = a->T, C = m->cfg.n_embd;
     size_t N = (size_t)B * T, R = rows_local(g, N);
@@ -357,7 +292,7 @@ static void block_forward(mt_model_t m, mt_acts_t a, int l, const float *inp, tb
 }
 
 static void block_backward(mt_model_t m, mt_acts_t a, int l, const float *inp, const float *dout, float *dinp,
-                           tblk_t *b) {
+                           mt_gpt2_blk_t *b) {
     tp_impl_t *g = m->impl;
     int B = a->B, T = a->T, C = m->cfg.n_embd;
     size_t N = (size_t)B * T, R = rows_local(g, N), NC = N * C;
@@ -397,32 +332,14 @@ static void block_backward(mt_model_t m, mt_acts_t a, int l, const float *inp, c
 
 /* ---- head: ln_f, tied vocabulary-parallel projection, vocabulary-parallel cross-entropy --------- */
 
-typedef struct {
-    float *lnf, *mean, *rstd, *lnf_full, *logits, *losses, *lse;
-} head_t;
-
-static void head_carve(mt_model_t m, mt_acts_t a, head_t *h) {
+static void head_carve(mt_model_t m, mt_acts_t a, mt_gpt2_head_t *h) {
     tp_impl_t *g = m->impl;
-    size_t N = (size_t)a->B * a->T, R = rows_local(g, N), C = (size_t)m->cfg.n_embd;
-    float *p = a->mod_buf[m->n_modules - 1];
+    mt_gpt2_geom_t geo;
+    geom(m, a->B, a->T, &geo);
+    mt_gpt2_carve_head(a->mod_buf[m->n_modules - 1], &geo, h);
     if (g->sp) {
-        h->lnf = ws_rows(&m->cfg, g, N); /* transient: only the gathered rows are kept */
-        h->lnf_full = p;
-        p += N * C;
-    } else {
-        h->lnf = p;
-        h->lnf_full = NULL;
-        p += R * C;
+        h->lnf = ws_rows(&m->cfg, g, geo.N); /* transient: only the gathered rows are kept */
     }
-    h->mean = p;
-    p += R;
-    h->rstd = p;
-    p += R;
-    h->logits = p;
-    p += N * (size_t)g->Vl;
-    h->losses = p;
-    p += N;
-    h->lse = p;
 }
 
 /* lse_n = max_n + log sum_v exp(l_nv - max_n) over the whole vocabulary, from per-rank partials:
@@ -432,7 +349,7 @@ static void head_forward(mt_model_t m, mt_acts_t a, const float *inp) {
     int C = m->cfg.n_embd, L = m->cfg.n_layer;
     size_t N = (size_t)a->B * a->T, R = rows_local(g, N);
     int p = BLOCK0 + L * NBP, Vl = g->Vl, Vr = g->Vr;
-    head_t h;
+    mt_gpt2_head_t h;
     head_carve(m, a, &h);
     mt_layernorm_forward(h.lnf, h.mean, h.rstd, inp, PD(p), PD(p + 1), (int)R, C);
     const float *x = f_forward(g, h.lnf, h.lnf_full, N, C);
@@ -486,7 +403,7 @@ static void head_backward(mt_model_t m, mt_acts_t a, const float *inp, float *di
     int C = m->cfg.n_embd, L = m->cfg.n_layer;
     size_t N = (size_t)a->B * a->T, R = rows_local(g, N), NC = N * C;
     int p = BLOCK0 + L * NBP, Vl = g->Vl, Vr = g->Vr;
-    head_t h;
+    mt_gpt2_head_t h;
     head_carve(m, a, &h);
     memset(dinp, 0, R * C * sizeof(float));
     if (a->n_valid == 0) {
@@ -526,8 +443,10 @@ static void tp_forward(mt_model_t m, mt_acts_t a, int module, const float *inp) 
     if (module == 0) {
         embedding_forward(m, a);
     } else if (module <= L) {
-        tblk_t b;
-        carve(a->mod_buf[module], &m->cfg, m->impl, a->B, a->T, &b);
+        mt_gpt2_blk_t b;
+        mt_gpt2_geom_t geo;
+        geom(m, a->B, a->T, &geo);
+        mt_gpt2_carve_block(a->mod_buf[module], &geo, true, &b);
         block_forward(m, a, module - 1, inp, &b);
     } else {
         head_forward(m, a, inp);
@@ -540,8 +459,10 @@ static void tp_backward(mt_model_t m, mt_acts_t a, int module, const float *inp,
     if (module == 0) {
         embedding_backward(m, a, dout);
     } else if (module <= L) {
-        tblk_t b;
-        carve(a->mod_buf[module], &m->cfg, m->impl, a->B, a->T, &b);
+        mt_gpt2_blk_t b;
+        mt_gpt2_geom_t geo;
+        geom(m, a->B, a->T, &geo);
+        mt_gpt2_carve_block(a->mod_buf[module], &geo, true, &b);
         block_backward(m, a, module - 1, inp, dout, dinp, &b);
     } else {
         head_backward(m, a, inp, dinp, scale);
@@ -590,18 +511,8 @@ mt_status_t mt_gpt2_tp_attach(mt_model_t m) {
                         "model.recompute = \"none\"",
                         tp);
     }
-    /* The block layout this file indexes must be gpt2.c's. */
-    static const char *suffix[NBP] = {"ln_1.weight",      "ln_1.bias",      "attn.qkv.weight", "attn.qkv.bias",
-                                      "attn.proj.weight", "attn.proj.bias", "ln_2.weight",     "ln_2.bias",
-                                      "mlp.fc.weight",    "mlp.fc.bias",    "mlp.proj.weight", "mlp.proj.bias"};
+    /* Registered by mt_gpt2_build in the layout of gpt2_impl.h (which asserts every block's indices). */
     MT_ASSERT(m->n_params == BLOCK0 + c->n_layer * NBP + 2 && !strcmp(m->params[0].name, "wte"));
-    for (int l = 0; l < c->n_layer; l++) {
-        for (int k = 0; k < NBP; k++) {
-            char want[MT_PARAM_NAME_MAX];
-            snprintf(want, sizeof(want), "h.%d.%s", l, suffix[k]);
-            MT_ASSERT(!strcmp(m->params[BLOCK0 + l * NBP + k].name, want));
-        }
-    }
     tp_impl_t *g = calloc(1, sizeof(*g));
     if (!g) {
         return mt_error(MT_ERR_OOM, "gpt2: out of memory");

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Shared by the cluster fixtures (slurm_fixture.sh, netns_fixture.sh): messages, skip/fail exits, bounded
-# waits, a watchdog that ends the whole fixture run, packages, and the search for processes a run left.
+# waits, a watchdog that ends the whole fixture run, packages, the search for processes a run left, and
+# the traps and the loop that run the checks named on the command line.
 # Sourced, not run. Every wait here has a limit; nothing waits forever.
 # SPDX-License-Identifier: MIT
 
@@ -141,4 +142,64 @@ mt_stop_pid() {
     fi
     wait "$pid" 2>/dev/null
     return 0
+}
+
+# mt_arm_fixture CLEANUP SECONDS: CLEANUP runs on exit; SIGINT/SIGHUP/SIGTERM set RC (130/143) and exit
+# through it; the watchdog ends the run after SECONDS.
+mt_arm_fixture() {
+    # shellcheck disable=SC2064 # the handler's name is meant to be expanded now
+    trap "$1" EXIT
+    trap 'mt_log "interrupted"; RC=130; exit 130' INT HUP
+    trap 'mt_log "terminated"; RC=143; exit 143' TERM
+    mt_watchdog "$2"
+}
+
+# mt_stop_check: for the fixtures' clean-up: ends the running check (CHECK_PID) and the command it runs
+# (srun, mpirun, timeout), which ends its step or job.
+mt_stop_check() {
+    if [ -n "${CHECK_PID:-}" ] && kill -0 "$CHECK_PID" 2>/dev/null; then
+        pkill -TERM -P "$CHECK_PID" 2>/dev/null
+        kill -TERM "$CHECK_PID" 2>/dev/null
+    fi
+}
+
+# mt_run_checks GREEDY CHECK...: runs each named check as the fixture's function check_NAME in a background
+# subshell (CHECK_PID: a signal interrupts `wait` at once and mt_stop_check can end it). GREEDY lists the
+# checks that take all the arguments after them (space-separated; a trailing '?' allows none, otherwise
+# none is a usage error). An unknown name is a usage error (the fixture's usage(), exit 2). A check that
+# fails sets RC=1 and exits 1 at once; one that exits 77 (skipped) sets RC=77 and the others still run.
+# Exits with RC when all have run.
+mt_run_checks() {
+    local greedy=" $1 " name rc
+    shift
+    while [ $# -gt 0 ]; do
+        name=$1
+        shift
+        if [[ $greedy == *" $name "* || $greedy == *" $name? "* ]]; then
+            [[ $greedy == *" $name? "* ]] || [ $# -gt 0 ] || usage
+            mt_log "check $name: $*"
+            "check_$name" "$@" &
+            CHECK_PID=$!
+            wait $CHECK_PID
+            rc=$?
+            set --
+        else
+            declare -F "check_$name" >/dev/null || { echo "unknown check '$name'" >&2; usage; }
+            mt_log "check $name"
+            "check_$name" &
+            CHECK_PID=$!
+            wait $CHECK_PID
+            rc=$?
+        fi
+        if [ $rc -eq 77 ]; then
+            RC=77
+        elif [ $rc -ne 0 ]; then
+            RC=1
+            mt_log "check $name FAILED (exit $rc)"
+            exit 1
+        else
+            mt_log "check $name passed"
+        fi
+    done
+    exit "$RC"
 }

@@ -76,10 +76,7 @@ cleanup() {
     local rc=$? ns pids left
     trap - EXIT INT TERM HUP
     [ $RC -ne 0 ] && rc=$RC
-    if [ -n "$CHECK_PID" ] && kill -0 "$CHECK_PID" 2>/dev/null; then
-        pkill -TERM -P "$CHECK_PID" 2>/dev/null # its command (srun, mpirun, timeout) ends its step or job
-        kill -TERM "$CHECK_PID" 2>/dev/null
-    fi
+    mt_stop_check
     # Processes inside the namespaces first (ranks, orteds), then everything else this run started.
     for ns in "${CREATED[@]}"; do
         pids=$(ip netns pids "$ns" 2>/dev/null)
@@ -114,10 +111,7 @@ for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^mt[0-9]+[hn
         ip netns del "$ns" 2>/dev/null
     fi
 done
-trap cleanup EXIT
-trap 'mt_log "interrupted"; RC=130; exit 130' INT HUP
-trap 'mt_log "terminated"; RC=143; exit 143' TERM
-mt_watchdog "$BUDGET"
+mt_arm_fixture cleanup "$BUDGET"
 
 # The one place the machine may refuse: creating a namespace. That is a skip with the kernel's reason.
 if ! err=$(ip netns add "$HEAD" 2>&1); then
@@ -257,30 +251,4 @@ check_run() {
     timeout -k 5 90 "${args[@]}"
 }
 
-while [ $# -gt 0 ]; do
-    name=$1
-    shift
-    if [ "$name" = run ] || [ "$name" = train_match ]; then # these take the rest of the arguments
-        [ $# -gt 0 ] || usage
-        mt_log "check $name: $*"
-        "check_$name" "$@" &
-        CHECK_PID=$!
-        wait $CHECK_PID
-        rc=$?
-        set --
-    else
-        declare -F "check_$name" >/dev/null || { echo "unknown check '$name'" >&2; usage; }
-        mt_log "check $name"
-        "check_$name" &
-        CHECK_PID=$!
-        wait $CHECK_PID
-        rc=$?
-    fi
-    if [ $rc -ne 0 ]; then
-        RC=1
-        mt_log "check $name FAILED (exit $rc)"
-        exit 1
-    fi
-    mt_log "check $name passed"
-done
-exit 0
+mt_run_checks "run train_match" "$@"

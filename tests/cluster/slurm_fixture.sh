@@ -73,10 +73,7 @@ cleanup() {
     local rc=$? leftover=0
     trap - EXIT INT TERM HUP
     [ $RC -ne 0 ] && rc=$RC
-    if [ -n "$CHECK_PID" ] && kill -0 "$CHECK_PID" 2>/dev/null; then
-        pkill -TERM -P "$CHECK_PID" 2>/dev/null # its command (srun, mpirun, timeout) ends its step or job
-        kill -TERM "$CHECK_PID" 2>/dev/null
-    fi
+    mt_stop_check
     if [ -n "$SLURMCTLD_PID" ] && kill -0 "$SLURMCTLD_PID" 2>/dev/null; then
         timeout 10 scancel --quiet --user="$(id -un)" 2>/dev/null # our private cluster's jobs only
         local i
@@ -109,10 +106,7 @@ cleanup() {
     fi
     exit $rc
 }
-trap cleanup EXIT
-trap 'mt_log "interrupted"; RC=130; exit 130' INT HUP
-trap 'mt_log "terminated"; RC=143; exit 143' TERM
-mt_watchdog "$BUDGET"
+mt_arm_fixture cleanup "$BUDGET"
 
 # ---- configuration ---------------------------------------------------------------------------------------
 mkdir -p "$D/etc" "$D/log" "$D/state" "$D/spool/mtnode0" "$D/out" "$D/dev"
@@ -336,33 +330,4 @@ check_run() {
 }
 
 # ---- run the checks named on the command line -----------------------------------------------------------
-while [ $# -gt 0 ]; do
-    name=$1
-    shift
-    if [ "$name" = run ] || [ "$name" = sbatch_train ]; then # these take the rest of the arguments
-        [ "$name" = sbatch_train ] || [ $# -gt 0 ] || usage
-        mt_log "check $name: $*"
-        "check_$name" "$@" &
-        CHECK_PID=$!
-        wait $CHECK_PID
-        rc=$?
-        set --
-    else
-        declare -F "check_$name" >/dev/null || { echo "unknown check '$name'" >&2; usage; }
-        mt_log "check $name"
-        "check_$name" &
-        CHECK_PID=$!
-        wait $CHECK_PID
-        rc=$?
-    fi
-    if [ $rc -eq 77 ]; then
-        RC=77
-    elif [ $rc -ne 0 ]; then
-        RC=1
-        mt_log "check $name FAILED (exit $rc)"
-        exit 1
-    else
-        mt_log "check $name passed"
-    fi
-done
-exit $RC
+mt_run_checks "run sbatch_train?" "$@"

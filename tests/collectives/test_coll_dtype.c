@@ -1,4 +1,4 @@
-/* Element types: names and parsing, f16/bf16 <-> f32 conversions (exact round trips, round to nearest
+/* Element types: names and parsing, single elements through double, f16/bf16 <-> f32 conversions (exact round trips, round to nearest
  * even on ties, NaN/inf/subnormals), and the MPI backend's user-defined f16/bf16 reductions checked
  * element by element against f32 arithmetic rounded once, at odd lengths and unaligned offsets.
  * SPDX-License-Identifier: MIT */
@@ -18,12 +18,6 @@ static uint32_t next_u32(void) {
     return rng;
 }
 
-static float bits_f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 int main(int argc, char **argv) {
     CHECK_OK(mt_rt_init(&argc, &argv));
     /* names */
@@ -39,6 +33,23 @@ int main(int argc, char **argv) {
               mt_coll_dtype_size(MT_COLL_U8) == 1,
           "sizes");
     CHECK(!strcmp(mt_coll_dtype_name(MT_COLL_F16), "f16") && !strcmp(mt_redop_name(MT_REDOP_PROD), "prod"), "names");
+
+    /* single elements through double: every dtype stores and returns -3 and 1.5 where it can hold them,
+     * at the right offset, and the combine of each op */
+    for (int dt = 0; dt < MT_COLL_DTYPE_COUNT; dt++) {
+        mt_coll_dtype_t t = (mt_coll_dtype_t)dt;
+        uint64_t buf[4] = {0};
+        bool integral = t == MT_COLL_I32 || t == MT_COLL_I64 || t == MT_COLL_U8;
+        double v = t == MT_COLL_U8 ? 200.0 : integral ? -3.0 : 1.5;
+        mt_coll_elem_set(buf, t, 2, v);
+        CHECK(mt_coll_elem_get(buf, t, 2) == v && mt_coll_elem_get(buf, t, 1) == 0.0 &&
+                  mt_coll_elem_get(buf, t, 3) == 0.0,
+              "element round trip of %s", mt_coll_dtype_name(t));
+    }
+    CHECK(mt_redop_apply(MT_REDOP_SUM, 2, 3) == 5 && mt_redop_apply(MT_REDOP_AVG, 2, 3) == 5 &&
+              mt_redop_apply(MT_REDOP_MAX, 2, -3) == 2 && mt_redop_apply(MT_REDOP_MIN, 2, -3) == -3 &&
+              mt_redop_apply(MT_REDOP_PROD, 2, -3) == -6,
+          "mt_redop_apply");
 
     /* every 16-bit pattern round-trips (NaN stays NaN) */
     int bad_bf = 0, bad_h = 0;
@@ -57,7 +68,7 @@ int main(int argc, char **argv) {
     CHECK(mt_f32_to_f16(5.9604644775390625e-8f) == 0x0001 && mt_f16_to_f32(0x0001) == 5.9604644775390625e-8f,
           "f16 smallest subnormal");
     CHECK(mt_f32_to_f16(2.98e-8f) == 0x0000 && mt_f32_to_f16(-3.0e-8f) == 0x8001, "f16 subnormal rounding");
-    CHECK(mt_f32_to_bf16(bits_f(0x7f7fffffu)) == 0x7f80, "bf16 max float rounds to inf");
+    CHECK(mt_f32_to_bf16(mt_bits_f32(0x7f7fffffu)) == 0x7f80, "bf16 max float rounds to inf");
 
     /* the MPI reductions against f32 arithmetic rounded once, odd lengths, unaligned starts */
     int bad_op = 0;

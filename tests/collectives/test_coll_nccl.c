@@ -50,7 +50,7 @@ static void test_reductions(mt_comm_t c, bool async) {
                     /* all_reduce: mode 0 out of place, 1 in place */
                     if (mode < 2) {
                         for (size_t i = 0; i < cnt; i++) {
-                            tl_set(h_a, d, i, tl_val(r, i, d, op));
+                            mt_coll_elem_set(h_a, d, i, tl_val(r, i, d, op));
                         }
                         up(d_a, h_a, bytes);
                         void *recv = mode ? d_a : d_b;
@@ -59,7 +59,7 @@ static void test_reductions(mt_comm_t c, bool async) {
                         down(h_b, recv, bytes);
                         int bad = 0;
                         for (size_t i = 0; i < cnt; i++) {
-                            bad += tl_get(h_b, d, i) != tl_expect(n, i, d, op);
+                            bad += mt_coll_elem_get(h_b, d, i) != tl_expect(n, i, d, op);
                         }
                         CHECK(bad == 0, "nccl all_reduce %s %s count %zu mode %d: %d wrong", mt_coll_dtype_name(d),
                               mt_redop_name(op), cnt, mode, bad);
@@ -72,7 +72,7 @@ static void test_reductions(mt_comm_t c, bool async) {
                             down(h_b, mode ? d_a : d_b, bytes);
                             bad = 0;
                             for (size_t i = 0; i < cnt; i++) {
-                                bad += tl_get(h_b, d, i) != tl_expect(n, i, d, op);
+                                bad += mt_coll_elem_get(h_b, d, i) != tl_expect(n, i, d, op);
                             }
                             CHECK(bad == 0, "nccl reduce %s %s count %zu mode %d: %d wrong", mt_coll_dtype_name(d),
                                   mt_redop_name(op), cnt, mode, bad);
@@ -80,7 +80,7 @@ static void test_reductions(mt_comm_t c, bool async) {
                     }
                     /* reduce_scatter: 0 out of place, 1 recv = send + r*count, 2 recv = send */
                     for (size_t i = 0; i < cnt * (size_t)n; i++) {
-                        tl_set(h_a, d, i, tl_val(r, i, d, op));
+                        mt_coll_elem_set(h_a, d, i, tl_val(r, i, d, op));
                     }
                     up(d_a, h_a, bytes * (size_t)n);
                     void *recv = mode == 0 ? (void *)d_b : mode == 1 ? (void *)(d_a + bytes * (size_t)r) : d_a;
@@ -89,7 +89,7 @@ static void test_reductions(mt_comm_t c, bool async) {
                     down(h_b, recv, bytes);
                     int bad = 0;
                     for (size_t i = 0; i < cnt; i++) {
-                        bad += tl_get(h_b, d, i) != tl_expect(n, cnt * (size_t)r + i, d, op);
+                        bad += mt_coll_elem_get(h_b, d, i) != tl_expect(n, cnt * (size_t)r + i, d, op);
                     }
                     CHECK(bad == 0, "nccl reduce_scatter %s %s count %zu mode %d: %d wrong", mt_coll_dtype_name(d),
                           mt_redop_name(op), cnt, mode, bad);
@@ -108,7 +108,7 @@ static void test_data_movement(mt_comm_t c, bool async) {
             for (int mode = 0; mode < 3; mode++) {
                 /* all_gather: 0 out of place, 1 send = recv + r*count, 2 send = recv */
                 for (size_t i = 0; i < cnt; i++) {
-                    tl_set(h_a, d, i, tl_val(r, i, d, MT_REDOP_SUM));
+                    mt_coll_elem_set(h_a, d, i, tl_val(r, i, d, MT_REDOP_SUM));
                 }
                 CU(cudaMemset(d_b, 0x5a, bytes * (size_t)n));
                 void *send = mode == 0 ? (void *)d_a : mode == 1 ? (void *)(d_b + bytes * (size_t)r) : d_b;
@@ -119,7 +119,7 @@ static void test_data_movement(mt_comm_t c, bool async) {
                 int bad = 0;
                 for (int q = 0; q < n; q++) {
                     for (size_t i = 0; i < cnt; i++) {
-                        bad += tl_get(h_b, d, (size_t)q * cnt + i) != tl_val(q, i, d, MT_REDOP_SUM);
+                        bad += mt_coll_elem_get(h_b, d, (size_t)q * cnt + i) != tl_val(q, i, d, MT_REDOP_SUM);
                     }
                 }
                 CHECK(bad == 0, "nccl all_gather %s count %zu mode %d: %d wrong", mt_coll_dtype_name(d), cnt, mode,
@@ -128,7 +128,7 @@ static void test_data_movement(mt_comm_t c, bool async) {
             for (int inplace = 0; inplace < 2; inplace++) {
                 /* broadcast from rank 0 */
                 for (size_t i = 0; i < cnt; i++) {
-                    tl_set(h_a, d, i, r == 0 ? tl_val(0, i, d, MT_REDOP_SUM) : 99.0);
+                    mt_coll_elem_set(h_a, d, i, r == 0 ? tl_val(0, i, d, MT_REDOP_SUM) : 99.0);
                 }
                 up(d_a, h_a, bytes);
                 void *recv = inplace ? d_a : d_b;
@@ -137,14 +137,14 @@ static void test_data_movement(mt_comm_t c, bool async) {
                 down(h_b, recv, bytes);
                 int bad = 0;
                 for (size_t i = 0; i < cnt; i++) {
-                    bad += tl_get(h_b, d, i) != tl_val(0, i, d, MT_REDOP_SUM);
+                    bad += mt_coll_elem_get(h_b, d, i) != tl_val(0, i, d, MT_REDOP_SUM);
                 }
                 CHECK(bad == 0, "nccl broadcast %s count %zu in place %d: %d wrong", mt_coll_dtype_name(d), cnt,
                       inplace, bad);
                 /* all_to_all: element j of the block s sends to t is (s*7 + t*3 + j) % 13 */
                 for (int t = 0; t < n; t++) {
                     for (size_t j = 0; j < cnt; j++) {
-                        tl_set(h_a, d, (size_t)t * cnt + j, (double)((r * 7 + t * 3 + (int)j) % 13));
+                        mt_coll_elem_set(h_a, d, (size_t)t * cnt + j, (double)((r * 7 + t * 3 + (int)j) % 13));
                     }
                 }
                 up(d_a, h_a, bytes * (size_t)n);
@@ -155,7 +155,7 @@ static void test_data_movement(mt_comm_t c, bool async) {
                 bad = 0;
                 for (int s = 0; s < n; s++) {
                     for (size_t j = 0; j < cnt; j++) {
-                        bad += tl_get(h_b, d, (size_t)s * cnt + j) != (double)((s * 7 + r * 3 + (int)j) % 13);
+                        bad += mt_coll_elem_get(h_b, d, (size_t)s * cnt + j) != (double)((s * 7 + r * 3 + (int)j) % 13);
                     }
                 }
                 CHECK(bad == 0, "nccl all_to_all %s count %zu in place %d: %d wrong", mt_coll_dtype_name(d), cnt,

@@ -34,7 +34,7 @@ static int n_wrong(const void *buf, mt_coll_dtype_t d, size_t off, size_t count,
                    void *arg, size_t *first) {
     int wrong = 0;
     for (size_t i = 0; i < count; i++) {
-        if (tl_get(buf, d, off + i) != want(i, arg)) {
+        if (mt_coll_elem_get(buf, d, off + i) != want(i, arg)) {
             if (!wrong) {
                 *first = i;
             }
@@ -66,7 +66,7 @@ static void test_all_reduce(mt_comm_t c) {
                     size_t cnt = counts[k], es = mt_coll_dtype_size(d), bytes = cnt * es;
                     void *send = buf_a, *recv = inplace ? buf_a : buf_b;
                     for (size_t i = 0; i < cnt; i++) {
-                        tl_set(send, d, i, tl_val(r, i, d, op));
+                        mt_coll_elem_set(send, d, i, tl_val(r, i, d, op));
                     }
                     fill_guard(buf_a, bytes);
                     fill_guard(buf_b, bytes);
@@ -80,7 +80,7 @@ static void test_all_reduce(mt_comm_t c) {
                     CHECK(bad == 0,
                           "all_reduce %s %s count %zu %s on %s (%d ranks): %d wrong, first [%zu] = %g want %g",
                           mt_coll_dtype_name(d), mt_redop_name(op), cnt, inplace ? "in-place" : "out-of-place",
-                          mt_comm_name(c), n, bad, first, bad ? tl_get(recv, d, first) : 0.0,
+                          mt_comm_name(c), n, bad, first, bad ? mt_coll_elem_get(recv, d, first) : 0.0,
                           bad ? want_reduce(first, &w) : 0.0);
                     CHECK(guard_ok(buf_a, bytes) && guard_ok(buf_b, bytes), "all_reduce wrote past its buffer");
                 }
@@ -98,7 +98,7 @@ static void test_reduce_scatter(mt_comm_t c) {
                 for (int mode = 0; mode < 3; mode++) {
                     size_t cnt = counts[k], es = mt_coll_dtype_size(d), bytes = cnt * es;
                     for (size_t i = 0; i < cnt * (size_t)n; i++) {
-                        tl_set(buf_a, d, i, tl_val(r, i, d, op));
+                        mt_coll_elem_set(buf_a, d, i, tl_val(r, i, d, op));
                     }
                     fill_guard(buf_a, bytes * (size_t)n);
                     fill_guard(buf_b, bytes);
@@ -133,7 +133,7 @@ static void test_all_gather(mt_comm_t c) {
                 unsigned char *send = mode == 0 ? buf_a : mode == 1 ? buf_b + bytes * (size_t)r : buf_b;
                 memset(buf_b, 0x5a, bytes * (size_t)n);
                 for (size_t i = 0; i < cnt; i++) {
-                    tl_set(send, d, i, tl_val(r, i, d, MT_REDOP_SUM));
+                    mt_coll_elem_set(send, d, i, tl_val(r, i, d, MT_REDOP_SUM));
                 }
                 fill_guard(buf_b, bytes * (size_t)n);
                 CHECK_OK(mt_coll_all_gather(c, send, recv, cnt, d, NULL, NULL));
@@ -165,7 +165,7 @@ static void test_broadcast_reduce(mt_comm_t c) {
                     void *send = buf_a, *recv = inplace ? buf_a : buf_b;
                     memset(buf_b, 0, bytes);
                     for (size_t i = 0; i < cnt; i++) {
-                        tl_set(send, d, i, r == root ? tl_val(root, i, d, MT_REDOP_SUM) : 99.0);
+                        mt_coll_elem_set(send, d, i, r == root ? tl_val(root, i, d, MT_REDOP_SUM) : 99.0);
                     }
                     fill_guard(buf_b, bytes);
                     CHECK_OK(mt_coll_broadcast(c, send, recv, cnt, d, root, NULL, NULL));
@@ -184,7 +184,7 @@ static void test_broadcast_reduce(mt_comm_t c) {
                     int root = roots[(op + inplace) % 2];
                     void *send = buf_a, *recv = inplace ? buf_a : buf_b;
                     for (size_t i = 0; i < cnt; i++) {
-                        tl_set(send, d, i, tl_val(r, i, d, op));
+                        mt_coll_elem_set(send, d, i, tl_val(r, i, d, op));
                     }
                     memset(buf_b, 0x33, bytes);
                     fill_guard(buf_b, bytes);
@@ -220,7 +220,7 @@ static void test_all_to_all(mt_comm_t c) {
                 void *send = buf_a, *recv = inplace ? buf_a : buf_b;
                 for (int t = 0; t < n; t++) {
                     for (size_t j = 0; j < cnt; j++) {
-                        tl_set(send, d, (size_t)t * cnt + j, a2a_val(r, t, j));
+                        mt_coll_elem_set(send, d, (size_t)t * cnt + j, a2a_val(r, t, j));
                     }
                 }
                 fill_guard(buf_a, bytes);
@@ -229,7 +229,7 @@ static void test_all_to_all(mt_comm_t c) {
                 int bad = 0;
                 for (int s = 0; s < n; s++) {
                     for (size_t j = 0; j < cnt; j++) {
-                        bad += tl_get(recv, d, (size_t)s * cnt + j) != a2a_val(s, r, j);
+                        bad += mt_coll_elem_get(recv, d, (size_t)s * cnt + j) != a2a_val(s, r, j);
                     }
                 }
                 CHECK(bad == 0, "all_to_all %s count %zu %s on %s (%d ranks): %d wrong", mt_coll_dtype_name(d), cnt,

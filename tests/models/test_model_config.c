@@ -63,6 +63,23 @@ int main(void) {
     CHECK(mt_model_config_from(c, &mc) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "llmc:PATH"),
           "bad model.init: %s", mt_last_error_msg());
     mt_config_free(c);
+    /* the keys alone (what the training loop's mt_job_model_config gives): no file read */
+    c = load(2, o3);
+    mt_model_config_keys(c, &mc);
+    CHECK(mc.n_layer == 5 && mt_model_config_llmc_path(c) && !strcmp(mt_model_config_llmc_path(c), path),
+          "keys without the header: n_layer %d", mc.n_layer);
+    mt_config_free(c);
+    /* a GPT-2 checkpoint for an MLP, and an empty path, are refused naming the key */
+    char *o5[] = {arg, "--model.kind=mlp"};
+    c = load(2, o5);
+    CHECK(mt_model_config_from(c, &mc) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "model.kind = \"mlp\""),
+          "llmc for an mlp: %s", mt_last_error_msg());
+    mt_config_free(c);
+    char *o6[] = {"--model.init=llmc:"};
+    c = load(1, o6);
+    CHECK(mt_model_config_from(c, &mc) == MT_ERR_INVALID_ARG && !mt_model_config_llmc_path(c),
+          "empty llmc path: %s", mt_last_error_msg());
+    mt_config_free(c);
     unlink(path);
     mt_model_free(src);
     return mt_test_finish("test_model_config");

@@ -8,7 +8,7 @@
 
 #include "runtime/alloc.h"
 
-void eq_setup_default(eq_setup_t *s, bool adamw) {
+mt_model_config_t eq_tiny_gpt2(void) {
     mt_model_config_t mc = MT_MODEL_CONFIG_INIT;
     mc.kind = MT_MODEL_GPT2;
     mc.n_layer = 4;
@@ -18,8 +18,12 @@ void eq_setup_default(eq_setup_t *s, bool adamw) {
     mc.vocab_size = 64;
     mc.padded_vocab = 128; /* fixed, so every tp size shards the same padded table */
     mc.seed = 42;
+    return mc;
+}
+
+void eq_setup_default(eq_setup_t *s, bool adamw) {
     memset(s, 0, sizeof(*s));
-    s->model = mc;
+    s->model = eq_tiny_gpt2();
     s->global_batch = 8;
     s->seq_len = 16;
     s->steps = 5;

@@ -20,8 +20,12 @@ typedef struct {
     float grad_clip; /* global-norm clipping (0 = off, the default) */
 } eq_setup_t;
 
-/* 4 layers, 4 heads, n_embd 32, seq 16, vocab 64 (padded_vocab 128, whatever tp), global batch 8, 5 steps; SGD
- * (lr 0.5) when adamw is false, else AdamW (lr 1e-2, weight decay 0.1). */
+/* The tiny GPT-2 of the model-parallel tests: 4 layers, 4 heads, n_embd 32, seq 16, vocab 64 (padded_vocab
+ * 128, whatever tp), seed 42. */
+mt_model_config_t eq_tiny_gpt2(void);
+
+/* eq_tiny_gpt2, global batch 8, 5 steps; SGD (lr 0.5) when adamw is false, else AdamW (lr 1e-2, weight
+ * decay 0.1). */
 void eq_setup_default(eq_setup_t *s, bool adamw);
 
 /* Rows [row0, row0 + n) of step's global batch: tokens and targets (n, T), targets shifted by one.

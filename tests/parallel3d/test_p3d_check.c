@@ -5,19 +5,9 @@
  * SPDX-License-Identifier: MIT */
 #include <string.h>
 
+#include "eqref.h"
 #include "parallel/parallel3d.h"
 #include "testutil.h"
-
-static mt_model_config_t tiny(void) {
-    mt_model_config_t mc = MT_MODEL_CONFIG_INIT;
-    mc.n_layer = 4;
-    mc.n_head = 4;
-    mc.n_embd = 32;
-    mc.seq_len = 16;
-    mc.vocab_size = 64;
-    mc.padded_vocab = 128;
-    return mc;
-}
 
 static mt_par3d_params_t base(int tp, int pp, int dp) {
     mt_par3d_params_t p = MT_PAR3D_PARAMS_INIT;
@@ -54,7 +44,7 @@ static void model_refused(mt_model_config_t mc, const char *needle) {
 }
 
 int main(void) {
-    mt_model_config_t mc = tiny();
+    mt_model_config_t mc = eq_tiny_gpt2();
     mt_par3d_params_t p = base(2, 2, 2);
     CHECK_OK(mt_par3d_check(&p, 8, &mc));
     p.dp = 0; /* derived */
@@ -63,20 +53,20 @@ int main(void) {
     p = base(2, 2, 3);
     refused(&p, 8, &mc, "2 x 2 x 3");
 
-    mt_model_config_t bad = tiny();
+    mt_model_config_t bad = eq_tiny_gpt2();
     bad.n_head = 6;
     bad.n_embd = 48;
     p = base(4, 1, 1);
     refused(&p, 4, &bad, "model.n_head = 6 is not divisible by parallel.tp = 4");
-    bad = tiny();
+    bad = eq_tiny_gpt2();
     bad.padded_vocab = 130;
     p = base(4, 1, 1);
     refused(&p, 4, &bad, "model.padded_vocab = 130 is not divisible by parallel.tp = 4");
-    bad = tiny();
+    bad = eq_tiny_gpt2();
     bad.kind = MT_MODEL_MLP;
     p = base(2, 1, 1);
     refused(&p, 2, &bad, "GPT-2 only");
-    bad = tiny();
+    bad = eq_tiny_gpt2();
     bad.recompute = MT_RECOMPUTE_BLOCK;
     refused(&p, 2, &bad, "model.recompute");
     p = base(4, 1, 1);
@@ -106,23 +96,23 @@ int main(void) {
 
     /* The sharded model refuses what it cannot shard, naming the keys. */
     mt_tp_ops_t ops = {NULL, no_ar, no_ag, NULL, no_ar};
-    mt_model_config_t t = tiny();
+    mt_model_config_t t = eq_tiny_gpt2();
     t.tp_size = 3;
     t.tp_rank = 0;
     t.tp_ops = &ops;
     t.n_head = 4;
     model_refused(t, "n_head");
-    t = tiny();
+    t = eq_tiny_gpt2();
     t.tp_size = 4;
     t.tp_ops = &ops;
     t.padded_vocab = 130;
     model_refused(t, "wte");
-    t = tiny();
+    t = eq_tiny_gpt2();
     t.tp_size = 2;
     t.tp_ops = &ops;
     t.recompute = MT_RECOMPUTE_BLOCK;
     model_refused(t, "model.recompute");
-    t = tiny();
+    t = eq_tiny_gpt2();
     t.tp_size = 2;
     t.tp_ops = &ops;
     t.sequence_parallel = true; /* no reduce_scatter_sum in the seam */

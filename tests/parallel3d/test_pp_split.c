@@ -4,6 +4,7 @@
  * SPDX-License-Identifier: MIT */
 #include <string.h>
 
+#include "eqref.h"
 #include "parallel/pipeline.h"
 #include "testutil.h"
 
@@ -28,12 +29,7 @@ static void expect_error(mt_model_t m, int pp, const char *spec, const char *nee
 }
 
 int main(void) {
-    mt_model_config_t mc = MT_MODEL_CONFIG_INIT;
-    mc.n_layer = 4;
-    mc.n_head = 4;
-    mc.n_embd = 32;
-    mc.seq_len = 16;
-    mc.vocab_size = 64;
+    mt_model_config_t mc = eq_tiny_gpt2();
     mt_model_t m = NULL;
     CHECK_OK(mt_model_init(&mc, &m));
     CHECK(mt_model_n_modules(m) == 6, "tiny GPT-2 has %d modules", mt_model_n_modules(m));
@@ -61,6 +57,7 @@ int main(void) {
 
     /* A big vocabulary makes the head the most expensive module: balancing gives it a stage of its own. */
     mc.vocab_size = 4096;
+    mc.padded_vocab = 0; /* derived again for the new vocabulary */
     mc.n_layer = 6;
     CHECK_OK(mt_model_init(&mc, &m));
     expect_bounds(m, 2, NULL, (int[]){0, 7, 8});

@@ -27,6 +27,11 @@ int main(void) {
     CHECK(!mt_parse_size("", &v), "empty rejected");
     CHECK(!mt_parse_size("99999999999G", &v), "overflow rejected");
 
+    double odd[] = {5, 1, 3}, even[] = {4, 1, 3, 2}, one[] = {7};
+    CHECK(mt_median(odd, 3) == 3 && odd[0] == 1 && odd[2] == 5, "median of 3, sorted in place");
+    CHECK(mt_median(even, 4) == 2.5, "median of 4: mean of the middle two");
+    CHECK(mt_median(one, 1) == 7, "median of 1");
+
     setenv("MESHTRAIN_TEST_KNOB", "1K", 1);
     setenv("MESHTRAIN_TEST_BAD", "many", 1);
     setenv("MESHTRAIN_TEST_STR", "hello", 1);

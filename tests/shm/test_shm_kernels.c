@@ -11,21 +11,9 @@
 #include "shm_testlib.h"
 #include "testutil.h"
 
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
 static int bad_store;
 static void check_store(uint32_t u) {
-    float f = u2f(u);
+    float f = mt_bits_f32(u);
     uint16_t a = mt_shm_f32_to_f16(f), b = mt_f32_to_f16(f);
     uint16_t c = mt_shm_f32_to_bf16(f), d = mt_f32_to_bf16(f);
     if ((a != b || c != d) && bad_store++ < 5) {
@@ -36,13 +24,13 @@ static void check_store(uint32_t u) {
 static void test_conversions(void) {
     int bad_load = 0;
     for (uint32_t h = 0; h < 65536; h++) {
-        if (f2u(mt_shm_f16_to_f32((uint16_t)h)) != f2u(mt_f16_to_f32((uint16_t)h)) ||
-            f2u(mt_shm_bf16_to_f32((uint16_t)h)) != f2u(mt_bf16_to_f32((uint16_t)h))) {
+        if (mt_f32_bits(mt_shm_f16_to_f32((uint16_t)h)) != mt_f32_bits(mt_f16_to_f32((uint16_t)h)) ||
+            mt_f32_bits(mt_shm_bf16_to_f32((uint16_t)h)) != mt_f32_bits(mt_bf16_to_f32((uint16_t)h))) {
             bad_load++;
         }
         /* round trip of every 16-bit value through f32 */
-        check_store(f2u(mt_f16_to_f32((uint16_t)h)));
-        check_store(f2u(mt_bf16_to_f32((uint16_t)h)));
+        check_store(mt_f32_bits(mt_f16_to_f32((uint16_t)h)));
+        check_store(mt_f32_bits(mt_bf16_to_f32((uint16_t)h)));
     }
     CHECK(bad_load == 0, "%d 16-bit values load differently", bad_load);
     for (uint64_t u = 0; u < (1ull << 32); u += 251) {
