@@ -3,12 +3,13 @@
 # and validation losses as `meshtrain train` on one rank (the single-process run), within TOL relative, every
 # step logged; both runs write a checkpoint after the last step, exported with `meshtrain export --llmc`,
 # and the final parameters (gathered from every stage, tp shard and ZeRO shard) must agree within TOL
-# relative to the largest parameter (max-norm and 2-norm of the difference).
-# usage: train_vs_serial.sh MESHTRAIN NP TOL SUBCOMMAND MPIEXEC [MPIEXEC FLAGS...] -- [--key=value overrides
-#        for both] [-- overrides for the parallel run only]
+# relative to the largest parameter (max-norm and 2-norm of the difference), while training moved them
+# from the initial weights by at least 100 times that difference.
+# usage: train_vs_serial.sh MESHTRAIN NP TOL SUBCOMMAND CONFIG MPIEXEC [MPIEXEC FLAGS...] -- [--key=value
+#        overrides for both] [-- overrides for the parallel run only]
 # SPDX-License-Identifier: MIT
 set -u
-bin=$1; np=$2; tol=$3; sub=$4; shift 4
+bin=$1; np=$2; tol=$3; sub=$4; cfg=$5; shift 5
 launcher=""
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do launcher="$launcher $1"; shift; done
 [ $# -gt 0 ] && shift
@@ -20,9 +21,9 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 quiet="--train.log_every=1 --metrics.jsonl= --profile.trace= --profile.memory= --runtime.bind=none"
-"$bin" train --parallel.tp=1 --parallel.pp=1 $quiet --checkpoint.dir="$dir/ck1" $common > "$dir/serial.txt" 2>&1 || {
+"$bin" train "$cfg" --parallel.tp=1 --parallel.pp=1 $quiet --checkpoint.dir="$dir/ck1" $common > "$dir/serial.txt" 2>&1 || {
     echo "FAIL: meshtrain train (one process) failed:"; cat "$dir/serial.txt"; exit 1; }
-$launcher -np "$np" "$bin" "$sub" $quiet --checkpoint.dir="$dir/ckN" $common $onlypar > "$dir/par.txt" 2>&1 || {
+$launcher -np "$np" "$bin" "$sub" "$cfg" $quiet --checkpoint.dir="$dir/ckN" $common $onlypar > "$dir/par.txt" 2>&1 || {
     echo "FAIL: meshtrain $sub on $np ranks failed:"; cat "$dir/par.txt"; exit 1; }
 grep -e '^mesh:' -e '^meshtrain train' "$dir/par.txt"
 # "step N/M | loss X | lr .. | norm Y |" and "step N/M | val loss Z (..)"
@@ -48,7 +49,10 @@ for k in 1 N; do
     "$bin" export --llmc "$dir/$k.bin" "$dir/ck$k" > "$dir/export$k.txt" 2>&1 || {
         echo "FAIL: export of the $k-rank checkpoint failed"; cat "$dir/export$k.txt"; exit 1; }
 done
-python3 - "$dir/1.bin" "$dir/N.bin" "$tol" <<'PY' || exit 1
+# the initial weights (the configuration's random initialisation), so the check can see training moved them
+"$bin" export --llmc "$dir/0.bin" "$cfg" --parallel.tp=1 --parallel.pp=1 $common > "$dir/export0.txt" 2>&1 || {
+    echo "FAIL: export of the initial weights failed"; cat "$dir/export0.txt"; exit 1; }
+python3 - "$dir/1.bin" "$dir/N.bin" "$tol" "$dir/0.bin" <<'PY' || exit 1
 import array, math, sys
 def params(path):
     """The parameters of an llm.c checkpoint, wte without its padded rows (tp pads the vocabulary further)."""
@@ -65,7 +69,14 @@ d2 = math.sqrt(sum((x - y) ** 2 for x, y in zip(ref, got)))
 rmax, r2 = max(abs(x) for x in ref), math.sqrt(sum(x * x for x in ref))
 print(f"final parameters: {len(ref)} values, max |diff| {dmax:.3g} (largest |p| {rmax:.3g}), "
       f"|diff|_2 / |p|_2 {d2 / r2:.3g}")
+init = params(sys.argv[4])
+assert len(init) == len(ref), ("the initial weights are another model", len(init), len(ref))
+moved = math.sqrt(sum((x - y) ** 2 for x, y in zip(ref, init)))
+print(f"training moved the parameters by |final - initial|_2 = {moved:.3g}, 100x the difference at least")
 if dmax > tol * rmax or d2 > tol * r2:
     print(f"FAIL: final parameters differ beyond {tol} relative")
+    sys.exit(1)
+if moved < 100 * d2 or moved == 0:
+    print("FAIL: the parameters hardly moved: the comparison would not see a wrong update")
     sys.exit(1)
 PY
