@@ -261,6 +261,14 @@ mt_status_t mt_engine_step(mt_engine_t e, float lr, float grad_scale) {
     return MT_OK;
 }
 
+bool mt_engine_grad_accumulates(mt_engine_t e, int i) {
+    if (i < 0 || i >= e->n_params || e->param_unit[i] < 0) {
+        return false;
+    }
+    const unit_t *u = &e->units[e->param_unit[i]];
+    return !(u->kind == UNIT_SHARD && e->stage >= 2 && !u->once);
+}
+
 mt_optim_t mt_engine_optim(mt_engine_t e) {
     return e->opt;
 }

@@ -126,6 +126,12 @@ mt_status_t mt_engine_step(mt_engine_t e, float lr, float grad_scale);
  * between steps. For tests and checkpoints; its traffic is not counted in the step's bytes. */
 mt_status_t mt_engine_gather_params(mt_engine_t e, int root, float *out);
 
+/* Whether parameter i's gradient storage accumulates every backward pass of a step (DDP, ZeRO-1, replicated
+ * units, MT_ENGINE_PARAM_ONCE units) rather than being moved into the rank's shard after each pass (ZeRO-2/3
+ * sharded units); false for a parameter the engine does not hold. For callers that reduce gradients of each
+ * pass before the engine sees them (the sequence-parallel sum over tp): accumulated ones are reduced once. */
+bool mt_engine_grad_accumulates(mt_engine_t e, int i);
+
 /* The optimizer over what this rank owns (NULL on DP's ranks other than 0); its step counter is the
  * same on every rank that has one (mt_optim_get_step / set_step for checkpoints). */
 mt_optim_t mt_engine_optim(mt_engine_t e);

@@ -37,6 +37,8 @@ struct mt_par3d {
     bool skipped;     /* the last step's update was skipped (non-finite) */
     float *flat;      /* engine mode, dp rank 0: whole parameters for gathers, valid at flat_step */
     int64_t flat_step;
+    bool sp_each_pass; /* sequence parallelism with ZeRO-2/3: grads_ready runs after every backward pass */
+    int *sp_pass;      /* then per module: the passes of this step grads_ready has seen */
 };
 
 mt_status_t mt_par3d_check(const mt_par3d_params_t *p, int world, const mt_model_config_t *mc) {
@@ -109,9 +111,35 @@ mt_status_t mt_par3d_check(const mt_par3d_params_t *p, int world, const mt_model
     return MT_OK;
 }
 
+/* The sequence-parallel sum over tp of module's replicated gradients, before the engine's hook sees them.
+ * After every pass (ZeRO-2/3, whose sharded units move each pass's gradients away) the gradients the engine
+ * instead accumulates over the step (ZeRO-3's persistent parameters) must be summed once, on the last pass:
+ * summing the running total every pass would count earlier passes tp times. They are left out of the earlier
+ * passes' sums by hiding their gradient (mt_tp_sync_module_grads skips parameters without one). */
 static mt_status_t sp_grads_ready(void *arg, int module) {
     mt_par3d_t p3 = arg;
-    return mt_tp_sync_module_grads(p3->tp, p3->model, module, true);
+    if (!p3->sp_each_pass) {
+        return mt_tp_sync_module_grads(p3->tp, p3->model, module, true);
+    }
+    bool last = ++p3->sp_pass[module] >= p3->p.microbatches;
+    int first = 0, count = 0;
+    mt_model_module_params(p3->model, module, &first, &count);
+    float *hidden[64];
+    int which[64], n_hidden = 0;
+    for (int i = first; i < first + count && !last; i++) {
+        mt_param_t *q = mt_model_param(p3->model, i);
+        if (q->tp_dim < 0 && q->grad && mt_engine_grad_accumulates(p3->engine, i)) {
+            MT_ASSERT(n_hidden < (int)MT_ARRAY_LEN(hidden));
+            which[n_hidden] = i;
+            hidden[n_hidden++] = q->grad;
+            q->grad = NULL;
+        }
+    }
+    mt_status_t st = mt_tp_sync_module_grads(p3->tp, p3->model, module, true);
+    for (int k = 0; k < n_hidden; k++) {
+        mt_model_param(p3->model, which[k])->grad = hidden[k];
+    }
+    return st;
 }
 
 static mt_status_t make_comms(mt_par3d_t p3, MPI_Comm world) {
@@ -229,6 +257,11 @@ mt_status_t mt_par3d_attach(mt_par3d_t p3, mt_model_t model) {
         pp.grads_ready_arg = p3;
         /* ZeRO-2/3 move every pass's gradients into their shard: sum over tp before each such move. */
         pp.grads_ready_each_pass = p3->engine && p->engine_kind == MT_ENGINE_ZERO && p->zero_stage >= 2;
+        p3->sp_each_pass = pp.grads_ready_each_pass;
+        p3->sp_pass = calloc((size_t)mt_model_n_modules(p3->model), sizeof(int));
+        if (!p3->sp_pass) {
+            return mt_error(MT_ERR_OOM, "parallel3d: out of memory");
+        }
     }
     MT_CHECK(mt_pipeline_init(p3->model, p3->comm[MT_AXIS_PP], p3->emb, &pp, &p3->pl));
     if (!p3->engine) {
@@ -289,6 +322,7 @@ void mt_par3d_free(mt_par3d_t p3) {
     mt_free(p3->gbuf);
     mt_free(p3->flat);
     free(p3->flags);
+    free(p3->sp_pass);
     mt_comm_free(p3->emb);
     for (int k = 0; k < MT_AXIS_N; k++) {
         mt_comm_free(p3->comm[k]);
@@ -349,6 +383,9 @@ static mt_status_t dp_allreduce(mt_par3d_t p3) {
 }
 
 mt_status_t mt_par3d_zero_grads(mt_par3d_t p3) {
+    if (p3->sp_pass) {
+        memset(p3->sp_pass, 0, (size_t)mt_model_n_modules(p3->model) * sizeof(int));
+    }
     if (p3->engine) {
         return mt_engine_zero_grads(p3->engine);
     }

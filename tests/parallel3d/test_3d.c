@@ -25,49 +25,56 @@ typedef struct {
     mt_p3d_dp_mode_t mode;
     mt_engine_kind_t kind;
     int zero_stage;
-    float clip; /* optimizer.grad_clip (0: off) */
+    float clip;      /* optimizer.grad_clip (0: off) */
+    int64_t persist; /* ZeRO-3: parallel.zero_persist_threshold */
 } case_t;
 
 static const case_t CASES[] = {
-    {"2x2x2 allreduce 1f1b", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.0f},
-    {"2x2x2 allreduce gpipe adamw", 8, 2, 2, 2, 4, MT_PP_GPIPE, false, true, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.0f},
-    {"2x2x2 sequence-parallel", 8, 2, 2, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.0f},
+    {"2x2x2 allreduce 1f1b", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.0f, 0},
+    {"2x2x2 allreduce gpipe adamw", 8, 2, 2, 2, 4, MT_PP_GPIPE, false, true, MT_P3D_ALLREDUCE, MT_ENGINE_DDP,
+     1, 0.0f, 0},
+    {"2x2x2 sequence-parallel", 8, 2, 2, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.0f, 0},
     {"2x2x2 sequence-parallel clipped adamw", 8, 2, 2, 2, 2, MT_PP_1F1B, true, true, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1,
-     0.05f},
-    {"tp2 pp2 dp1 clipped", 4, 2, 2, 1, 2, MT_PP_GPIPE, false, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.05f},
-    {"tp1 pp1 dp4 ddp clipped", 4, 1, 1, 4, 1, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.05f},
-    {"2x2x2 ddp", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.0f},
-    {"2x2x2 zero-1", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f},
-    {"2x2x2 zero-1 sp", 8, 2, 2, 2, 2, MT_PP_1F1B, true, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f},
-    {"tp2 dp2 zero-3", 4, 2, 1, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3, 0.0f},
-    {"tp2 dp2 zero-2 sp", 4, 2, 1, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 2, 0.0f},
-    {"2x2x2 ddp", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.0f},
-    {"2x2x2 zero-1", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f},
-    {"2x2x2 ddp clipped", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.05f},
-    {"2x2x2 zero-1 clipped adamw", 8, 2, 2, 2, 2, MT_PP_GPIPE, false, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.05f},
+     0.05f, 0},
+    {"tp2 pp2 dp1 clipped", 4, 2, 2, 1, 2, MT_PP_GPIPE, false, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.05f, 0},
+    {"tp1 pp1 dp4 ddp clipped", 4, 1, 1, 4, 1, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.05f, 0},
+    {"2x2x2 ddp", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.0f, 0},
+    {"2x2x2 zero-1", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f, 0},
+    {"2x2x2 zero-1 sp", 8, 2, 2, 2, 2, MT_PP_1F1B, true, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f, 0},
+    {"tp2 dp2 zero-3", 4, 2, 1, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3, 0.0f, 0},
+    {"tp2 dp2 zero-2 sp", 4, 2, 1, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 2, 0.0f, 0},
+    {"2x2x2 ddp", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.0f, 0},
+    {"2x2x2 zero-1", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f, 0},
+    {"2x2x2 ddp clipped", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.05f, 0},
+    {"2x2x2 zero-1 clipped adamw", 8, 2, 2, 2, 2, MT_PP_GPIPE, false, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.05f, 0},
     {"2x2x2 zero-2 sequence-parallel clipped", 8, 2, 2, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 2,
-     0.05f},
-    {"2x2x2 zero-3 clipped", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3, 0.05f},
-    {"tp2 dp2 zero-3 clipped", 4, 2, 1, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3, 0.05f},
-    {"tp2 pp2 dp1 ddp clipped", 4, 2, 2, 1, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.05f},
+     0.05f, 0},
+    {"2x2x2 zero-3 clipped", 8, 2, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3, 0.05f, 0},
+    {"2x2x2 zero-3 sp persistent adamw", 8, 2, 2, 2, 2, MT_PP_1F1B, true, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3,
+     0.05f, 100},
+    {"tp2 dp2 zero-3 clipped", 4, 2, 1, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3, 0.05f, 0},
+    {"tp2 dp2 zero-3 sp persistent", 4, 2, 1, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3, 0.05f,
+     100},
+    {"tp2 pp2 dp1 ddp clipped", 4, 2, 2, 1, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.05f, 0},
     {"2x2x2 zero-1 sequence-parallel adamw", 8, 2, 2, 2, 2, MT_PP_1F1B, true, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1,
-     0.0f},
-    {"tp2 dp2 zero-3", 4, 2, 1, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3, 0.0f},
+     0.0f, 0},
+    {"tp2 dp2 zero-3", 4, 2, 1, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3, 0.0f, 0},
     {"tp2 dp2 zero-2 sequence-parallel", 4, 2, 1, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 2,
-     0.0f},
-    {"tp1 pp2 dp4 ddp", 8, 1, 2, 4, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.0f},
-    {"tp1 pp2 dp4 zero-2 clipped", 8, 1, 2, 4, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 2, 0.05f},
+     0.0f, 0},
+    {"tp1 pp2 dp4 ddp", 8, 1, 2, 4, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.0f, 0},
+    {"tp1 pp2 dp4 zero-2 clipped", 8, 1, 2, 4, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 2, 0.05f, 0},
     {"tp1 pp2 dp4 zero-3 gpipe clipped", 8, 1, 2, 4, 2, MT_PP_GPIPE, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3,
-     0.05f},
-    {"tp1 pp2 dp2 zero-2 clipped", 4, 1, 2, 2, 4, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 2, 0.05f},
+     0.05f, 0},
+    {"tp1 pp2 dp2 zero-2 clipped", 4, 1, 2, 2, 4, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 2, 0.05f, 0},
     {"tp1 pp2 dp2 zero-3 clipped adamw", 4, 1, 2, 2, 2, MT_PP_1F1B, false, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 3,
-     0.05f},
-    {"tp1 pp2 dp2 ddp clipped", 4, 1, 2, 2, 2, MT_PP_GPIPE, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.05f},
-    {"tp1 pp2 dp4 zero-1", 8, 1, 2, 4, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f},
-    {"tp1 pp2 dp2 ddp", 4, 1, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.0f},
-    {"tp1 pp2 dp2 zero-1 adamw", 4, 1, 2, 2, 4, MT_PP_GPIPE, false, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f},
-    {"tp2 pp2 dp1", 4, 2, 2, 1, 4, MT_PP_1F1B, false, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.0f},
-    {"tp2 pp1 dp2 sequence-parallel", 4, 2, 1, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.0f},
+     0.05f, 0},
+    {"tp1 pp2 dp2 ddp clipped", 4, 1, 2, 2, 2, MT_PP_GPIPE, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.05f, 0},
+    {"tp1 pp2 dp4 zero-1", 8, 1, 2, 4, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f, 0},
+    {"tp1 pp2 dp2 ddp", 4, 1, 2, 2, 2, MT_PP_1F1B, false, false, MT_P3D_ENGINE, MT_ENGINE_DDP, 1, 0.0f, 0},
+    {"tp1 pp2 dp2 zero-1 adamw", 4, 1, 2, 2, 4, MT_PP_GPIPE, false, true, MT_P3D_ENGINE, MT_ENGINE_ZERO, 1, 0.0f, 0},
+    {"tp2 pp2 dp1", 4, 2, 2, 1, 4, MT_PP_1F1B, false, false, MT_P3D_ALLREDUCE, MT_ENGINE_DDP, 1, 0.0f, 0},
+    {"tp2 pp1 dp2 sequence-parallel", 4, 2, 1, 2, 2, MT_PP_1F1B, true, false, MT_P3D_ALLREDUCE,
+     MT_ENGINE_DDP, 1, 0.0f, 0},
 };
 
 /* A stage allocates parameters (and gradients) for its own parameters only: the allocator's MT_MEM_PARAMS
@@ -130,6 +137,7 @@ static void run_case(const case_t *c, int rank) {
     p.zero_stage = c->zero_stage;
     p.optim = s.optim;
     p.grad_clip = c->clip;
+    p.persist_threshold = c->persist;
     p.timeout_s = 60.0;
     mt_par3d_t p3 = NULL;
     mt_mem_stats_t m0, m1;
