@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One-shot check of meshtrain's GPU path on one H100/H200, in under 8 minutes: builds for sm_90, runs the
-# GPU tests, measures the dense matrix peak, GPT-2 124M training throughput and MFU in fp32/tf32/bf16/fp16,
-# the attention kernels against the plain version, the NCCL collective benchmark on the GPU and peak device
-# memory, then prints a short table. Full logs go to the directory given as the argument.
+# GPU tests, measures the dense matrix peak, GPT-2 124M training throughput and MFU in fp32/tf32/bf16/fp16
+# (gpu_bench's loop, and `meshtrain train --runtime.device=cuda` in bf16), the attention kernels against the
+# plain version, the NCCL collective benchmark on the GPU and peak device memory, then prints a short table. Full logs go to the directory given as the argument.
 #   usage: bench/gpu_check.sh LOGDIR
 #   environment: MT_GPU_CHECK_BUILD (build directory, default build-gpu-check), MT_GPU_CHECK_B (micro-batch,
 #   default 16), MT_GPU_CHECK_STEPS (timed steps per mode, default 10), MT_DEPS_PREFIX (a prefix holding
@@ -73,7 +73,7 @@ if ! grep -q "CUDA=1" "$LOG/configure.log"; then
     say "configure did not enable CUDA (see $LOG/configure.log)"
     exit 1
 fi
-TARGETS=(test_cuda_alloc test_gpu_ops test_cuda_alloc_device test_nvml test_gpt2_cuda gpu_bench meshtrain)
+TARGETS=(test_cuda_alloc test_gpu_ops test_cuda_alloc_device test_nvml test_gpt2_cuda test_job_cuda gpu_bench meshtrain)
 # the other gpu-labelled tests of the tree (the NCCL backend's), when this build has them
 if cmake --build "$BUILD" --target help 2>/dev/null | grep -q test_coll_nccl; then
     TARGETS+=(test_coll_nccl)
@@ -88,11 +88,11 @@ fi
 TESTS_RC=$?
 TESTS_LINE=$(grep -E "tests passed|tests failed" "$LOG/ctest-gpu.log" | tail -1)
 # ctest counts a skipped test (exit 77) as passed: on a machine with a GPU only test_nvml (no NVML) and the
-# two-rank NCCL test (one GPU per rank) may skip
+# two-rank tests (NCCL backend, GPU training engine: one GPU per rank) may skip
 SKIPPED=$(grep -E '^[[:space:]]*[0-9]+ - .*\(Skipped\)' "$LOG/ctest-gpu.log" | sed 's/.* - \([^ ]*\) .*/\1/' |
     tr '\n' ' ')
 for t in $SKIPPED; do
-    if [ "$t" != "test_nvml" ] && [ "$t" != "coll_nccl_np2" ]; then
+    if [ "$t" != "test_nvml" ] && [ "$t" != "coll_nccl_np2" ] && [ "$t" != "job_cuda_np2" ]; then
         say "GPU test $t was skipped on a machine with a GPU: counted as a failure"
         TESTS_RC=1
     fi
@@ -110,6 +110,14 @@ for p in bf16 fp16 tf32 fp32; do
     run "train-$p" 60 "$BENCH" train -p "$p" -B "$B" -T 1024 -n "$STEPS" --peak "$PEAK_BF16"
 done
 
+# ---- the same model through `meshtrain train` on the GPU (its training loop, data, clipping, metrics) ------
+MT="$BUILD/meshtrain"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+run train-meshtrain-bf16 90 "$MT" train "$SRC/launch/configs/gpt2-124m.toml" --runtime.device=cuda \
+    --precision.compute=bf16 --parallel.engine=ddp --data.kind=synthetic --train.global_batch="$B" \
+    --train.micro_batch="$B" --train.grad_accum=1 --train.steps=$((STEPS + 2)) --train.eval_every=0 \
+    --train.log_every=1 --checkpoint.dir= --metrics.jsonl="$LOG/train-meshtrain-bf16.jsonl"
+
 # the bf16 step broken down by kernel category (a separate short run: the events slow the step slightly)
 run train-bf16-profile 60 "$BENCH" train -p bf16 -B "$B" -T 1024 -n 3 --profile
 
@@ -117,9 +125,7 @@ run train-bf16-profile 60 "$BENCH" train -p bf16 -B "$B" -T 1024 -n 3 --profile
 run attn 40 "$BENCH" attn -p bf16 -B 8 -T 1024 -C 768 -H 12 -r 10
 
 # ---- NCCL collective benchmark on the GPU (one rank) ------------------------------------------------
-MT="$BUILD/meshtrain"
 if "$MT" bench coll --help >/dev/null 2>&1; then
-    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     run nccl 40 "$MT" bench coll --backend nccl --op allreduce -b 8 -e 256M -f 4 -n 20 -w 5
 else
     say "nccl: meshtrain has no 'bench coll' in this build (collectives not merged?)"
@@ -152,6 +158,24 @@ field() { # field FILE KEY: value of KEY=... on the RESULT line of FILE
         fi
     done
     echo "(GPT-2 124M, B=$B, T=1024; MFU against the bf16 peak above; J/step 0 = NVML not available)"
+    # meshtrain train: the steady-state rate of its summary; MFU as gpu_bench's bf16 (same FLOPs per token,
+    # same peak); J/step the mean energy_j of the steady steps (absent without NVML)
+    f="$LOG/train-meshtrain-bf16.log"
+    TOKS=$(sed -n 's/.*steady state (steps \([0-9]*\)-[0-9]*): \([0-9]*\) tok\/s.*/\1 \2/p' "$f" 2>/dev/null | tail -1)
+    if [ -n "$TOKS" ]; then
+        from=${TOKS%% *} toks=${TOKS##* }
+        ej=$(awk -v from="$from" -F'"energy_j": ' 'NF > 1 { split($1, a, "\"step\": "); split(a[2], b, ",");
+            if (b[1] + 0 >= from + 0) { split($2, c, ","); s += c[1]; n++ } } END { if (n) printf "%.1f", s / n }' \
+            "$LOG/train-meshtrain-bf16.jsonl" 2>/dev/null)
+        # gpu_bench's bf16 MFU per token/s (its FLOPs per token over the peak) times this rate
+        bm=$(field "$LOG/train-bf16.log" mfu) bt=$(field "$LOG/train-bf16.log" tok_s)
+        mfu=$(awk -v t="$toks" -v m="${bm:-0}" -v r="${bt:-0}" 'BEGIN { if (m > 0 && r > 0) printf "%.1f%%", 100 * m * t / r; else print "n/a" }')
+        tpj=$(awk -v t="$toks" -v e="${ej:-0}" -v b="$B" 'BEGIN { if (e > 0) printf "%.1f", b * 1024 / e; else print "-" }')
+        printf "meshtrain train --runtime.device=cuda bf16: %s tokens/s (steady, from step %s), MFU %s, J/step %s, tokens/J %s\n" \
+            "$toks" "$from" "$mfu" "${ej:--}" "$tpj"
+    else
+        echo "meshtrain train --runtime.device=cuda bf16: FAILED (see $f)"
+    fi
     if grep -q '^RESULT prof' "$LOG/train-bf16-profile.log" 2>/dev/null; then
         echo "bf16 step by kernel category (ms per step, share):"
         sed -n '/^time per step by kernel/,/^RESULT prof/p' "$LOG/train-bf16-profile.log" | grep '^  '

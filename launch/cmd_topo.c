@@ -439,7 +439,7 @@ static int run_dry(const topo_opts_t *o, const mt_config_t *cfg, int rank) {
         rec->oversubscribed = is_last ? over_last : over;
         mt_topo_device_t d;
         mt_topo_choose_device(topo, lr, visible, nv, NULL, &d);
-        if (d.kind == MT_DEV_GPU) {
+        if (d.kind == MT_DEVKIND_GPU) {
             snprintf(rec->device, sizeof(rec->device), "gpu:%d (%s)", d.cuda_ordinal, topo->gpus[d.gpu].busid);
         } else {
             char c[48];
@@ -448,7 +448,7 @@ static int run_dry(const topo_opts_t *o, const mt_config_t *cfg, int rank) {
         }
         snprintf(rec->device_why, sizeof(rec->device_why), "%s", d.why);
         snprintf(rec->nic, sizeof(rec->nic), "%s", p->nic >= 0 ? topo->nics[p->nic].name : "");
-        if (l.nic_auto && p->nic >= 0 && d.kind == MT_DEV_GPU) {
+        if (l.nic_auto && p->nic >= 0 && d.kind == MT_DEVKIND_GPU) {
             snprintf(rec->nic_export, sizeof(rec->nic_export), "%s==%s",
                      topo->nics[p->nic].kind == MT_NIC_IB ? "NCCL_IB_HCA" : "NCCL_SOCKET_IFNAME",
                      topo->nics[p->nic].name);

@@ -3,8 +3,13 @@
  * config (validated on rank 0, broadcast), topology and binding (runtime.bind), the mesh in
  * parallel.order ("auto" follows the hardware), then the engine: the single-process one on one rank,
  * a data-parallel engine (parallel.engine, zero_stage) over the mesh's dp groups when tp = pp = 1, the
+<<<<<<< HEAD
  * model-parallel one otherwise (launch/job_mp.c: tensor and pipeline parallelism from parallel3d.h, dp by
  * the same engines holding only each stage's parameters). `meshtrain train3d` is this command.
+=======
+ * model-parallel one (tensor and pipeline parallelism, dp by an all-reduce) otherwise; runtime.device =
+ * "cuda" (or "auto" with a GPU on every rank and a config the GPU path runs) takes the GPU engine.
+>>>>>>> main
  * Exit status: 0 trained, 2 bad input (config, data files, layout), 1 failure while running, 3 the watchdog
  * ended a hung job, 128 + N stopped cleanly on signal N (143: SIGTERM) after writing a checkpoint.
  * SPDX-License-Identifier: MIT */
@@ -154,6 +159,24 @@ int mt_cmd_train(int argc, char **argv) {
         opts.engine = mt_job_engine_model_parallel(pp);
     } else {
         opts.engine = w->size == 1 ? mt_job_engine_local() : mt_job_engine_parallel();
+    }
+    bool on_gpu = false; /* runtime.device: "cuda", or "auto" with a GPU on every rank, trains on the GPUs */
+    char note[1024];
+    st = mt_job_cuda_choose(cfg, w->comm, &on_gpu, note, sizeof(note));
+    if (st != MT_OK) {
+        const char *msg = mt_last_error_msg();
+        if (w->rank == 0 || (strstr(msg, "sees no CUDA device") && !strstr(msg, "another rank"))) {
+            fprintf(stderr, "meshtrain train: %s\n", msg);
+        }
+        mt_config_free(cfg);
+        mt_mesh_free(mesh);
+        return st == MT_ERR_INVALID_ARG ? 2 : 1;
+    }
+    if (note[0] && w->rank == 0) {
+        printf("note: %s\n", note);
+    }
+    if (on_gpu) {
+        opts.engine = mt_job_engine_cuda();
     }
     mt_job_result_t res;
     st = mt_job_run(cfg, &opts, &res);

@@ -21,6 +21,12 @@
 #include "runtime/rt.h"
 #include "runtime/trace.h"
 
+/* Test knob (docs/params.md): at this step (1-based) the rank MESHTRAIN_TEST_OVERFLOW_RANK multiplies its
+ * fp16 loss scale by 2^24 for backward, so its gradients genuinely overflow f16 inside backward and the
+ * infs travel through the engine's gradient communication as a real overflow would. */
+MT_PARAM(test_overflow_step, "TEST_OVERFLOW_STEP", 0)
+MT_PARAM(test_overflow_rank, "TEST_OVERFLOW_RANK", 0)
+
 /* ---- config -> component parameters ---------------------------------------------------------- */
 
 void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out) {
@@ -205,13 +211,6 @@ static mt_status_t check_layout(const mt_config_t *cfg, const mt_job_opts_t *opt
                         "it without mpirun, or with -np 1)",
                         world);
     }
-    const char *prec = mt_config_str(cfg, "precision.compute");
-    if (strcmp(prec, "fp32") != 0) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "precision.compute = \"%s\": the training loop computes in fp32 (set precision.compute = "
-                        "\"fp32\")",
-                        prec);
-    }
     return MT_OK;
 }
 
@@ -382,6 +381,19 @@ static mt_status_t setup(job_t *j) {
     }
     MT_CHECK(mt_model_init(&mc, &j->model));
     info->model = j->model;
+    /* Mixed precision (docs/training.md): on the CPU, bf16/fp16 round weights, activations and gradients
+     * to the storage dtype around every module (the model's wrapper, under any engine's hooks); tf32 is
+     * fp32 arithmetic. fp16 adds the dynamic loss scaler below. */
+    const char *prec = mt_config_str(cfg, "precision.compute");
+    if (!mt_prec_parse(prec, &j->prec)) {
+        return mt_error(MT_ERR_INVALID_ARG, "precision.compute = \"%s\": expected fp32, tf32, bf16 or fp16", prec);
+    }
+    if (j->engine->any_precision) { /* a device engine rounds and scales on its device: no CPU emulation here */
+        j->prec = MT_PREC_FP32;
+    }
+    MT_CHECK(mt_loss_scaler_init(&j->scaler, j->prec, (float)mt_config_float(cfg, "precision.init_scale"),
+                                 mt_config_int(cfg, "precision.scale_window")));
+    MT_CHECK(mt_model_set_compute(j->model, (int)mt_prec_storage(j->prec)));
     mt_job_optim_config(cfg, &info->optim, &j->sched);
     info->global_batch = mt_config_int(cfg, "train.global_batch");
     info->micro_batch = mt_config_int(cfg, "train.micro_batch");
@@ -397,7 +409,7 @@ static mt_status_t setup(job_t *j) {
                         (long long)info->global_batch, (long long)info->micro_batch, (long long)info->grad_accum,
                         info->dp_size);
     }
-    if (!j->engine->run_batch) { /* an engine that runs the batch itself has its own activations */
+    if (!j->engine->own_activations) { /* a device engine keeps its activations on the device */
         MT_CHECK(mt_acts_init(j->model, (int)info->micro_batch, (int)info->seq_len, &j->acts));
     }
     if (mt_config_int(cfg, "train.eval_every") > 0) {
@@ -511,6 +523,14 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         rec.data_s = mt_now() - t0;
         MT_CHECK(j->engine->zero_grads(j->ectx));
         double loss = 0.0, sumsq = 0.0, norm = 0.0;
+        float scale = mt_loss_scaler_scale(&j->scaler); /* 1 unless fp16 */
+        rec.loss_scale = scale;
+        bool force_overflow = j->scaler.dynamic && s + 1 == mt_param_test_overflow_step() &&
+                              (mt_param_test_overflow_rank() < 0 || mt_param_test_overflow_rank() == j->rank);
+        if (force_overflow) {
+            MT_WARN("test knob: loss scale x 2^24 on rank %d at step %lld (an fp16 overflow)", j->rank, (long long)s + 1);
+        }
+        mt_model_set_loss_scale(j->model, force_overflow ? scale * 16777216.0f : scale);
         MT_CHECK(run_batch(j, b, true, &loss, &rec));
         if (j->engine->take_comm_s) { /* communication inside forward/backward is not compute */
             double c = j->engine->take_comm_s(j->ectx), fb = rec.fwd_s + rec.bwd_s;
@@ -526,23 +546,44 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         MT_CHECK(j->engine->finish_grads(j->ectx));
         mt_model_test_inject_nan(j->model, s + 1, j->rank); /* MESHTRAIN_TEST_NAN_STEP (tests only) */
         MT_CHECK(j->engine->grad_sumsq(j->ectx, &sumsq));
-        float coef = mt_clip_coef(sumsq, clip, &norm);
+        /* fp16: the gradients carry the loss scale. grad_sumsq is all-reduced, so an inf/NaN in any rank's
+         * share makes it non-finite everywhere (the verdict is still agreed below, for a copy only one rank
+         * holds). The norm and the clip coefficient are of the unscaled gradient; 1/scale is folded into the
+         * step's gradient multiplier. */
+        bool overflow = j->scaler.dynamic && !isfinite(sumsq);
+        double inv_scale = 1.0 / (double)scale; /* a power of two: exact */
+        float coef = mt_clip_coef(sumsq * inv_scale * inv_scale, clip, &norm);
         float lr = mt_lr_at(&j->sched, s);
         MT_CHECK(j->engine->reduce_loss(j->ectx, &loss));
         MT_TRACE_END(t_comm, "comm", "gradients: finish, norm, loss");
         rec.comm_s += mt_now() - tc;
-        /* Every rank takes the same decision, naming the module whose gradients went non-finite first. */
-        bool local_ok = isfinite(loss) && isfinite(norm);
+        /* Every rank takes the same decision, naming the module whose gradients went non-finite first. In
+         * fp16 non-finite gradients are the loss scaler's business (agreed separately, so a rank whose own
+         * copy alone went bad still skips with the others) and only a non-finite loss is train.on_nan's. */
+        bool local_ok = isfinite(loss) && (j->scaler.dynamic || isfinite(norm));
         mt_nan_verdict_t nv;
         uint64_t nan_call = mt_job_sync_begin(&j->sync, "nan_agree", 2 * sizeof(int)); /* watched like the rest */
         MT_CHECK(mt_nan_agree(j->comm, local_ok, local_ok ? -1 : mt_model_first_nonfinite_grad(j->model, NULL, 0),
                               &nv));
         mt_job_sync_end(&j->sync, nan_call);
+        if (j->scaler.dynamic && nv.finite) {
+            mt_nan_verdict_t gv;
+            uint64_t inf_call = mt_job_sync_begin(&j->sync, "fp16_overflow", 2 * sizeof(int));
+            MT_CHECK(mt_nan_agree(j->comm, isfinite(sumsq), -1, &gv));
+            mt_job_sync_end(&j->sync, inf_call);
+            overflow = !gv.finite;
+        }
         const char *bad_module = nv.module >= 0 ? mt_model_module_name(j->model, nv.module) : "?";
-        if (nv.finite) {
+        if (nv.finite && mt_loss_scaler_update(&j->scaler, overflow)) {
+            rec.skipped = true; /* fp16 overflow: no update, the scale halved (the same on every rank) */
+            r->n_overflow++;
+            MT_WARN("step %lld: fp16 gradients overflowed at loss scale %g (inf/NaN on some rank): update skipped, "
+                    "loss scale now %g",
+                    (long long)s + 1, (double)scale, (double)mt_loss_scaler_scale(&j->scaler));
+        } else if (nv.finite) {
             double to = mt_now();
             MT_TRACE_BEGIN(t_opt);
-            MT_CHECK(j->engine->step(j->ectx, lr, coef));
+            MT_CHECK(j->engine->step(j->ectx, lr, (float)((double)coef * inv_scale)));
             MT_TRACE_END(t_opt, "optimizer", "optimizer");
             rec.opt_s = mt_now() - to;
             if (j->engine->comm_bytes) {
@@ -550,6 +591,7 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
                 j->engine->comm_bytes(j->ectx, &rec.bytes_model, &rec.bytes_other);
             }
         } else if (skip_nan) {
+            rec.skipped = true;
             r->n_skipped++;
             MT_WARN("step %lld: loss %g, gradient norm %g (non-finite gradients first in module '%s'): skipping the "
                     "update (train.on_nan = skip)", (long long)s + 1, loss, norm, bad_module);
@@ -561,6 +603,9 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
             return mt_error(MT_ERR_INTERNAL, "%s", msg);
         }
         double dt = mt_now() - t0;
+        if (j->engine->step_energy) {
+            rec.has_energy = j->engine->step_energy(j->ectx, &rec.energy_j);
+        }
         if (mt_trace_on()) {
             char args[64];
             snprintf(args, sizeof(args), "\"step\": %lld", (long long)s + 1);
@@ -593,6 +638,7 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         }
     }
     int64_t ran = r->n_steps - j->start_step;
+    r->loss_scale = mt_loss_scaler_scale(&j->scaler);
     r->seconds = train_s;
     r->tokens_per_s = train_s > 0 ? tokens * (double)ran / train_s : 0.0;
     return MT_OK;

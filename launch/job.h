@@ -114,6 +114,17 @@ typedef struct {
     /* Optional: bytes this rank sent in the last step, gradients and parameters (model) and everything
      * else: loss, norm, scattered batches (other), as the engine counts them; reported in the metrics. */
     void (*comm_bytes)(void *ctx, double *model, double *other);
+    /* The engine computes in precision.compute (fp32, tf32, bf16, fp16) itself, rounding and (fp16) loss
+     * scaling on its device; false: the loop does both (the model's CPU emulation and the loop's scaler). */
+    bool any_precision;
+    /* The engine holds the activations itself (on its device): the loop allocates none for the model. */
+    bool own_activations;
+    /* Optional: joules this rank's device used since the last call (the loop calls it once per step);
+     * false when unknown (no NVML, no energy counter): the step metrics then carry no energy figures. */
+    bool (*step_energy)(void *ctx, double *joules);
+    /* Optional (NULL: the CPU's sgemm rate): this rank's peak FLOP/s for MFU (0: unknown, no MFU), with
+     * where it comes from in src (len bytes); the loop sums it over the ranks. */
+    double (*peak_flops)(void *ctx, char *src, size_t len);
     /* Optional: more about the engine for the start-up line after its name (e.g. how gradients are
      * averaged over dp), or NULL; the string lives as long as ctx. */
     const char *(*describe)(void *ctx);
@@ -136,6 +147,19 @@ const mt_job_engine_t *mt_job_engine_parallel(void);
  * the pipeline schedule. Needs opts.mesh. The two tables differ only in name ("tensor-parallel" for
  * pp = 1, "pipeline"). */
 const mt_job_engine_t *mt_job_engine_model_parallel(int pp);
+
+/* GPT-2 on this rank's GPU (runtime.device = "cuda"; launch/job_cuda.c): models/cuda/gpt2_cuda.h in
+ * precision.compute, and with dp > 1 whole replicas whose gradients are averaged over NCCL on their own
+ * stream (parallel.engine = "ddp": bucket by bucket during backward; "dp": after it). Refuses (as
+ * MT_ERR_INVALID_ARG naming the key) tp or pp > 1, ZeRO, SGD, the MLP, a build without CUDA, no device. */
+const mt_job_engine_t *mt_job_engine_cuda(void);
+
+/* Whether `meshtrain train` trains on the GPU: runtime.device = "cuda" -> yes, or MT_ERR_INVALID_ARG naming
+ * what the GPU path cannot run (the config key and what to use instead; no device on some rank; a build
+ * without CUDA); "auto" -> yes when every rank sees a GPU and the config is one the GPU path runs (else
+ * no, with a one-line note when GPUs were present); "cpu" -> no. Collective over comm: every rank gets
+ * the same *use and status. note (note_len bytes) receives the note or "". */
+mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use, char *note, size_t note_len);
 
 typedef struct {
     size_t size;                   /* sizeof(mt_job_opts_t) */
@@ -167,6 +191,8 @@ typedef struct {
     double *val_loss;              /* [n_evals] mean validation loss over train.eval_batches batches */
     int stop_signal; /* signal the run stopped on at a step boundary (0: none); exit 128 + it */
     int64_t n_skipped;             /* steps skipped for a non-finite loss/gradient (train.on_nan = skip) */
+    int64_t n_overflow;            /* fp16: steps skipped for overflowed gradients (the loss scale halved) */
+    float loss_scale;              /* the loss scale after the last step (1 unless precision.compute = fp16) */
     int64_t n_params;              /* parameters of the model */
     double seconds;                /* wall time of the training steps (excluding set-up and evaluation) */
     double tokens_per_s;           /* global tokens per second over the run */

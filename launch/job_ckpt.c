@@ -231,6 +231,144 @@ static int64_t zero_rows(mt_ckpt_piece_t *pc, int64_t r0, int64_t r1) {
     return hi > lo ? (hi - lo) * w : 0;
 }
 
+static void fmt_shape(char *buf, size_t len, int ndim, const int64_t *shape) {
+    if (ndim == 2) {
+        snprintf(buf, len, "[%lld, %lld]", (long long)shape[0], (long long)shape[1]);
+    } else {
+        snprintf(buf, len, "[%lld]", (long long)shape[0]);
+    }
+}
+
+/* The manifest's shape of a tensor as text, whatever it holds (for messages about a wrong one). */
+static void fmt_json_shape(char *buf, size_t len, const mt_json_t *a) {
+    size_t o = (size_t)snprintf(buf, len, "[");
+    for (int d = 0; a && a->kind == MT_JSON_ARRAY && d < a->n && d < 4 && o < len; d++) {
+        const mt_json_t *v = a->items[d];
+        if (v->kind == MT_JSON_NUMBER) {
+            o += (size_t)snprintf(buf + o, len - o, "%s%.17g", d ? ", " : "", v->num);
+        } else {
+            o += (size_t)snprintf(buf + o, len - o, "%s?", d ? ", " : "");
+        }
+    }
+    if (o < len) {
+        snprintf(buf + o, len - o, "]");
+    }
+}
+
+/* Every size the manifest states, checked before any of it is used to allocate or read: the shape of each
+ * tensor this rank fills against the model the config built (both shapes named), absurd shapes, each
+ * shard's box and byte count against its tensor, and each shard file's size on disk against the size the
+ * manifest gives it ("files") and against the shards that lie in it. Errors name the checkpoint, the
+ * tensor or file, and the fix. */
+static mt_status_t check_sizes(const char *dir, const mt_json_t *man, const mt_ckpt_piece_t *pc, int n, int64_t vocab) {
+    const mt_json_t *tensors = mt_json_get(man, "tensors"), *files = mt_json_get(man, "files");
+    if (!tensors || tensors->kind != MT_JSON_ARRAY) {
+        return mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: manifest has no \"tensors\" array", dir);
+    }
+    if (files && files->kind != MT_JSON_ARRAY) {
+        return mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: the manifest's \"files\" is not an array", dir);
+    }
+    /* the files: each as large as the manifest says (a shorter one was truncated after it was written).
+     * Without "files" (a hand-made manifest) fill_pieces still checks each shard against its file. */
+    for (int k = 0; files && k < files->n; k++) {
+        const char *name = mt_json_get_str(files->items[k], "file");
+        int64_t bytes = -1;
+        if (!name || strchr(name, '/') || !mt_json_get_int(files->items[k], "bytes", &bytes) || bytes < 0 ||
+            bytes > CKPT_MAX_NUMEL * (int64_t)sizeof(float)) {
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "checkpoint %s: entry %d of the manifest's \"files\" is malformed or gives an absurd size: "
+                            "the manifest is damaged; resume from an older checkpoint (checkpoint.resume = PATH)",
+                            dir, k);
+        }
+        char path[1200];
+        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        struct stat sb;
+        if (stat(path, &sb) != 0) {
+            return mt_error(MT_ERR_INVALID_ARG, "checkpoint: cannot read shard file %s: %s", path, strerror(errno));
+        }
+        if ((int64_t)sb.st_size != bytes) {
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "checkpoint: shard file %s is %lld bytes but the manifest says %lld: the file is %s; "
+                            "resume from an older checkpoint (checkpoint.resume = PATH)",
+                            path, (long long)sb.st_size, (long long)bytes,
+                            (int64_t)sb.st_size < bytes ? "truncated" : "not the one this manifest was written with");
+        }
+    }
+    int64_t man_vocab = 0;
+    mt_json_get_int(mt_json_get(man, "model"), "vocab_size", &man_vocab);
+    for (int i = 0; i < n; i++) {
+        const mt_json_t *t = NULL;
+        for (int k = 0; k < tensors->n && !t; k++) {
+            const char *nm = mt_json_get_str(tensors->items[k], "name");
+            t = nm && !strcmp(nm, pc[i].tensor) ? tensors->items[k] : NULL;
+        }
+        if (!t) {
+            continue; /* fill_pieces says which tensor is missing */
+        }
+        int64_t shape[2] = {0, 1};
+        char want[64], got[96];
+        fmt_shape(want, sizeof(want), pc[i].ndim, pc[i].shape);
+        fmt_json_shape(got, sizeof(got), mt_json_get(t, "shape"));
+        bool dims_ok = read_dims(mt_json_get(t, "shape"), pc[i].ndim, shape);
+        if (dims_ok && pc[i].ndim == 2 && shape[0] > 0 && shape[1] > CKPT_MAX_NUMEL / shape[0]) {
+            dims_ok = false; /* rows x columns beyond any real tensor (and beyond int64 arithmetic) */
+        }
+        if (!dims_ok) {
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "checkpoint %s: tensor %s has another shape than %s in the model this config builds: the "
+                            "absurd or malformed %s in the manifest, which is damaged; resume from an older checkpoint "
+                            "(checkpoint.resume = PATH)",
+                            dir, pc[i].tensor, want, got);
+        }
+        bool padded = pc[i].ndim == 2 && shape[1] == pc[i].shape[1] && shape[0] != pc[i].shape[0] && vocab > 0 &&
+                      man_vocab == vocab && shape[0] >= vocab && pc[i].shape[0] >= vocab;
+        if (!padded && (shape[0] != pc[i].shape[0] || (pc[i].ndim == 2 && shape[1] != pc[i].shape[1]))) {
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "checkpoint %s: tensor %s has another shape than %s in the model this config builds: %s "
+                            "in the checkpoint. Either the config is wrong (use the model.* of the checkpoint's "
+                            "config.toml) or the checkpoint is (point checkpoint.resume at one written for this model)",
+                            dir, pc[i].tensor, want, got);
+        }
+        const mt_json_t *shards = mt_json_get(t, "shards");
+        for (int k = 0; shards && shards->kind == MT_JSON_ARRAY && k < shards->n; k++) {
+            const mt_json_t *sj = shards->items[k];
+            int64_t lo[2] = {0, 0}, hi[2] = {1, 1}, off = -1, bytes = -1;
+            const char *file = mt_json_get_str(sj, "file");
+            bool ok = file && read_dims(mt_json_get(sj, "lo"), pc[i].ndim, lo) &&
+                      read_dims(mt_json_get(sj, "hi"), pc[i].ndim, hi) && mt_json_get_int(sj, "offset", &off) &&
+                      mt_json_get_int(sj, "bytes", &bytes) && off >= 0 && bytes >= 0;
+            for (int d = 0; ok && d < pc[i].ndim; d++) {
+                ok = lo[d] < hi[d] && hi[d] <= shape[d];
+            }
+            if (!ok || bytes != box_numel(pc[i].ndim, lo, hi) * (int64_t)sizeof(float)) {
+                return mt_error(MT_ERR_INVALID_ARG,
+                                "checkpoint %s: shard %d of tensor %s lies outside the tensor's shape %s or its byte "
+                                "count %lld does not match its box: the manifest is damaged; resume from an older "
+                                "checkpoint",
+                                dir, k, pc[i].tensor, got, (long long)bytes);
+            }
+            if (!files) {
+                continue;
+            }
+            int64_t fbytes = -1;
+            for (int f = 0; f < files->n; f++) {
+                const char *nm = mt_json_get_str(files->items[f], "file");
+                if (nm && !strcmp(nm, file)) {
+                    mt_json_get_int(files->items[f], "bytes", &fbytes);
+                }
+            }
+            if (fbytes < 0 || off > fbytes || bytes > fbytes - off) {
+                return mt_error(MT_ERR_INVALID_ARG,
+                                "checkpoint %s: shard %d of tensor %s needs bytes [%lld, +%lld) of %s, which the "
+                                "manifest's \"files\" %s: the manifest is damaged; resume from an older checkpoint",
+                                dir, k, pc[i].tensor, (long long)off, (long long)bytes, file,
+                                fbytes < 0 ? "does not list" : "says is shorter");
+            }
+        }
+    }
+    return MT_OK;
+}
+
 /* Fills every piece from the checkpoint in dir (manifest parsed in man). Each shard overlapping a piece
  * is read whole, its CRC32C checked, and the overlap copied; every element of every piece must be
  * covered. vocab (> 0) is the model's vocabulary: a 2-D tensor whose first dimension differs only in
@@ -474,10 +612,7 @@ mt_status_t mt_job_ckpt_read_model(const char *path, mt_model_t *model, mt_confi
         mc.vocab_size = (int)v[4];
         mc.padded_vocab = (int)v[5];
         mc.seed = (uint64_t)v[6];
-        st = mt_model_init(&mc, model);
-    }
-    if (st == MT_OK) {
-        st = mt_model_alloc_params(*model);
+        st = mt_model_init(&mc, model); /* registers shapes, allocates no storage */
     }
     mt_ckpt_piece_t *pc = NULL;
     int np = *model ? mt_model_n_params(*model) : 0;
@@ -493,7 +628,29 @@ mt_status_t mt_job_ckpt_read_model(const char *path, mt_model_t *model, mt_confi
             pc[i].shape[d] = p->global_shape[d];
             pc[i].hi[d] = p->global_shape[d];
         }
-        pc[i].data = p->data;
+    }
+    if (st == MT_OK) { /* sizes first: nothing is allocated from a manifest that disagrees with its files */
+        st = check_sizes(dir, man, pc, np, mc.vocab_size);
+    }
+    if (st == MT_OK) {
+        int64_t have = 0, f = 0;
+        const mt_json_t *files = mt_json_get(man, "files");
+        for (int k = 0; files && k < files->n; k++) {
+            have += mt_json_get_int(files->items[k], "bytes", &f) ? f : 0;
+        }
+        size_t need = mt_model_numel(*model) * sizeof(float);
+        if ((uint64_t)need > (uint64_t)have) {
+            st = mt_error(MT_ERR_INVALID_ARG,
+                          "checkpoint %s: its \"model\" section describes %zu bytes of parameters but its shard files "
+                          "hold %lld bytes in all: the manifest is damaged; use another checkpoint",
+                          dir, need, (long long)have);
+        }
+    }
+    if (st == MT_OK) {
+        st = mt_model_alloc_params(*model);
+    }
+    for (int i = 0; i < np && st == MT_OK; i++) {
+        pc[i].data = mt_model_param(*model, i)->data;
     }
     if (st == MT_OK) {
         st = fill_pieces(dir, man, pc, np, mc.vocab_size);
@@ -574,6 +731,39 @@ mt_status_t mt_job_ckpt_init(job_t *j, job_ckpt_t **out) {
     return MT_OK;
 }
 
+/* The loss scaler's state in the manifest ("precision"): restored when both the checkpoint and this job
+ * run fp16 (a checkpoint of another mode, or of a meshtrain before the field, starts from
+ * precision.init_scale). A present but malformed value is refused. */
+typedef struct {
+    bool have;
+    float scale;
+    int64_t clean;
+} scaler_state_t;
+
+static mt_status_t read_scaler(const mt_json_t *man, const char *path, const job_t *j, scaler_state_t *out) {
+    const mt_json_t *p = mt_json_get(man, "precision");
+    if (!p || !j->scaler.dynamic) {
+        return MT_OK;
+    }
+    const char *mode = mt_json_get_str(p, "compute");
+    double scale = 0.0;
+    int64_t clean = 0;
+    if (!mode || !mt_json_get_num(p, "loss_scale", &scale) || !mt_json_get_int(p, "clean_steps", &clean) ||
+        !(scale >= j->scaler.min_scale && scale <= j->scaler.max_scale) || clean < 0) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "checkpoint: %s has a malformed \"precision\" section (loss_scale must lie in [1, 2^24], "
+                        "clean_steps >= 0): the manifest is damaged; resume from an older checkpoint",
+                        path);
+    }
+    if (strcmp(mode, "fp16") != 0) {
+        return MT_OK;
+    }
+    out->have = true;
+    out->scale = (float)scale;
+    out->clean = clean;
+    return MT_OK;
+}
+
 mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
     if (!c || !c->resume[0]) {
         return MT_OK;
@@ -620,10 +810,17 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
                       "set checkpoint.resume = \"none\")",
                       c->resume, (long long)step, (long long)mt_config_int(j->cfg, "train.steps"));
     }
+    scaler_state_t ps = {0};
+    if (st == MT_OK) {
+        st = read_scaler(man, path, j, &ps);
+    }
     mt_ckpt_piece_t *pc = NULL;
     int n = 0;
     if (st == MT_OK) {
         st = j->engine->ckpt_pieces(j->ectx, false, &pc, &n);
+    }
+    if (st == MT_OK) { /* every size the manifest states, against the model and the files, before reading */
+        st = check_sizes(c->resume, man, pc, n, mt_model_config(j->model)->vocab_size);
     }
     if (st == MT_OK) {
         st = fill_pieces(c->resume, man, pc, n, mt_model_config(j->model)->vocab_size);
@@ -632,6 +829,10 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
     mt_json_free(man);
     MT_CHECK(st);
     j->engine->ckpt_set_step(j->ectx, ostep);
+    if (ps.have) { /* fp16 continues with the scale and clean-step count it stopped with */
+        j->scaler.scale = ps.scale;
+        j->scaler.clean_steps = ps.clean;
+    }
     if (j->engine->ckpt_loaded) {
         MT_CHECK(j->engine->ckpt_loaded(j->ectx));
     }
@@ -833,6 +1034,8 @@ static mt_status_t write_manifest(job_t *j, const char *path, int64_t step, char
     const mt_model_config_t *mc = mt_model_config(j->model);
     fprintf(f, "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"step\": %lld,\n  \"optimizer_step\": %lld,\n",
             CKPT_FORMAT, CKPT_VERSION, (long long)step, (long long)j->engine->ckpt_get_step(j->ectx));
+    fprintf(f, "  \"precision\": {\"compute\": \"%s\", \"loss_scale\": %.9g, \"clean_steps\": %lld},\n",
+            mt_prec_name(j->prec), (double)j->scaler.scale, (long long)j->scaler.clean_steps);
     fprintf(f,
             "  \"data\": {\"kind\": \"%s\", \"order\": \"%s\", \"next_step\": %lld, \"global_batch\": %lld, "
             "\"seq_len\": %lld},\n",

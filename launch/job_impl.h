@@ -8,6 +8,7 @@
 #include "launch/job.h"
 #include "models/data/data.h"
 #include "runtime/alloc.h"
+#include "runtime/precision.h"
 
 #include <stdatomic.h>
 
@@ -24,6 +25,10 @@ typedef struct {
     int64_t data_rows;                   /* rows of the training batch this rank's loader read (0: none) */
     bool has_bytes;                      /* the engine reports its communication (comm_bytes) */
     double bytes_model, bytes_other;     /* bytes this rank sent this step (mt_job_engine_t.comm_bytes) */
+    bool has_energy;  /* this rank's device energy is known (engine step_energy) */
+    double energy_j;  /* this rank's; mt_job_metrics_step makes it the sum over ranks */
+    float loss_scale; /* the loss scale this step's backward used (1 unless precision.compute = fp16) */
+    bool skipped;     /* no optimizer update: an fp16 overflow, or a non-finite step with train.on_nan = skip */
 } mt_step_rec_t;
 
 /* The loop's own MPI calls on the world communicator, each registered with the hang watchdog as a
@@ -65,6 +70,8 @@ typedef struct {
     job_sync_t sync;  /* the loop's watched MPI calls over comm (mt_job_sync_init) */
     bool scatter;    /* the engine's root loads the dp group's batch and scatters micro-batches to it */
     int32_t *mb_buf; /* scatter: this rank's micro-batch, inputs then targets (2 x micro_batch x seq_len) */
+    mt_prec_t prec;           /* precision.compute */
+    mt_loss_scaler_t scaler;  /* fp16: dynamic loss scale (saved in checkpoints); else fixed at 1 */
 } job_t;
 
 /* ---- the loop's synchronisation (job_sync.c) ----------------------------------------------------

@@ -143,6 +143,11 @@ static double sgemm_per_core(int threads, char *src, size_t src_len, char *cache
  * smaller of the ranks' threads and the node's CPUs (4 ranks of 1 thread on 2 cores occupy 2). */
 static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
     const mt_world_t *w = mt_rt_world();
+    if (j->engine->peak_flops) { /* a device engine knows its own (or that it does not know it) */
+        double mine = j->engine->peak_flops(j->ectx, m->peak_src, sizeof(m->peak_src));
+        MT_CHECK(mt_job_allreduce(&j->sync, "peak_flops", &mine, &m->peak_flops, 1, MPI_DOUBLE, MPI_SUM));
+        return MT_OK;
+    }
     int threads = openblas_get_num_threads();
     threads = threads > 0 ? threads : 1;
     double per_core = 0.0;
@@ -300,18 +305,32 @@ static double mfu_of(const job_metrics_t *m, const job_t *j, double tokens_per_s
     return m->peak_flops > 0 ? j->flops_per_token * tokens_per_s / m->peak_flops : 0.0;
 }
 
+static void json_num(char *buf, size_t len, double v) {
+    if (isfinite(v)) {
+        snprintf(buf, len, "%.17g", v);
+    } else {
+        snprintf(buf, len, "null");
+    }
+}
+
+/* energy_j < 0: unknown, the energy fields are left out (not written as zero); tokens_e: the tokens that
+ * energy processed. */
 static void write_json(FILE *f, const job_metrics_t *m, const job_t *j, const mt_step_rec_t *r, const int64_t *mem,
-                       int64_t peak) {
+                       int64_t peak, double energy_j, double tokens_e) {
     double tps = r->step_s > 0 ? m->tokens / r->step_s : 0.0;
+    char loss[32], norm[32]; /* JSON has no inf or NaN: a non-finite value is written as null */
+    json_num(loss, sizeof(loss), r->loss);
+    json_num(norm, sizeof(norm), r->grad_norm);
     fprintf(f,
-            "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.17g, \"tokens\": %.0f, "
+            "{\"step\": %lld, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"loss_scale\": %.9g, "
+            "\"skipped\": %s, \"tokens\": %.0f, "
             "\"step_ms\": %.4f, \"tokens_per_s\": %.2f, \"mfu\": %.6g, "
             "\"time_ms\": {\"data\": %.4f, \"forward\": %.4f, \"backward\": %.4f, \"comm_exposed\": %.4f, "
             "\"optimizer\": %.4f}, "
             "\"mem_bytes\": {\"params\": %lld, \"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, "
             "\"comm\": %lld, \"peak\": %lld}",
-            (long long)r->step, r->loss, (double)r->lr, r->grad_norm, m->tokens, r->step_s * 1e3, tps,
-            mfu_of(m, j, tps), r->data_s * 1e3, r->fwd_s * 1e3, r->bwd_s * 1e3, r->comm_s * 1e3, r->opt_s * 1e3,
+            (long long)r->step, loss, (double)r->lr, norm, (double)r->loss_scale, r->skipped ? "true" : "false",
+            m->tokens, r->step_s * 1e3, tps, mfu_of(m, j, tps), r->data_s * 1e3, r->fwd_s * 1e3, r->bwd_s * 1e3, r->comm_s * 1e3, r->opt_s * 1e3,
             (long long)mem[MT_MEM_PARAMS], (long long)mem[MT_MEM_GRADS], (long long)mem[MT_MEM_OPTIMIZER],
             (long long)mem[MT_MEM_ACTIVATIONS], (long long)mem[MT_MEM_COMM], (long long)peak);
     if (r->has_val) {
@@ -320,6 +339,9 @@ static void write_json(FILE *f, const job_metrics_t *m, const job_t *j, const mt
     fprintf(f, ", \"data_rows\": %lld", (long long)r->data_rows); /* this rank's; rank 0's in metrics.jsonl */
     if (r->has_bytes) {
         fprintf(f, ", \"comm_bytes\": {\"model\": %.0f, \"other\": %.0f}", r->bytes_model, r->bytes_other);
+    }
+    if (energy_j >= 0) {
+        fprintf(f, ", \"energy_j\": %.6g, \"tokens_per_j\": %.6g", energy_j, energy_j > 0 ? tokens_e / energy_j : 0.0);
     }
     fprintf(f, "}\n");
     fflush(f);
@@ -336,6 +358,13 @@ mt_status_t mt_job_metrics_step(job_metrics_t *m, job_t *j, mt_step_rec_t *r, bo
     MT_CHECK(mt_job_allreduce(&j->sync, "mem_max", mine, maxed, MT_MEM_NCAT + 1, MPI_INT64_T, MPI_MAX));
     memcpy(r->mem, maxed, sizeof(r->mem));
     r->mem_peak = maxed[MT_MEM_NCAT];
+    double own_energy = r->has_energy ? r->energy_j : -1.0;
+    if (j->engine->step_energy) { /* the job's energy: the sum over ranks, known only if every rank knows its own */
+        double in[2] = {r->has_energy ? r->energy_j : 0.0, r->has_energy ? 0.0 : 1.0}, out[2];
+        MT_CHECK(mt_job_allreduce(&j->sync, "energy", in, out, 2, MPI_DOUBLE, MPI_SUM));
+        r->has_energy = out[1] == 0.0;
+        r->energy_j = out[0];
+    }
     int64_t s = r->step - 1;
     if (s > m->first_step) {
         m->sum_s += r->step_s;
@@ -351,13 +380,14 @@ mt_status_t mt_job_metrics_step(job_metrics_t *m, job_t *j, mt_step_rec_t *r, bo
         m->have_val = true;
     }
     if (m->rank_file) {
-        write_json(m->rank_file, m, j, r, mine, mine[MT_MEM_NCAT]);
+        write_json(m->rank_file, m, j, r, mine, mine[MT_MEM_NCAT], own_energy,
+                   m->tokens / (double)MT_MAX(1, j->info.dp_size));
     }
     if (j->rank != 0) {
         return MT_OK;
     }
     if (m->jsonl) {
-        write_json(m->jsonl, m, j, r, r->mem, r->mem_peak);
+        write_json(m->jsonl, m, j, r, r->mem, r->mem_peak, r->has_energy ? r->energy_j : -1.0, m->tokens);
     }
     if (j->out && (r->step % m->log_every == 0 || s == m->first_step || last)) {
         double tps = r->step_s > 0 ? m->tokens / r->step_s : 0.0;
@@ -375,6 +405,14 @@ mt_status_t mt_job_metrics_step(job_metrics_t *m, job_t *j, mt_step_rec_t *r, bo
                 "comm %.0f%% | ETA %s\n",
                 (long long)r->step, (long long)m->steps, r->loss, (double)r->lr, r->grad_norm, r->step_s * 1e3, tps,
                 mfu, mem, r->step_s > 0 ? 100.0 * r->comm_s / r->step_s : 0.0, eta);
+        if (r->has_energy) {
+            fprintf(j->out, "step %5lld/%lld | energy %.1f J | %.1f tok/J\n", (long long)r->step, (long long)m->steps,
+                    r->energy_j, r->energy_j > 0 ? m->tokens / r->energy_j : 0.0);
+        }
+        if (j->scaler.dynamic || r->skipped) { /* fp16: the loss scale; any mode: a step without an update */
+            fprintf(j->out, "step %5lld/%lld | loss scale %g%s\n", (long long)r->step, (long long)m->steps,
+                    (double)r->loss_scale, r->skipped ? " | update skipped" : "");
+        }
     }
     if (j->out && r->has_val) {
         fprintf(j->out, "step %5lld/%lld | val loss %.6f (%lld batches)\n", (long long)r->step, (long long)m->steps,
@@ -432,6 +470,14 @@ mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *r
     }
     if (m->have_val) {
         fprintf(o, " | final val loss %.6f", m->last_val);
+    }
+    if (j->scaler.dynamic) {
+        fprintf(o, " | fp16: %lld step%s skipped on overflow, loss scale now %g", (long long)res->n_overflow,
+                res->n_overflow == 1 ? "" : "s", (double)res->loss_scale);
+    }
+    if (res->n_skipped > 0) {
+        fprintf(o, " | %lld non-finite step%s skipped (train.on_nan = skip)", (long long)res->n_skipped,
+                res->n_skipped == 1 ? "" : "s");
     }
     fprintf(o, "\npeak memory per rank (max over ranks):");
     for (int c = 0; c < MT_MEM_NCAT; c++) {

@@ -309,7 +309,8 @@ static mt_status_t mp_ckpt_loaded(void *ctx) {
     .init = mp_init, .zero_grads = mp_zero_grads, .finish_grads = mp_finish_grads, .grad_sumsq = mp_grad_sumsq,        \
     .step = mp_step, .reduce_loss = mp_reduce_loss, .free = mp_free, .ckpt_pieces = mp_ckpt_pieces,                    \
     .ckpt_get_step = mp_ckpt_get_step, .ckpt_set_step = mp_ckpt_set_step, .ckpt_loaded = mp_ckpt_loaded,               \
-    .setup_model = mp_setup_model, .run_batch = mp_run_batch, .take_comm_s = mp_take_comm_s, .describe = mp_describe
+    .setup_model = mp_setup_model, .run_batch = mp_run_batch, .take_comm_s = mp_take_comm_s, .describe = mp_describe,  \
+    .own_activations = true /* the pipeline's */
 
 static const mt_job_engine_t tp_engine = {.name = "tensor-parallel", MP_ENGINE_FIELDS};
 static const mt_job_engine_t pp_engine = {.name = "pipeline", MP_ENGINE_FIELDS};

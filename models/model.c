@@ -9,6 +9,7 @@
 
 #include "models/model_impl.h"
 #include "runtime/alloc.h"
+#include "runtime/precision.h"
 
 /* ---- registry ------------------------------------------------------------------------------- */
 
@@ -121,6 +122,8 @@ mt_status_t mt_model_init(const mt_model_config_t *cfg, mt_model_t *out) {
         return mt_error(MT_ERR_OOM, "model: out of memory");
     }
     m->cfg = *cfg;
+    m->compute_dt = (int)MT_F32;
+    m->loss_scale = 1.0f;
     if (m->cfg.padded_vocab == 0) {
         int mult = 128 * cfg->tp_size; /* each tp rank's vocabulary slice stays a multiple of 128 */
         m->cfg.padded_vocab = (cfg->vocab_size + mult - 1) / mult * mult;
@@ -152,6 +155,9 @@ void mt_model_free(mt_model_t m) {
     }
     mt_free(m->gbuf[0]);
     mt_free(m->gbuf[1]);
+    mt_free(m->lp_w);
+    mt_free(m->lp_g);
+    free(m->lp_saved);
     mt_free(m->params_flat);
     mt_free(m->grads_flat);
     free(m->params);
@@ -397,6 +403,103 @@ int mt_acts_T(mt_acts_t a) {
     return a->T;
 }
 
+/* ---- compute precision: the per-module rounding wrapper -------------------------------------- */
+
+mt_status_t mt_model_set_compute(mt_model_t m, int dt) {
+    if (dt != (int)MT_F32 && dt != (int)MT_BF16 && dt != (int)MT_F16) {
+        return mt_error(MT_ERR_INVALID_ARG, "model: compute dtype %d is not f32, bf16 or f16", dt);
+    }
+    m->compute_dt = dt;
+    return MT_OK;
+}
+
+int mt_model_compute(mt_model_t m) {
+    return m->compute_dt;
+}
+
+void mt_model_set_loss_scale(mt_model_t m, float scale) {
+    m->loss_scale = scale;
+}
+
+static bool reads_param(const mt_param_t *p, int module) {
+    return p->module == module || p->tied_module == module;
+}
+
+/* The scratch of the wrapper, sized once for the module that reads the most parameter floats. */
+static mt_status_t lp_ensure(mt_model_t m) {
+    if (m->lp_saved) {
+        return MT_OK;
+    }
+    size_t most = 0;
+    for (int k = 0; k < m->n_modules; k++) {
+        size_t f = 0;
+        for (int i = 0; i < m->n_params; i++) {
+            f += reads_param(&m->params[i], k) ? m->params[i].numel : 0;
+        }
+        most = MT_MAX(most, f);
+    }
+    m->lp_w = mt_alloc(MT_MAX(most, 1) * sizeof(float), MT_MEM_PARAMS, "model rounded weights");
+    m->lp_g = mt_alloc(MT_MAX(most, 1) * sizeof(float), MT_MEM_GRADS, "model rounded gradients");
+    m->lp_saved = calloc(2 * (size_t)MT_MAX(m->n_params, 1), sizeof(float *));
+    if (!m->lp_w || !m->lp_g || !m->lp_saved) {
+        mt_free(m->lp_w);
+        mt_free(m->lp_g);
+        free(m->lp_saved);
+        m->lp_w = m->lp_g = NULL;
+        m->lp_saved = NULL;
+        return mt_error(MT_ERR_OOM, "model: cannot allocate 2 x %zu bytes of %s compute scratch",
+                        most * sizeof(float), mt_dtype_name((mt_dtype_t)m->compute_dt));
+    }
+    m->lp_floats = most;
+    return MT_OK;
+}
+
+/* Before module's call (after the engine's pre hook bound p->data, p->grad): points the parameters it
+ * reads at their rounded copies and, for backward, the gradients at zeroed staging. */
+static void lp_swap_in(mt_model_t m, int module, bool grads) {
+    mt_dtype_t dt = (mt_dtype_t)m->compute_dt;
+    size_t off = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        mt_param_t *p = &m->params[i];
+        if (!reads_param(p, module)) {
+            continue;
+        }
+        float *w = m->lp_w + off;
+        memcpy(w, p->data, p->numel * sizeof(float));
+        mt_prec_round(w, p->numel, dt);
+        m->lp_saved[2 * i] = p->data;
+        p->data = w;
+        if (grads) {
+            memset(m->lp_g + off, 0, p->numel * sizeof(float));
+            m->lp_saved[2 * i + 1] = p->grad;
+            p->grad = m->lp_g + off;
+        }
+        off += p->numel;
+    }
+}
+
+/* After the call: the engine's pointers back; backward's gradients rounded to dt (in fp16 they carry the
+ * loss scale, so an overflow becomes inf here) and added to the engine's f32 gradients. */
+static void lp_swap_out(mt_model_t m, int module, bool grads) {
+    mt_dtype_t dt = (mt_dtype_t)m->compute_dt;
+    for (int i = 0; i < m->n_params; i++) {
+        mt_param_t *p = &m->params[i];
+        if (!reads_param(p, module)) {
+            continue;
+        }
+        p->data = m->lp_saved[2 * i];
+        if (grads) {
+            float *g = p->grad, *dst = m->lp_saved[2 * i + 1];
+            size_t n = p->numel;
+            mt_prec_round(g, n, dt);
+            for (size_t k = 0; k < n; k++) {
+                dst[k] += g[k];
+            }
+            p->grad = dst;
+        }
+    }
+}
+
 /* ---- execution ------------------------------------------------------------------------------- */
 
 static mt_status_t check_bound(mt_model_t m, int module, bool need_grad) {
@@ -477,6 +580,10 @@ mt_status_t mt_model_forward(mt_model_t m, mt_acts_t a, int lo, int hi, const in
         memcpy(a->targets, targets, (size_t)N * sizeof(int32_t));
     }
     MT_CHECK(m->ops->ensure_workspace(m, a->B, a->T));
+    bool lowp = m->compute_dt != (int)MT_F32;
+    if (lowp) {
+        MT_CHECK(lp_ensure(m));
+    }
     for (int i = lo; i < hi; i++) {
         if (m->hooks.pre_forward) {
             MT_CHECK(m->hooks.pre_forward(m->hooks.arg, i));
@@ -493,7 +600,16 @@ mt_status_t mt_model_forward(mt_model_t m, mt_acts_t a, int lo, int hi, const in
         }
         const float *inp = i == 0 ? NULL : (i == lo ? a->in : a->mod_out[i - 1]);
         a->mod_inp[i] = inp;
+        if (lowp) {
+            lp_swap_in(m, i, false);
+        }
         m->ops->forward(m, a, i, inp);
+        if (lowp) {
+            lp_swap_out(m, i, false);
+            if (i < n - 1 && a->mod_out[i]) {
+                mt_prec_round(a->mod_out[i], AF, (mt_dtype_t)m->compute_dt); /* the activation passed on */
+            }
+        }
         MT_CHECK(take_error(m));
         a->fwd_done[i] = true;
         if (m->hooks.post_forward) {
@@ -533,6 +649,10 @@ mt_status_t mt_model_backward(mt_model_t m, mt_acts_t a, int lo, int hi, const f
         MT_CHECK(mt_model_realloc_scratch(&m->gbuf[1], AF, "model grad buffer"));
         m->gbuf_floats = AF;
     }
+    bool lowp = m->compute_dt != (int)MT_F32;
+    if (lowp) {
+        MT_CHECK(lp_ensure(m));
+    }
     float *gcur = m->gbuf[0], *gnext = m->gbuf[1];
     if (dout) {
         memcpy(gcur, dout, AF * sizeof(float));
@@ -542,7 +662,17 @@ mt_status_t mt_model_backward(mt_model_t m, mt_acts_t a, int lo, int hi, const f
             MT_CHECK(m->hooks.pre_backward(m->hooks.arg, i));
         }
         MT_CHECK(check_bound(m, i, true));
-        m->ops->backward(m, a, i, a->mod_inp[i], i == n - 1 ? NULL : gcur, i > 0 ? gnext : NULL, loss_grad_scale);
+        if (lowp) {
+            lp_swap_in(m, i, true);
+        }
+        m->ops->backward(m, a, i, a->mod_inp[i], i == n - 1 ? NULL : gcur, i > 0 ? gnext : NULL,
+                         i == n - 1 ? loss_grad_scale * m->loss_scale : loss_grad_scale);
+        if (lowp) {
+            lp_swap_out(m, i, true);
+            if (i > 0) {
+                mt_prec_round(gnext, AF, (mt_dtype_t)m->compute_dt); /* the gradient passed back */
+            }
+        }
         MT_CHECK(take_error(m));
         if (i == n - 1) {
             a->fwd_done[i] = false; /* the head's backward consumed its logits in place */

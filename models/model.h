@@ -163,6 +163,26 @@ void mt_model_set_hooks(mt_model_t m, const mt_model_hooks_t *hooks);
 /* The installed hooks (all NULL if none), so a wrapper can chain to them. */
 void mt_model_get_hooks(mt_model_t m, mt_model_hooks_t *out);
 
+/* ---- compute precision (CPU emulation of mixed precision) ------------------------------------ */
+
+/* Makes every module compute as with weights and activations stored in dt, an mt_dtype_t of
+ * runtime/tensor.h (not included here: its names clash with topo.h's): MT_F32 (plain f32, the default),
+ * MT_BF16 / MT_F16 (precision.compute bf16 / fp16, see mt_prec_storage), whatever engine drives the model. Around each
+ * module's forward and backward (inside the engine's hooks, so parameters a hook gathered are seen) the
+ * wrapper copies the parameters the module reads into a scratch buffer rounded to dt and swaps p->data to
+ * it for the call; the module's output and, in backward, the gradient it passes to the previous module are
+ * rounded to dt; each module's parameter gradients are computed into zeroed scratch, rounded to dt and
+ * then added to p->grad (the master gradients stay f32, as the master weights and optimizer state do).
+ * Arithmetic stays f32. Scratch: two buffers of the most floats any one module reads, accounted as
+ * MT_MEM_PARAMS (the rounded weight copy) and MT_MEM_GRADS (the gradient staging). Errors:
+ * MT_ERR_INVALID_ARG for another dtype. */
+mt_status_t mt_model_set_compute(mt_model_t m, int dt);
+int mt_model_compute(mt_model_t m);
+
+/* Multiplies the loss gradient of every backward through the head by scale (fp16 dynamic loss scaling;
+ * the parameter gradients then carry the factor and the caller unscales them). Default 1. */
+void mt_model_set_loss_scale(mt_model_t m, float scale);
+
 /* ---- execution ------------------------------------------------------------------------------ */
 
 /* Saved activations of one micro-batch of B sequences of T tokens (T <= seq_len). Several can be in

@@ -50,6 +50,13 @@ struct mt_model {
     float *gbuf[2];     /* backward ping-pong gradients (activation floats of a micro-batch) */
     size_t gbuf_floats; /* floats each gbuf holds */
     void *impl;         /* family-specific state */
+    /* Compute precision (mt_model_set_compute): the storage dtype modules compute with (MT_F32: no rounding),
+     * the loss-gradient multiplier (fp16 loss scale), and the scratch the per-module wrapper swaps in. */
+    int compute_dt;         /* mt_dtype_t */
+    float loss_scale;       /* multiplies loss_grad_scale at the head; 1 unless fp16 */
+    float *lp_w, *lp_g;     /* rounded weight copy (MT_MEM_PARAMS) and gradient staging (MT_MEM_GRADS) */
+    size_t lp_floats;       /* floats each holds: the most any module reads */
+    float **lp_saved;       /* per parameter: the engine's data (and grad) pointers while swapped out */
 };
 
 struct mt_acts {

@@ -66,7 +66,7 @@ static const mt_cfg_schema_t schema[] = {
     B("parallel.sequence_parallel", "false", "split LayerNorm/residual regions along the sequence over tp"),
     S("parallel.dp_reduce", "auto", "auto|engine|allreduce", "tp/pp jobs: dp gradients by parallel.engine, one all-reduce, or auto"),
     /* [precision] */
-    S("precision.compute", "fp32", "fp32|tf32|bf16|fp16", "compute precision"),
+    S("precision.compute", "fp32", "fp32|tf32|bf16|fp16", "compute precision (CPU: tf32 = fp32, bf16/fp16 emulated)"),
     F("precision.init_scale", "65536", 1, 1e38, "fp16: initial loss scale"),
     I("precision.scale_window", "1000", 1, BIG, "fp16: clean steps before the loss scale doubles"),
     /* [checkpoint] */

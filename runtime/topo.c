@@ -448,7 +448,7 @@ void mt_topo_choose_device(const mt_topo_t *topo, int local_rank, const int *vis
                            const char *restricted_by, mt_topo_device_t *out) {
     memset(out, 0, sizeof(*out));
     if (n_visible <= 0) {
-        out->kind = MT_DEV_CPU;
+        out->kind = MT_DEVKIND_CPU;
         out->gpu = -1;
         out->cuda_ordinal = -1;
         snprintf(out->why, sizeof(out->why), "%s",
@@ -460,7 +460,7 @@ void mt_topo_choose_device(const mt_topo_t *topo, int local_rank, const int *vis
         }
         return;
     }
-    out->kind = MT_DEV_GPU;
+    out->kind = MT_DEVKIND_GPU;
     out->cuda_ordinal = local_rank % n_visible;
     out->gpu = visible[out->cuda_ordinal];
     if (n_visible == 1 && restricted_by) {

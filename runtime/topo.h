@@ -127,7 +127,7 @@ int mt_topo_nearest_nic(const mt_topo_t *topo, const mt_topo_pci_t *gpu, const m
 mt_status_t mt_topo_visible_gpus(const mt_topo_t *topo, const char *cuda_visible, int visible[MT_TOPO_MAX_GPUS],
                                  int *n_visible);
 
-typedef enum { MT_DEV_CPU = 0, MT_DEV_GPU = 1 } mt_dev_kind_t;
+typedef enum { MT_DEVKIND_CPU = 0, MT_DEVKIND_GPU = 1 } mt_dev_kind_t;
 
 typedef struct {
     mt_dev_kind_t kind;

@@ -158,7 +158,7 @@ mt_status_t mt_topo_bind(const mt_topo_t *topo, MPI_Comm local_comm, mt_bind_mod
     free(gpu_of_local);
     free(places);
     report->device = dev;
-    if (dev.kind == MT_DEV_GPU) {
+    if (dev.kind == MT_DEVKIND_GPU) {
         snprintf(report->device_str, sizeof(report->device_str), "gpu:%d (%s)", dev.cuda_ordinal,
                  topo->gpus[dev.gpu].busid);
     } else {
@@ -227,7 +227,7 @@ mt_status_t mt_topo_bind(const mt_topo_t *topo, MPI_Comm local_comm, mt_bind_mod
         static _Atomic int warned;
         if (!atomic_exchange(&warned, 1)) {
             MT_WARN("%d local ranks on %d cores%s: ranks share cores, expect them to slow each other down", ls,
-                    topo->n_cores, dev.kind == MT_DEV_GPU ? " near their GPUs" : "");
+                    topo->n_cores, dev.kind == MT_DEVKIND_GPU ? " near their GPUs" : "");
         }
     }
 
@@ -236,7 +236,7 @@ mt_status_t mt_topo_bind(const mt_topo_t *topo, MPI_Comm local_comm, mt_bind_mod
     if (report->nic >= 0) {
         const mt_topo_nic_t *nic = &topo->nics[report->nic];
         snprintf(report->nic_name, sizeof(report->nic_name), "%s", nic->name);
-        if (nic_auto && dev.kind == MT_DEV_GPU) {
+        if (nic_auto && dev.kind == MT_DEVKIND_GPU) {
             const char *var = nic->kind == MT_NIC_IB ? "NCCL_IB_HCA" : "NCCL_SOCKET_IFNAME";
             const char *set = getenv(var);
             if (set) {

@@ -1,13 +1,15 @@
 /* GPT-2 forward, backward and AdamW on one GPU, composed from the launchers of mt_cuda.h in the order of
- * models/gpt2/gpt2.c (see that file for the math of each step). Differences that save memory traffic:
- * each residual add is fused with the LayerNorm that follows it (attention residual + ln_2, MLP residual
- * + the next block's ln_1 or ln_f), the fc layer's bias and GELU run in the matmul epilogue, attention
- * keeps only the log-sum-exp. Shape legend: B batch, T time, C channels, NH heads, N = B*T, V vocab,
- * Vp padded vocab, L layers; activations in the storage dtype of precision.compute, statistics f32.
+ * models/gpt2/gpt2.c (see that file for the math of each step). Differences that save memory traffic: each residual add
+ * is fused with the LayerNorm that follows it (attention residual + ln_2, MLP residual + the next block's ln_1 or
+ * ln_f), the fc layer's bias and GELU run in the matmul epilogue, attention keeps only the log-sum-exp. model.recompute
+ * = "block" keeps only each block's input (resid) and one block's internals, refilled by block_recompute before that
+ * block's backward. Shape legend: B batch, T time, C channels, NH heads, N = B*T, V vocab, Vp padded vocab, L layers;
+ * activations in the storage dtype of precision.compute, statistics f32.
  * SPDX-License-Identifier: MIT */
 #include "models/cuda/gpt2_cuda.h"
 
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <string.h>
 
 #include "models/cuda/cuda_backend.h"
@@ -29,9 +31,12 @@ struct mt_gpt2_cuda {
     mt_model_t m;
     mt_gpt2_cuda_params_t p;
     int L, C, NH, V, Vp, B, T, N, dt;
+    bool recompute; /* model.recompute = block: one layer_acts_t shared by every block, refilled in backward */
     size_t es, numel;
     cudaStream_t stream;
-    cudaEvent_t copied; /* the token copy out of the pinned buffer finished */
+    cudaEvent_t copied[2]; /* the token copy out of pinned slot i finished */
+    int slot;              /* the pinned slot the next forward fills: two, so the host never waits for the
+                            * previous micro-batch's work before it enqueues the next forward */
     mt_cuda_ctx_t ctx;
     void *ws;
     float *master, *grads, *adam_m, *adam_v;
@@ -51,6 +56,9 @@ struct mt_gpt2_cuda {
     int32_t *tokens_d, *targets_d, *pinned;
     mt_loss_scaler_t scaler;
     int64_t t;    /* AdamW steps taken */
+    bool nonfinite; /* the last mt_gpt2_cuda_grad_stats found inf/NaN */
+    mt_gpt2_cuda_grad_hook_t hook;
+    void *hook_arg;
     bool stepped; /* a step is pending its result */
     size_t act_bytes;
     void *bufs[MAX_BUFS]; /* device buffers to free, with sub-allocations carved from them */
@@ -100,10 +108,6 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: tensor parallelism (tp_size %d) is not on the GPU path",
                         c->tp_size);
     }
-    if (c->recompute != MT_RECOMPUTE_NONE) {
-        return mt_error(MT_ERR_INVALID_USAGE,
-                        "gpt2_cuda: model.recompute = \"block\" is not implemented on the GPU path (set \"none\")");
-    }
     if (!p || p->size != sizeof(*p) || (unsigned)p->prec >= MT_PREC_COUNT) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: parameters not initialised with MT_GPT2_CUDA_PARAMS_INIT");
     }
@@ -143,10 +147,14 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     g->es = mt_dtype_size((mt_dtype_t)g->dt);
     g->numel = mt_model_numel(m);
     g->n_params = mt_model_n_params(m);
+    g->recompute = c->recompute == MT_RECOMPUTE_BLOCK;
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es;
     MT_CHECK_GOTO(mt_loss_scaler_init(&g->scaler, p->prec, p->init_scale, p->scale_window), st, fail);
     MT_CHECK_GOTO(mt_cuda_status(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), "stream"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&g->copied, cudaEventDisableTiming), "event"), st, fail);
+    for (int i = 0; i < 2; i++) {
+        MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&g->copied[i], cudaEventDisableTiming), "event"), st,
+                      fail);
+    }
     g->offs = mt_calloc(g->n_params * sizeof(size_t), MT_MEM_OTHER, "gpt2_cuda offsets");
     g->decay = mt_calloc(g->n_params * sizeof(bool), MT_MEM_OTHER, "gpt2_cuda decay");
     g->la = mt_calloc((size_t)(g->L > 0 ? g->L : 1) * sizeof(layer_acts_t), MT_MEM_OTHER, "gpt2_cuda layers");
@@ -188,11 +196,13 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         head += MT_DIV_UP(head_sizes[i], 256) * 256;
     }
     size_t resid_bytes = MT_DIV_UP(N * C * es, 256) * 256;
-    g->act_bytes = (size_t)(g->L + 1) * resid_bytes + (size_t)g->L * lb + head;
+    /* recompute = block: the block inputs resid[0..L] stay, the internals of one block are shared */
+    int n_la = g->recompute ? MT_MIN(g->L, 1) : g->L;
+    g->act_bytes = (size_t)(g->L + 1) * resid_bytes + (size_t)n_la * lb + head;
     char *cur = NULL;
     MT_CHECK_GOTO(dalloc(g, (void **)&cur, g->act_bytes, MT_MEM_ACTIVATIONS, "gpt2_cuda activations"), st, fail);
     g->resid = carve(&cur, (size_t)(g->L + 1) * resid_bytes);
-    for (int l = 0; l < g->L; l++) {
+    for (int l = 0; l < n_la; l++) {
         layer_acts_t *a = &g->la[l];
         a->ln1 = carve(&cur, N * C * es);
         a->qkv = carve(&cur, 3 * N * C * es);
@@ -206,6 +216,9 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         a->ln2_mean = carve(&cur, N * 4);
         a->ln2_rstd = carve(&cur, N * 4);
         a->lse = carve(&cur, (size_t)g->B * g->NH * g->T * 4);
+    }
+    for (int l = n_la; l < g->L; l++) {
+        g->la[l] = g->la[0]; /* recompute = block: every block's view of the shared internals */
     }
     g->lnf = carve(&cur, N * C * es);
     g->lnf_mean = carve(&cur, N * 4);
@@ -240,8 +253,10 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     MT_CHECK_GOTO(dalloc(g, &g->ws, 32 << 20, MT_MEM_OTHER, "cuBLASLt workspace"), st, fail);
     MT_CHECK_GOTO(mt_cuda_status(mt_cuda_ctx_create(&g->ctx, g->ws, 32 << 20, p->prec == MT_PREC_TF32), "cuBLASLt"), st,
                   fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&g->pinned, 2 * N * 4), "pinned tokens"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaEventRecord(g->copied, g->stream), "event"), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&g->pinned, 4 * N * 4), "pinned tokens"), st, fail);
+    for (int i = 0; i < 2; i++) {
+        MT_CHECK_GOTO(mt_cuda_status(cudaEventRecord(g->copied[i], g->stream), "event"), st, fail);
+    }
     MT_CHECK_GOTO(mt_cuda_status(cudaStreamSynchronize(g->stream), "init"), st, fail);
     *out = g;
     return MT_OK;
@@ -264,8 +279,10 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
     if (g->pinned) {
         cudaFreeHost(g->pinned);
     }
-    if (g->copied) {
-        cudaEventDestroy(g->copied);
+    for (int i = 0; i < 2; i++) {
+        if (g->copied[i]) {
+            cudaEventDestroy(g->copied[i]);
+        }
     }
     if (g->stream) {
         cudaStreamDestroy(g->stream);
@@ -363,12 +380,16 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
                             targets[i], i, g->V);
         }
     }
-    CK(cudaEventSynchronize(g->copied)); /* the previous copy out of the pinned buffer is done */
-    memcpy(g->pinned, tokens, (size_t)N * 4);
-    memcpy(g->pinned + N, targets, (size_t)N * 4);
-    CK(cudaMemcpyAsync(g->tokens_d, g->pinned, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
-    CK(cudaMemcpyAsync(g->targets_d, g->pinned + N, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
-    CK(cudaEventRecord(g->copied, g->stream));
+    /* the copy out of this slot two forwards ago is done (long since, unless the host runs far ahead) */
+    int k = g->slot;
+    g->slot ^= 1;
+    int32_t *pin = g->pinned + (size_t)k * 2 * N;
+    CK(cudaEventSynchronize(g->copied[k]));
+    memcpy(pin, tokens, (size_t)N * 4);
+    memcpy(pin + N, targets, (size_t)N * 4);
+    CK(cudaMemcpyAsync(g->tokens_d, pin, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
+    CK(cudaMemcpyAsync(g->targets_d, pin + N, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
+    CK(cudaEventRecord(g->copied[k], g->stream));
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
     OP(PROF_EMBED, mt_cuda_embedding_forward(RES(0), g->tokens_d, W(0), W(1), B, T, C, dt, s));
     int pf = BLOCK0 + L * NBP; /* ln_f */
@@ -418,6 +439,43 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     return MT_OK;
 }
 
+/* The gradients of parameters [p0, p1) are complete in stream order: tells the hook their flat range. */
+static mt_status_t grads_done(mt_gpt2_cuda_t g, int p0, int p1) {
+    if (!g->hook) {
+        return MT_OK;
+    }
+    size_t lo = g->offs[p0], hi = p1 < g->n_params ? g->offs[p1] : g->numel;
+    return g->hook(g->hook_arg, lo, hi);
+}
+
+/* recompute = block: refills the shared internals of block l from its input resid[l] with the forward's
+ * kernels (ln_1 unfused here: the fused kernel normalises the stored sum, so the bits are the same), up to
+ * gelu(fc): the block's output is not needed again. g->tmp_c is free during backward. */
+static mt_status_t block_recompute(mt_gpt2_cuda_t g, int l) {
+    int N = g->N, C = g->C, B = g->B, T = g->T, dt = g->dt;
+    void *s = g->stream;
+    layer_acts_t *a = &g->la[l];
+    int p = BLOCK0 + l * NBP;
+    OP(PROF_LN_FWD,
+       mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W), W(p + LN1B), N, C, dt, s));
+    OP(PROF_MATMUL_FWD,
+       mt_cuda_matmul_forward(g->ctx, a->qkv, 3 * C, NULL, a->ln1, W(p + QKVW), W(p + QKVB), N, C, 3 * C, dt, s));
+    OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, C, g->NH, dt, s));
+    OP(PROF_MATMUL_FWD,
+       mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->atty, W(p + PROJW), W(p + PROJB), N, C, C, dt, s));
+    OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, a->ln2, a->ln2_mean, a->ln2_rstd, g->tmp_c, RES(l),
+                                                       W(p + LN2W), W(p + LN2B), N, C, dt, s));
+    if (g->p.fused_gelu) {
+        OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, a->fch_gelu, 4 * C, a->fch, a->ln2, W(p + FCW), W(p + FCB),
+                                                   N, C, 4 * C, dt, s));
+    } else {
+        OP(PROF_MATMUL_FWD,
+           mt_cuda_matmul_forward(g->ctx, a->fch, 4 * C, NULL, a->ln2, W(p + FCW), W(p + FCB), N, C, 4 * C, dt, s));
+        OP(PROF_GELU, mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C, dt, s));
+    }
+    return MT_OK;
+}
+
 mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt;
     size_t NC = (size_t)N * C, es = g->es;
@@ -435,9 +493,13 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, NC * es, cs));
     OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->lnf_mean,
                                                g->lnf_rstd, N, C, dt, g->ln_scratch, s));
+    MT_CHECK(grads_done(g, pf, g->n_params));
     for (int l = L - 1; l >= 0; l--) {
         layer_acts_t *a = &g->la[l];
         int p = BLOCK0 + l * NBP;
+        if (g->recompute && l + 1 < L) { /* the last block's internals are still those of the forward */
+            MT_CHECK(block_recompute(g, l));
+        }
         /* MLP branch: x_{l+1} = r2 + fcproj(gelu(fc(ln2(r2)))); dresid holds d x_{l+1} */
         OP(PROF_OTHER, cudaMemsetAsync(g->dfg, 0, 4 * NC * es, cs));
         OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->dfg, G(p + FCPW), G(p + FCPB), g->dresid, C, a->fch_gelu,
@@ -463,9 +525,10 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
                                                     W(p + QKVW), N, C, 3 * C, dt, g->col_scratch, s));
         OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(p + LN1W), G(p + LN1B), dln1, RES(l), W(p + LN1W),
                                                    a->ln1_mean, a->ln1_rstd, N, C, dt, g->ln_scratch, s));
+        MT_CHECK(grads_done(g, p, p + NBP));
     }
     OP(PROF_EMBED, mt_cuda_embedding_backward(G(0), G(1), g->dresid, g->tokens_d, B, T, C, dt, s));
-    return MT_OK;
+    return grads_done(g, 0, BLOCK0);
 }
 
 mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float max_norm) {
@@ -549,4 +612,115 @@ void *mt_gpt2_cuda_stream(mt_gpt2_cuda_t g) {
 
 size_t mt_gpt2_cuda_activation_bytes(mt_gpt2_cuda_t g) {
     return g->act_bytes;
+}
+
+void mt_gpt2_cuda_set_grad_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_grad_hook_t fn, void *arg) {
+    g->hook = fn;
+    g->hook_arg = arg;
+}
+
+float *mt_gpt2_cuda_grads(mt_gpt2_cuda_t g) {
+    return g->grads;
+}
+
+const float *mt_gpt2_cuda_loss_dev(mt_gpt2_cuda_t g) {
+    return g->mean_loss;
+}
+
+mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfinite) {
+    void *s = g->stream;
+    int found = 0;
+    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    if (g->scaler.dynamic) {
+        OP(PROF_OTHER, cudaMemsetAsync(g->found_inf, 0, sizeof(int), g->stream));
+        OP(PROF_OPT, mt_cuda_check_finite(g->found_inf, g->grads, g->numel, MT_CU_F32, s));
+    }
+    OP(PROF_OPT, mt_cuda_sumsq(g->sumsq, g->grads, g->numel, g->sumsq_scratch, s));
+    CK(cudaStreamSynchronize(g->stream));
+    double ss = 0;
+    CK(cudaMemcpy(&ss, g->sumsq, sizeof(double), cudaMemcpyDeviceToHost));
+    if (g->scaler.dynamic) {
+        CK(cudaMemcpy(&found, g->found_inf, sizeof(int), cudaMemcpyDeviceToHost));
+    }
+    double inv = mt_loss_scaler_inv_scale(&g->scaler);
+    g->nonfinite = found != 0 || !isfinite(ss);
+    *sumsq = ss * inv * inv;
+    *nonfinite = g->nonfinite;
+    return MT_OK;
+}
+
+mt_status_t mt_gpt2_cuda_step_scaled(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,
+                                     bool *skipped) {
+    if (op->kind != MT_OPTIM_ADAMW) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the GPU step implements AdamW (optimizer.kind = \"adamw\")");
+    }
+    float inv = mt_loss_scaler_inv_scale(&g->scaler); /* the scale backward used, before the update */
+    bool skip = false;
+    if (g->scaler.dynamic) {
+        skip = mt_loss_scaler_update(&g->scaler, g->nonfinite ? 1 : 0);
+    }
+    if (skipped) {
+        *skipped = skip;
+    }
+    if (skip) {
+        return MT_OK; /* nothing launched: parameters, moments and the step count stay */
+    }
+    void *s = g->stream;
+    g->t++;
+    void *lowp = g->dt == MT_CU_F32 ? NULL : g->wc;
+    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    for (int i = 0; i < g->n_params;) {
+        int j = i + 1;
+        while (j < g->n_params && g->decay[j] == g->decay[i]) {
+            j++;
+        }
+        size_t lo = g->offs[i], hi = j < g->n_params ? g->offs[j] : g->numel;
+        float wd = g->decay[i] ? op->weight_decay : 0.0f;
+        void *lp = lowp ? (char *)lowp + lo * g->es : NULL;
+        OP(PROF_OPT, mt_cuda_adamw(g->master + lo, g->grads + lo, g->adam_m + lo, g->adam_v + lo, hi - lo, lr,
+                                   op->beta1, op->beta2, op->eps, wd, g->t, grad_scale * inv, NULL, NULL, lp, g->dt,
+                                   s));
+        i = j;
+    }
+    return MT_OK;
+}
+
+float mt_gpt2_cuda_loss_scale(mt_gpt2_cuda_t g) {
+    return mt_loss_scaler_scale(&g->scaler);
+}
+
+/* Copies on the compute stream, then waits: a pageable cudaMemcpy may return before its DMA lands, and
+ * the non-blocking compute stream would not be ordered after it. */
+mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, float *v) {
+    float *src[3] = {g->master, g->adam_m, g->adam_v}, *dst[3] = {params, m, v};
+    for (int i = 0; i < 3; i++) {
+        if (dst[i]) {
+            CK(cudaMemcpyAsync(dst[i], src[i], g->numel * 4, cudaMemcpyDeviceToHost, g->stream));
+        }
+    }
+    CK(cudaStreamSynchronize(g->stream));
+    return MT_OK;
+}
+
+mt_status_t mt_gpt2_cuda_set_state(mt_gpt2_cuda_t g, const float *params, const float *m, const float *v) {
+    float *dst[3] = {g->master, g->adam_m, g->adam_v};
+    const float *src[3] = {params, m, v};
+    for (int i = 0; i < 3; i++) {
+        if (src[i]) {
+            CK(cudaMemcpyAsync(dst[i], src[i], g->numel * 4, cudaMemcpyHostToDevice, g->stream));
+        }
+    }
+    if (params && g->dt != MT_CU_F32) {
+        CK(mt_cuda_convert(g->wc, g->dt, g->master, MT_CU_F32, g->numel, 1.0f, g->stream));
+    }
+    CK(cudaStreamSynchronize(g->stream));
+    return MT_OK;
+}
+
+int64_t mt_gpt2_cuda_get_step(mt_gpt2_cuda_t g) {
+    return g->t;
+}
+
+void mt_gpt2_cuda_set_step(mt_gpt2_cuda_t g, int64_t t) {
+    g->t = t;
 }

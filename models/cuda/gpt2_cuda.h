@@ -2,8 +2,8 @@
  * registration order and flat layout, same math; the CPU code stays the reference it is tested against),
  * with f32 master weights, gradients and AdamW state on the device, compute in precision.compute
  * (fp32 / tf32 / bf16 / fp16 with dynamic loss scaling), and a step that never waits on the device except
- * where the caller reads a result (mt_gpt2_cuda_step_result). Used by bench/ and the GPU tests; the engines
- * of parallel/ still drive the CPU model (see docs/gpu.md for what the device path covers).
+ * where the caller reads a result (mt_gpt2_cuda_step_result). Used by the GPU engine of `meshtrain train`
+ * (launch/job_cuda.c), bench/ and the GPU tests (see docs/gpu.md for what the device path covers).
  * SPDX-License-Identifier: MIT */
 #ifndef MT_GPT2_CUDA_H
 #define MT_GPT2_CUDA_H
@@ -33,11 +33,13 @@ typedef struct {
 
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
 
-/* Builds the device model from m (a GPT-2 with tp_size 1 and recompute none, whose parameters are bound
- * and initialised on the host): uploads the parameters as f32 master weights, allocates the compute copy
- * (bf16/fp16), gradients, AdamW moments and the activations of one B x T micro-batch through the caching
- * allocator. Errors: MT_ERR_INVALID_ARG / MT_ERR_INVALID_USAGE naming the unsupported setting, MT_ERR_OOM
- * (with the allocator's report), MT_ERR_CUDA. */
+/* Builds the device model from m (a GPT-2 with tp_size 1 whose parameters are bound and initialised on the host):
+ * uploads the parameters as f32 master weights, allocates the compute copy (bf16/fp16), gradients, AdamW moments and
+ * the activations of one B x T micro-batch through the caching allocator. With model.recompute = "block" the
+ * activations are the block inputs plus one block's internals, which backward recomputes block by block (the last
+ * block's are still those of the forward); categories as on the CPU (everything a micro-batch needs under ACTIVATIONS).
+ * Errors: MT_ERR_INVALID_ARG / MT_ERR_INVALID_USAGE naming the unsupported setting, MT_ERR_OOM (with the allocator's
+ * report), MT_ERR_CUDA. */
 mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_gpt2_cuda_t *out);
 void mt_gpt2_cuda_free(mt_gpt2_cuda_t g);
 
@@ -100,6 +102,44 @@ const char *mt_gpt2_prof_name(mt_gpt2_prof_t c);
 
 /* The compute stream (cudaStream_t) every launch of g is ordered on. */
 void *mt_gpt2_cuda_stream(mt_gpt2_cuda_t g);
+
+/* ---- for a training engine (launch/job_cuda.c): gradient communication and a host-side clip ---- */
+
+/* Called during mt_gpt2_cuda_backward each time the gradients of a run of parameters are complete for that
+ * backward, right after their last launch was enqueued on the compute stream (so an event recorded on it
+ * then orders a consumer after them): elements [lo, hi) of the flat layout. The runs come in backward
+ * order and tile the layout from the end: ln_f, block L-1, ..., block 0, then wte and wpe (wte's gradient
+ * is complete only after the embedding's backward); each run's hi is the previous run's lo. A failing hook
+ * stops the backward with its status. fn NULL: none. */
+typedef mt_status_t (*mt_gpt2_cuda_grad_hook_t)(void *arg, size_t lo, size_t hi);
+void mt_gpt2_cuda_set_grad_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_grad_hook_t fn, void *arg);
+
+/* The device f32 gradients (numel floats, flat layout) and the device f32 mean loss of the last forward,
+ * for communication and copies ordered on the caller's streams. */
+float *mt_gpt2_cuda_grads(mt_gpt2_cuda_t g);
+const float *mt_gpt2_cuda_loss_dev(mt_gpt2_cuda_t g);
+
+/* Enqueues the sum of squares of the gradients (and, with fp16 loss scaling, the inf/NaN check), waits,
+ * and returns the sum of squares of the UNSCALED gradients and whether any gradient is inf/NaN. */
+mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfinite);
+
+/* Optimizer step with a multiplier chosen on the host (the training loop's clipping coefficient; the fp16
+ * unscaling is added here): fused AdamW, enqueued, no host wait. With fp16 loss scaling, a step whose last
+ * mt_gpt2_cuda_grad_stats found inf/NaN is skipped (nothing launched, AdamW's count unchanged) and the
+ * scale halves; clean steps advance the scaler (*skipped says which; may be NULL). */
+mt_status_t mt_gpt2_cuda_step_scaled(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,
+                                     bool *skipped);
+
+/* The fp16 loss scale the next backward uses (1 without loss scaling). */
+float mt_gpt2_cuda_loss_scale(mt_gpt2_cuda_t g);
+
+/* Checkpoint state: copies the f32 master parameters and AdamW's m and v (numel floats each, flat layout;
+ * any may be NULL) to host memory (waits), or from it (set: uploads and refreshes the compute copy; waits).
+ * AdamW's step count: get / set. */
+mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, float *v);
+mt_status_t mt_gpt2_cuda_set_state(mt_gpt2_cuda_t g, const float *params, const float *m, const float *v);
+int64_t mt_gpt2_cuda_get_step(mt_gpt2_cuda_t g);
+void mt_gpt2_cuda_set_step(mt_gpt2_cuda_t g, int64_t t);
 
 /* Device bytes of g by role, for reports. */
 size_t mt_gpt2_cuda_activation_bytes(mt_gpt2_cuda_t g);

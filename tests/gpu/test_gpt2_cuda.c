@@ -4,6 +4,8 @@
  *   fp32 1e-4 / 1e-3,  tf32 1e-2 / 5e-2,  bf16 3e-2 / 2e-1,  fp16 1e-2 / 1e-1
  * Training (10 AdamW steps, 6 under the CPU emulator, lr 1e-3): fp32 losses within 1e-3 of the CPU's at every
  * step; every mode's loss falls. fp16 from an initial scale of 2^24 skips its first steps and still trains.
+ * model.recompute = "block" (fp32, bf16): the same tolerances against the CPU model with recomputation, the
+ * same loss and gradients as the GPU without it, and the activation bytes down by one block's internals.
  * Exits 77 printing "skipped: no CUDA device" without a device.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
@@ -20,8 +22,9 @@ enum { B = 2, T = 32, STEPS = 6 }; /* the CPU emulator runs every block thread i
 enum { B = 2, T = 32, STEPS = 10 };
 #endif
 
-static mt_model_t build(void) {
+static mt_model_t build_rc(mt_recompute_t rc) {
     mt_model_config_t c = MT_MODEL_CONFIG_INIT;
+    c.recompute = rc;
     c.kind = MT_MODEL_GPT2;
     c.n_layer = 2;
     c.n_head = 2;
@@ -35,6 +38,10 @@ static mt_model_t build(void) {
     CHECK_OK(mt_model_alloc_grads(m));
     mt_model_init_weights(m);
     return m;
+}
+
+static mt_model_t build(void) {
+    return build_rc(MT_RECOMPUTE_NONE);
 }
 
 static void data(int32_t *tok, int32_t *tgt) {
@@ -172,6 +179,106 @@ static void cpu_train(float *losses) {
     mt_model_free(m);
 }
 
+/* Device bytes of activations now (the caching allocator accounts every block under its category). */
+static int64_t dev_act_bytes(void) {
+    mt_mem_stats_t ms;
+    mt_mem_stats(MT_MEM_DEVICE, &ms);
+    return ms.current[MT_MEM_ACTIVATIONS];
+}
+
+/* One forward/backward on the GPU with model.recompute = rc: loss, gradients (unscaled), activation bytes
+ * (the trainer's figure and the allocator's ACTIVATIONS category while it lives). */
+static void gpu_grads(mt_model_t m, mt_prec_t prec, const int32_t *tok, const int32_t *tgt, float *loss, float *grads,
+                      size_t *act, int64_t *act_dev) {
+    mt_gpt2_cuda_params_t p = MT_GPT2_CUDA_PARAMS_INIT;
+    p.prec = prec;
+    p.B = B;
+    p.T = T;
+    p.init_scale = 1024.0f;
+    int64_t before = dev_act_bytes();
+    mt_gpt2_cuda_t g;
+    CHECK_OK(mt_gpt2_cuda_init(m, &p, &g));
+    *act = mt_gpt2_cuda_activation_bytes(g);
+    *act_dev = dev_act_bytes() - before;
+    CHECK_OK(mt_gpt2_cuda_zero_grads(g));
+    CHECK_OK(mt_gpt2_cuda_forward(g, tok, tgt));
+    CHECK_OK(mt_gpt2_cuda_backward(g, 1.0f));
+    CHECK_OK(mt_gpt2_cuda_loss(g, loss));
+    CHECK_OK(mt_gpt2_cuda_get_grads(g, grads));
+    if (prec == MT_PREC_FP16) {
+        for (size_t i = 0; i < mt_model_numel(m); i++) {
+            grads[i] /= 1024.0f;
+        }
+    }
+    mt_gpt2_cuda_free(g);
+}
+
+/* model.recompute = "block" on the GPU: the loss and every gradient against the CPU model with the same setting (the
+ * per-mode tolerances of compare_grads), the same figures as the GPU without recomputation (the same kernels on the
+ * same inputs: the loss bit for bit, the gradients to 1e-5 of the largest in fp32), and the activation bytes down by
+ * the internals of n_layer - 1 blocks, in the ACTIVATIONS category of the device allocator. */
+static void compare_recompute(mt_prec_t prec) {
+    static const double loss_tol[] = {1e-4, 1e-2, 3e-2, 1e-2}, grad_tol[] = {1e-3, 5e-2, 2e-1, 1e-1};
+    /* against the GPU without recomputation: only dwte's atomics, and on a device cuBLASLt's algorithm choice
+     * (cached per pointer alignment), may change the order of additions */
+    static const double same_tol[] = {1e-5, 1e-3, 1e-2, 1e-2};
+    const char *pn = mt_prec_name(prec);
+    mt_model_t mr = build_rc(MT_RECOMPUTE_BLOCK), mn = build_rc(MT_RECOMPUTE_NONE);
+    int32_t tok[B * T], tgt[B * T];
+    data(tok, tgt);
+    mt_acts_t a;
+    CHECK_OK(mt_acts_init(mr, B, T, &a));
+    float cpu_loss = 0;
+    mt_model_zero_grads(mr);
+    CHECK_OK(mt_model_step(mr, a, tok, tgt, true, &cpu_loss));
+    size_t n = mt_model_numel(mr), act_r = 0, act_n = 0;
+    int64_t dev_r = 0, dev_n = 0;
+    float *gr = malloc(n * 4), *gn = malloc(n * 4), loss_r = 0, loss_n = 0;
+    gpu_grads(mr, prec, tok, tgt, &loss_r, gr, &act_r, &dev_r);
+    gpu_grads(mn, prec, tok, tgt, &loss_n, gn, &act_n, &dev_n);
+    CHECK(fabs(loss_r - cpu_loss) <= loss_tol[prec] * cpu_loss, "%s recompute: loss %.7g vs cpu %.7g", pn, loss_r,
+          cpu_loss);
+    CHECK(loss_r == loss_n, "%s recompute: loss %.9g, without %.9g (same forward)", pn, loss_r, loss_n);
+    for (int i = 0; i < mt_model_n_params(mr); i++) {
+        const mt_param_t *pp = mt_model_param(mr, i);
+        double num = 0, den = 0, same = 0, zmax = 0;
+        for (size_t k = 0; k < pp->numel; k++) {
+            double x = gr[pp->offset + k], y = pp->grad[k], z = gn[pp->offset + k];
+            num = fmax(num, fabs(x - y));
+            den = fmax(den, fabs(y));
+            same = fmax(same, fabs(x - z));
+            zmax = fmax(zmax, fabs(z));
+            if (!isfinite(x)) {
+                num = INFINITY;
+            }
+        }
+        double e = den > 0 ? num / den : num;
+        CHECK(e <= grad_tol[prec], "%s recompute grad %s: relative error %.3e against the cpu", pn, pp->name, e);
+        same = zmax > 0 ? same / zmax : same;
+        CHECK(same <= same_tol[prec], "%s recompute grad %s: %.3e from the gradient without recomputation", pn,
+              pp->name, same);
+    }
+    /* recomputation keeps one block's internals instead of n_layer's */
+    const mt_model_config_t *c = mt_model_config(mr);
+    CHECK(c->n_layer == 2 && act_r < act_n, "%s activations: %zu bytes with recompute, %zu without", pn, act_r,
+          act_n);
+    CHECK(dev_r >= (int64_t)act_r && dev_r < (int64_t)act_r + 4096 && dev_n >= (int64_t)act_n &&
+              dev_n < (int64_t)act_n + 4096,
+          "%s device ACTIVATIONS %lld / %lld bytes for %zu / %zu", pn, (long long)dev_r, (long long)dev_n, act_r,
+          act_n);
+    size_t N = (size_t)B * T, C = (size_t)c->n_embd, es = mt_dtype_size((mt_dtype_t)mt_prec_storage(prec));
+    size_t block_internals = (1 + 3 + 1 + 1 + 1 + 4 + 4) * N * C * es + 4 * N * 4 + (size_t)B * c->n_head * T * 4;
+    CHECK(act_n - act_r >= block_internals && act_n - act_r < block_internals + 12 * 256,
+          "%s activations drop by %zu bytes, one block's internals are %zu", pn, act_n - act_r, block_internals);
+    printf("%s recompute = block: activations %zu -> %zu bytes, loss %.6f (cpu %.6f)\n", pn, act_n, act_r, loss_r,
+           cpu_loss);
+    free(gr);
+    free(gn);
+    mt_acts_free(a);
+    mt_model_free(mr);
+    mt_model_free(mn);
+}
+
 int main(void) {
     if (mt_cuda_device_count() == 0) {
         printf("skipped: no CUDA device\n");
@@ -180,6 +287,8 @@ int main(void) {
     for (int p = 0; p < MT_PREC_COUNT; p++) {
         compare_grads((mt_prec_t)p);
     }
+    compare_recompute(MT_PREC_FP32);
+    compare_recompute(MT_PREC_BF16);
     float cpu_losses[STEPS];
     cpu_train(cpu_losses);
     int skipped = 0;

@@ -12,6 +12,7 @@
 
 #include "models/model.h"
 #include "models/optim/optim.h"
+#include "runtime/alloc.h"
 #include "runtime/precision.h"
 #include "testutil.h"
 
@@ -206,11 +207,140 @@ static void test_training_modes(void) {
     CHECK(hi.loss[STEPS - 1] < 0.6f * hi.loss[0], "and it still learns (%g -> %g)", hi.loss[0], hi.loss[STEPS - 1]);
 }
 
+/* ZeRO-3-like hooks: pre_forward/pre_backward point every parameter the module reads at a private copy
+ * (the "gathered" buffer) and post hooks point them back; the wrapper must round what the hook bound. */
+typedef struct {
+    mt_model_t m;
+    float *gathered; /* a copy of the flat parameters */
+    float *flat;
+    int pre_calls;
+    bool saw_master; /* a hook found p->data not restored to what it bound */
+} gather_t;
+
+static mt_status_t g_pre(void *arg, int module) {
+    gather_t *g = arg;
+    g->pre_calls++;
+    for (int i = 0; i < mt_model_n_params(g->m); i++) {
+        mt_param_t *p = mt_model_param(g->m, i);
+        p->data = g->gathered + p->offset;
+    }
+    (void)module;
+    return MT_OK;
+}
+
+static mt_status_t g_post(void *arg, int module) {
+    gather_t *g = arg;
+    for (int i = 0; i < mt_model_n_params(g->m); i++) {
+        mt_param_t *p = mt_model_param(g->m, i);
+        g->saw_master |= p->data != g->gathered + p->offset;
+        p->data = g->flat + p->offset;
+    }
+    (void)module;
+    return MT_OK;
+}
+
+/* The model's per-module wrapper (mt_model_set_compute): weights the engine bound stay f32 and untouched,
+ * each module's parameter gradients arrive rounded to the storage dtype, the loss scale multiplies them,
+ * a hook's rebinding is honoured, and the scratch is accounted. */
+static void test_model_wrapper(void) {
+    mt_model_config_t c = MT_MODEL_CONFIG_INIT;
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.n_embd = 32;
+    c.seq_len = 8;
+    c.vocab_size = 64;
+    mt_model_t m;
+    CHECK_OK(mt_model_init(&c, &m));
+    CHECK(mt_model_set_compute(m, 7) == MT_ERR_INVALID_ARG, "an unknown dtype is refused");
+    CHECK_OK(mt_model_alloc_params(m));
+    CHECK_OK(mt_model_alloc_grads(m));
+    mt_model_init_weights(m);
+    size_t n = mt_model_numel(m);
+    float *flat = mt_model_params_flat(m), *grads = mt_model_grads_flat(m);
+    float *orig = malloc(n * sizeof(float)), *g32 = malloc(n * sizeof(float)), *gathered = malloc(n * sizeof(float));
+    memcpy(orig, flat, n * sizeof(float));
+    memcpy(gathered, flat, n * sizeof(float));
+    int32_t tok[2 * 8], tgt[2 * 8];
+    for (int i = 0; i < 16; i++) {
+        tok[i] = (i * 7 + 1) % 64;
+        tgt[i] = (i * 3 + 5) % 64;
+    }
+    mt_acts_t a;
+    CHECK_OK(mt_acts_init(m, 2, 8, &a));
+    int nm = mt_model_n_modules(m);
+    float l32 = 0, l16 = 0, lh = 0;
+    mt_model_zero_grads(m);
+    CHECK_OK(mt_model_forward(m, a, 0, nm, tok, tgt, NULL, NULL, &l32));
+    CHECK_OK(mt_model_backward(m, a, 0, nm, NULL, NULL, 1.0f));
+    memcpy(g32, grads, n * sizeof(float));
+
+    mt_mem_stats_t before, after;
+    mt_mem_stats(MT_MEM_HOST, &before);
+    CHECK_OK(mt_model_set_compute(m, (int)MT_BF16));
+    gather_t g = {.m = m, .gathered = gathered, .flat = flat};
+    mt_model_hooks_t h = {.pre_forward = g_pre, .post_forward = g_post, .pre_backward = g_pre,
+                          .post_backward = g_post, .arg = &g};
+    mt_model_set_hooks(m, &h);
+    mt_model_zero_grads(m);
+    CHECK_OK(mt_model_forward(m, a, 0, nm, tok, tgt, NULL, NULL, &l16));
+    CHECK_OK(mt_model_backward(m, a, 0, nm, NULL, NULL, 1.0f));
+    mt_mem_stats(MT_MEM_HOST, &after);
+    CHECK(g.pre_calls == 2 * nm && !g.saw_master, "the hooks ran around every module and saw their own binding back");
+    CHECK(memcmp(orig, flat, n * sizeof(float)) == 0 && memcmp(orig, gathered, n * sizeof(float)) == 0,
+          "the bound f32 weights are not rounded in place");
+    CHECK(l16 != l32 && fabsf(l16 - l32) < 2e-2f * l32, "bf16 forward differs slightly from f32: %.7g vs %.7g", l16,
+          l32);
+    size_t bad = 0;
+    double dev = 0, ref = 0;
+    for (int i = 0; i < mt_model_n_params(m); i++) {
+        const mt_param_t *p = mt_model_param(m, i);
+        for (size_t k = 0; k < p->numel; k++) {
+            float v = p->grad[k], r = v;
+            mt_prec_round(&r, 1, MT_BF16);
+            bad += p->tied_module < 0 && r != v; /* one rounded contribution per call; a tied one sums two */
+            dev += fabs((double)v - g32[p->offset + k]);
+            ref += fabs((double)g32[p->offset + k]);
+        }
+    }
+    CHECK(bad == 0, "every untied gradient is a bf16 value (%zu are not)", bad);
+    CHECK(dev > 0 && dev < 0.05 * ref, "bf16 gradients near the f32 ones: mean |diff| / mean |g| = %.3g", dev / ref);
+    int64_t extra = (after.current[MT_MEM_PARAMS] - before.current[MT_MEM_PARAMS]) +
+                    (after.current[MT_MEM_GRADS] - before.current[MT_MEM_GRADS]);
+    CHECK(extra > 0 && after.current[MT_MEM_PARAMS] > before.current[MT_MEM_PARAMS] &&
+              after.current[MT_MEM_GRADS] > before.current[MT_MEM_GRADS],
+          "the scratch is accounted as params and grads (%lld bytes)", (long long)extra);
+    mt_model_set_hooks(m, NULL);
+
+    /* fp16 with a loss scale: gradients carry it (x1024 up to f16 rounding); an absurd scale overflows to inf */
+    CHECK_OK(mt_model_set_compute(m, (int)MT_F16));
+    mt_model_set_loss_scale(m, 1024.0f);
+    mt_model_zero_grads(m);
+    CHECK_OK(mt_model_forward(m, a, 0, nm, tok, tgt, NULL, NULL, &lh));
+    CHECK_OK(mt_model_backward(m, a, 0, nm, NULL, NULL, 1.0f));
+    dev = 0;
+    for (size_t k = 0; k < n; k++) {
+        dev += fabs((double)grads[k] / 1024.0 - g32[k]);
+    }
+    CHECK(dev < 0.01 * ref && mt_prec_count_nonfinite(grads, n) == 0, "fp16 scaled gradients / 1024 near f32 (%.3g)",
+          dev / ref);
+    mt_model_set_loss_scale(m, 1e30f);
+    mt_model_zero_grads(m);
+    CHECK_OK(mt_model_forward(m, a, 0, nm, tok, tgt, NULL, NULL, &lh));
+    CHECK_OK(mt_model_backward(m, a, 0, nm, NULL, NULL, 1.0f));
+    CHECK(mt_prec_count_nonfinite(grads, n) > 0, "an overflowing scale shows up as inf in the gradients");
+    mt_acts_free(a);
+    mt_model_free(m);
+    free(orig);
+    free(g32);
+    free(gathered);
+}
+
 int main(void) {
     test_parse_round();
     test_scaler();
     test_master_keeps_small_updates();
     test_fp16_underflow();
     test_training_modes();
+    test_model_wrapper();
     return mt_test_finish("test_precision");
 }

@@ -79,7 +79,7 @@ int main(int argc, char **argv) {
     mt_cpuset_format(&rep.plan.cpus, b, sizeof(b));
     CHECK(rep.action == MT_BIND_APPLIED, "auto applied: %s", mt_topo_bind_action_str(rep.action));
     CHECK(mt_cpuset_equal(&now, &rep.plan.cpus) && mt_cpuset_equal(&now, &rep.bound), "kernel says %s, plan %s", a, b);
-    CHECK(rep.device.kind == MT_DEV_CPU && !strncmp(rep.device_str, "cpu:", 4), "device %s", rep.device_str);
+    CHECK(rep.device.kind == MT_DEVKIND_CPU && !strncmp(rep.device_str, "cpu:", 4), "device %s", rep.device_str);
     CHECK(rep.n_threads == rep.plan.n_cores && omp_get_max_threads() == rep.n_threads &&
               openblas_get_num_threads() == rep.n_threads,
           "threads %d, omp %d, openblas %d, cores %d", rep.n_threads, omp_get_max_threads(), openblas_get_num_threads(),

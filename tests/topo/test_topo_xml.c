@@ -122,7 +122,7 @@ static void test_2s8g(void) {
     CHECK_OK(mt_topo_visible_gpus(t, NULL, vis, &nv));
     CHECK(nv == 8, "all 8 visible when unset");
     mt_topo_choose_device(t, 9, vis, nv, NULL, &dev);
-    CHECK(dev.kind == MT_DEV_GPU && dev.gpu == 1 && dev.cuda_ordinal == 1, "local rank 9 -> GPU %d", dev.gpu);
+    CHECK(dev.kind == MT_DEVKIND_GPU && dev.gpu == 1 && dev.cuda_ordinal == 1, "local rank 9 -> GPU %d", dev.gpu);
     CHECK(strstr(dev.why, "mod 8"), "why: %s", dev.why);
     CHECK_OK(mt_topo_visible_gpus(t, "4,5,6,7", vis, &nv));
     mt_topo_choose_device(t, 1, vis, nv, "CUDA_VISIBLE_DEVICES=4,5,6,7", &dev);
@@ -134,7 +134,7 @@ static void test_2s8g(void) {
           dev.why);
     CHECK_OK(mt_topo_visible_gpus(t, "", vis, &nv));
     mt_topo_choose_device(t, 0, vis, nv, "CUDA_VISIBLE_DEVICES=", &dev);
-    CHECK(nv == 0 && dev.kind == MT_DEV_CPU && dev.gpu == -1, "empty CUDA_VISIBLE_DEVICES -> CPU");
+    CHECK(nv == 0 && dev.kind == MT_DEVKIND_CPU && dev.gpu == -1, "empty CUDA_VISIBLE_DEVICES -> CPU");
     CHECK(mt_topo_visible_gpus(t, "GPU-8a1b", vis, &nv) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "UUID"),
           "UUIDs need CUDA: %s", mt_last_error_msg());
     CHECK(mt_topo_visible_gpus(t, "8", vis, &nv) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "8 GPUs"),

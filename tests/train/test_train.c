@@ -198,8 +198,8 @@ static void test_bad_input(void) {
     expect_invalid(1, d, "/nonexistent/gpt2.bin");
     const char *d2[] = {"--model.init=checkpoint.bin"};
     expect_invalid(1, d2, "expected \"random\" or \"llmc:PATH\"");
-    const char *e[] = {"--precision.compute=bf16"};
-    expect_invalid(1, e, "precision.compute");
+    const char *e[] = {"--precision.compute=fp16", "--precision.init_scale=1e30"}; /* above the scaler's 2^24 */
+    expect_invalid(2, e, "precision.init_scale = 1e+30 is outside");
     /* shards that are fine train (sequential order, validation on the same file) */
     char val[160];
     snprintf(val, sizeof(val), "--data.val=%s", good);

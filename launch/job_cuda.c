@@ -1,0 +1,509 @@
+/* The GPU engine of the training loop (runtime.device = "cuda"): GPT-2 on this rank's GPU through
+ * models/cuda/gpt2_cuda.h in precision.compute, and with dp > 1 whole replicas whose gradients are averaged
+ * over NCCL on a stream of their own, bucket by bucket while backward still runs (parallel.engine = "ddp")
+ * or in one all-reduce after it ("dp"). The loop's clipping, NaN agreement, metrics and checkpoints work
+ * unchanged: the engine syncs twice per step (the loss after backward, the gradient norm after the
+ * all-reduce). Built without CUDA, the engine only refuses, naming what to use instead.
+ * SPDX-License-Identifier: MIT */
+#include "mt_build_config.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "launch/job.h"
+#include "runtime/config.h"
+#include "runtime/rt.h"
+
+#if MT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "collectives/coll.h"
+#include "models/cuda/cuda_backend.h"
+#include "models/cuda/gpt2_cuda.h"
+#include "runtime/cuda_alloc.h"
+#include "runtime/mesh.h"
+#include "runtime/nvml.h"
+#include "runtime/precision.h"
+#endif
+
+#ifndef MT_CUDA_EMULATED
+#define MT_CUDA_EMULATED 0
+#endif
+
+/* What the GPU path cannot run, as a config error naming the key, why, and what to use instead. */
+static mt_status_t cuda_check_config(const mt_config_t *cfg) {
+    const char *dev = mt_config_str(cfg, "runtime.device");
+    if (strcmp(mt_config_str(cfg, "model.kind"), "gpt2") != 0) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "runtime.device = \"%s\": model.kind = \"%s\" has no GPU model (the GPU path trains GPT-2): "
+                        "set model.kind = \"gpt2\", or runtime.device = \"cpu\"",
+                        dev, mt_config_str(cfg, "model.kind"));
+    }
+    static const char *const axes[][2] = {{"parallel.tp", "tensor parallelism"},
+                                          {"parallel.pp", "pipeline parallelism"}};
+    for (int i = 0; i < 2; i++) {
+        int64_t v = mt_config_int(cfg, axes[i][0]);
+        if (v != 1) {
+            return mt_error(MT_ERR_INVALID_ARG,
+                            "runtime.device = \"%s\": %s = %lld: %s runs on the CPU engines only; the GPU engine "
+                            "trains whole replicas (data parallelism): set %s = 1, or runtime.device = \"cpu\"",
+                            dev, axes[i][0], (long long)v, axes[i][1], axes[i][0]);
+        }
+    }
+    if (!strcmp(mt_config_str(cfg, "parallel.engine"), "zero")) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "runtime.device = \"%s\": parallel.engine = \"zero\" (ZeRO stage %lld) shards state on the "
+                        "CPU engines only; the GPU engine keeps whole replicas and averages gradients: set "
+                        "parallel.engine = \"ddp\", or runtime.device = \"cpu\"",
+                        dev, (long long)mt_config_int(cfg, "parallel.zero_stage"));
+    }
+    if (strcmp(mt_config_str(cfg, "optimizer.kind"), "adamw") != 0) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "runtime.device = \"%s\": optimizer.kind = \"%s\": the GPU step is a fused AdamW: set "
+                        "optimizer.kind = \"adamw\", or runtime.device = \"cpu\"",
+                        dev, mt_config_str(cfg, "optimizer.kind"));
+    }
+    return MT_OK;
+}
+
+/* Devices this rank sees (0 without CUDA, a driver or a device). */
+static int cuda_devices(void) {
+#if MT_HAVE_CUDA
+    return mt_cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
+mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use, char *note, size_t note_len) {
+    const char *dev = mt_config_str(cfg, "runtime.device");
+    *use = false;
+    if (note_len) {
+        note[0] = '\0';
+    }
+    if (!strcmp(dev, "cpu")) {
+        return MT_OK;
+    }
+    int n = cuda_devices(), rank = 0, min_n = 0;
+    MPI_Comm_rank(comm, &rank);
+    MT_MPI_CHECK(MPI_Allreduce(&n, &min_n, 1, MPI_INT, MPI_MIN, comm));
+    mt_status_t fit = cuda_check_config(cfg);
+    if (!strcmp(dev, "auto")) {
+        if (min_n > 0 && fit == MT_OK) {
+            *use = true;
+        } else if (min_n > 0 && note_len) {
+            snprintf(note, note_len, "runtime.device = \"auto\": GPUs present, but %s; training on the CPU",
+                     mt_last_error_msg());
+        }
+        return MT_OK;
+    }
+    MT_CHECK(fit); /* the same config on every rank: the same verdict */
+    if (!MT_HAVE_CUDA) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "runtime.device = \"cuda\": this meshtrain was built without CUDA (configure it where the "
+                        "CUDA Toolkit is installed), or set runtime.device = \"cpu\"");
+    }
+    if (n == 0) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "runtime.device = \"cuda\": rank %d (host %s) sees no CUDA device: run it on a GPU node, "
+                        "check CUDA_VISIBLE_DEVICES, or set runtime.device = \"cpu\"",
+                        rank, mt_rt_world()->hostname);
+    }
+    if (min_n == 0) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "runtime.device = \"cuda\": another rank sees no CUDA device (its message names it), or set "
+                        "runtime.device = \"cpu\"");
+    }
+    *use = true;
+    return MT_OK;
+}
+
+#if MT_HAVE_CUDA
+
+typedef struct {
+    mt_model_t model;
+    mt_gpt2_cuda_t g;
+    mt_optim_params_t optim;
+    mt_prec_t prec;
+    int64_t mb, T, ga;
+    int dp_size, dp_rank;
+    bool overlap;        /* parallel.engine = "ddp": buckets during backward; "dp": one all-reduce after it */
+    size_t bucket_elems; /* parallel.bucket_mb in floats */
+    size_t numel;
+    mt_comm_t gcomm;          /* dp > 1: the gradients' communicator (device memory: NCCL) */
+    mt_comm_t lcomm;          /* dp > 1: host communicator for the loss */
+    cudaStream_t cstream;     /* the trainer's compute stream (borrowed) */
+    cudaStream_t comm_stream; /* dp > 1: gradient all-reduces */
+    cudaEvent_t ready;        /* recorded on cstream when a bucket's gradients are complete */
+    cudaEvent_t comm_done;    /* recorded on comm_stream after the last bucket */
+    bool comm_now;            /* the backward running is the last micro-batch of a training step */
+    size_t pend_lo, pend_hi;  /* complete gradients not yet sent: [pend_lo, pend_hi) */
+    int64_t n_buckets;        /* all-reduces launched (for the log) */
+    float *loss_dev;          /* ga floats on the device: each micro-batch's mean loss */
+    float *loss_host;         /* pinned ga floats */
+    float *h_m, *h_v;         /* host staging of AdamW's moments for checkpoints (allocated on first use) */
+    mt_nvml_t nvml;           /* NULL: no energy figures */
+    uint64_t mj_last;
+} cuda_engine_t;
+
+#define CU(call) MT_CHECK(mt_cuda_status((call), #call))
+
+static void ce_free(void *ctx) {
+    cuda_engine_t *e = ctx;
+    if (!e) {
+        return;
+    }
+    if (e->cstream) {
+        cudaStreamSynchronize(e->cstream);
+    }
+    if (e->comm_stream) {
+        cudaStreamSynchronize(e->comm_stream);
+    }
+    mt_comm_free(e->gcomm);
+    mt_comm_free(e->lcomm);
+    if (e->comm_stream) {
+        cudaStreamDestroy(e->comm_stream);
+    }
+    if (e->ready) {
+        cudaEventDestroy(e->ready);
+    }
+    if (e->comm_done) {
+        cudaEventDestroy(e->comm_done);
+    }
+    if (e->loss_dev) {
+        mt_dev_free(e->loss_dev);
+    }
+    if (e->loss_host) {
+        cudaFreeHost(e->loss_host);
+    }
+    mt_gpt2_cuda_free(e->g);
+    mt_free(e->h_m);
+    mt_free(e->h_v);
+    mt_nvml_close(e->nvml);
+    free(e);
+}
+
+/* All-reduces (average) gradients [lo, hi) on the comm stream, ordered after everything enqueued on the
+ * compute stream so far (the backward launches that completed them). */
+static mt_status_t launch_bucket(cuda_engine_t *e, size_t lo, size_t hi) {
+    if (hi <= lo) {
+        return MT_OK;
+    }
+    CU(cudaEventRecord(e->ready, e->cstream));
+    CU(cudaStreamWaitEvent(e->comm_stream, e->ready, 0));
+    float *grads = mt_gpt2_cuda_grads(e->g) + lo;
+    MT_CHECK(mt_coll_all_reduce(e->gcomm, grads, grads, hi - lo, MT_COLL_F32, MT_REDOP_AVG, e->comm_stream, NULL));
+    e->n_buckets++;
+    return MT_OK;
+}
+
+/* The trainer's hook: runs of complete gradients arrive from the end of the flat layout to its start. */
+static mt_status_t on_grads(void *arg, size_t lo, size_t hi) {
+    cuda_engine_t *e = arg;
+    if (!e->comm_now) {
+        return MT_OK;
+    }
+    if (e->pend_lo == e->pend_hi) {
+        e->pend_hi = hi;
+    }
+    MT_ASSERT(hi == e->pend_lo || e->pend_lo == e->pend_hi);
+    e->pend_lo = lo;
+    bool last = lo == 0;
+    if (last || (e->overlap && e->pend_hi - e->pend_lo >= e->bucket_elems)) {
+        MT_CHECK(launch_bucket(e, e->pend_lo, e->pend_hi));
+        e->pend_hi = e->pend_lo;
+    }
+    return MT_OK;
+}
+
+static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
+    MT_CHECK(cuda_check_config(info->cfg));
+    int ndev = mt_cuda_device_count();
+    if (ndev == 0) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "runtime.device = \"%s\": rank %d sees no CUDA device: run it on a GPU node, check "
+                        "CUDA_VISIBLE_DEVICES, or set runtime.device = \"cpu\"",
+                        mt_config_str(info->cfg, "runtime.device"), mt_rt_world()->rank);
+    }
+    const mt_config_t *cfg = info->cfg;
+    mt_gpt2_cuda_params_t gp = MT_GPT2_CUDA_PARAMS_INIT;
+    const char *prec = mt_config_str(cfg, "precision.compute");
+    if (!mt_prec_parse(prec, &gp.prec)) {
+        return mt_error(MT_ERR_INVALID_ARG, "precision.compute = \"%s\": expected fp32, tf32, bf16 or fp16", prec);
+    }
+    cuda_engine_t *e = calloc(1, sizeof(*e));
+    if (!e) {
+        return mt_error(MT_ERR_OOM, "cuda engine: out of memory");
+    }
+    mt_status_t st = MT_OK;
+    e->model = info->model;
+    e->optim = info->optim;
+    e->prec = gp.prec;
+    e->mb = info->micro_batch;
+    e->T = info->seq_len;
+    e->ga = info->grad_accum;
+    e->dp_size = info->dp_size;
+    e->dp_rank = info->dp_rank;
+    e->overlap = !strcmp(mt_config_str(cfg, "parallel.engine"), "ddp");
+    e->bucket_elems = (size_t)MT_MAX(1.0, mt_config_float(cfg, "parallel.bucket_mb") * 1048576.0 / 4.0);
+    /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one) */
+    MT_CHECK_GOTO(mt_cuda_status(cudaSetDevice(mt_rt_world()->local_rank % ndev), "cudaSetDevice"), st, fail);
+    /* host weights: the random init (model.init = llmc:PATH arrives through the checkpoint pieces), then
+     * uploaded; the host copy stays as the checkpoints' staging */
+    MT_CHECK_GOTO(mt_model_alloc_params(e->model), st, fail);
+    mt_model_init_weights(e->model);
+    gp.B = (int)e->mb;
+    gp.T = (int)e->T;
+    gp.init_scale = (float)mt_config_float(cfg, "precision.init_scale");
+    gp.scale_window = mt_config_int(cfg, "precision.scale_window");
+    MT_CHECK_GOTO(mt_gpt2_cuda_init(e->model, &gp, &e->g), st, fail);
+    e->numel = mt_model_numel(e->model);
+    e->cstream = (cudaStream_t)mt_gpt2_cuda_stream(e->g);
+    MT_CHECK_GOTO(mt_dev_malloc((void **)&e->loss_dev, (size_t)e->ga * 4, MT_MEM_OTHER, "cuda engine losses",
+                                e->cstream),
+                  st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&e->loss_host, (size_t)e->ga * 4), "pinned losses"), st,
+                  fail);
+    if (e->dp_size > 1) {
+        mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
+        cp.name = "dp-grads";
+        /* the emulator's device memory is host memory: its gradients travel through the MPI backend */
+        cp.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
+        mt_comm_params_t lp = MT_COMM_PARAMS_INIT;
+        lp.name = "dp-loss";
+        if (info->mesh) {
+            MT_CHECK_GOTO(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_DP), &cp, &e->gcomm), st,
+                          fail);
+            MT_CHECK_GOTO(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_DP), &lp, &e->lcomm), st,
+                          fail);
+        } else {
+            MT_CHECK_GOTO(mt_comm_init(info->comm, &cp, &e->gcomm), st, fail);
+            MT_CHECK_GOTO(mt_comm_init(info->comm, &lp, &e->lcomm), st, fail);
+        }
+        if (mt_comm_size(e->gcomm) != e->dp_size || mt_comm_rank(e->gcomm) != e->dp_rank) {
+            st = mt_error(MT_ERR_INTERNAL, "cuda engine: dp communicator rank %d of %d, the job expects %d of %d",
+                          mt_comm_rank(e->gcomm), mt_comm_size(e->gcomm), e->dp_rank, e->dp_size);
+            goto fail;
+        }
+        MT_CHECK_GOTO(mt_cuda_status(cudaStreamCreateWithFlags(&e->comm_stream, cudaStreamNonBlocking), "stream"), st,
+                      fail);
+        MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&e->ready, cudaEventDisableTiming), "event"), st, fail);
+        MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&e->comm_done, cudaEventDisableTiming), "event"), st,
+                      fail);
+        mt_gpt2_cuda_set_grad_hook(e->g, on_grads, e);
+    }
+    /* energy: read-only NVML counter of this GPU, when the library and the counter are there */
+    char bus[32] = "";
+    int d = 0;
+    if (!MT_CUDA_EMULATED && cudaGetDevice(&d) == cudaSuccess &&
+        cudaDeviceGetPCIBusId(bus, (int)sizeof(bus), d) == cudaSuccess && mt_nvml_open(bus, 0, &e->nvml) == MT_OK &&
+        mt_nvml_energy_mj(e->nvml, &e->mj_last) != MT_OK) {
+        mt_nvml_close(e->nvml);
+        e->nvml = NULL;
+    }
+    if (!e->nvml) {
+        MT_INFO(MT_LOG_INIT, "cuda engine: no NVML energy counter: step metrics carry no energy_j");
+    }
+    MT_INFO(MT_LOG_INIT, "cuda engine: device %d, %s, dp %d (%s), buckets of %zu floats", d, prec, e->dp_size,
+            e->overlap ? "ddp: all-reduce per bucket during backward" : "dp: one all-reduce after backward",
+            e->bucket_elems);
+    *ctx = e;
+    return MT_OK;
+fail:
+    ce_free(e);
+    return st;
+}
+
+static mt_status_t ce_zero_grads(void *ctx) {
+    return mt_gpt2_cuda_zero_grads(((cuda_engine_t *)ctx)->g);
+}
+
+static mt_status_t ce_run_batch(void *ctx, const mt_batch_t *b, bool backward, double *loss) {
+    cuda_engine_t *e = ctx;
+    size_t n = (size_t)(e->mb * e->T);
+    for (int64_t k = 0; k < e->ga; k++) {
+        MT_CHECK(mt_gpt2_cuda_forward(e->g, b->inputs + k * n, b->targets + k * n));
+        CU(cudaMemcpyAsync(e->loss_dev + k, mt_gpt2_cuda_loss_dev(e->g), 4, cudaMemcpyDeviceToDevice, e->cstream));
+        if (backward) {
+            e->comm_now = e->gcomm && k + 1 == e->ga; /* the gradients are final in the last micro-batch */
+            e->pend_lo = e->pend_hi = e->numel;
+            mt_status_t st = mt_gpt2_cuda_backward(e->g, 1.0f / (float)e->ga);
+            e->comm_now = false;
+            MT_CHECK(st);
+        }
+    }
+    /* the one wait of forward/backward: the losses (the all-reduces go on on their own stream) */
+    CU(cudaMemcpyAsync(e->loss_host, e->loss_dev, (size_t)e->ga * 4, cudaMemcpyDeviceToHost, e->cstream));
+    CU(cudaStreamSynchronize(e->cstream));
+    double sum = 0.0;
+    for (int64_t k = 0; k < e->ga; k++) {
+        sum += (double)e->loss_host[k];
+    }
+    *loss = sum / (double)e->ga;
+    return MT_OK;
+}
+
+static mt_status_t ce_finish_grads(void *ctx) {
+    cuda_engine_t *e = ctx;
+    if (!e->gcomm) {
+        return MT_OK;
+    }
+    /* the optimizer (compute stream) waits for the last all-reduce on the device, not on the host */
+    CU(cudaEventRecord(e->comm_done, e->comm_stream));
+    CU(cudaStreamWaitEvent(e->cstream, e->comm_done, 0));
+    return mt_comm_get_async_error(e->gcomm);
+}
+
+static mt_status_t ce_grad_sumsq(void *ctx, double *total) {
+    cuda_engine_t *e = ctx;
+    bool nonfinite = false;
+    MT_CHECK(mt_gpt2_cuda_grad_stats(e->g, total, &nonfinite));
+    float scale = mt_gpt2_cuda_loss_scale(e->g);
+    if (nonfinite && e->prec == MT_PREC_FP16) {
+        /* fp16 loss scaling: an overflow is expected now and then; the step skips it and halves the scale.
+         * The gradients are averaged, so every rank sees the same overflow and takes the same decision. */
+        MT_INFO(MT_LOG_TRAIN, "fp16: inf/NaN gradients at loss scale %g: the step is skipped, the scale halves",
+                (double)scale);
+        *total = 0.0;
+    }
+    return MT_OK;
+}
+
+static mt_status_t ce_step(void *ctx, float lr, float grad_scale) {
+    cuda_engine_t *e = ctx;
+    return mt_gpt2_cuda_step_scaled(e->g, &e->optim, lr, grad_scale, NULL);
+}
+
+static mt_status_t ce_reduce_loss(void *ctx, double *loss) {
+    cuda_engine_t *e = ctx;
+    if (!e->lcomm) {
+        return MT_OK;
+    }
+    return mt_coll_all_reduce(e->lcomm, loss, loss, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, NULL);
+}
+
+/* Every parameter and its AdamW moments, whole, staged in host memory: save copies the device state
+ * there first (dp rank 0 writes; the replicas are equal), a load fills it and ce_ckpt_loaded uploads. */
+static mt_status_t ce_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **pieces, int *n) {
+    cuda_engine_t *e = ctx;
+    *pieces = NULL;
+    *n = 0;
+    if (save && e->dp_rank != 0) {
+        return MT_OK;
+    }
+    if (!e->h_m) {
+        e->h_m = mt_calloc(e->numel * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
+        e->h_v = mt_calloc(e->numel * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
+        if (!e->h_m || !e->h_v) {
+            return mt_error(MT_ERR_OOM, "checkpoint: no host memory to stage %zu optimizer values", 2 * e->numel);
+        }
+    }
+    float *params = mt_model_params_flat(e->model);
+    if (save) {
+        MT_CHECK(mt_gpt2_cuda_get_state(e->g, params, e->h_m, e->h_v));
+    }
+    int np = mt_model_n_params(e->model), k = 0;
+    mt_ckpt_piece_t *out = calloc((size_t)(3 * np), sizeof(*out));
+    if (!out) {
+        return mt_error(MT_ERR_OOM, "checkpoint: out of memory listing %d parameters", np);
+    }
+    for (int i = 0; i < np; i++) {
+        const mt_param_t *p = mt_model_param(e->model, i);
+        float *bufs[3] = {params + p->offset, e->h_m + p->offset, e->h_v + p->offset};
+        const char *kinds[3] = {"param", "adamw.m", "adamw.v"};
+        for (int b = 0; b < 3; b++) {
+            mt_ckpt_piece_t *pc = &out[k++];
+            snprintf(pc->tensor, sizeof(pc->tensor), "%s/%s", kinds[b], p->name);
+            pc->ndim = p->ndim;
+            for (int dd = 0; dd < p->ndim; dd++) {
+                pc->shape[dd] = p->global_shape[dd];
+                pc->hi[dd] = p->global_shape[dd];
+            }
+            pc->data = bufs[b];
+        }
+    }
+    *pieces = out;
+    *n = k;
+    return MT_OK;
+}
+
+static int64_t ce_ckpt_get_step(void *ctx) {
+    return mt_gpt2_cuda_get_step(((cuda_engine_t *)ctx)->g);
+}
+
+static void ce_ckpt_set_step(void *ctx, int64_t t) {
+    mt_gpt2_cuda_set_step(((cuda_engine_t *)ctx)->g, t);
+}
+
+/* After a load (a checkpoint, or model.init = llmc:PATH with zero moments): the staged state goes up. */
+static mt_status_t ce_ckpt_loaded(void *ctx) {
+    cuda_engine_t *e = ctx;
+    return mt_gpt2_cuda_set_state(e->g, mt_model_params_flat(e->model), e->h_m, e->h_v);
+}
+
+static bool ce_step_energy(void *ctx, double *joules) {
+    cuda_engine_t *e = ctx;
+    uint64_t mj = 0;
+    if (!e->nvml || mt_nvml_energy_mj(e->nvml, &mj) != MT_OK) {
+        return false;
+    }
+    *joules = (double)(mj - e->mj_last) / 1000.0;
+    e->mj_last = mj;
+    return true;
+}
+
+/* The GPU's peak is not measured inside a training job (it would take device time and memory at every
+ * start); bench/gpu_check.sh measures it next to the training rate and reports MFU. */
+static double ce_peak_flops(void *ctx, char *src, size_t len) {
+    snprintf(src, len, "of the GPU not measured by the training loop (bench/gpu_check.sh reports MFU)");
+    return 0.0;
+}
+
+static const mt_job_engine_t cuda_engine = {
+    .name = "cuda",
+    .init = ce_init,
+    .zero_grads = ce_zero_grads,
+    .finish_grads = ce_finish_grads,
+    .grad_sumsq = ce_grad_sumsq,
+    .step = ce_step,
+    .reduce_loss = ce_reduce_loss,
+    .free = ce_free,
+    .ckpt_pieces = ce_ckpt_pieces,
+    .ckpt_get_step = ce_ckpt_get_step,
+    .ckpt_set_step = ce_ckpt_set_step,
+    .ckpt_loaded = ce_ckpt_loaded,
+    .run_batch = ce_run_batch,
+    .any_precision = true,
+    .own_activations = true,
+    .step_energy = ce_step_energy,
+    .peak_flops = ce_peak_flops,
+};
+
+#else /* !MT_HAVE_CUDA */
+
+static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
+    *ctx = NULL;
+    MT_CHECK(cuda_check_config(info->cfg));
+    return mt_error(MT_ERR_INVALID_ARG,
+                    "runtime.device = \"%s\": this meshtrain was built without CUDA (configure it where the CUDA "
+                    "Toolkit is installed), or set runtime.device = \"cpu\"",
+                    mt_config_str(info->cfg, "runtime.device"));
+}
+
+static void ce_free(void *ctx) {
+}
+
+static const mt_job_engine_t cuda_engine = {
+    .name = "cuda",
+    .init = ce_init,
+    .free = ce_free,
+    .any_precision = true,
+    .own_activations = true,
+};
+
+#endif
+
+const mt_job_engine_t *mt_job_engine_cuda(void) {
+    return &cuda_engine;
+}

@@ -1,0 +1,9 @@
+/* launch/job_cuda.c (the GPU engine of the training loop) built for the CPU emulator: compiled against the
+ * emulated runtime (this directory's cuda_runtime_api.h) whatever the build's MT_HAVE_CUDA, with its dp
+ * gradients on a host communicator because emulated device memory is host memory. Test-only.
+ * SPDX-License-Identifier: MIT */
+#include "mt_build_config.h"
+#undef MT_HAVE_CUDA
+#define MT_HAVE_CUDA 1
+#define MT_CUDA_EMULATED 1
+#include "launch/job_cuda.c"

@@ -1,0 +1,242 @@
+/* The GPU engine of the training loop (launch/job_cuda.c) against the CPU engines on a small GPT-2 over
+ * synthetic data, 5 steps of AdamW with 2 micro-batches per step:
+ *   - fp32 losses within 1e-3 (relative) of the CPU run at every step (the single-process engine on one
+ *     rank, the CPU DDP engine on two), the same tolerance as test_gpt2_cuda;
+ *   - bucketed all-reduces during backward (parallel.engine = "ddp", buckets of ~1 KiB: one per run of
+ *     parameters) and one all-reduce after backward ("dp") give the same losses (dp = 2 exercises them);
+ *   - model.recompute = "block" gives the losses of the run without it;
+ *   - bf16 trains (loss falls) within 3e-2 of the CPU; fp16 (loss scale 1024) within 1e-2; fp16 from a
+ *     loss scale of 2^24 overflows, skips those steps (gradient norm 0) and trains on;
+ *   - a checkpoint written after step 3 and resumed gives the losses of the uninterrupted run, and resumed
+ *     on the CPU engine, those of the CPU run (1e-3);
+ *   "the same losses": 1e-6 relative under the emulator (in practice equal), 1e-4 on a device (SAME_TOL);
+ *   - metrics.jsonl carries energy_j and tokens_per_j exactly when NVML reads this GPU's energy counter
+ *     (never under the CPU emulator, whose device has no NVML): absent, not zero, otherwise.
+ * Built twice: against the CUDA runtime (label gpu; exits 77 printing "skipped: no CUDA device" without a
+ * device, or with fewer devices than ranks) and against the CPU emulator (labels unit;emu), where the
+ * gradients of dp = 2 travel through the MPI backend because emulated device memory is host memory.
+ * SPDX-License-Identifier: MIT */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "launch/job.h"
+#include "models/cuda/mt_cuda.h"
+#include "runtime/nvml.h"
+#include "runtime/rt.h"
+#include "testutil.h"
+
+#ifndef MT_CUDA_EMULATED
+#define MT_CUDA_EMULATED 0
+#endif
+
+enum { STEPS = 5 };
+
+/* Runs that compute the same function: exact under the emulator; on a device dwte's float atomics add in
+ * a run-dependent order, which AdamW can magnify in near-zero gradients over the steps. */
+#define SAME_TOL (MT_CUDA_EMULATED ? 1e-6 : 1e-4)
+
+static const char *base[] = {
+    "--model.kind=gpt2",       "--model.n_layer=2",      "--model.n_head=2",          "--model.n_embd=32",
+    "--model.seq_len=16",      "--model.vocab_size=32",  "--data.kind=synthetic",     "--train.micro_batch=2",
+    "--train.grad_accum=2",    "--train.log_every=1",    "--optimizer.kind=adamw",    "--optimizer.lr=1e-2",
+    "--optimizer.warmup_steps=2", "--optimizer.weight_decay=0.1", "--parallel.tp=1", "--train.steps=5",
+    "--runtime.watchdog_s=120",
+};
+
+/* Runs the job with base + extra on the world; device "cuda" takes the GPU engine, else the CPU engine the
+ * world size calls for. */
+static mt_status_t run(const char *device, int n_extra, const char *const *extra, mt_job_result_t *res) {
+    const mt_world_t *w = mt_rt_world();
+    char *args[64], gb[64], dev[64];
+    int n = 0;
+    for (size_t i = 0; i < MT_ARRAY_LEN(base); i++) {
+        args[n++] = (char *)base[i];
+    }
+    snprintf(gb, sizeof(gb), "--train.global_batch=%d", 4 * w->size);
+    snprintf(dev, sizeof(dev), "--runtime.device=%s", device);
+    args[n++] = gb;
+    args[n++] = dev;
+    int64_t stop_after = 0;
+    for (int i = 0; i < n_extra; i++) {
+        if (!strncmp(extra[i], "--stop-after=", 13)) { /* not a config key: the test's interruption */
+            stop_after = atoll(extra[i] + 13);
+        } else {
+            args[n++] = (char *)extra[i];
+        }
+    }
+    mt_config_t *cfg = NULL;
+    mt_status_t st = mt_config_load(NULL, n, args, w->size, &cfg, stderr);
+    CHECK(st == MT_OK, "config: %s", mt_last_error_msg());
+    if (st != MT_OK) {
+        memset(res, 0, sizeof(*res));
+        return st;
+    }
+    mt_job_opts_t opts = MT_JOB_OPTS_INIT;
+    opts.progress = w->rank == 0 ? stdout : NULL;
+    opts.prefetch = false;
+    if (!strcmp(device, "cuda")) {
+        opts.engine = mt_job_engine_cuda();
+    } else if (w->size > 1) {
+        opts.engine = mt_job_engine_parallel();
+    }
+    opts.stop_after = stop_after;
+    st = mt_job_run(cfg, &opts, res);
+    mt_config_free(cfg);
+    return st;
+}
+
+/* Every step's loss of a within tol (relative) of b's. */
+static void same_losses(const char *what, const mt_job_result_t *a, const mt_job_result_t *b, double tol) {
+    CHECK(a->n_steps == STEPS && b->n_steps == STEPS, "%s: %lld and %lld steps", what, (long long)a->n_steps,
+          (long long)b->n_steps);
+    for (int64_t s = 0; s < a->n_steps && s < b->n_steps; s++) {
+        double d = fabs(a->loss[s] - b->loss[s]) / fabs(b->loss[s]);
+        CHECK(d <= tol, "%s: step %lld loss %.9g vs %.9g (relative %.2e > %.0e)", what, (long long)s + 1, a->loss[s],
+              b->loss[s], d, tol);
+    }
+}
+
+static mt_status_t run_cuda(int n, const char *const *extra, mt_job_result_t *r) {
+    return run("cuda", n, extra, r);
+}
+
+/* Whether this rank's GPU has an NVML energy counter (never under the emulator). */
+static bool nvml_energy(void) {
+    if (MT_CUDA_EMULATED) {
+        return false;
+    }
+    char bus[32];
+    int d = 0;
+    mt_nvml_t h = NULL;
+    uint64_t mj = 0;
+    bool ok = cudaGetDevice(&d) == cudaSuccess && cudaDeviceGetPCIBusId(bus, (int)sizeof(bus), d) == cudaSuccess &&
+              mt_nvml_open(bus, 0, &h) == MT_OK && mt_nvml_energy_mj(h, &mj) == MT_OK;
+    mt_nvml_close(h);
+    return ok;
+}
+
+/* Lines of path holding key (-1: the file cannot be read). */
+static int lines_with(const char *path, const char *key, int *lines) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return -1;
+    }
+    char buf[4096];
+    int n = 0;
+    *lines = 0;
+    while (fgets(buf, sizeof(buf), f)) {
+        (*lines)++;
+        n += strstr(buf, key) != NULL;
+    }
+    fclose(f);
+    return n;
+}
+
+int main(int argc, char **argv) {
+    CHECK_OK(mt_rt_init(&argc, &argv));
+    const mt_world_t *w = mt_rt_world();
+    int ndev = mt_cuda_device_count();
+    if (ndev == 0 || (!MT_CUDA_EMULATED && ndev < w->local_size)) {
+        if (w->rank == 0) {
+            printf("skipped: no CUDA device%s\n", ndev ? " for every rank (NCCL needs one GPU per rank)" : "");
+        }
+        MPI_Finalize();
+        return MT_TEST_SKIP;
+    }
+    char dir[] = "/tmp/mt_job_cuda_XXXXXX";
+    if (w->rank == 0) {
+        CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    }
+    MPI_Bcast(dir, (int)sizeof(dir), MPI_CHAR, 0, w->comm);
+    char metrics[256], ckpt[256], metrics_arg[300], ckpt_arg[300];
+    snprintf(metrics, sizeof(metrics), "%s/metrics.jsonl", dir);
+    snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
+    snprintf(metrics_arg, sizeof(metrics_arg), "--metrics.jsonl=%s", metrics);
+    snprintf(ckpt_arg, sizeof(ckpt_arg), "--checkpoint.dir=%s", ckpt);
+
+    /* fp32 against the CPU; dp = 2 with many buckets */
+    mt_job_result_t cpu, gpu, one, rc, bf, part, resumed;
+    const char *ddp[] = {"--parallel.engine=ddp", "--parallel.bucket_mb=0.001", metrics_arg};
+    CHECK_OK(run("cpu", 1, ddp, &cpu));
+    CHECK_OK(run_cuda(3, ddp, &gpu));
+    same_losses("fp32 gpu vs cpu", &gpu, &cpu, 1e-3);
+    if (w->rank == 0) {
+        int lines = 0, n = lines_with(metrics, "\"energy_j\": ", &lines);
+        bool want = nvml_energy();
+        CHECK(lines == STEPS && n == (want ? STEPS : 0), "metrics.jsonl: %d of %d lines carry energy_j (NVML %s)", n,
+              lines, want ? "present" : "absent");
+        int tpj = lines_with(metrics, "\"tokens_per_j\": ", &lines);
+        CHECK(tpj == n, "tokens_per_j on %d lines, energy_j on %d", tpj, n);
+    }
+    /* one all-reduce after backward: the same averages */
+    const char *dp[] = {"--parallel.engine=dp"};
+    CHECK_OK(run_cuda(1, dp, &one));
+    same_losses("dp (one all-reduce) vs ddp (buckets)", &one, &gpu, SAME_TOL);
+    /* recompute = block */
+    const char *rcb[] = {"--model.recompute=block"};
+    CHECK_OK(run_cuda(1, rcb, &rc));
+    same_losses("recompute = block vs none", &rc, &gpu, SAME_TOL);
+    /* bf16 trains */
+    const char *b16[] = {"--precision.compute=bf16"};
+    CHECK_OK(run_cuda(1, b16, &bf));
+    same_losses("bf16 gpu vs cpu fp32", &bf, &cpu, 3e-2);
+    CHECK(bf.n_steps == STEPS && bf.loss[STEPS - 1] < bf.loss[0], "bf16 trains: %g -> %g", bf.loss[0],
+          bf.loss[bf.n_steps > 0 ? bf.n_steps - 1 : 0]);
+    /* fp16: with a moderate loss scale it tracks the CPU; from 2^24 the first steps overflow, are skipped
+     * (reported with gradient norm 0, parameters untouched) while the scale halves, and training goes on */
+    mt_job_result_t h16, h16o;
+    const char *f16[] = {"--precision.compute=fp16", "--precision.init_scale=1024"};
+    CHECK_OK(run_cuda(2, f16, &h16));
+    same_losses("fp16 gpu vs cpu fp32", &h16, &cpu, 1e-2);
+    const char *f16o[] = {"--precision.compute=fp16", "--precision.init_scale=16777216"};
+    CHECK_OK(run_cuda(2, f16o, &h16o));
+    int zero_norm = 0;
+    for (int64_t s = 0; s < h16o.n_steps; s++) {
+        zero_norm += h16o.grad_norm[s] == 0.0;
+    }
+    CHECK(h16o.n_steps == STEPS && zero_norm >= 1 && zero_norm < STEPS && isfinite(h16o.loss[STEPS - 1]),
+          "fp16 from 2^24: %d of %lld steps skipped (norm 0), last loss %g", zero_norm, (long long)h16o.n_steps,
+          h16o.n_steps == STEPS ? h16o.loss[STEPS - 1] : NAN);
+    mt_job_result_free(&h16);
+    mt_job_result_free(&h16o);
+    /* checkpoint after step 3, resume */
+    const char *stop[] = {ckpt_arg, "--checkpoint.every=3", "--stop-after=3"};
+    CHECK_OK(run_cuda(3, stop, &part));
+    CHECK(part.n_steps == 3, "interrupted run: %lld steps", (long long)part.n_steps);
+    const char *res[] = {ckpt_arg, "--checkpoint.every=3"};
+    CHECK_OK(run_cuda(2, res, &resumed));
+    CHECK(resumed.first_step == 3, "resumed after step %lld", (long long)resumed.first_step);
+    for (int64_t s = 3; s < STEPS && s < resumed.n_steps; s++) {
+        double d = fabs(resumed.loss[s] - gpu.loss[s]) / gpu.loss[s];
+        CHECK(d <= SAME_TOL, "resumed step %lld: %.9g vs %.9g", (long long)s + 1, resumed.loss[s], gpu.loss[s]);
+    }
+    /* the GPU checkpoint resumed on the CPU: the layout is the CPU engines' */
+    char ckpt2_arg[300];
+    snprintf(ckpt2_arg, sizeof(ckpt2_arg), "--checkpoint.dir=%s/ckpt2", dir);
+    mt_job_result_t part2, on_cpu;
+    const char *stop2[] = {ckpt2_arg, "--checkpoint.every=3", "--stop-after=3"};
+    CHECK_OK(run_cuda(3, stop2, &part2));
+    const char *res2[] = {ckpt2_arg, "--parallel.engine=ddp"};
+    CHECK_OK(run("cpu", 2, res2, &on_cpu));
+    CHECK(on_cpu.first_step == 3 && on_cpu.n_steps == STEPS, "cpu resumed after step %lld, ran to %lld",
+          (long long)on_cpu.first_step, (long long)on_cpu.n_steps);
+    for (int64_t s = 3; s < STEPS && s < on_cpu.n_steps; s++) {
+        double d = fabs(on_cpu.loss[s] - cpu.loss[s]) / cpu.loss[s];
+        CHECK(d <= 1e-3, "gpu checkpoint resumed on the cpu, step %lld: %.9g vs %.9g", (long long)s + 1,
+              on_cpu.loss[s], cpu.loss[s]);
+    }
+    mt_job_result_t *all[] = {&cpu, &gpu, &one, &rc, &bf, &part, &resumed, &part2, &on_cpu};
+    for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) {
+        mt_job_result_free(all[i]);
+    }
+    MPI_Barrier(w->comm);
+    if (w->rank == 0) {
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+        CHECK(system(cmd) == 0, "%s", cmd);
+    }
+    return mt_test_finish_mpi("test_job_cuda");
+}
