@@ -8,7 +8,6 @@ int mt_cmd_config(int argc, char **argv);
 int mt_cmd_export(int argc, char **argv);
 int mt_cmd_topo(int argc, char **argv);
 int mt_cmd_train(int argc, char **argv);
-int mt_cmd_train3d(int argc, char **argv);
 int mt_cmd_version(int argc, char **argv);
 int mt_cmd_bench(int argc, char **argv);
 int mt_cmd_plan(int argc, char **argv);

@@ -123,8 +123,9 @@ static mt_status_t layout_of_config(const mt_config_t *cfg, mt_plan_layout_t *l)
         block ? (attn ? MT_PLAN_RC_BLOCK_ATTN : MT_PLAN_RC_BLOCK) : (attn ? MT_PLAN_RC_ATTN : MT_PLAN_RC_NONE);
     const char *eng = mt_config_str(cfg, "parallel.engine");
     l->engine = strcmp(eng, "zero") ? MT_PLAN_DDP : (mt_plan_engine_t)mt_config_int(cfg, "parallel.zero_stage");
-    if (l->tp > 1 || l->pp > 1) {
-        l->engine = MT_PLAN_ALLREDUCE; /* `meshtrain train`'s model-parallel path (launch/job_mp.c) */
+    const char *reduce = mt_config_str(cfg, "parallel.dp_reduce");
+    if ((l->tp > 1 || l->pp > 1) && (!strcmp(reduce, "allreduce") || (!strcmp(reduce, "auto") && l->dp == 1))) {
+        l->engine = MT_PLAN_ALLREDUCE; /* `meshtrain train`'s built-in path (launch/job_mp.c) */
     }
     const char *order = mt_config_str(cfg, "parallel.order");
     snprintf(l->order, sizeof(l->order), "%s", order);

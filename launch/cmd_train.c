@@ -3,8 +3,13 @@
  * config (validated on rank 0, broadcast), topology and binding (runtime.bind), the mesh in
  * parallel.order ("auto" follows the hardware), then the engine: the single-process one on one rank,
  * a data-parallel engine (parallel.engine, zero_stage) over the mesh's dp groups when tp = pp = 1, the
+<<<<<<< HEAD
+ * model-parallel one otherwise (launch/job_mp.c: tensor and pipeline parallelism from parallel3d.h, dp by
+ * the same engines holding only each stage's parameters). `meshtrain train3d` is this command.
+=======
  * model-parallel one (tensor and pipeline parallelism, dp by an all-reduce) otherwise; runtime.device =
  * "cuda" (or "auto" with a GPU on every rank and a config the GPU path runs) takes the GPU engine.
+>>>>>>> main
  * Exit status: 0 trained, 2 bad input (config, data files, layout), 1 failure while running, 3 the watchdog
  * ended a hung job, 128 + N stopped cleanly on signal N (143: SIGTERM) after writing a checkpoint.
  * SPDX-License-Identifier: MIT */
@@ -23,14 +28,19 @@
 static void usage(FILE *out) {
     fprintf(out, "usage: [mpirun -np N | srun -n N] meshtrain train [CONFIG.toml] [--section.key=value ...]\n"
                  "Trains the model the config describes on the parallel.tp x parallel.pp x parallel.dp mesh of the N\n"
-                 "ranks: forward, backward over train.grad_accum micro-batches, clipping to optimizer.grad_clip, an\n"
-                 "optimizer step, validation every train.eval_every steps, a progress line per train.log_every steps\n"
+                 "ranks: forward, backward over train.grad_accum micro-batches (with pp > 1 the pipeline's\n"
+                 "micro-batches, parallel.schedule = gpipe|1f1b, parallel.stage_layers; parallel.sequence_parallel\n"
+                 "with tp > 1), gradients averaged over dp by parallel.engine (dp, ddp, zero + parallel.zero_stage;\n"
+                 "with tp or pp > 1 the engine holds only its stage's parameters; parallel.dp_reduce = allreduce\n"
+                 "uses one all-reduce instead), clipping to optimizer.grad_clip by the global norm, an optimizer\n"
+                 "step, validation every train.eval_every steps, a progress line per train.log_every steps\n"
                  "(loss, lr, gradient norm, ms, tokens/s, MFU, memory, exposed communication, ETA) and a summary.\n"
                  "metrics.jsonl, profile.trace / profile.memory and checkpoint.* write metrics, a timeline, the\n"
                  "allocator history and checkpoints (docs/metrics.md, docs/training.md, docs/checkpoints.md).\n"
                  "Without CONFIG it runs the embedded default job (launch/configs/demo.toml: tp 2 x dp 2 on 4 ranks).\n"
-                 "`meshtrain config --help` lists every key. Exit status: 0 done, 2 bad input, 1 failure,\n"
-                 "3 hang (watchdog), 128+N stopped on signal N (143 = SIGTERM, checkpoint written).\n");
+                 "`meshtrain train3d` is the same command. `meshtrain config --help` lists every key.\n"
+                 "Exit status: 0 done, 2 bad input, 1 failure, 3 hang (watchdog), 128+N stopped on signal N\n"
+                 "(143 = SIGTERM, checkpoint written).\n");
 }
 
 /* Groups along one axis as "{0,2} {1,3}" (at most a few shown). */

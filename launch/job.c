@@ -470,6 +470,10 @@ static void print_header(job_t *j) {
             (long long)j->info.global_batch, (long long)j->info.seq_len, (long long)j->info.micro_batch,
             (long long)j->info.grad_accum, mt_config_str(cfg, "optimizer.kind"), j->sched.lr,
             mt_config_str(cfg, "optimizer.schedule"), mt_config_str(cfg, "data.kind"), j->engine->name);
+    const char *more = j->engine->describe ? j->engine->describe(j->ectx) : NULL;
+    if (more) {
+        fprintf(j->out, "engine %s: %s\n", j->engine->name, more);
+    }
     if (j->info.init_llmc) {
         fprintf(j->out, "initial weights: llm.c checkpoint %s\n", j->info.init_llmc);
     }

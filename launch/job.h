@@ -125,6 +125,9 @@ typedef struct {
     /* Optional (NULL: the CPU's sgemm rate): this rank's peak FLOP/s for MFU (0: unknown, no MFU), with
      * where it comes from in src (len bytes); the loop sums it over the ranks. */
     double (*peak_flops)(void *ctx, char *src, size_t len);
+    /* Optional: more about the engine for the start-up line after its name (e.g. how gradients are
+     * averaged over dp), or NULL; the string lives as long as ctx. */
+    const char *(*describe)(void *ctx);
 } mt_job_engine_t;
 
 /* The engine of a single process: the model's own flat buffers, one optimizer over every parameter
@@ -137,10 +140,12 @@ const mt_job_engine_t *mt_job_engine_local(void);
  * saves what it owns (replicated tensors once, by dp rank 0) and loads whatever its layout holds. */
 const mt_job_engine_t *mt_job_engine_parallel(void);
 
-/* Tensor parallelism over the mesh's tp groups and (pp > 1) pipeline parallelism over its pp groups
- * (parallel.schedule, parallel.stage_layers, parallel.sequence_parallel), composed with data parallelism
- * by one averaging all-reduce of each stage's gradients per step (parallel.engine = "ddp"). Needs
- * opts.mesh. pp > 1 returns the table whose run_batch runs the pipeline schedule. */
+/* Tensor parallelism over the mesh's tp groups and pipeline parallelism over its pp groups
+ * (parallel.schedule, parallel.stage_layers, parallel.sequence_parallel; one stage when pp = 1), composed
+ * with data parallelism by the engines of parallel/engine.h over each stage's parameters, or by one
+ * averaging all-reduce (parallel.dp_reduce): parallel/parallel3d.h driven by the loop, run_batch running
+ * the pipeline schedule. Needs opts.mesh. The two tables differ only in name ("tensor-parallel" for
+ * pp = 1, "pipeline"). */
 const mt_job_engine_t *mt_job_engine_model_parallel(int pp);
 
 /* GPT-2 on this rank's GPU (runtime.device = "cuda"; launch/job_cuda.c): models/cuda/gpt2_cuda.h in

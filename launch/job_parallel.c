@@ -9,13 +9,13 @@
 #include <string.h>
 
 #include "job_impl.h"
+#include "job_pieces.h"
 #include "parallel/engine_impl.h"
 #include "runtime/mesh.h"
 
 typedef struct {
     mt_comm_t comm;
     mt_engine_t e;
-    bool sgd;
     int64_t micro_batch, grad_accum, seq_len; /* DP's scatter: rows and tokens per micro-batch */
     int32_t *pack;                            /* DP root: one micro-batch of the whole group, packed by rank */
 } par_ctx_t;
@@ -47,7 +47,6 @@ static mt_status_t par_init(const mt_job_info_t *info, void **ctx) {
     if (!c) {
         return mt_error(MT_ERR_OOM, "parallel engine: out of memory");
     }
-    c->sgd = info->optim.kind == MT_OPTIM_SGD;
     c->micro_batch = info->micro_batch;
     c->grad_accum = info->grad_accum;
     c->seq_len = info->seq_len;
@@ -154,15 +153,10 @@ static void par_comm_bytes(void *ctx, double *model, double *other) {
     *other = s.bytes_other;
 }
 
-/* ---- checkpoint pieces --------------------------------------------------------------------------- */
+/* ---- checkpoint pieces (shared with job_mp.c: launch/job_pieces.h) ---------------------------------- */
 
-typedef struct {
-    mt_ckpt_piece_t *v;
-    int n, cap;
-} plist_t;
-
-static mt_status_t push(plist_t *l, const char *kind, const mt_param_t *p, const int64_t lo[2], const int64_t hi[2],
-                        float *data) {
+static mt_status_t push_box(mt_plist_t *l, const char *kind, const mt_param_t *p, const int64_t lo[2],
+                            const int64_t hi[2], float *data, int64_t ld) {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 64;
         mt_ckpt_piece_t *v = realloc(l->v, (size_t)cap * sizeof(*v));
@@ -182,46 +176,75 @@ static mt_status_t push(plist_t *l, const char *kind, const mt_param_t *p, const
         pc->hi[d] = hi[d];
     }
     pc->data = data;
+    pc->ld = p->ndim == 2 ? ld : 0;
     return MT_OK;
 }
 
-/* Elements [a, b) of parameter p in row-major order, stored contiguously at data, as boxes: the rest of
- * the first row, the whole rows, the start of the last row. */
-static mt_status_t push_flat(plist_t *l, const char *kind, const mt_param_t *p, size_t a, size_t b, float *data) {
+/* The local box [lo, hi) (rows ld floats apart at data) as global boxes: split along tp_dim at the
+ * tp_parts blocks, each moved to where this tp rank's block sits in the global tensor. */
+static mt_status_t push_local_box(mt_plist_t *l, const char *kind, const mt_param_t *p, int tp_size, int tp_rank,
+                                  const int64_t lo[2], const int64_t hi[2], float *data, int64_t ld) {
+    if (p->tp_dim < 0 || tp_size == 1) {
+        return push_box(l, kind, p, lo, hi, data, ld);
+    }
+    int d = p->tp_dim;
+    int64_t parts = MT_MAX(p->tp_parts, 1), pl = p->shape[d] / parts;
+    for (int64_t x = lo[d]; x < hi[d];) {
+        int64_t k = x / pl, end = MT_MIN(hi[d], (k + 1) * pl), g = k * pl * tp_size + (int64_t)tp_rank * pl + x - k * pl;
+        int64_t glo[2] = {lo[0], lo[1]}, ghi[2] = {hi[0], hi[1]};
+        glo[d] = g;
+        ghi[d] = g + (end - x);
+        float *at = d == 0 ? data + (x - lo[0]) * (p->ndim == 2 ? ld : 1) : data + (x - lo[1]);
+        MT_CHECK(push_box(l, kind, p, glo, ghi, at, ld));
+        x = end;
+    }
+    return MT_OK;
+}
+
+mt_status_t mt_plist_push_flat(mt_plist_t *l, const char *kind, const mt_param_t *p, int tp_size, int tp_rank,
+                               size_t a, size_t b, float *data) {
     if (a >= b) {
         return MT_OK;
     }
     if (p->ndim == 1) {
         int64_t lo[2] = {(int64_t)a, 0}, hi[2] = {(int64_t)b, 0};
-        return push(l, kind, p, lo, hi, data);
+        return push_local_box(l, kind, p, tp_size, tp_rank, lo, hi, data, 0);
     }
-    int64_t w = p->global_shape[1], r0 = (int64_t)a / w, c0 = (int64_t)a % w;
+    /* the rest of the first row, the whole rows, the start of the last row */
+    int64_t w = p->shape[1], r0 = (int64_t)a / w, c0 = (int64_t)a % w;
     int64_t r1 = (int64_t)b / w, c1 = (int64_t)b % w;
-    if (r0 == r1) { /* inside one row */
+    if (r0 == r1) {
         int64_t lo[2] = {r0, c0}, hi[2] = {r0 + 1, c1};
-        return push(l, kind, p, lo, hi, data);
+        return push_local_box(l, kind, p, tp_size, tp_rank, lo, hi, data, w);
     }
     float *d = data;
     if (c0 > 0) {
         int64_t lo[2] = {r0, c0}, hi[2] = {r0 + 1, w};
-        MT_CHECK(push(l, kind, p, lo, hi, d));
+        MT_CHECK(push_local_box(l, kind, p, tp_size, tp_rank, lo, hi, d, w));
         d += w - c0;
         r0++;
     }
     if (r1 > r0) {
         int64_t lo[2] = {r0, 0}, hi[2] = {r1, w};
-        MT_CHECK(push(l, kind, p, lo, hi, d));
+        MT_CHECK(push_local_box(l, kind, p, tp_size, tp_rank, lo, hi, d, w));
         d += (r1 - r0) * w;
     }
     if (c1 > 0) {
         int64_t lo[2] = {r1, 0}, hi[2] = {r1 + 1, c1};
-        MT_CHECK(push(l, kind, p, lo, hi, d));
+        MT_CHECK(push_local_box(l, kind, p, tp_size, tp_rank, lo, hi, d, w));
     }
     return MT_OK;
 }
 
+typedef struct {
+    mt_plist_t *l;
+    mt_engine_t e;
+    bool sgd;
+    int tp_size, tp_rank;
+} pieces_t;
+
 /* The optimizer state of state tensor k, which covers elements [a, b) of parameter p. */
-static mt_status_t push_state(plist_t *l, par_ctx_t *c, int k, const mt_param_t *p, size_t a, size_t b) {
+static mt_status_t push_state(pieces_t *c, int k, const mt_param_t *p, size_t a, size_t b) {
     const char *name = NULL;
     size_t n = 0;
     float *m = NULL, *v = NULL;
@@ -231,16 +254,16 @@ static mt_status_t push_state(plist_t *l, par_ctx_t *c, int k, const mt_param_t 
                         k, name, n, p->name, a, b);
     }
     if (c->sgd) {
-        return m ? push_flat(l, "sgd.momentum", p, a, b, m) : MT_OK;
+        return m ? mt_plist_push_flat(c->l, "sgd.momentum", p, c->tp_size, c->tp_rank, a, b, m) : MT_OK;
     }
-    MT_CHECK(push_flat(l, "adamw.m", p, a, b, m));
-    return push_flat(l, "adamw.v", p, a, b, v);
+    MT_CHECK(mt_plist_push_flat(c->l, "adamw.m", p, c->tp_size, c->tp_rank, a, b, m));
+    return mt_plist_push_flat(c->l, "adamw.v", p, c->tp_size, c->tp_rank, a, b, v);
 }
 
-static mt_status_t par_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **pieces, int *n) {
-    par_ctx_t *c = ctx;
-    mt_engine_t e = c->e;
-    plist_t l = {0};
+mt_status_t mt_job_engine_pieces(mt_engine_t e, bool save, int tp_size, int tp_rank, const uint8_t *flags,
+                                 mt_ckpt_piece_t **pieces, int *n) {
+    mt_plist_t l = {0};
+    pieces_t c = {.l = &l, .e = e, .sgd = e->p.optim.kind == MT_OPTIM_SGD, .tp_size = tp_size, .tp_rank = tp_rank};
     bool root = e->rank == 0;
     bool has_opt = mt_engine_optim(e) != NULL; /* DP: the root only */
     int k = 0;                                 /* optimizer tensor index, in eng_register_optim's order */
@@ -251,34 +274,31 @@ static mt_status_t par_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **piece
             int i = e->unit_params[u->p0 + j];
             const mt_param_t *p = mt_model_param(e->model, i);
             size_t pos = e->param_pos[i], end = pos + p->numel;
-            /* parameter values */
-            if (u->full) {
-                if (!save || root) { /* replicated: written once, read by every rank */
-                    st = push_flat(&l, "param", p, 0, p->numel, e->pflat + u->base + pos);
-                }
-            } else {
-                size_t own_lo = (size_t)e->rank * u->shard, own_hi = own_lo + u->shard;
-                size_t a = MT_MAX(pos, own_lo), b = MT_MIN(end, own_hi);
-                if (a < b) {
-                    st = push_flat(&l, "param", p, a - pos, b - pos, e->pshard + u->sbase + (a - own_lo));
-                }
+            size_t own_lo = (size_t)e->rank * u->shard, own_hi = own_lo + u->shard;
+            size_t a = MT_MAX(pos, own_lo), b = MT_MIN(end, own_hi);
+            bool written = !flags || (flags[i] & MT_ENGINE_PARAM_NORM); /* this tp rank's / stage's copy */
+            bool take = !save || written;
+            /* parameter values: replicated ones written once, by dp rank 0, and read by every rank */
+            if (u->full && take && (!save || root)) {
+                st = mt_plist_push_flat(&l, "param", p, tp_size, tp_rank, 0, p->numel, e->pflat + u->base + pos);
+            } else if (!u->full && take && a < b) {
+                st = mt_plist_push_flat(&l, "param", p, tp_size, tp_rank, a - pos, b - pos,
+                                        e->pshard + u->sbase + (a - own_lo));
             }
             if (st != MT_OK || !has_opt) {
                 continue;
             }
-            /* optimizer state */
+            /* optimizer state (k counts every tensor the optimizer has, written or not) */
             if (u->kind == UNIT_REPL) {
-                if (!save || root) {
-                    st = push_state(&l, c, k, p, 0, p->numel);
+                if (take && (!save || root)) {
+                    st = push_state(&c, k, p, 0, p->numel);
                 }
                 k++;
-            } else {
-                size_t own_lo = (size_t)e->rank * u->shard, own_hi = own_lo + u->shard;
-                size_t a = MT_MAX(pos, own_lo), b = MT_MIN(end, own_hi);
-                if (a < b) {
-                    st = push_state(&l, c, k, p, a - pos, b - pos);
-                    k++;
+            } else if (a < b) {
+                if (take) {
+                    st = push_state(&c, k, p, a - pos, b - pos);
                 }
+                k++;
             }
         }
     }
@@ -293,6 +313,10 @@ static mt_status_t par_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **piece
     *pieces = l.v;
     *n = l.n;
     return MT_OK;
+}
+
+static mt_status_t par_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **pieces, int *n) {
+    return mt_job_engine_pieces(((par_ctx_t *)ctx)->e, save, 1, 0, NULL, pieces, n);
 }
 
 static int64_t par_ckpt_get_step(void *ctx) {

@@ -18,7 +18,7 @@ static const subcommand_t subcommands[] = {
     {"export", mt_cmd_export, "write the configured GPT-2 weights as an llm.c checkpoint (--llmc OUT.bin)"},
     {"topo", mt_cmd_topo, "show where every rank runs (cores, NUMA, device, NIC, mesh groups), or plan a world"},
     {"train", mt_cmd_train, "train the model a config describes, any tp x pp x dp layout (default job without CONFIG)"},
-    {"train3d", mt_cmd_train3d, "train with tensor, pipeline and data parallelism (tp x pp x dp = world)"},
+    {"train3d", mt_cmd_train, "the same as `train` (kept for scripts written for it)"},
     {"version", mt_cmd_version, "print version, git commit and the components this build has"},
     {"plan", mt_cmd_plan, "predict memory and step time of every layout of a job on a cluster and pick one"},
     {"bench", mt_cmd_bench, "collective microbenchmarks (`meshtrain bench coll`, nccl-tests style)"},

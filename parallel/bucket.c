@@ -33,6 +33,15 @@ mt_status_t eng_layout_buckets(mt_engine_t e, unit_kind_t kind) {
     double cap = e->p.first_bucket_mb * 1048576.0;
     unit_t *u = NULL;
     for (int i = e->n_params - 1; i >= 0; i--) {
+        if (!eng_held(e, i)) {
+            continue; /* another pipeline stage's */
+        }
+        if (e->stage >= 2 && eng_flag(e, i, MT_ENGINE_PARAM_ONCE)) { /* a bucket of its own, sent once */
+            unit_t *o = new_unit(e, kind);
+            add_param(e, o, i);
+            o->once = true;
+            continue;
+        }
         if (!u) {
             u = new_unit(e, kind);
         }
@@ -48,13 +57,20 @@ mt_status_t eng_layout_buckets(mt_engine_t e, unit_kind_t kind) {
 mt_status_t eng_layout_one(mt_engine_t e) {
     unit_t *u = new_unit(e, UNIT_REPL);
     for (int i = 0; i < e->n_params; i++) {
-        add_param(e, u, i);
+        if (eng_held(e, i)) {
+            add_param(e, u, i);
+        }
     }
     return MT_OK;
 }
 
 static bool persistent(mt_engine_t e, int i) {
     return (int64_t)mt_model_param(e->model, i)->numel < e->p.persist_threshold;
+}
+
+/* ZeRO-3: parameter i goes into a sharded module unit (held, not persistent). */
+static bool sharded(mt_engine_t e, int i) {
+    return eng_held(e, i) && !persistent(e, i);
 }
 
 /* ZeRO-3: per module, every tied parameter (read by another module too, e.g. GPT-2's wte by the head)
@@ -65,13 +81,15 @@ mt_status_t eng_layout_modules(mt_engine_t e) {
         int first = 0, count = 0;
         mt_model_module_params(e->model, m, &first, &count);
         for (int i = first; i < first + count; i++) {
-            if (mt_model_param(e->model, i)->tied_module >= 0 && !persistent(e, i)) {
-                add_param(e, new_unit(e, UNIT_SHARD), i);
+            if (mt_model_param(e->model, i)->tied_module >= 0 && sharded(e, i)) {
+                unit_t *t = new_unit(e, UNIT_SHARD);
+                add_param(e, t, i);
+                t->once = eng_flag(e, i, MT_ENGINE_PARAM_ONCE);
             }
         }
         unit_t *u = NULL;
         for (int i = first; i < first + count; i++) {
-            if (mt_model_param(e->model, i)->tied_module < 0 && !persistent(e, i)) {
+            if (mt_model_param(e->model, i)->tied_module < 0 && sharded(e, i)) {
                 if (!u) {
                     u = new_unit(e, UNIT_SHARD);
                 }
@@ -81,7 +99,7 @@ mt_status_t eng_layout_modules(mt_engine_t e) {
     }
     unit_t *u = NULL;
     for (int i = 0; i < e->n_params; i++) {
-        if (persistent(e, i)) {
+        if (eng_held(e, i) && persistent(e, i)) {
             if (!u) {
                 u = new_unit(e, UNIT_REPL);
             }
@@ -95,6 +113,9 @@ mt_status_t eng_layout_finish(mt_engine_t e) {
     size_t N = (size_t)e->size;
     e->flat_len = 0;
     e->shard_len = 0;
+    for (int i = 0; i < e->n_params; i++) {
+        e->param_unit[i] = -1; /* not held here */
+    }
     for (int k = 0; k < e->n_units; k++) {
         unit_t *u = &e->units[k];
         size_t pos = 0;
@@ -133,7 +154,8 @@ mt_status_t eng_layout_finish(mt_engine_t e) {
         for (int i = 0; i < e->n_params; i++) {
             const mt_param_t *p = mt_model_param(e->model, i);
             int k = e->param_unit[i];
-            if ((p->module == m || p->tied_module == m) && e->units[k].kind == UNIT_SHARD && seen[k] != m + 1) {
+            if (k >= 0 && (p->module == m || p->tied_module == m) && e->units[k].kind == UNIT_SHARD &&
+                seen[k] != m + 1) {
                 seen[k] = m + 1;
                 e->mod_units[n++] = k;
             }
@@ -187,6 +209,9 @@ oom:
 
 void eng_bind_full(mt_engine_t e) {
     for (int i = 0; i < e->n_params; i++) {
+        if (e->param_unit[i] < 0) {
+            continue; /* another pipeline stage's: stays unbound */
+        }
         mt_param_t *p = mt_model_param(e->model, i);
         const unit_t *u = &e->units[e->param_unit[i]];
         p->data = u->full ? e->pflat + u->base + e->param_pos[i] : NULL;

@@ -224,12 +224,13 @@ int64_t pool_bytes(const pool_t *pl) {
 /* ---- gradient collectives ------------------------------------------------------------------------- */
 
 /* DDP and ZeRO-1 accumulate micro-batches into full-size gradients and communicate on the last pass;
- * ZeRO-2/3 sharded units have only a bucket buffer, so they reduce-scatter every pass. */
+ * ZeRO-2/3 sharded units have only a bucket buffer, so they reduce-scatter every pass, except `once` units
+ * (MT_ENGINE_PARAM_ONCE), whose buffer stays bound and accumulates the whole step. */
 bool eng_unit_comms_this_pass(mt_engine_t e, int u) {
     if (e->p.kind == MT_ENGINE_DP) {
         return false;
     }
-    if (e->units[u].kind == UNIT_SHARD && e->stage >= 2) {
+    if (e->units[u].kind == UNIT_SHARD && e->stage >= 2 && !e->units[u].once) {
         return true;
     }
     return e->micro >= e->p.grad_accum;
@@ -553,7 +554,7 @@ static mt_status_t hook_post_backward(void *arg, int m) {
     mt_model_module_params(e->model, m, &first, &count);
     for (int i = first; i < first + count; i++) {
         int k = e->param_unit[i];
-        if (--e->units[k].pending == 0 && eng_unit_comms_this_pass(e, k)) {
+        if (k >= 0 && --e->units[k].pending == 0 && eng_unit_comms_this_pass(e, k)) {
             MT_CHECK(eng_launch_grad(e, k));
         }
     }

@@ -52,6 +52,11 @@ static mt_status_t check_params(mt_model_t model, mt_comm_t dp, const mt_engine_
         return mt_error(MT_ERR_INVALID_ARG, "parallel.zero_persist_threshold = %lld: must be >= 0",
                         (long long)p->persist_threshold);
     }
+    if (p->param_flags && p->kind == MT_ENGINE_DP) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "parallel.engine = \"dp\" lays out the whole model on every rank: it takes no per-parameter "
+                        "subset (pipeline stages run DDP or ZeRO)");
+    }
     /* A tensor-parallel model is fine: its parameters are this rank's tp shards, and the engine
      * works over the dp group, whose ranks all hold the same shard (tests/parallel3d: 2x2x2 with DDP,
      * ZeRO-1 and sequence parallelism; tp2 x dp2 with ZeRO-2 and ZeRO-3). */
@@ -197,9 +202,41 @@ mt_status_t mt_engine_finish_grads(mt_engine_t e) {
     return e->ops->finish_grads ? e->ops->finish_grads(e) : eng_finish_common(e);
 }
 
+/* With param_flags: the held parameters marked NORM, each element summed by exactly one rank of the group
+ * (replicated units: an equal share of each parameter; sharded units: the owned slice). */
+static double flagged_sumsq(mt_engine_t e) {
+    double s = 0.0;
+    for (int k = 0; k < e->n_units; k++) {
+        const unit_t *u = &e->units[k];
+        size_t own_lo = (size_t)e->rank * u->shard, own_hi = own_lo + u->shard;
+        for (int j = 0; j < u->np; j++) {
+            int i = e->unit_params[u->p0 + j];
+            if (!eng_flag(e, i, MT_ENGINE_PARAM_NORM)) {
+                continue;
+            }
+            size_t pos = e->param_pos[i], n = mt_model_param(e->model, i)->numel;
+            if (u->kind == UNIT_REPL) {
+                size_t lo = n * (size_t)e->rank / (size_t)e->size, hi = n * (size_t)(e->rank + 1) / (size_t)e->size;
+                s += mt_clip_sumsq(e->gflat + u->base + pos + lo, hi - lo);
+                continue;
+            }
+            size_t a = MT_MAX(pos, own_lo), b = MT_MIN(pos + n, own_hi);
+            if (a < b) {
+                const float *g = e->stage == 1 ? e->gflat + u->base + a : e->gshard + u->sbase + (a - own_lo);
+                s += mt_clip_sumsq(g, b - a);
+            }
+        }
+    }
+    return s;
+}
+
 mt_status_t mt_engine_grad_sumsq(mt_engine_t e, double *total) {
     double local = 0.0;
-    MT_CHECK(e->ops->grad_sumsq(e, &local));
+    if (e->p.param_flags) {
+        local = flagged_sumsq(e);
+    } else {
+        MT_CHECK(e->ops->grad_sumsq(e, &local));
+    }
     *total = local;
     if (e->size > 1) {
         e->scalar[0] = local;
@@ -222,6 +259,14 @@ mt_status_t mt_engine_step(mt_engine_t e, float lr, float grad_scale) {
     MT_CHECK(e->ops->step(e, lr, grad_scale));
     e->last = e->cur;
     return MT_OK;
+}
+
+bool mt_engine_grad_accumulates(mt_engine_t e, int i) {
+    if (i < 0 || i >= e->n_params || e->param_unit[i] < 0) {
+        return false;
+    }
+    const unit_t *u = &e->units[e->param_unit[i]];
+    return !(u->kind == UNIT_SHARD && e->stage >= 2 && !u->once);
 }
 
 mt_optim_t mt_engine_optim(mt_engine_t e) {

@@ -30,12 +30,25 @@ typedef struct {
     double first_bucket_mb;    /* cap of the first bucket (the last parameters), so communication starts early */
     int64_t persist_threshold; /* ZeRO-3: parameters with fewer elements stay whole (parallel.zero_persist_threshold) */
     mt_optim_params_t optim;   /* the optimizer every engine runs over what its rank owns */
+    /* Per parameter (mt_model_n_params entries, borrowed for the engine's life), MT_ENGINE_PARAM_* bits;
+     * NULL: every parameter held and counted in the norm. A pipeline stage passes the parameters its
+     * modules read, so it lays out (and allocates parameters, gradients and optimizer state for) only
+     * those; parameters without HELD stay unbound. */
+    const uint8_t *param_flags;
 } mt_engine_params_t;
+
+#define MT_ENGINE_PARAM_HELD 1u /* laid out, bound and updated by this engine */
+#define MT_ENGINE_PARAM_NORM 2u /* counted in mt_engine_grad_sumsq (a copy counted elsewhere: clear it) */
+/* ZeRO-2/3: the gradient is reduce-scattered once per step instead of every backward pass, because it is
+ * completed only after the last pass (a tied parameter whose other reader is on another pipeline stage:
+ * the stages' sums over the embedding group must see whole-step gradients on both sides). */
+#define MT_ENGINE_PARAM_ONCE 4u
 
 #define MT_ENGINE_PARAMS_INIT                                                                                          \
     {                                                                                                                  \
         .size = sizeof(mt_engine_params_t), .kind = MT_ENGINE_DDP, .zero_stage = 1, .grad_accum = 1,                   \
-        .bucket_mb = 25.0, .first_bucket_mb = 1.0, .persist_threshold = 0, .optim = MT_OPTIM_PARAMS_INIT               \
+        .bucket_mb = 25.0, .first_bucket_mb = 1.0, .persist_threshold = 0, .optim = MT_OPTIM_PARAMS_INIT,              \
+        .param_flags = NULL                                                                                            \
     }
 
 typedef struct mt_engine *mt_engine_t;
@@ -95,7 +108,9 @@ mt_status_t mt_engine_scatter_batch(mt_engine_t e, const int32_t *root_buf, int3
 mt_status_t mt_engine_finish_grads(mt_engine_t e);
 
 /* Sum of squares of the whole model's averaged gradient: each rank sums what it owns (replicas: an
- * equal 1/N share), combined with an all-reduce over dp, so every rank gets the same total. */
+ * equal 1/N share), combined with an all-reduce over dp, so every rank gets the same total. With
+ * param_flags: only the held parameters marked MT_ENGINE_PARAM_NORM (the caller adds the other
+ * pipeline stages' and tensor-parallel ranks' sums over its own groups). */
 mt_status_t mt_engine_grad_sumsq(mt_engine_t e, double *total);
 
 /* In place: this rank's mean loss of the step -> the mean over the group (all-reduce). */
@@ -110,6 +125,12 @@ mt_status_t mt_engine_step(mt_engine_t e, float lr, float grad_scale);
  * on dp rank root (out is not touched elsewhere and may be NULL there). Collective over dp; call it
  * between steps. For tests and checkpoints; its traffic is not counted in the step's bytes. */
 mt_status_t mt_engine_gather_params(mt_engine_t e, int root, float *out);
+
+/* Whether parameter i's gradient storage accumulates every backward pass of a step (DDP, ZeRO-1, replicated
+ * units, MT_ENGINE_PARAM_ONCE units) rather than being moved into the rank's shard after each pass (ZeRO-2/3
+ * sharded units); false for a parameter the engine does not hold. For callers that reduce gradients of each
+ * pass before the engine sees them (the sequence-parallel sum over tp): accumulated ones are reduced once. */
+bool mt_engine_grad_accumulates(mt_engine_t e, int i);
 
 /* The optimizer over what this rank owns (NULL on DP's ranks other than 0); its step counter is the
  * same on every rank that has one (mt_optim_get_step / set_step for checkpoints). */

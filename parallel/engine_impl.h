@@ -22,6 +22,7 @@ typedef struct {
     size_t base;              /* offset in the full flat buffers (units that have full storage) */
     size_t sbase;             /* offset of this rank's shard in the shard buffers (SHARD) */
     bool full;                /* has full storage in e->pflat / e->gflat */
+    bool once;                /* ZeRO-2/3: communicates on the step's last pass only (MT_ENGINE_PARAM_ONCE) */
     int pending;              /* parameters whose gradient is incomplete in this backward pass */
     bool launched;            /* gradient collective issued in this pass */
     mt_work_t gwork;          /* that collective, while in flight */
@@ -103,6 +104,14 @@ typedef struct engine_ops {
 } engine_ops_t;
 
 extern const engine_ops_t mt_engine_dp_ops, mt_engine_ddp_ops, mt_engine_zero_ops;
+
+/* Whether the engine lays out parameter i (params.param_flags HELD; every parameter without flags). */
+static inline bool eng_held(const struct mt_engine *e, int i) {
+    return !e->p.param_flags || (e->p.param_flags[i] & MT_ENGINE_PARAM_HELD);
+}
+static inline bool eng_flag(const struct mt_engine *e, int i, unsigned f) {
+    return e->p.param_flags && (e->p.param_flags[i] & f);
+}
 
 /* bucket.c: layouts */
 mt_status_t eng_layout_buckets(mt_engine_t e, unit_kind_t kind); /* reverse registration order */

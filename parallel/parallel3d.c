@@ -1,10 +1,14 @@
 /* 3-D parallelism: checks a tp x pp x dp combination, builds the mesh's communicators, the sharded model,
- * the pipeline stage and the data-parallel gradient path, and runs one optimizer step across all three.
+ * the pipeline stage and the data-parallel gradient path, and runs one optimizer step across all three,
+ * as phases the training loop (launch/job_mp.c) drives one by one or mt_par3d_step runs together.
  * Order of gradient reductions in a step (each linear, so the result is the serial gradient):
  *   1. tp  (sequence parallelism only): replicated parameters, per module on the last backward pass
  *   2. emb (pp > 1): the tied embedding, first stage after its last embedding backward, last stage after
  *      the schedule
  *   3. dp: the engine's buckets (launched from its hooks, which run after 1 and 2) or one all-reduce
+ * The global gradient norm: each rank sums the squares of what it owns, counting every element of the
+ * serial model once (tp shards on every tp rank, replicated parameters on tp rank 0, the tied embedding on
+ * the stage that owns it), reduced over dp (inside the engine), tp and pp.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
 #include <stdlib.h>
@@ -17,21 +21,24 @@
 struct mt_par3d {
     mt_par3d_params_t p;
     mt_mesh_t *mesh;
+    bool own_mesh, own_model;
     int rank, coords[MT_AXIS_N];
     mt_comm_t comm[MT_AXIS_N], emb;
     mt_tp_t tp;
     mt_model_t model;
+    uint8_t *flags; /* per parameter: MT_ENGINE_PARAM_* as this rank's stage and tp rank see it */
     mt_engine_t engine;
     mt_optim_t opt;
     mt_pipeline_t pl;
     float *gbuf; /* built-in dp all-reduce: the stage's gradients packed */
     size_t gbuf_n;
-    int64_t n_steps;   /* steps run */
-    double grad_norm;  /* of the last step, before clipping */
-    bool norm_unknown; /* grad_norm is NaN because it is not computed (engine with tp or pp > 1) */
-    bool skipped;      /* the last step's update was skipped (non-finite) */
-    float *flat;       /* engine mode, dp rank 0: whole parameters for gathers, valid at flat_step */
+    int64_t n_steps;  /* steps run */
+    double grad_norm; /* of the last step, before clipping */
+    bool skipped;     /* the last step's update was skipped (non-finite) */
+    float *flat;      /* engine mode, dp rank 0: whole parameters for gathers, valid at flat_step */
     int64_t flat_step;
+    bool sp_each_pass; /* sequence parallelism with ZeRO-2/3: grads_ready runs after every backward pass */
+    int *sp_pass;      /* then per module: the passes of this step grads_ready has seen */
 };
 
 mt_status_t mt_par3d_check(const mt_par3d_params_t *p, int world, const mt_model_config_t *mc) {
@@ -100,29 +107,39 @@ mt_status_t mt_par3d_check(const mt_par3d_params_t *p, int world, const mt_model
                 "stage or a tp group does not run; use parallel.engine = \"ddp\" or \"zero\"",
                 tp, pp);
         }
-        if (p->grad_clip > 0.0f && (tp > 1 || pp > 1)) {
-            return mt_error(MT_ERR_INVALID_ARG,
-                            "optimizer.grad_clip = %g with a data-parallel engine and parallel.tp = %d, parallel.pp = "
-                            "%d: the engine's gradient norm covers the whole model it lays out on every stage and "
-                            "counts replicated parameters on every tp rank; set optimizer.grad_clip = 0 or use the "
-                            "built-in dp all-reduce",
-                            p->grad_clip, tp, pp);
-        }
-        if (p->engine_kind == MT_ENGINE_ZERO && p->zero_stage >= 2 && pp > 1) {
-            return mt_error(MT_ERR_INVALID_ARG,
-                            "parallel.zero_stage = %d with parallel.pp = %d: ZeRO-2/3 reduce-scatter (and ZeRO-3 "
-                            "gathers) gradients module by module on every micro-batch, but a pipeline stage runs only "
-                            "its own modules and the tied embedding's gradient is completed on two stages; use "
-                            "parallel.zero_stage = 1 or parallel.engine = \"ddp\" with pipelines",
-                            p->zero_stage, pp);
-        }
     }
     return MT_OK;
 }
 
+/* The sequence-parallel sum over tp of module's replicated gradients, before the engine's hook sees them.
+ * After every pass (ZeRO-2/3, whose sharded units move each pass's gradients away) the gradients the engine
+ * instead accumulates over the step (ZeRO-3's persistent parameters) must be summed once, on the last pass:
+ * summing the running total every pass would count earlier passes tp times. They are left out of the earlier
+ * passes' sums by hiding their gradient (mt_tp_sync_module_grads skips parameters without one). */
 static mt_status_t sp_grads_ready(void *arg, int module) {
     mt_par3d_t p3 = arg;
-    return mt_tp_sync_module_grads(p3->tp, p3->model, module, true);
+    if (!p3->sp_each_pass) {
+        return mt_tp_sync_module_grads(p3->tp, p3->model, module, true);
+    }
+    bool last = ++p3->sp_pass[module] >= p3->p.microbatches;
+    int first = 0, count = 0;
+    mt_model_module_params(p3->model, module, &first, &count);
+    float *hidden[64];
+    int which[64], n_hidden = 0;
+    for (int i = first; i < first + count && !last; i++) {
+        mt_param_t *q = mt_model_param(p3->model, i);
+        if (q->tp_dim < 0 && q->grad && mt_engine_grad_accumulates(p3->engine, i)) {
+            MT_ASSERT(n_hidden < (int)MT_ARRAY_LEN(hidden));
+            which[n_hidden] = i;
+            hidden[n_hidden++] = q->grad;
+            q->grad = NULL;
+        }
+    }
+    mt_status_t st = mt_tp_sync_module_grads(p3->tp, p3->model, module, true);
+    for (int k = 0; k < n_hidden; k++) {
+        mt_model_param(p3->model, which[k])->grad = hidden[k];
+    }
+    return st;
 }
 
 static mt_status_t make_comms(mt_par3d_t p3, MPI_Comm world) {
@@ -141,7 +158,7 @@ static mt_status_t make_comms(mt_par3d_t p3, MPI_Comm world) {
     return MT_OK;
 }
 
-mt_status_t mt_par3d_init(MPI_Comm world, const mt_model_config_t *mc, const mt_par3d_params_t *p, mt_par3d_t *out) {
+mt_status_t mt_par3d_setup(MPI_Comm world, mt_model_config_t *mc, const mt_par3d_params_t *p, mt_par3d_t *out) {
     *out = NULL;
     int wsize = 0, wrank = 0;
     MT_MPI_CHECK(MPI_Comm_size(world, &wsize));
@@ -155,22 +172,78 @@ mt_status_t mt_par3d_init(MPI_Comm world, const mt_model_config_t *mc, const mt_
     p3->p = *p;
     p3->rank = wrank;
     p3->flat_step = -1;
-    MT_CHECK_GOTO(mt_mesh_create(wsize, p->tp, p->pp, p->dp, p->order ? p->order : "tp-dp-pp", &p3->mesh), st, fail);
+    if (p->mesh) {
+        p3->mesh = (mt_mesh_t *)p->mesh;
+        if (mt_mesh_world(p3->mesh) != wsize || mt_mesh_axis_size(p3->mesh, MT_AXIS_TP) != p->tp ||
+            mt_mesh_axis_size(p3->mesh, MT_AXIS_PP) != p->pp) {
+            st = mt_error(MT_ERR_INVALID_ARG, "parallel3d: the given mesh is not tp %d x pp %d over %d ranks", p->tp,
+                          p->pp, wsize);
+            goto fail;
+        }
+    } else {
+        MT_CHECK_GOTO(mt_mesh_create(wsize, p->tp, p->pp, p->dp, p->order ? p->order : "tp-dp-pp", &p3->mesh), st,
+                      fail);
+        p3->own_mesh = true;
+    }
+    p3->p.mesh = NULL; /* p3->mesh from here on */
     p3->p.dp = mt_mesh_axis_size(p3->mesh, MT_AXIS_DP);
     mt_mesh_coords(p3->mesh, wrank, p3->coords);
     MT_CHECK_GOTO(make_comms(p3, world), st, fail);
     MT_CHECK_GOTO(mt_tp_init(p3->comm[MT_AXIS_TP], &p3->tp), st, fail);
-    mt_model_config_t cfg = *mc;
-    mt_tp_model_config(p3->tp, p->sequence_parallel, &cfg);
-    MT_CHECK_GOTO(mt_model_init(&cfg, &p3->model), st, fail);
+    mt_tp_model_config(p3->tp, p->sequence_parallel, mc);
+    *out = p3;
+    return MT_OK;
+fail:
+    mt_par3d_free(p3);
+    return st;
+}
+
+void mt_par3d_stage_flags(mt_model_t model, const int *bounds, int pp, int stage, int tp_rank, uint8_t *flags) {
+    for (int i = 0; i < mt_model_n_params(model); i++) {
+        const mt_param_t *q = mt_model_param(model, i);
+        int s_own = 0, s_tied = -1;
+        for (int s = 0; s < pp; s++) {
+            s_own = q->module >= bounds[s] && q->module < bounds[s + 1] ? s : s_own;
+            s_tied = q->tied_module >= bounds[s] && q->tied_module < bounds[s + 1] ? s : s_tied;
+        }
+        bool owns = s_own == stage, needs = owns || s_tied == stage;
+        uint8_t f = needs ? MT_ENGINE_PARAM_HELD : 0;
+        f |= owns && (q->tp_dim >= 0 || tp_rank == 0) ? MT_ENGINE_PARAM_NORM : 0;
+        f |= needs && s_tied >= 0 && s_tied != s_own ? MT_ENGINE_PARAM_ONCE : 0;
+        flags[i] = f;
+    }
+}
+
+static mt_status_t stage_flags(mt_par3d_t p3) {
+    int np = mt_model_n_params(p3->model), pp = p3->p.pp;
+    int *bounds = calloc((size_t)pp + 1, sizeof(int));
+    p3->flags = calloc((size_t)MT_MAX(np, 1), 1);
+    if (!bounds || !p3->flags) {
+        free(bounds);
+        return mt_error(MT_ERR_OOM, "parallel3d: out of memory");
+    }
+    mt_status_t st = mt_pipeline_split(p3->model, pp, p3->p.stage_layers, bounds);
+    if (st == MT_OK) {
+        mt_par3d_stage_flags(p3->model, bounds, pp, p3->coords[MT_AXIS_PP], p3->coords[MT_AXIS_TP], p3->flags);
+    }
+    free(bounds);
+    return st;
+}
+
+mt_status_t mt_par3d_attach(mt_par3d_t p3, mt_model_t model) {
+    const mt_par3d_params_t *p = &p3->p;
+    p3->model = model;
+    MT_CHECK(stage_flags(p3));
     if (p->dp_mode == MT_P3D_ENGINE) {
         mt_engine_params_t ep = MT_ENGINE_PARAMS_INIT;
         ep.kind = p->engine_kind;
         ep.zero_stage = p->zero_stage;
         ep.grad_accum = p->microbatches;
         ep.bucket_mb = p->bucket_mb;
+        ep.persist_threshold = p->persist_threshold;
         ep.optim = p->optim;
-        MT_CHECK_GOTO(mt_engine_init(p3->model, p3->comm[MT_AXIS_DP], &ep, &p3->engine), st, fail);
+        ep.param_flags = p->tp > 1 || p->pp > 1 ? p3->flags : NULL; /* the stage's parameters, the norm's share */
+        MT_CHECK(mt_engine_init(p3->model, p3->comm[MT_AXIS_DP], &ep, &p3->engine));
     }
     mt_pipeline_params_t pp = MT_PIPELINE_PARAMS_INIT;
     pp.schedule = p->schedule;
@@ -184,37 +257,55 @@ mt_status_t mt_par3d_init(MPI_Comm world, const mt_model_config_t *mc, const mt_
         pp.grads_ready_arg = p3;
         /* ZeRO-2/3 move every pass's gradients into their shard: sum over tp before each such move. */
         pp.grads_ready_each_pass = p3->engine && p->engine_kind == MT_ENGINE_ZERO && p->zero_stage >= 2;
+        p3->sp_each_pass = pp.grads_ready_each_pass;
+        p3->sp_pass = calloc((size_t)mt_model_n_modules(p3->model), sizeof(int));
+        if (!p3->sp_pass) {
+            return mt_error(MT_ERR_OOM, "parallel3d: out of memory");
+        }
     }
-    MT_CHECK_GOTO(mt_pipeline_init(p3->model, p3->comm[MT_AXIS_PP], p3->emb, &pp, &p3->pl), st, fail);
+    MT_CHECK(mt_pipeline_init(p3->model, p3->comm[MT_AXIS_PP], p3->emb, &pp, &p3->pl));
     if (!p3->engine) {
-        MT_CHECK_GOTO(mt_pipeline_alloc_params(p3->pl), st, fail);
-        MT_CHECK_GOTO(mt_optim_init(&p->optim, &p3->opt), st, fail);
+        MT_CHECK(mt_pipeline_alloc_params(p3->pl));
+        MT_CHECK(mt_optim_init(&p->optim, &p3->opt));
         int np = mt_model_n_params(p3->model);
         for (int i = 0; i < np; i++) {
             mt_param_t *q = mt_model_param(p3->model, i);
             if (mt_pipeline_needs_param(p3->pl, i)) {
-                MT_CHECK_GOTO(mt_optim_add(p3->opt, q->name, q->data, q->grad, q->numel, q->is_weight2d, NULL), st,
-                              fail);
+                MT_CHECK(mt_optim_add(p3->opt, q->name, q->data, q->grad, q->numel, q->is_weight2d, NULL));
                 p3->gbuf_n += q->numel;
             }
         }
         if (p3->p.dp > 1) {
             p3->gbuf = mt_alloc(p3->gbuf_n * sizeof(float), MT_MEM_COMM, "parallel3d dp gradients");
             if (!p3->gbuf) {
-                st =
-                    mt_error(MT_ERR_OOM, "parallel3d: cannot allocate %zu bytes for the dp all-reduce", p3->gbuf_n * 4);
-                goto fail;
+                return mt_error(MT_ERR_OOM, "parallel3d: cannot allocate %zu bytes for the dp all-reduce",
+                                p3->gbuf_n * sizeof(float));
             }
         }
     }
-    MT_INFO(MT_LOG_PAR, "parallel3d rank %d: tp %d/%d dp %d/%d pp %d/%d, %s", wrank, p3->coords[MT_AXIS_TP], p->tp,
+    MT_INFO(MT_LOG_PAR, "parallel3d rank %d: tp %d/%d dp %d/%d pp %d/%d, %s", p3->rank, p3->coords[MT_AXIS_TP], p->tp,
             p3->coords[MT_AXIS_DP], p3->p.dp, p3->coords[MT_AXIS_PP], p->pp,
             p3->engine ? mt_engine_name(p3->engine) : "built-in dp all-reduce");
+    return MT_OK;
+}
+
+mt_status_t mt_par3d_init(MPI_Comm world, const mt_model_config_t *mc, const mt_par3d_params_t *p, mt_par3d_t *out) {
+    *out = NULL;
+    mt_model_config_t cfg = *mc;
+    mt_par3d_t p3 = NULL;
+    MT_CHECK(mt_par3d_setup(world, &cfg, p, &p3));
+    mt_model_t model = NULL;
+    mt_status_t st = mt_model_init(&cfg, &model);
+    if (st == MT_OK) {
+        p3->own_model = true;
+        st = mt_par3d_attach(p3, model);
+    }
+    if (st != MT_OK) {
+        mt_par3d_free(p3); /* and the model, once it is p3's */
+        return st;
+    }
     *out = p3;
     return MT_OK;
-fail:
-    mt_par3d_free(p3);
-    return st;
 }
 
 void mt_par3d_free(mt_par3d_t p3) {
@@ -224,15 +315,21 @@ void mt_par3d_free(mt_par3d_t p3) {
     mt_pipeline_free(p3->pl); /* restores the engine's hooks */
     mt_engine_free(p3->engine);
     mt_optim_free(p3->opt);
-    mt_model_free(p3->model);
+    if (p3->own_model) {
+        mt_model_free(p3->model);
+    }
     mt_tp_free(p3->tp);
     mt_free(p3->gbuf);
     mt_free(p3->flat);
+    free(p3->flags);
+    free(p3->sp_pass);
     mt_comm_free(p3->emb);
     for (int k = 0; k < MT_AXIS_N; k++) {
         mt_comm_free(p3->comm[k]);
     }
-    mt_mesh_free(p3->mesh);
+    if (p3->own_mesh) {
+        mt_mesh_free(p3->mesh);
+    }
     free(p3);
 }
 
@@ -285,18 +382,46 @@ static mt_status_t dp_allreduce(mt_par3d_t p3) {
     return MT_OK;
 }
 
-/* Sum of squares of the whole model's gradient, each element once: this stage's own parameters (not a
- * tied copy), tp shards on every tp rank, replicated parameters on tp rank 0 only; summed over tp and pp.
- * Built-in mode: the gradients are already averaged over dp, identical on every replica. */
-static mt_status_t grad_sumsq(mt_par3d_t p3, double *total) {
+mt_status_t mt_par3d_zero_grads(mt_par3d_t p3) {
+    if (p3->sp_pass) {
+        memset(p3->sp_pass, 0, (size_t)mt_model_n_modules(p3->model) * sizeof(int));
+    }
+    if (p3->engine) {
+        return mt_engine_zero_grads(p3->engine);
+    }
+    mt_model_zero_grads(p3->model);
+    return MT_OK;
+}
+
+mt_status_t mt_par3d_finish_grads(mt_par3d_t p3) {
+    return p3->engine ? mt_engine_finish_grads(p3->engine) : dp_allreduce(p3);
+}
+
+mt_status_t mt_par3d_reduce_loss(mt_par3d_t p3, double *loss) {
+    if (p3->engine) {
+        return mt_engine_reduce_loss(p3->engine, loss);
+    }
+    mt_work_t w_ = NULL;
+    if (p3->p.dp > 1) {
+        MT_CHECK(mt_mp_wait(mt_coll_all_reduce(p3->comm[MT_AXIS_DP], loss, loss, 1, MT_COLL_F64, MT_REDOP_AVG, NULL,
+                                               &w_),
+                            &w_, -1.0));
+    }
+    return MT_OK;
+}
+
+mt_status_t mt_par3d_grad_sumsq(mt_par3d_t p3, double *total) {
     double s = 0.0;
-    int np = mt_model_n_params(p3->model);
-    for (int i = 0; i < np; i++) {
-        const mt_param_t *q = mt_model_param(p3->model, i);
-        if (!mt_pipeline_owns_param(p3->pl, i) || (q->tp_dim < 0 && p3->coords[MT_AXIS_TP] != 0)) {
-            continue;
+    if (p3->engine) { /* the stage's NORM parameters, summed over dp inside */
+        MT_CHECK(mt_engine_grad_sumsq(p3->engine, &s));
+    } else { /* averaged already: identical on every dp replica */
+        int np = mt_model_n_params(p3->model);
+        for (int i = 0; i < np; i++) {
+            if (p3->flags[i] & MT_ENGINE_PARAM_NORM) {
+                const mt_param_t *q = mt_model_param(p3->model, i);
+                s += mt_clip_sumsq(q->grad, q->numel);
+            }
         }
-        s += mt_clip_sumsq(q->grad, q->numel);
     }
     mt_work_t w_ = NULL;
     for (int k = 0; k < 2; k++) {
@@ -309,12 +434,30 @@ static mt_status_t grad_sumsq(mt_par3d_t p3, double *total) {
     return MT_OK;
 }
 
+mt_status_t mt_par3d_apply(mt_par3d_t p3, float lr, float grad_scale) {
+    MT_CHECK(p3->engine ? mt_engine_step(p3->engine, lr, grad_scale) : mt_optim_step(p3->opt, lr, grad_scale));
+    p3->n_steps++;
+    return MT_OK;
+}
+
+mt_engine_t mt_par3d_engine(mt_par3d_t p3) {
+    return p3->engine;
+}
+
+mt_optim_t mt_par3d_optim(mt_par3d_t p3) {
+    return p3->engine ? mt_engine_optim(p3->engine) : p3->opt;
+}
+
+unsigned mt_par3d_param_flags(mt_par3d_t p3, int i) {
+    return i >= 0 && i < mt_model_n_params(p3->model) ? p3->flags[i] : 0u;
+}
+
 mt_status_t mt_par3d_eval(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float *loss) {
-    mt_work_t w_ = NULL;
     float l = 0.0f;
     MT_CHECK(mt_pipeline_eval(p3->pl, tokens, targets, &l));
     double dl = l;
     if (p3->p.dp > 1) {
+        mt_work_t w_ = NULL;
         MT_CHECK(mt_mp_wait(mt_coll_all_reduce(p3->comm[MT_AXIS_DP], &dl, &dl, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, &w_),
                             &w_, -1.0));
     }
@@ -328,64 +471,29 @@ double mt_par3d_last_grad_norm(mt_par3d_t p3) {
     return p3->grad_norm;
 }
 
-/* Whether this step's update goes ahead: a non-finite loss or (known) norm skips it when skip_nonfinite. */
-static mt_status_t finite_or_skip(mt_par3d_t p3, double loss, bool *update) {
-    bool finite = isfinite(loss) && (isfinite(p3->grad_norm) || p3->norm_unknown);
-    *update = finite;
-    p3->skipped = !finite;
-    if (!finite && !p3->p.skip_nonfinite) {
+mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float lr, float *loss) {
+    float l = 0.0f;
+    MT_CHECK(mt_par3d_zero_grads(p3));
+    MT_CHECK(mt_pipeline_step(p3->pl, tokens, targets, &l));
+    double dl = l, total = 0.0;
+    MT_CHECK(mt_par3d_finish_grads(p3));
+    MT_CHECK(mt_par3d_reduce_loss(p3, &dl));
+    MT_CHECK(mt_par3d_grad_sumsq(p3, &total));
+    float coef = mt_clip_coef(total, p3->p.grad_clip, &p3->grad_norm);
+    /* A non-finite loss or norm skips the update when skip_nonfinite (the same verdict on every rank: both
+     * are reduced), else stops. */
+    p3->skipped = !(isfinite(dl) && isfinite(p3->grad_norm));
+    if (p3->skipped && !p3->p.skip_nonfinite) {
         return mt_error(MT_ERR_INTERNAL,
                         "step %lld: loss %g, gradient norm %g is not finite: stopping (train.on_nan = stop; lower "
                         "optimizer.lr or set train.on_nan = \"skip\")",
-                        (long long)p3->n_steps + 1, loss, p3->grad_norm);
+                        (long long)p3->n_steps + 1, dl, p3->grad_norm);
     }
-    return MT_OK;
-}
-
-mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float lr, float *loss) {
-    mt_work_t w_ = NULL;
-    float l = 0.0f;
-    bool update = true;
-    if (p3->engine) {
-        MT_CHECK(mt_engine_zero_grads(p3->engine));
+    if (!p3->skipped) {
+        MT_CHECK(mt_par3d_apply(p3, lr, coef));
     } else {
-        mt_model_zero_grads(p3->model);
+        p3->n_steps++;
     }
-    MT_CHECK(mt_pipeline_step(p3->pl, tokens, targets, &l));
-    double dl = l;
-    if (p3->engine) {
-        MT_CHECK(mt_engine_finish_grads(p3->engine));
-        MT_CHECK(mt_engine_reduce_loss(p3->engine, &dl));
-        /* tp = pp = 1 whenever clipping is on here (mt_par3d_check): the engine's norm is the model's */
-        float coef = 1.0f;
-        p3->grad_norm = NAN; /* not known with tp or pp > 1: the engine's sum covers its whole layout */
-        p3->norm_unknown = p3->p.tp > 1 || p3->p.pp > 1;
-        if (!p3->norm_unknown) {
-            double total = 0.0;
-            MT_CHECK(mt_engine_grad_sumsq(p3->engine, &total));
-            coef = mt_clip_coef(total, p3->p.grad_clip, &p3->grad_norm);
-        }
-        MT_CHECK(finite_or_skip(p3, dl, &update));
-        if (update) {
-            MT_CHECK(mt_engine_step(p3->engine, lr, coef));
-        }
-    } else {
-        MT_CHECK(dp_allreduce(p3));
-        if (p3->p.dp > 1) {
-            MT_CHECK(
-                mt_mp_wait(mt_coll_all_reduce(p3->comm[MT_AXIS_DP], &dl, &dl, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, &w_),
-                           &w_, -1.0));
-        }
-        double total = 0.0;
-        MT_CHECK(grad_sumsq(p3, &total));
-        float coef = mt_clip_coef(total, p3->p.grad_clip, &p3->grad_norm);
-        p3->norm_unknown = false;
-        MT_CHECK(finite_or_skip(p3, dl, &update));
-        if (update) {
-            MT_CHECK(mt_optim_step(p3->opt, lr, coef));
-        }
-    }
-    p3->n_steps++;
     if (loss) {
         *loss = (float)dl;
     }

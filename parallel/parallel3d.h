@@ -1,9 +1,11 @@
 /* 3-D parallelism: tp x pp x dp = world. The world is laid out as a device mesh (runtime/mesh.h), one
  * communicator per axis group plus the embedding group; the model is built tensor-parallel over tp, run
  * as a pipeline stage over pp, and its gradients averaged over dp either by a data-parallel engine from
- * parallel/engine.h (DDP, ZeRO-1) or by one built-in all-reduce per step. Data: the same rows on every
- * rank of a tp group, disjoint rows per dp rank; only the first stage reads tokens, only the last targets.
- * Combinations that cannot be run are refused by mt_par3d_check with a message saying which and why.
+ * parallel/engine.h (DDP, ZeRO-1/2/3, holding only the stage's parameters) or by one built-in all-reduce
+ * per step. Data: the same rows on every rank of a tp group, disjoint rows per dp rank; only the first
+ * stage reads tokens, only the last targets. `meshtrain train` drives it phase by phase
+ * (launch/job_mp.c); mt_par3d_step runs one whole step. Combinations that cannot be run are refused by
+ * mt_par3d_check with a message saying which and why.
  * SPDX-License-Identifier: MIT */
 #ifndef MT_PARALLEL3D_H
 #define MT_PARALLEL3D_H
@@ -46,6 +48,8 @@ typedef struct {
     float grad_clip;     /* clip to this global gradient norm (optimizer.grad_clip); 0 = off */
     bool skip_nonfinite; /* train.on_nan = "skip": a non-finite loss or norm skips the update (else an error) */
     double timeout_s;    /* communicator timeout; <= 0: MESHTRAIN_COLL_TIMEOUT */
+    int64_t persist_threshold;  /* ZeRO-3: parameters with fewer elements stay whole */
+    const struct mt_mesh *mesh; /* borrowed, tp x pp x dp over world; NULL: built from tp, pp, dp and order */
 } mt_par3d_params_t;
 
 #define MT_PAR3D_PARAMS_INIT                                                                                           \
@@ -53,19 +57,16 @@ typedef struct {
         .size = sizeof(mt_par3d_params_t), .tp = 1, .pp = 1, .dp = 0, .order = NULL, .schedule = MT_PP_1F1B,           \
         .microbatches = 1, .micro_batch = 1, .seq_len = 1, .stage_layers = NULL, .sequence_parallel = false,           \
         .dp_mode = MT_P3D_ALLREDUCE, .engine_kind = MT_ENGINE_DDP, .zero_stage = 1, .bucket_mb = 25.0,                 \
-        .optim = MT_OPTIM_PARAMS_INIT, .grad_clip = 0.0f, .skip_nonfinite = false, .timeout_s = 0.0                    \
+        .optim = MT_OPTIM_PARAMS_INIT, .grad_clip = 0.0f, .skip_nonfinite = false, .timeout_s = 0.0,                   \
+        .persist_threshold = 0, .mesh = NULL                                                                           \
     }
 
 /* Checks a combination before anything is allocated; pure arithmetic, so every rank reaches the same
  * verdict. MT_ERR_INVALID_ARG with a message naming the keys and the reason for: tp x pp x dp != world;
  * n_head or the padded vocabulary not divisible by tp; tp > 1 with a non-GPT-2 model or recompute;
  * sequence parallelism with micro_batch x seq_len not divisible by tp; engine "dp" (the DataParallel
- * baseline scatters batches from one root) with tp or pp > 1; ZeRO-2/3 with pp > 1 (they reduce or gather
- * per module on every micro-batch, while a stage runs only its modules and the tied embedding's gradient
- * is completed on two stages); grad_clip > 0 with an engine and tp or pp > 1 (an engine's norm counts the
- * whole model it lays out on every stage and every replicated parameter once per tp rank); a stage split
- * that does not fit. An engine with tp > 1 is the engine's
- * call (parallel/engine.c decides whether it takes tensor-parallel models, with its own message). */
+ * baseline scatters batches from one root) with tp or pp > 1; a stage split that does not fit. Every
+ * other engine composes with tp and pp, clipping included. */
 mt_status_t mt_par3d_check(const mt_par3d_params_t *p, int world_size, const mt_model_config_t *mc);
 
 typedef struct mt_par3d *mt_par3d_t;
@@ -74,6 +75,15 @@ typedef struct mt_par3d *mt_par3d_t;
  * mc (tp fields filled here), its storage (engine, or the pipeline's own), the optimizer and the pipeline.
  * Initial weights equal the single-process model's. Collective over world. */
 mt_status_t mt_par3d_init(MPI_Comm world, const mt_model_config_t *mc, const mt_par3d_params_t *p, mt_par3d_t *out);
+
+/* mt_par3d_init in two halves, for a caller that builds the model itself (the training loop):
+ * mt_par3d_setup checks p, creates the mesh (or borrows p->mesh) and communicators and fills mc's
+ * tensor-parallel fields; the caller builds the model from mc (mt_model_init, no storage bound) and hands it
+ * to mt_par3d_attach, which binds storage for this stage's parameters only (the engine's with param_flags,
+ * or mt_pipeline_alloc_params), the optimizer and the pipeline. The model stays the caller's: free it after
+ * mt_par3d_free. Both collective over world; on failure free p3 with mt_par3d_free. */
+mt_status_t mt_par3d_setup(MPI_Comm world, mt_model_config_t *mc, const mt_par3d_params_t *p, mt_par3d_t *out);
+mt_status_t mt_par3d_attach(mt_par3d_t p3, mt_model_t model);
 void mt_par3d_free(mt_par3d_t p3);
 
 /* This rank's mesh coordinates (MT_AXIS_TP, MT_AXIS_DP, MT_AXIS_PP) and the rows of the step's global
@@ -89,10 +99,37 @@ mt_comm_t mt_par3d_comm(mt_par3d_t p3, mt_axis_t axis);
 /* One optimizer step: zero gradients, the pipeline over this rank's rows (tokens/targets (rows, T), read on
  * the first / last stage only; NULL elsewhere), gradient averaging over dp (with sequence parallelism the
  * replicated gradients are first summed over tp, module by module on the last backward pass), clipping
- * to grad_clip by the global norm (each gradient element counted once: tp shards once each, replicated
- * parameters once per tp group, the tied embedding once), the optimizer at lr. *loss (may be NULL): the global batch's
- * mean loss, on every rank. Collective over world. */
+ * to grad_clip by the global norm (mt_par3d_grad_sumsq), the optimizer at lr. *loss (may be NULL): the
+ * global batch's mean loss, on every rank. Collective over world. It is these phases, in this order:
+ *   mt_par3d_zero_grads; mt_pipeline_step(mt_par3d_pipeline(p3), ...); mt_par3d_finish_grads;
+ *   mt_par3d_reduce_loss; mt_par3d_grad_sumsq -> mt_clip_coef; mt_par3d_apply. */
 mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float lr, float *loss);
+
+mt_status_t mt_par3d_zero_grads(mt_par3d_t p3);
+/* After the schedule: the stage's gradients become the global batch's mean (engine or all-reduce). */
+mt_status_t mt_par3d_finish_grads(mt_par3d_t p3);
+/* In place: this dp rank's mean loss -> the mean over dp. */
+mt_status_t mt_par3d_reduce_loss(mt_par3d_t p3, double *loss);
+/* Sum of squares of the serial model's gradient, every element counted once (tp shards once each,
+ * replicated parameters on tp rank 0, the tied embedding on the stage that owns it), the same on every
+ * rank: reduced over dp (the engine's shards), tp and pp. */
+mt_status_t mt_par3d_grad_sumsq(mt_par3d_t p3, double *total);
+/* The optimizer over what this rank owns, gradients times grad_scale; parameters whole again after. */
+mt_status_t mt_par3d_apply(mt_par3d_t p3, float lr, float grad_scale);
+
+/* Per parameter of model, the MT_ENGINE_PARAM_* bits of stage `stage` of the split bounds (pp + 1 entries,
+ * mt_pipeline_split) on tp rank tp_rank: HELD when the stage reads it (its modules' and the tied copy),
+ * NORM when the stage owns it and it is sharded over tp or tp_rank is 0 (the copy counted in the norm and
+ * written to checkpoints), ONCE when it is read on two stages (its gradient is complete only after the
+ * schedule). Pure: the planner sizes an engine's stage storage with it. */
+void mt_par3d_stage_flags(mt_model_t model, const int *bounds, int pp, int stage, int tp_rank, uint8_t *flags);
+
+/* The engine (NULL with the built-in all-reduce), the optimizer over what this rank updates (the
+ * engine's or the built-in one), and parameter i's MT_ENGINE_PARAM_* bits on this rank (HELD: its
+ * stage reads it; NORM: this rank's copy is the one counted, and saved, for its dp replica). */
+mt_engine_t mt_par3d_engine(mt_par3d_t p3);
+mt_optim_t mt_par3d_optim(mt_par3d_t p3);
+unsigned mt_par3d_param_flags(mt_par3d_t p3, int i);
 
 /* Whether the last step's update was skipped for a non-finite loss or norm (skip_nonfinite). A
  * non-finite step without skip_nonfinite fails with MT_ERR_INTERNAL (on every rank: the loss and norm
@@ -103,8 +140,7 @@ bool mt_par3d_last_skipped(mt_par3d_t p3);
  * mean loss on every rank. No gradients, no update. Collective over world. */
 mt_status_t mt_par3d_eval(mt_par3d_t p3, const int32_t *tokens, const int32_t *targets, float *loss);
 
-/* The global gradient norm of the last step before clipping (every rank the same); NaN with an engine and
- * tp or pp > 1, where it is not computed. */
+/* The global gradient norm of mt_par3d_step's last step before clipping (every rank the same). */
 double mt_par3d_last_grad_norm(mt_par3d_t p3);
 
 /* The whole parameter i on world rank 0 (out: global numel floats, used there only): from the dp-rank-0

@@ -49,15 +49,18 @@ void mt_plan_layout_overrides(const mt_plan_layout_t *l, char *buf, size_t len) 
         zs = (int)l->engine;
         break;
     default:
-        break; /* ddp; with tp or pp > 1 the training loop's all-reduce (launch/job_mp.c) */
+        break; /* ddp, or the all-reduce path (below) */
     }
-    snprintf(buf, len,
+    int o = snprintf(buf, len,
              "--parallel.tp=%d --parallel.pp=%d --parallel.dp=%d --parallel.order=%s --parallel.engine=%s "
              "--parallel.zero_stage=%d --parallel.schedule=%s --parallel.sequence_parallel=%s "
              "--train.micro_batch=%d --train.grad_accum=%d --model.recompute=%s --model.attn_recompute=%s",
              l->tp, l->pp, l->dp, l->order, engine, zs, l->schedule == MT_PLAN_GPIPE ? "gpipe" : "1f1b",
              l->sp ? "true" : "false", l->micro_batch, l->microbatches, rc_block(l->recompute) ? "block" : "none",
              l->recompute == MT_PLAN_RC_ATTN || l->recompute == MT_PLAN_RC_BLOCK_ATTN ? "true" : "false");
+    if (l->engine == MT_PLAN_ALLREDUCE && o > 0 && (size_t)o < len) {
+        snprintf(buf + o, len - (size_t)o, " --parallel.dp_reduce=allreduce");
+    }
 }
 
 /* ---- job --------------------------------------------------------------------------------------- */
@@ -131,11 +134,10 @@ static mt_status_t check_layout(const mt_plan_job_t *job, int world, const mt_pl
     if (l->dp == 1 && l->engine != MT_PLAN_DDP && l->engine != MT_PLAN_ALLREDUCE) {
         return mt_error(MT_ERR_INVALID_ARG, "ZeRO shards over dp; with dp = 1 it is DDP's layout");
     }
-    if (model_parallel && l->engine != MT_PLAN_ALLREDUCE) {
-        /* launch/job_mp.c: `meshtrain train` averages a tp / pp job's gradients with one all-reduce of the
-         * stage's gradients; the engines compose with pipelines only in `meshtrain train3d` */
-        return mt_error(MT_ERR_INVALID_ARG, "with tp or pp > 1 `meshtrain train` averages gradients with one "
-                                            "all-reduce per step (parallel.engine = \"ddp\")");
+    if (model_parallel && l->dp == 1 && l->engine != MT_PLAN_ALLREDUCE) {
+        /* launch/job_mp.c: with dp = 1 there is nothing to average; the stage keeps its own storage */
+        return mt_error(MT_ERR_INVALID_ARG, "with tp or pp > 1 and dp = 1 `meshtrain train` runs no data-parallel "
+                                            "engine (the all-reduce path's storage)");
     }
     if (model_parallel) { /* the 3-D path's own verdict (parallel3d.c) */
         MT_CHECK(plan_check_3d(job, world, l));
@@ -372,7 +374,7 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
     for (int k = 0; k < mt_model_n_params(sh->m); k++) {
         const mt_param_t *q = mt_model_param(sh->m, k);
         bool on_stage = (q->module >= lo0 && q->module < hi0) || (q->tied_module >= lo0 && q->tied_module < hi0);
-        psi += l->engine == MT_PLAN_ALLREDUCE && !on_stage ? 0 : q->numel;
+        psi += on_stage ? q->numel : 0; /* engines, too, hold only the stage's parameters */
     }
     double bytes = (double)psi * sizeof(float);
     double bwd = micro_compute * 2.0 / 3.0, hide = c->overlap_dp;

@@ -79,7 +79,7 @@ mt_status_t mt_plan_cluster_add_bench(mt_plan_cluster_t *c, const char *json_pat
 
 /* How gradients are averaged over dp: a parallel/engine.h engine (DDP, ZeRO-1/2/3; with a single rank the
  * training loop's local engine), or (tp or pp > 1) the 3-D path's one all-reduce per step of the stage's
- * gradients (parallel.dp_reduce = "allreduce"). */
+ * gradients (parallel.dp_reduce = "allreduce"; "auto" with dp = 1, where nothing is averaged). */
 typedef enum {
     MT_PLAN_DDP = 0,
     MT_PLAN_ZERO1,
@@ -174,8 +174,9 @@ mt_status_t mt_plan_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t 
                               mt_plan_pred_t **out, int *n_out);
 
 /* The training path whose host communicators a plan counts: `meshtrain train` (launch/job_mp.c when tp or
- * pp > 1: tp, pp, dp, tp-pp and the embedding pair; launch/job_parallel.c otherwise: dp) or
- * `meshtrain train3d` (parallel/parallel3d.c: tp, dp, pp and the embedding pair). */
+ * pp > 1: parallel/parallel3d.c's tp, dp, pp and the embedding pair; launch/job_parallel.c otherwise: dp)
+ * or parallel/parallel3d.c run directly (MT_PLAN_PATH_TRAIN3D: tp, dp, pp and the embedding pair at any
+ * tp and pp; `meshtrain train3d` is `meshtrain train`). */
 typedef enum { MT_PLAN_PATH_TRAIN = 0, MT_PLAN_PATH_TRAIN3D } mt_plan_path_t;
 
 /* Bytes the shared-memory collectives backend accounts (MT_MEM_COMM) on pipeline stage `stage`'s planned

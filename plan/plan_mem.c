@@ -67,13 +67,22 @@ static bool stage_needs(const mt_param_t *p, int lo, int hi) {
     return (p->module >= lo && p->module < hi) || (p->tied_module >= lo && p->tied_module < hi);
 }
 
-/* A data-parallel engine over the whole model (as the training loop and parallel3d.c create it) on dp
- * ranks, dp rank 0: parallel/engine.h's own sizing (mt_engine_plan_mem: the layout and buffers of bucket.c,
+/* A data-parallel engine over the stage's parameters (the whole model with tp = pp = 1; as the training loop
+ * and parallel3d.c create it) on dp ranks, dp rank 0: parallel/engine.h's own sizing (mt_engine_plan_mem: the layout and buffers of bucket.c,
  * the optimizer's pieces, the pools at their bound), with the parameters the training loop passes
  * (parallel/job_engine.c). */
-static mt_status_t engine_mem(const mt_plan_job_t *job, mt_model_t m, const mt_plan_layout_t *l,
-                              int64_t mem[MT_MEM_NCAT]) {
+static mt_status_t engine_mem(const mt_plan_job_t *job, mt_model_t m, const int *bounds, int stage,
+                              const mt_plan_layout_t *l, int64_t mem[MT_MEM_NCAT]) {
     mt_engine_params_t ep = MT_ENGINE_PARAMS_INIT;
+    uint8_t *flags = NULL;
+    if (l->tp > 1 || l->pp > 1) { /* parallel3d.c: the engine holds the stage's parameters only */
+        flags = malloc((size_t)MT_MAX(mt_model_n_params(m), 1));
+        if (!flags) {
+            return mt_error(MT_ERR_OOM, "plan: out of memory");
+        }
+        mt_par3d_stage_flags(m, bounds, l->pp, stage, 0, flags);
+        ep.param_flags = flags;
+    }
     ep.kind = l->engine == MT_PLAN_DDP ? MT_ENGINE_DDP : MT_ENGINE_ZERO;
     ep.zero_stage = l->engine == MT_PLAN_DDP ? 1 : (int)l->engine;
     ep.grad_accum = l->microbatches;
@@ -81,7 +90,9 @@ static mt_status_t engine_mem(const mt_plan_job_t *job, mt_model_t m, const mt_p
     ep.persist_threshold = job->persist_threshold;
     ep.optim = job->optim;
     mt_engine_mem_t em;
-    MT_CHECK(mt_engine_plan_mem(m, l->dp, 0, &ep, &em));
+    mt_status_t st = mt_engine_plan_mem(m, l->dp, 0, &ep, &em);
+    free(flags);
+    MT_CHECK(st);
     mem[MT_MEM_PARAMS] += em.params;
     mem[MT_MEM_GRADS] += em.grads;
     mem[MT_MEM_OPTIMIZER] += em.optimizer;
@@ -125,14 +136,13 @@ mt_status_t mt_plan_stage_shm_bytes(const mt_plan_job_t *job, const mt_plan_layo
     if (mt_mesh_create(world, l->tp, l->pp, l->dp, l->order, &mesh) != MT_OK) {
         MT_CHECK(mt_mesh_create(world, l->tp, l->pp, l->dp, "tp-dp-pp", &mesh));
     }
-    /* the comms each path creates (launch/job_mp.c mp_setup_model, launch/job_parallel.c par_init,
-     * parallel/parallel3d.c make_comms); the embedding pair apart */
-    static const unsigned mp[] = {BIT(TP), BIT(PP), BIT(DP), BIT(TP) | BIT(PP)};
+    /* the comms each path creates (launch/job_parallel.c par_init; parallel/parallel3d.c make_comms, which
+     * launch/job_mp.c uses); the embedding pair apart */
     static const unsigned dp_only[] = {BIT(DP)};
     static const unsigned p3d[] = {BIT(TP), BIT(DP), BIT(PP)};
     bool model_parallel = l->tp > 1 || l->pp > 1;
-    const unsigned *masks = path == MT_PLAN_PATH_TRAIN3D ? p3d : model_parallel ? mp : dp_only;
-    int n_masks = path == MT_PLAN_PATH_TRAIN3D ? 3 : model_parallel ? 4 : 1;
+    const unsigned *masks = path == MT_PLAN_PATH_TRAIN3D || model_parallel ? p3d : dp_only;
+    int n_masks = path == MT_PLAN_PATH_TRAIN3D || model_parallel ? 3 : 1;
     bool emb = path == MT_PLAN_PATH_TRAIN3D || model_parallel;
     int *ranks = malloc(sizeof(int) * (size_t)world);
     mt_status_t st = ranks ? MT_OK : mt_error(MT_ERR_OOM, "plan: out of memory");
@@ -194,7 +204,7 @@ mt_status_t plan_stage_mem_model(const mt_plan_job_t *job, mt_model_t m, const i
         mem[MT_MEM_GRADS] = acc(numel * sizeof(float));
         mem[MT_MEM_COMM] += l->dp > 1 ? acc(numel * sizeof(float)) : 0;
     } else {
-        MT_CHECK(engine_mem(job, m, l, mem));
+        MT_CHECK(engine_mem(job, m, bounds, s, l, mem));
     }
     int64_t shm = 0; /* the node-local segments of the job's host communicators */
     MT_CHECK(mt_plan_stage_shm_bytes(job, l, s, MT_PLAN_PATH_TRAIN, &shm));

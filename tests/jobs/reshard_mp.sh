@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Resharding across tensor and pipeline parallelism: checkpoints written under tp2 x dp2, tp2 x pp2 and one
-# process resume under each other and under the data-parallel engines, the losses within 1e-5 (relative)
-# of an uninterrupted run (SGD with momentum); the same layout resumes bit for bit; export reads a
+# Resharding across tensor and pipeline parallelism: checkpoints written under tp2 x dp2, tp2 x pp2,
+# tp2 x pp2 x dp2 with ZeRO-2 and one process resume under each other and under the data-parallel
+# engines, the losses within 1e-5 (relative) of an uninterrupted run (SGD with momentum); the same layout resumes bit for bit; export reads a
 # tp2 x pp2 checkpoint.
 #   ref   4 ranks DDP, 8 steps                                    (the uninterrupted run)
 #   w     tp2 x dp2, checkpoints after 4 and 8 -> A
@@ -12,6 +12,9 @@
 #   r5    tp2 x dp2        from A/step-4                              steps 5-8 EQUAL to w's
 #   r6    tp2 x pp2        from D/step-6 (ZeRO-3 shards)              steps 7-8 vs ref
 #   r7    4 ranks ZeRO-3   from C/step-6 (tp2 x pp2 shards)           steps 7-8 vs ref
+#   r8    tp2 x pp2 x dp2 ZeRO-2 (8 ranks) from A/step-4, checkpoints every 2 -> E  steps 5-8 vs ref
+#   r9    1 process        from E/step-6 (ZeRO-2 shards of tp shards of stages)    steps 7-8 vs ref
+#   r10   tp2 x pp2 x dp2 ZeRO-3 from E/step-6                                     steps 7-8 vs ref
 #   reshard_mp.sh MESHTRAIN MPIEXEC [MPIEXEC_FLAGS...]
 # SPDX-License-Identifier: MIT
 set -u
@@ -35,9 +38,14 @@ run r5 4 --parallel.tp=2 --parallel.pp=1 --checkpoint.resume="$dir/A/step-000000
 run r6 4 --parallel.tp=2 --parallel.pp=2 --checkpoint.resume="$dir/D/step-00000006"
 run r7 4 --parallel.tp=1 --parallel.pp=1 --parallel.engine=zero --parallel.zero_stage=3 \
     --checkpoint.resume="$dir/C/step-00000006"
+run r8 8 --parallel.tp=2 --parallel.pp=2 --parallel.engine=zero --parallel.zero_stage=2 \
+    --checkpoint.resume="$dir/A/step-00000004" --checkpoint.dir="$dir/E" --checkpoint.every=2
+run r9 1 --parallel.tp=1 --parallel.pp=1 --checkpoint.resume="$dir/E/step-00000006"
+run r10 8 --parallel.tp=2 --parallel.pp=2 --parallel.engine=zero --parallel.zero_stage=3 \
+    --checkpoint.resume="$dir/E/step-00000006"
 grep -q "engine tensor-parallel" "$dir/w.out" && grep -q "engine pipeline" "$dir/r3.out" \
     || { echo "reshard_mp: the runs did not use the model-parallel engines"; exit 1; }
-reshard_check r5 w:1 r1:5 r2:7 r3:5 r4:5 r5:5 r6:7 r7:7
+reshard_check r5 w:1 r1:5 r2:7 r3:5 r4:5 r5:5 r6:7 r7:7 r8:5 r9:7 r10:7
 "$bin" export --llmc "$dir/C.bin" "$dir/C/step-00000008" >"$dir/exportC.out" 2>&1 \
     || { cat "$dir/exportC.out"; echo "reshard_mp: export from a tp2 x pp2 checkpoint failed"; exit 1; }
 echo "reshard_mp: ok"

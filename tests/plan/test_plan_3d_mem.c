@@ -66,7 +66,7 @@ static void run_case(const case_t *c, int rank, int world) {
     p.sequence_parallel = c->sp;
     p.dp_mode = c->engine == MT_PLAN_ALLREDUCE ? MT_P3D_ALLREDUCE : MT_P3D_ENGINE;
     p.engine_kind = c->engine == MT_PLAN_DDP ? MT_ENGINE_DDP : MT_ENGINE_ZERO;
-    p.zero_stage = c->engine == MT_PLAN_ZERO1 ? 1 : 1;
+    p.zero_stage = c->engine >= MT_PLAN_ZERO1 && c->engine <= MT_PLAN_ZERO3 ? (int)c->engine : 1;
     p.bucket_mb = job.bucket_mb;
     p.optim = job.optim;
     mt_par3d_t p3 = NULL;
@@ -134,6 +134,9 @@ int main(int argc, char **argv) {
         {"pp4 1f1b", 1, 4, 1, 2, MT_PLAN_1F1B, false, MT_PLAN_ALLREDUCE},
         {"pp2 dp2 ddp", 1, 2, 2, 2, MT_PLAN_1F1B, false, MT_PLAN_DDP},
         {"pp2 dp2 zero-1", 1, 2, 2, 4, MT_PLAN_1F1B, false, MT_PLAN_ZERO1},
+        {"pp2 dp2 zero-2", 1, 2, 2, 2, MT_PLAN_1F1B, false, MT_PLAN_ZERO2},
+        {"pp2 dp2 zero-3", 1, 2, 2, 2, MT_PLAN_GPIPE, false, MT_PLAN_ZERO3},
+        {"tp2 dp2 ddp", 2, 1, 2, 4, MT_PLAN_1F1B, false, MT_PLAN_DDP},
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(cases); i++) {
         if (cases[i].tp * cases[i].pp * cases[i].dp == w->size) {

@@ -99,7 +99,9 @@ static void test_layouts(const mt_plan_job_t *job, const mt_plan_cluster_t *c) {
     l.recompute = MT_PLAN_RC_BLOCK;
     CHECK(mt_plan_predict(job, c, 8, &l, &p) == MT_ERR_INVALID_ARG, "block recompute is refused with tp");
     l = lay(1, 2, 4, MT_PLAN_ZERO2, MT_PLAN_1F1B, 2, 2, "tp-dp-pp");
-    CHECK(mt_plan_predict(job, c, 8, &l, &p) == MT_ERR_INVALID_ARG, "ZeRO-2 is refused with pipelines");
+    CHECK_OK(mt_plan_predict(job, c, 8, &l, &p)); /* ZeRO-2 composes with pipelines */
+    l = lay(4, 2, 1, MT_PLAN_DDP, MT_PLAN_1F1B, 4, 4, "tp-dp-pp");
+    CHECK(mt_plan_predict(job, c, 8, &l, &p) == MT_ERR_INVALID_ARG, "an engine with tp/pp and dp = 1 averages nothing");
     l = lay(1, 1, 8, MT_PLAN_DDP, MT_PLAN_1F1B, 2, 2, "tp-dp-pp");
     CHECK(mt_plan_predict(job, c, 8, &l, &p) == MT_ERR_INVALID_ARG, "2 x 2 x 8 is not the global batch 16");
 
