@@ -249,6 +249,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->bucket_elems = (size_t)MT_MAX(1.0, mt_config_float(cfg, "parallel.bucket_mb") * 1048576.0 / 4.0);
     /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one) */
     MT_CHECK_GOTO(mt_cuda_status(cudaSetDevice(mt_rt_world()->local_rank % ndev), "cudaSetDevice"), st, fail);
+    mt_mem_reset_peak(MT_MEM_DEVICE); /* the job's device peaks are its own (one device engine per process) */
     /* host weights: the random init (model.init = llmc:PATH arrives through the checkpoint pieces), then
      * uploaded; the host copy stays as the checkpoints' staging */
     MT_CHECK_GOTO(mt_model_alloc_params(e->model), st, fail);
@@ -442,6 +443,24 @@ static mt_status_t ce_ckpt_loaded(void *ctx) {
     return mt_gpt2_cuda_set_state(e->g, mt_model_params_flat(e->model), e->h_m, e->h_v);
 }
 
+/* Device memory for the metrics: every device buffer of the engine comes from the caching allocator, which
+ * accounts each block under its category (mt_mem_stats(MT_MEM_DEVICE) is its per-category statistics); the
+ * allocator itself adds the bytes it holds from the driver. */
+static void ce_device_mem(void *ctx, mt_mem_stats_t *stats, int64_t *reserved) {
+    mt_mem_stats(MT_MEM_DEVICE, stats);
+    mt_cuda_alloc_t a = NULL;
+    mt_cuda_alloc_stats_t as = {0};
+    if (mt_cuda_alloc_default(&a) == MT_OK) {
+        mt_cuda_alloc_get_stats(a, &as);
+    }
+    *reserved = as.reserved_bytes;
+}
+
+/* fp16 scales on the device: the loop reports and checkpoints this scaler (the manifest's "precision"). */
+static void *ce_loss_scaler(void *ctx) {
+    return mt_gpt2_cuda_scaler(((cuda_engine_t *)ctx)->g);
+}
+
 static bool ce_step_energy(void *ctx, double *joules) {
     cuda_engine_t *e = ctx;
     uint64_t mj = 0;
@@ -478,6 +497,8 @@ static const mt_job_engine_t cuda_engine = {
     .own_activations = true,
     .step_energy = ce_step_energy,
     .peak_flops = ce_peak_flops,
+    .loss_scaler = ce_loss_scaler,
+    .device_mem = ce_device_mem,
 };
 
 #else /* !MT_HAVE_CUDA */
