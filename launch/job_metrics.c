@@ -146,6 +146,11 @@ static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
     if (j->engine->peak_flops) { /* a device engine knows its own (or that it does not know it) */
         double mine = j->engine->peak_flops(j->ectx, m->peak_src, sizeof(m->peak_src));
         MT_CHECK(mt_job_allreduce(&j->sync, "peak_flops", &mine, &m->peak_flops, 1, MPI_DOUBLE, MPI_SUM));
+        if (m->peak_flops > 0 && w->size > 1) { /* rank 0's source, then the job's sum */
+            size_t l = strlen(m->peak_src);
+            snprintf(m->peak_src + l, sizeof(m->peak_src) - l, "; summed over %d ranks: %.1f TFLOP/s", w->size,
+                     m->peak_flops / 1e12);
+        }
         return MT_OK;
     }
     int threads = openblas_get_num_threads();

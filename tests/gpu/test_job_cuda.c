@@ -15,6 +15,10 @@
  *   - its mem_bytes are device memory ("mem_space": "device"): every category and the peak equal the caching
  *     allocator's statistics (mt_mem_stats(MT_MEM_DEVICE), whose peaks the engine restarts at its start),
  *     mem_reserved its reserved bytes, and the result's mem_peak the same peaks;
+ *   - MFU: the engine's peak is known, so the result's MFU is positive: on a device measured at the start
+ *     (MESHTRAIN_GPU_PEAK_N = 2048 keeps it short), under the emulator given by MESHTRAIN_PEAK_GFLOPS_PER_GPU
+ *     (the engine measures nothing there: an emulated rate means nothing); mt_cuda_gemm_peak itself runs
+ *     on both (a small product under the emulator), returns a positive rate and gives its memory back;
  *   - fp16 with precision.scale_window = 3 from loss scales 2^20 and 2^21 (a doubling after step 3, then an
  *     overflow; an overflow at step 1, then a doubling after step 4), interrupted after step 3 and resumed,
  *     continues with the loss scale and clean-step count its manifest's "precision" section saved: the same
@@ -31,6 +35,7 @@
 
 #include "launch/job.h"
 #include "launch/job_json.h"
+#include "models/cuda/gemm_peak.h"
 #include "models/cuda/mt_cuda.h"
 #include "runtime/cuda_alloc.h"
 #include "runtime/nvml.h"
@@ -275,6 +280,23 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         return MT_TEST_SKIP;
     }
+    /* read once per process by the engine: set before the first job */
+    if (MT_CUDA_EMULATED) {
+        setenv("MESHTRAIN_PEAK_GFLOPS_PER_GPU", "1000", 1);
+    } else {
+        setenv("MESHTRAIN_GPU_PEAK_N", "2048", 0);
+    }
+    { /* the shared peak measurement: a positive rate, its memory back in the cache, bad sizes refused */
+        mt_mem_stats_t before, after;
+        mt_mem_stats(MT_MEM_DEVICE, &before);
+        double f = 0.0;
+        CHECK_OK(mt_cuda_gemm_peak(MT_PREC_BF16, MT_CUDA_EMULATED ? 64 : 2048, 3, NULL, &f));
+        mt_mem_stats(MT_MEM_DEVICE, &after);
+        CHECK(f > 0 && isfinite(f), "gemm peak: %g FLOP/s", f);
+        CHECK(after.total_current == before.total_current, "gemm peak left %lld device bytes allocated",
+              (long long)(after.total_current - before.total_current));
+        CHECK(mt_cuda_gemm_peak(MT_PREC_FP32, 0, 3, NULL, &f) == MT_ERR_INVALID_ARG, "gemm peak n = 0 accepted");
+    }
     char dir[] = "/tmp/mt_job_cuda_XXXXXX";
     if (w->rank == 0) {
         CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -292,6 +314,7 @@ int main(int argc, char **argv) {
     CHECK_OK(run("cpu", 1, ddp, &cpu));
     CHECK_OK(run_cuda(3, ddp, &gpu));
     same_losses("fp32 gpu vs cpu", &gpu, &cpu, 1e-3);
+    CHECK(gpu.mfu > 0 && isfinite(gpu.mfu), "GPU MFU %g: the engine's peak should be known", gpu.mfu);
     if (w->rank == 0) {
         int lines = 0, n = lines_with(metrics, "\"energy_j\": ", &lines);
         bool want = nvml_energy();
