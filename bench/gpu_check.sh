@@ -73,7 +73,7 @@ if ! grep -q "CUDA=1" "$LOG/configure.log"; then
     say "configure did not enable CUDA (see $LOG/configure.log)"
     exit 1
 fi
-TARGETS=(test_cuda_alloc test_gpu_ops test_cuda_alloc_device test_nvml test_gpt2_cuda test_job_cuda gpu_bench meshtrain)
+TARGETS=(test_cuda_alloc test_gpu_ops test_cuda_alloc_device test_nvml test_gpt2_cuda test_job_cuda test_tensor_cuda gpu_bench meshtrain)
 # the other gpu-labelled tests of the tree (the NCCL backend's), when this build has them
 if cmake --build "$BUILD" --target help 2>/dev/null | grep -q test_coll_nccl; then
     TARGETS+=(test_coll_nccl)
