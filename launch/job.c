@@ -595,6 +595,10 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
             if (j->engine->comm_bytes) {
                 rec.has_bytes = true;
                 j->engine->comm_bytes(j->ectx, &rec.bytes_model, &rec.bytes_other);
+                rec.has_groups = j->engine->comm_bytes_groups != NULL;
+                if (rec.has_groups) {
+                    j->engine->comm_bytes_groups(j->ectx, &rec.bytes_tp, &rec.bytes_pp, &rec.bytes_dp);
+                }
             }
         } else if (skip_nan) {
             rec.skipped = true;

@@ -114,6 +114,9 @@ typedef struct {
     /* Optional: bytes this rank sent in the last step, gradients and parameters (model) and everything
      * else: loss, norm, scattered batches (other), as the engine counts them; reported in the metrics. */
     void (*comm_bytes)(void *ctx, double *model, double *other);
+    /* Optional, with comm_bytes: the same step's bytes by parallel group, tensor-parallel, pipeline and
+     * data-parallel (model = tp + pp + dp), reported beside model and other. */
+    void (*comm_bytes_groups)(void *ctx, double *tp, double *pp, double *dp);
     /* The engine computes in precision.compute (fp32, tf32, bf16, fp16) itself, rounding and (fp16) loss
      * scaling on its device; false: the loop does both (the model's CPU emulation and the loop's scaler). */
     bool any_precision;

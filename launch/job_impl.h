@@ -28,6 +28,8 @@ typedef struct {
     int64_t data_rows;                   /* rows of the training batch this rank's loader read (0: none) */
     bool has_bytes;                      /* the engine reports its communication (comm_bytes) */
     double bytes_model, bytes_other;     /* bytes this rank sent this step (mt_job_engine_t.comm_bytes) */
+    bool has_groups;                     /* and by group (comm_bytes_groups) */
+    double bytes_tp, bytes_pp, bytes_dp;
     bool has_energy;  /* this rank's device energy is known (engine step_energy) */
     double energy_j;  /* this rank's; mt_job_metrics_step makes it the sum over ranks */
     float loss_scale; /* the loss scale this step's backward used (1 unless precision.compute = fp16) */

@@ -371,7 +371,11 @@ static void write_json(FILE *f, const job_metrics_t *m, const job_t *j, const mt
     }
     fprintf(f, ", \"data_rows\": %lld", (long long)r->data_rows); /* this rank's; rank 0's in metrics.jsonl */
     if (r->has_bytes) {
-        fprintf(f, ", \"comm_bytes\": {\"model\": %.0f, \"other\": %.0f}", r->bytes_model, r->bytes_other);
+        fprintf(f, ", \"comm_bytes\": {\"model\": %.0f, \"other\": %.0f", r->bytes_model, r->bytes_other);
+        if (r->has_groups) {
+            fprintf(f, ", \"tp\": %.0f, \"pp\": %.0f, \"dp\": %.0f", r->bytes_tp, r->bytes_pp, r->bytes_dp);
+        }
+        fputc('}', f);
     }
     if (energy_j >= 0) {
         fprintf(f, ", \"energy_j\": %.6g, \"tokens_per_j\": %.6g", energy_j, energy_j > 0 ? tokens_e / energy_j : 0.0);

@@ -227,6 +227,23 @@ static mt_status_t mp_reduce_loss(void *ctx, double *loss) {
     return mt_par3d_reduce_loss(((mp_ctx_t *)ctx)->p3, loss);
 }
 
+/* The step's bytes (mt_par3d_comm_bytes): model = what the parallel layout moves (tp collectives, pipeline
+ * activations and gradients with the tied all-reduce, dp gradients and parameters), other = the scalars. */
+static void mp_comm_bytes(void *ctx, double *model, double *other) {
+    mt_par3d_bytes_t b;
+    mt_par3d_comm_bytes(((mp_ctx_t *)ctx)->p3, &b);
+    *model = b.tp + b.pp + b.dp;
+    *other = b.other;
+}
+
+static void mp_comm_bytes_groups(void *ctx, double *tp, double *pp, double *dp) {
+    mt_par3d_bytes_t b;
+    mt_par3d_comm_bytes(((mp_ctx_t *)ctx)->p3, &b);
+    *tp = b.tp;
+    *pp = b.pp;
+    *dp = b.dp;
+}
+
 /* ---- checkpoint pieces --------------------------------------------------------------------------------- */
 
 /* The built-in path's storage: the stage's parameters whole (tp shards), one optimizer tensor each. */
@@ -310,7 +327,7 @@ static mt_status_t mp_ckpt_loaded(void *ctx) {
     .step = mp_step, .reduce_loss = mp_reduce_loss, .free = mp_free, .ckpt_pieces = mp_ckpt_pieces,                    \
     .ckpt_get_step = mp_ckpt_get_step, .ckpt_set_step = mp_ckpt_set_step, .ckpt_loaded = mp_ckpt_loaded,               \
     .setup_model = mp_setup_model, .run_batch = mp_run_batch, .take_comm_s = mp_take_comm_s, .describe = mp_describe,  \
-    .own_activations = true /* the pipeline's */
+    .comm_bytes = mp_comm_bytes, .comm_bytes_groups = mp_comm_bytes_groups, .own_activations = true /* the pipeline's */
 
 static const mt_job_engine_t tp_engine = {.name = "tensor-parallel", MP_ENGINE_FIELDS};
 static const mt_job_engine_t pp_engine = {.name = "pipeline", MP_ENGINE_FIELDS};

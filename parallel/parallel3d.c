@@ -39,7 +39,14 @@ struct mt_par3d {
     int64_t flat_step;
     bool sp_each_pass; /* sequence parallelism with ZeRO-2/3: grads_ready runs after every backward pass */
     int *sp_pass;      /* then per module: the passes of this step grads_ready has seen */
+    int64_t tp_bytes0;             /* the tp handle's byte count at the step's start */
+    double dp_bytes, scalar_bytes; /* this step: the built-in dp all-reduce; loss and norm scalars */
 };
+
+/* Per-rank bytes of an all-reduce of `bytes` over a group of n (the bus convention of parallel/engine.h). */
+static double allreduce_bytes(double bytes, int n) {
+    return n > 1 ? 2.0 * bytes * (n - 1) / n : 0.0;
+}
 
 mt_status_t mt_par3d_check(const mt_par3d_params_t *p, int world, const mt_model_config_t *mc) {
     if (!p || p->size != sizeof(mt_par3d_params_t) || !mc) {
@@ -368,6 +375,7 @@ static mt_status_t dp_allreduce(mt_par3d_t p3) {
             off += q->numel;
         }
     }
+    p3->dp_bytes += allreduce_bytes((double)(off * sizeof(float)), p3->p.dp);
     MT_CHECK(mt_mp_wait(
         mt_coll_all_reduce(p3->comm[MT_AXIS_DP], p3->gbuf, p3->gbuf, off, MT_COLL_F32, MT_REDOP_AVG, NULL, &w_), &w_,
         -1.0));
@@ -386,6 +394,10 @@ mt_status_t mt_par3d_zero_grads(mt_par3d_t p3) {
     if (p3->sp_pass) {
         memset(p3->sp_pass, 0, (size_t)mt_model_n_modules(p3->model) * sizeof(int));
     }
+    mt_tp_counts_t tc;
+    mt_tp_counts(p3->tp, &tc);
+    p3->tp_bytes0 = tc.bytes;
+    p3->dp_bytes = p3->scalar_bytes = 0.0;
     if (p3->engine) {
         return mt_engine_zero_grads(p3->engine);
     }
@@ -403,6 +415,7 @@ mt_status_t mt_par3d_reduce_loss(mt_par3d_t p3, double *loss) {
     }
     mt_work_t w_ = NULL;
     if (p3->p.dp > 1) {
+        p3->scalar_bytes += allreduce_bytes(sizeof(double), p3->p.dp);
         MT_CHECK(mt_mp_wait(mt_coll_all_reduce(p3->comm[MT_AXIS_DP], loss, loss, 1, MT_COLL_F64, MT_REDOP_AVG, NULL,
                                                &w_),
                             &w_, -1.0));
@@ -427,6 +440,7 @@ mt_status_t mt_par3d_grad_sumsq(mt_par3d_t p3, double *total) {
     for (int k = 0; k < 2; k++) {
         mt_comm_t c = p3->comm[k == 0 ? MT_AXIS_TP : MT_AXIS_PP];
         if (mt_comm_size(c) > 1) {
+            p3->scalar_bytes += allreduce_bytes(sizeof(double), mt_comm_size(c));
             MT_CHECK(mt_mp_wait(mt_coll_all_reduce(c, &s, &s, 1, MT_COLL_F64, MT_REDOP_SUM, NULL, &w_), &w_, -1.0));
         }
     }
@@ -498,6 +512,23 @@ mt_status_t mt_par3d_step(mt_par3d_t p3, const int32_t *tokens, const int32_t *t
         *loss = (float)dl;
     }
     return MT_OK;
+}
+
+void mt_par3d_comm_bytes(mt_par3d_t p3, mt_par3d_bytes_t *out) {
+    mt_tp_counts_t tc;
+    mt_tp_counts(p3->tp, &tc);
+    mt_pipeline_stats_t ps;
+    mt_pipeline_stats(p3->pl, &ps);
+    out->tp = (double)(tc.bytes - p3->tp_bytes0);
+    out->pp = (double)(ps.bytes_sent + ps.bytes_tied);
+    out->dp = p3->dp_bytes;
+    out->other = p3->scalar_bytes + (double)ps.bytes_loss;
+    if (p3->engine) {
+        mt_engine_comm_stats_t es;
+        mt_engine_comm_stats(p3->engine, &es);
+        out->dp += es.bytes_model;
+        out->other += es.bytes_other;
+    }
 }
 
 bool mt_par3d_last_skipped(mt_par3d_t p3) {

@@ -131,6 +131,21 @@ mt_engine_t mt_par3d_engine(mt_par3d_t p3);
 mt_optim_t mt_par3d_optim(mt_par3d_t p3);
 unsigned mt_par3d_param_flags(mt_par3d_t p3, int i);
 
+/* Bytes this rank sent since mt_par3d_zero_grads (after mt_par3d_apply: the step's), each collective counted
+ * as the per-rank bytes of a bandwidth-optimal algorithm (parallel/engine.h, accounting: an all-reduce of b
+ * bytes over n ranks 2b(n-1)/n, a broadcast b(n-1)/n, a send b). Evaluation is not part of a step. */
+typedef struct {
+    double tp;    /* the tp group: the sharded layers' f/g collectives and the vocabulary-parallel cross-entropy's
+                   * partials (max, sums) in forward and backward, the sequence-parallel gradient sums */
+    double pp;    /* the pipeline: activations and their gradients sent to neighbouring stages (each message
+                   * B*T*C floats plus one tag float), the all-reduce of the tied embedding's gradient */
+    double dp;    /* the data-parallel group's gradients and parameters: the engine's (its bytes_model) or the
+                   * built-in all-reduce of the stage's gradients */
+    double other; /* scalars: the loss (pp broadcast, dp mean) and the norm (tp and pp sums), the engine's other */
+} mt_par3d_bytes_t;
+
+void mt_par3d_comm_bytes(mt_par3d_t p3, mt_par3d_bytes_t *out);
+
 /* Whether the last step's update was skipped for a non-finite loss or norm (skip_nonfinite). A
  * non-finite step without skip_nonfinite fails with MT_ERR_INTERNAL (on every rank: the loss and norm
  * are reduced), leaving the parameters as they were. */

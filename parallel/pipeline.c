@@ -455,6 +455,8 @@ static mt_status_t reduce_tied_param(mt_pipeline_t pl, int i) {
     if (!q->grad) {
         return mt_error(MT_ERR_INVALID_ARG, "pipeline: tied parameter %s has no gradient bound", q->name);
     }
+    int n = mt_comm_size(pl->emb_comm);
+    pl->stats.bytes_tied += (int64_t)(2.0 * (double)(q->numel * sizeof(float)) * (n - 1) / n);
     return mt_mp_wait(
         mt_coll_all_reduce(pl->emb_comm, q->grad, q->grad, q->numel, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_,
         pl_timeout(pl));
@@ -534,6 +536,7 @@ mt_status_t mt_pipeline_step(mt_pipeline_t pl, const int32_t *tokens, const int3
     MT_CHECK(reduce_tied_readers(pl));
     float l = pl->loss_sum / (float)pl->p.microbatches;
     if (pl->pp_comm && pl->n_stages > 1) {
+        pl->stats.bytes_loss += (int64_t)((double)sizeof(float) * (pl->n_stages - 1) / pl->n_stages);
         MT_CHECK(mt_mp_wait(mt_coll_broadcast(pl->pp_comm, &l, &l, 1, MT_COLL_F32, pl->n_stages - 1, NULL, &w_), &w_,
                             pl_timeout(pl)));
     }

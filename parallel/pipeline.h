@@ -137,7 +137,9 @@ typedef struct {
     double comm_wait_s;       /* time in send/recv with the neighbours (includes waiting for them) */
     int64_t n_sends, n_recvs; /* point-to-point messages of the step */
     int n_backward;           /* backward passes run */
-    int64_t bytes_sent;
+    int64_t bytes_sent;       /* activations and their gradients sent to the neighbours (payload + tag float) */
+    int64_t bytes_tied;       /* the tied gradients' all-reduce over emb_comm (2b(n-1)/n, docs/metrics.md) */
+    int64_t bytes_loss;       /* the loss broadcast from the last stage (b(n-1)/n) */
 } mt_pipeline_stats_t;
 
 void mt_pipeline_stats(mt_pipeline_t pl, mt_pipeline_stats_t *out);

@@ -12,11 +12,9 @@
 #   dp_scatter.sh MESHTRAIN MPIEXEC [MPIEXEC_FLAGS...]
 # SPDX-License-Identifier: MIT
 set -u
-bin=$1 mpiexec=$2
-shift 2
-flags=("$@")
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+# shellcheck source=tests/jobs/train_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/train_lib.sh"
+train_setup dp_scatter "$@"
 B=12 GA=2 STEPS=5
 common=(--parallel.tp=1 --train.steps=$STEPS --train.global_batch=$B --train.micro_batch=0 --train.grad_accum=$GA
         --optimizer.warmup_steps=0 --train.log_every=100 --runtime.bind=none --checkpoint.dir= --profile.trace=
@@ -25,19 +23,6 @@ gpt2=(--model.kind=gpt2 --model.vocab_size=64 --model.n_layer=2 --model.n_embd=3
       --optimizer.kind=sgd --optimizer.momentum=0.9 --optimizer.lr=0.05)
 mlp=(--model.kind=mlp --model.n_layer=2 --model.n_embd=48 --model.seq_len=16 --optimizer.kind=adamw
      --optimizer.lr=0.003)
-run() { # name np args...
-    local name=$1 np=$2
-    shift 2
-    local cmd=("$bin" train "${common[@]}" --metrics.jsonl="$dir/$name.jsonl" "$@")
-    if [ "$np" -gt 1 ]; then
-        cmd=("$mpiexec" -n "$np" "${flags[@]}" "${cmd[@]}")
-    fi
-    if ! "${cmd[@]}" >"$dir/$name.out" 2>&1; then
-        cat "$dir/$name.out"
-        echo "dp_scatter: run $name failed"
-        exit 1
-    fi
-}
 # llm.c token shards: 2 train files, 1 validation file
 python3 - "$dir" <<'PY'
 import random, struct, sys

@@ -5,24 +5,15 @@
 #   llmc_init.sh MESHTRAIN MPIEXEC [MPIEXEC_FLAGS...]
 # SPDX-License-Identifier: MIT
 set -u
-bin=$1 mpiexec=$2
-shift 2
-flags=("$@")
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+# shellcheck source=tests/jobs/train_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/train_lib.sh"
+train_setup llmc_init "$@"
 # the default job's model (launch/configs/demo.toml), initialised from another seed
 "$bin" export --llmc "$dir/w.bin" --model.n_layer=2 --model.n_head=4 --model.n_embd=64 --model.seq_len=32 \
     --model.vocab_size=64 --train.seed=7 >"$dir/export.out" 2>&1 || { cat "$dir/export.out"; echo "llmc_init: export failed"; exit 1; }
 common=(--train.steps=4 --train.global_batch=8 --train.micro_batch=2 --train.grad_accum=0 --parallel.dp=0
         --optimizer.kind=sgd --optimizer.momentum=0.9 --optimizer.lr=0.05 --optimizer.warmup_steps=0
         --runtime.bind=none --checkpoint.dir= --profile.trace= --profile.memory= --parallel.engine=ddp)
-run() { # name np args...
-    local name=$1 np=$2
-    shift 2
-    local cmd=("$bin" train "${common[@]}" --metrics.jsonl="$dir/$name.jsonl" "$@")
-    [ "$np" -gt 1 ] && cmd=("$mpiexec" -n "$np" "${flags[@]}" "${cmd[@]}")
-    "${cmd[@]}" >"$dir/$name.out" 2>&1 || { cat "$dir/$name.out"; echo "llmc_init: run $name failed"; exit 1; }
-}
 run random 1 --parallel.tp=1
 run one 1 --parallel.tp=1 --model.init=llmc:"$dir/w.bin"
 run tp 4 --parallel.tp=2 --model.init=llmc:"$dir/w.bin"

@@ -17,7 +17,7 @@
 set -u
 # shellcheck source=tests/jobs/reshard_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/reshard_lib.sh"
-reshard_setup reshard "$@"
+train_setup reshard "$@"
 # shellcheck disable=SC2034 # used by run() of reshard_lib.sh
 common=(--parallel.tp=1 --train.steps=8 --train.global_batch=8 --train.micro_batch=0 --train.grad_accum=1
         --optimizer.kind=sgd --optimizer.momentum=0.9 --optimizer.lr=0.05 --optimizer.warmup_steps=0

@@ -1,33 +1,10 @@
 # shellcheck shell=bash
-# Shared by reshard.sh and reshard_mp.sh: the scratch directory, one training run of the chain, and the
-# check of every run's losses against the uninterrupted run `ref`. Sourced, not run.
+# Shared by reshard.sh and reshard_mp.sh: train_lib.sh (train_setup, run) and the check of every run's
+# losses against the uninterrupted run `ref`. Sourced, not run.
 # SPDX-License-Identifier: MIT
 
-# reshard_setup TAG MESHTRAIN MPIEXEC [MPIEXEC_FLAGS...]: sets tag (the prefix of every message), bin,
-# mpiexec, flags and dir (a temporary directory removed on exit).
-reshard_setup() {
-    tag=$1 bin=$2 mpiexec=$3
-    shift 3
-    flags=("$@")
-    dir=$(mktemp -d)
-    trap 'rm -rf "$dir"' EXIT
-}
-
-# run NAME NP ARGS...: `meshtrain train` with the caller's ${common[@]} and ARGS on NP ranks (1: no
-# mpiexec), metrics to $dir/NAME.jsonl, output to $dir/NAME.out (printed, and the script exits 1, on failure).
-run() {
-    local name=$1 np=$2
-    shift 2
-    local cmd=("$bin" train "${common[@]}" --metrics.jsonl="$dir/$name.jsonl" "$@")
-    if [ "$np" -gt 1 ]; then
-        cmd=("$mpiexec" -n "$np" "${flags[@]}" "${cmd[@]}")
-    fi
-    if ! "${cmd[@]}" >"$dir/$name.out" 2>&1; then
-        cat "$dir/$name.out"
-        echo "$tag: run $name failed"
-        exit 1
-    fi
-}
+# shellcheck source=tests/jobs/train_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/train_lib.sh"
 
 # reshard_check SAME NAME:FIRST...: run `ref` logged steps 1-8; each NAME logged steps FIRST-8, each loss
 # within 1e-5 (relative) of ref's; run SAME (a resume of `w` under w's own layout at step 4) has losses

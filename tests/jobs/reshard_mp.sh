@@ -20,7 +20,7 @@
 set -u
 # shellcheck source=tests/jobs/reshard_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/reshard_lib.sh"
-reshard_setup reshard_mp "$@"
+train_setup reshard_mp "$@"
 # shellcheck disable=SC2034 # used by run() of reshard_lib.sh
 common=(--train.steps=8 --train.global_batch=8 --train.micro_batch=2 --train.grad_accum=0 --parallel.dp=0
         --optimizer.kind=sgd --optimizer.momentum=0.9 --optimizer.lr=0.05 --optimizer.warmup_steps=0

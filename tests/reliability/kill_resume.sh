@@ -5,11 +5,9 @@
 #   kill_resume.sh MESHTRAIN MPIEXEC [MPIEXEC_FLAGS...]
 # SPDX-License-Identifier: MIT
 set -u
-bin=$1 mpiexec=$2
-shift 2
-flags=("$@")
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+# shellcheck source=tests/jobs/train_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../jobs/train_lib.sh"
+train_setup kill_resume "$@"
 args=(train --parallel.tp=1 --train.steps=6 --train.eval_every=0 --metrics.jsonl= --checkpoint.dir="$dir/ck"
       --checkpoint.every=1 --checkpoint.resume=auto --runtime.watchdog_s=20)
 status=0
