@@ -479,9 +479,10 @@ static void print_header(job_t *j) {
     }
     const char *src = NULL;
     double peak = mt_job_metrics_peak(j->metrics, &src);
-    fprintf(j->out, "model FLOPs %.3g per token (6N + attention); peak %s%s%s%s\n", j->flops_per_token,
-            peak > 0 ? "" : "unknown: no MFU", peak > 0 ? src : "", peak > 0 || !src[0] ? "" : " ", /* why not */
-            peak > 0 || !src[0] ? "" : src);
+    bool why = peak <= 0 && j->engine->peak_flops && src[0]; /* a device engine says why it has no peak */
+    fprintf(j->out, "model FLOPs %.3g per token (6N + attention); peak %s%s%s%s%s\n", j->flops_per_token,
+            peak > 0 ? "" : "unknown: no MFU", peak > 0 ? src : "", why ? " (peak " : "", why ? src : "",
+            why ? ")" : "");
     if (j->scatter) {
         fprintf(j->out,
                 "data: dp rank 0 loads the %lld rows of each step for its %d-rank group and scatters every "
