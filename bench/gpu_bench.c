@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include "models/cuda/cuda_backend.h"
+#include "models/cuda/gemm_peak.h"
 #include "models/cuda/gpt2_cuda.h"
 #include "runtime/cuda_alloc.h"
 #include "runtime/nvml.h"
@@ -59,66 +60,18 @@ typedef struct {
 
 /* ---- peak ---- */
 
-static double gemm_tflops(mt_cuda_ctx_t ctx, int dt, int n, int reps, cudaStream_t s) {
-    size_t es = dt == MT_CU_F32 ? 4 : 2, bytes = (size_t)n * n * es;
-    void *a, *b, *c;
-    OK(mt_dev_malloc(&a, bytes, MT_MEM_OTHER, "bench a", s));
-    OK(mt_dev_malloc(&b, bytes, MT_MEM_OTHER, "bench b", s));
-    OK(mt_dev_malloc(&c, bytes, MT_MEM_OTHER, "bench c", s));
-    /* random-ish data: a constant matrix would let the hardware idle part of its datapath */
-    float *h = malloc((size_t)n * n * 4);
-    unsigned r = 1;
-    for (size_t i = 0; i < (size_t)n * n; i++) {
-        r = r * 1664525u + 1013904223u;
-        h[i] = (float)(r >> 9) / 8388608.0f - 0.5f;
-    }
-    void *dh;
-    OK(mt_dev_malloc(&dh, (size_t)n * n * 4, MT_MEM_OTHER, "bench h", s));
-    CU(cudaMemcpyAsync(dh, h, (size_t)n * n * 4, cudaMemcpyHostToDevice, s));
-    CU(mt_cuda_convert(a, dt, dh, MT_CU_F32, (size_t)n * n, 1.0f, s));
-    CU(mt_cuda_convert(b, dt, dh, MT_CU_F32, (size_t)n * n, 0.5f, s));
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
-    float *ms = malloc(sizeof(float) * (size_t)reps);
-    CU(mt_cuda_gemm_bench(ctx, c, a, b, n, n, n, dt, s)); /* warm-up, algorithm choice */
-    for (int k = 0; k < reps; k++) {
-        CU(cudaEventRecord(e0, s));
-        CU(mt_cuda_gemm_bench(ctx, c, a, b, n, n, n, dt, s));
-        CU(cudaEventRecord(e1, s));
-        CU(cudaEventSynchronize(e1));
-        CU(cudaEventElapsedTime(&ms[k], e0, e1));
-    }
-    double t = median(ms, reps) * 1e-3;
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    mt_dev_free(a), mt_dev_free(b), mt_dev_free(c), mt_dev_free(dh);
-    free(h), free(ms);
-    return 2.0 * n * (double)n * n / t / 1e12;
-}
-
+/* The product and its timing are models/cuda/gemm_peak.h, which the GPU engine of `meshtrain train` also
+ * measures its MFU denominator with. */
 static int cmd_peak(const opts_t *o) {
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
-    void *ws;
-    OK(mt_dev_malloc(&ws, 32 << 20, MT_MEM_OTHER, "ws", s));
-    static const struct {
-        const char *name;
-        int dt;
-        bool tf32;
-    } modes[] = {
-        {"fp32", MT_CU_F32, false}, {"tf32", MT_CU_F32, true}, {"bf16", MT_CU_BF16, false}, {"fp16", MT_CU_F16, false}};
+    static const mt_prec_t modes[] = {MT_PREC_FP32, MT_PREC_TF32, MT_PREC_BF16, MT_PREC_FP16};
     double tf[4];
     for (int i = 0; i < 4; i++) {
-        mt_cuda_ctx_t ctx;
-        CU(mt_cuda_ctx_create(&ctx, ws, 32 << 20, modes[i].tf32));
-        tf[i] = gemm_tflops(ctx, modes[i].dt, o->n, o->reps, s);
-        printf("gemm %d^3 %-5s %8.1f TFLOP/s (median of %d)\n", o->n, modes[i].name, tf[i], o->reps);
-        mt_cuda_ctx_destroy(ctx);
+        double f = 0.0;
+        OK(mt_cuda_gemm_peak(modes[i], o->n, o->reps, NULL, &f));
+        tf[i] = f / 1e12;
+        printf("gemm %d^3 %-5s %8.1f TFLOP/s (median of %d)\n", o->n, mt_prec_name(modes[i]), tf[i], o->reps);
     }
     printf("RESULT peak n=%d fp32=%.2f tf32=%.2f bf16=%.2f fp16=%.2f\n", o->n, tf[0], tf[1], tf[2], tf[3]);
-    mt_dev_free(ws);
-    cudaStreamDestroy(s);
     return 0;
 }
 

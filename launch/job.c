@@ -479,8 +479,10 @@ static void print_header(job_t *j) {
     }
     const char *src = NULL;
     double peak = mt_job_metrics_peak(j->metrics, &src);
-    fprintf(j->out, "model FLOPs %.3g per token (6N + attention); peak %s%s\n", j->flops_per_token,
-            peak > 0 ? "" : "unknown: no MFU", peak > 0 ? src : "");
+    bool why = peak <= 0 && j->engine->peak_flops && src[0]; /* a device engine says why it has no peak */
+    fprintf(j->out, "model FLOPs %.3g per token (6N + attention); peak %s%s%s%s%s\n", j->flops_per_token,
+            peak > 0 ? "" : "unknown: no MFU", peak > 0 ? src : "", why ? " (peak " : "", why ? src : "",
+            why ? ")" : "");
     if (j->scatter) {
         fprintf(j->out,
                 "data: dp rank 0 loads the %lld rows of each step for its %d-rank group and scatters every "
@@ -524,7 +526,7 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         MT_CHECK(j->engine->zero_grads(j->ectx));
         double loss = 0.0, sumsq = 0.0, norm = 0.0;
         float scale = mt_loss_scaler_scale(&j->scaler); /* 1 unless fp16 */
-        rec.loss_scale = scale;
+        rec.loss_scale = mt_loss_scaler_scale(mt_job_scaler(j)); /* a device engine's own scaler in fp16 */
         bool force_overflow = j->scaler.dynamic && s + 1 == mt_param_test_overflow_step() &&
                               (mt_param_test_overflow_rank() < 0 || mt_param_test_overflow_rank() == j->rank);
         if (force_overflow) {
@@ -583,7 +585,12 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         } else if (nv.finite) {
             double to = mt_now();
             MT_TRACE_BEGIN(t_opt);
+            int64_t skips = mt_job_scaler(j)->n_skipped; /* an engine scaling on its device skips in its step */
             MT_CHECK(j->engine->step(j->ectx, lr, (float)((double)coef * inv_scale)));
+            if (mt_job_scaler(j)->n_skipped > skips) {
+                rec.skipped = true;
+                r->n_overflow++;
+            }
             MT_TRACE_END(t_opt, "optimizer", "optimizer");
             rec.opt_s = mt_now() - to;
             if (j->engine->comm_bytes) {
@@ -642,7 +649,7 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         }
     }
     int64_t ran = r->n_steps - j->start_step;
-    r->loss_scale = mt_loss_scaler_scale(&j->scaler);
+    r->loss_scale = mt_loss_scaler_scale(mt_job_scaler(j));
     r->seconds = train_s;
     r->tokens_per_s = train_s > 0 ? tokens * (double)ran / train_s : 0.0;
     return MT_OK;

@@ -131,6 +131,16 @@ typedef struct {
     /* Optional: more about the engine for the start-up line after its name (e.g. how gradients are
      * averaged over dp), or NULL; the string lives as long as ctx. */
     const char *(*describe)(void *ctx);
+    /* Optional (NULL, or returning NULL: the loop's own): the dynamic loss scaler of an any_precision engine
+     * that scales on its device (fp16). The loop reports its scale and the steps it skipped, and checkpoints
+     * save and restore its scale and clean-step count in the manifest's "precision" section. Returns an
+     * mt_loss_scaler_t * (runtime/precision.h, not included here: plan/plan.h has an mt_prec_t of its own). */
+    void *(*loss_scaler)(void *ctx);
+    /* Optional (NULL: host memory is the job's memory): this rank's device memory, the statistics of the
+     * engine's device allocator by category (current, peak, total peak, as mt_mem_stats) and the bytes it
+     * holds from the driver (*reserved). The metrics then report device bytes in mem_bytes and in the
+     * result's mem_peak, with the host's peak next to them. */
+    void (*device_mem)(void *ctx, mt_mem_stats_t *stats, int64_t *reserved);
 } mt_job_engine_t;
 
 /* The engine of a single process: the model's own flat buffers, one optimizer over every parameter
@@ -202,8 +212,9 @@ typedef struct {
     int64_t first_step;            /* steps before it were not run (resumed from a checkpoint): loss[s] = NAN there */
     double steady_tokens_per_s;    /* mean over the steady state (the steps after the first tenth, at least 1) */
     double mfu;                    /* model FLOP utilisation over the steady state (0 when the peak is unknown) */
-    int64_t mem_peak[MT_MEM_NCAT]; /* highest bytes per allocator category over the run, max over ranks */
-    int64_t mem_peak_total;        /* highest total, max over ranks */
+    int64_t mem_peak[MT_MEM_NCAT]; /* highest bytes per allocator category over the run, max over ranks
+                                    * (device memory when the engine reports it: device_mem) */
+    int64_t mem_peak_total;        /* highest total, max over ranks (device memory, as mem_peak) */
 } mt_job_result_t;
 
 /* Runs the job the config describes. res (may be NULL) receives the per-step figures; free them with

@@ -740,16 +740,17 @@ typedef struct {
     int64_t clean;
 } scaler_state_t;
 
-static mt_status_t read_scaler(const mt_json_t *man, const char *path, const job_t *j, scaler_state_t *out) {
+static mt_status_t read_scaler(const mt_json_t *man, const char *path, job_t *j, scaler_state_t *out) {
     const mt_json_t *p = mt_json_get(man, "precision");
-    if (!p || !j->scaler.dynamic) {
+    const mt_loss_scaler_t *sc = mt_job_scaler(j);
+    if (!p || !sc->dynamic) {
         return MT_OK;
     }
     const char *mode = mt_json_get_str(p, "compute");
     double scale = 0.0;
     int64_t clean = 0;
     if (!mode || !mt_json_get_num(p, "loss_scale", &scale) || !mt_json_get_int(p, "clean_steps", &clean) ||
-        !(scale >= j->scaler.min_scale && scale <= j->scaler.max_scale) || clean < 0) {
+        !(scale >= sc->min_scale && scale <= sc->max_scale) || clean < 0) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "checkpoint: %s has a malformed \"precision\" section (loss_scale must lie in [1, 2^24], "
                         "clean_steps >= 0): the manifest is damaged; resume from an older checkpoint",
@@ -830,8 +831,9 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
     MT_CHECK(st);
     j->engine->ckpt_set_step(j->ectx, ostep);
     if (ps.have) { /* fp16 continues with the scale and clean-step count it stopped with */
-        j->scaler.scale = ps.scale;
-        j->scaler.clean_steps = ps.clean;
+        mt_loss_scaler_t *sc = mt_job_scaler(j); /* the engine's own when it scales on its device */
+        sc->scale = ps.scale;
+        sc->clean_steps = ps.clean;
     }
     if (j->engine->ckpt_loaded) {
         MT_CHECK(j->engine->ckpt_loaded(j->ectx));
@@ -1034,8 +1036,9 @@ static mt_status_t write_manifest(job_t *j, const char *path, int64_t step, char
     const mt_model_config_t *mc = mt_model_config(j->model);
     fprintf(f, "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"step\": %lld,\n  \"optimizer_step\": %lld,\n",
             CKPT_FORMAT, CKPT_VERSION, (long long)step, (long long)j->engine->ckpt_get_step(j->ectx));
+    const mt_loss_scaler_t *sc = mt_job_scaler(j); /* the engine's own when it scales on its device */
     fprintf(f, "  \"precision\": {\"compute\": \"%s\", \"loss_scale\": %.9g, \"clean_steps\": %lld},\n",
-            mt_prec_name(j->prec), (double)j->scaler.scale, (long long)j->scaler.clean_steps);
+            mt_config_str(cfg, "precision.compute"), (double)sc->scale, (long long)sc->clean_steps);
     fprintf(f,
             "  \"data\": {\"kind\": \"%s\", \"order\": \"%s\", \"next_step\": %lld, \"global_batch\": %lld, "
             "\"seq_len\": %lld},\n",

@@ -20,6 +20,7 @@
 
 #include "collectives/coll.h"
 #include "models/cuda/cuda_backend.h"
+#include "models/cuda/gemm_peak.h"
 #include "models/cuda/gpt2_cuda.h"
 #include "runtime/cuda_alloc.h"
 #include "runtime/mesh.h"
@@ -145,7 +146,50 @@ typedef struct {
     float *h_m, *h_v;         /* host staging of AdamW's moments for checkpoints (allocated on first use) */
     mt_nvml_t nvml;           /* NULL: no energy figures */
     uint64_t mj_last;
+    double peak;              /* this GPU's dense peak in precision.compute, FLOP/s (0: unknown, no MFU) */
+    char peak_src[200];       /* where peak comes from */
 } cuda_engine_t;
+
+/* The MFU denominator (docs/metrics.md): the GPU's rate on an N^3 cuBLASLt product in precision.compute,
+ * measured once at the engine's start; MESHTRAIN_PEAK_GFLOPS_PER_GPU = G > 0 uses G instead, and
+ * MESHTRAIN_GPU_PEAK_N = 0 measures nothing (no MFU). */
+MT_PARAM(peak_gflops_gpu, "PEAK_GFLOPS_PER_GPU", 0)
+MT_PARAM(gpu_peak_n, "GPU_PEAK_N", 8192)
+enum { PEAK_REPS = 10 };
+
+/* Fills e->peak and e->peak_src before the model is built, so the product's operands come from an empty
+ * device and go back to the driver afterwards. A failed measurement leaves the peak unknown (a warning),
+ * never the job. */
+static void measure_peak(cuda_engine_t *e, int dev) {
+    int64_t n = mt_param_gpu_peak_n();
+    if (mt_param_peak_gflops_gpu() > 0) {
+        e->peak = (double)mt_param_peak_gflops_gpu() * 1e9;
+        snprintf(e->peak_src, sizeof(e->peak_src), "%.1f TFLOP/s per GPU from MESHTRAIN_PEAK_GFLOPS_PER_GPU",
+                 e->peak / 1e12);
+        return;
+    }
+    if (MT_CUDA_EMULATED) { /* an emulated device's rate says nothing about a GPU's */
+        snprintf(e->peak_src, sizeof(e->peak_src), "of the GPU not measured under the CPU emulator");
+        return;
+    }
+    if (n <= 0) {
+        snprintf(e->peak_src, sizeof(e->peak_src), "of the GPU not measured (MESHTRAIN_GPU_PEAK_N = 0)");
+        return;
+    }
+    double t0 = mt_now(), f = 0.0;
+    mt_status_t st = mt_cuda_gemm_peak(e->prec, (int)n, PEAK_REPS, NULL, &f);
+    mt_dev_empty_cache();
+    if (st != MT_OK || !(f > 0)) {
+        MT_WARN("cuda engine: measuring the GPU's %s peak failed (%s): no MFU; set MESHTRAIN_PEAK_GFLOPS_PER_GPU "
+                "to give it", mt_prec_name(e->prec), st != MT_OK ? mt_last_error_msg() : "no time measured");
+        snprintf(e->peak_src, sizeof(e->peak_src), "of the GPU unknown (its measurement failed)");
+        return;
+    }
+    e->peak = f;
+    snprintf(e->peak_src, sizeof(e->peak_src),
+             "%.1f TFLOP/s per GPU (cuBLASLt %lld^3 %s product on device %d, median of %d, measured in %.2f s)",
+             f / 1e12, (long long)n, mt_prec_name(e->prec), dev, PEAK_REPS, mt_now() - t0);
+}
 
 #define CU(call) MT_CHECK(mt_cuda_status((call), #call))
 
@@ -249,6 +293,8 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->bucket_elems = (size_t)MT_MAX(1.0, mt_config_float(cfg, "parallel.bucket_mb") * 1048576.0 / 4.0);
     /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one) */
     MT_CHECK_GOTO(mt_cuda_status(cudaSetDevice(mt_rt_world()->local_rank % ndev), "cudaSetDevice"), st, fail);
+    measure_peak(e, mt_rt_world()->local_rank % ndev);
+    mt_mem_reset_peak(MT_MEM_DEVICE); /* the job's device peaks are its own (one device engine per process) */
     /* host weights: the random init (model.init = llmc:PATH arrives through the checkpoint pieces), then
      * uploaded; the host copy stays as the checkpoints' staging */
     MT_CHECK_GOTO(mt_model_alloc_params(e->model), st, fail);
@@ -442,6 +488,24 @@ static mt_status_t ce_ckpt_loaded(void *ctx) {
     return mt_gpt2_cuda_set_state(e->g, mt_model_params_flat(e->model), e->h_m, e->h_v);
 }
 
+/* Device memory for the metrics: every device buffer of the engine comes from the caching allocator, which
+ * accounts each block under its category (mt_mem_stats(MT_MEM_DEVICE) is its per-category statistics); the
+ * allocator itself adds the bytes it holds from the driver. */
+static void ce_device_mem(void *ctx, mt_mem_stats_t *stats, int64_t *reserved) {
+    mt_mem_stats(MT_MEM_DEVICE, stats);
+    mt_cuda_alloc_t a = NULL;
+    mt_cuda_alloc_stats_t as = {0};
+    if (mt_cuda_alloc_default(&a) == MT_OK) {
+        mt_cuda_alloc_get_stats(a, &as);
+    }
+    *reserved = as.reserved_bytes;
+}
+
+/* fp16 scales on the device: the loop reports and checkpoints this scaler (the manifest's "precision"). */
+static void *ce_loss_scaler(void *ctx) {
+    return mt_gpt2_cuda_scaler(((cuda_engine_t *)ctx)->g);
+}
+
 static bool ce_step_energy(void *ctx, double *joules) {
     cuda_engine_t *e = ctx;
     uint64_t mj = 0;
@@ -453,11 +517,11 @@ static bool ce_step_energy(void *ctx, double *joules) {
     return true;
 }
 
-/* The GPU's peak is not measured inside a training job (it would take device time and memory at every
- * start); bench/gpu_check.sh measures it next to the training rate and reports MFU. */
+/* The peak measure_peak found at the start (the loop sums it over the ranks). */
 static double ce_peak_flops(void *ctx, char *src, size_t len) {
-    snprintf(src, len, "of the GPU not measured by the training loop (bench/gpu_check.sh reports MFU)");
-    return 0.0;
+    cuda_engine_t *e = ctx;
+    snprintf(src, len, "%s", e->peak_src);
+    return e->peak;
 }
 
 static const mt_job_engine_t cuda_engine = {
@@ -478,6 +542,8 @@ static const mt_job_engine_t cuda_engine = {
     .own_activations = true,
     .step_energy = ce_step_energy,
     .peak_flops = ce_peak_flops,
+    .loss_scaler = ce_loss_scaler,
+    .device_mem = ce_device_mem,
 };
 
 #else /* !MT_HAVE_CUDA */

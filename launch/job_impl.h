@@ -20,6 +20,9 @@ typedef struct {
     double step_s, data_s, fwd_s, bwd_s, comm_s, opt_s;
     int64_t mem[MT_MEM_NCAT]; /* bytes now by category, max over ranks */
     int64_t mem_peak;         /* highest total so far, max over ranks */
+    bool mem_device;          /* mem and mem_peak are device memory (the engine's device_mem) */
+    int64_t mem_reserved;     /* device: bytes the allocator holds from the driver, max over ranks */
+    int64_t host_peak;        /* device: the host allocator's highest total so far, max over ranks */
     bool has_val;
     double val_loss;
     int64_t data_rows;                   /* rows of the training batch this rank's loader read (0: none) */
@@ -75,6 +78,13 @@ typedef struct {
     mt_prec_t prec;           /* precision.compute */
     mt_loss_scaler_t scaler;  /* fp16: dynamic loss scale (saved in checkpoints); else fixed at 1 */
 } job_t;
+
+/* The loss scaler in effect for reports and checkpoints: the engine's own (a device engine scales on its
+ * device; mt_job_engine_t.loss_scaler) or the loop's j->scaler. */
+static inline mt_loss_scaler_t *mt_job_scaler(job_t *j) {
+    mt_loss_scaler_t *s = j->engine->loss_scaler ? j->engine->loss_scaler(j->ectx) : NULL;
+    return s ? s : &j->scaler;
+}
 
 /* ---- the loop's synchronisation (job_sync.c) ----------------------------------------------------
  * Every blocking MPI call the loop makes outside collectives/ goes through these: each is call #n (1, 2,

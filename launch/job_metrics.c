@@ -146,6 +146,11 @@ static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
     if (j->engine->peak_flops) { /* a device engine knows its own (or that it does not know it) */
         double mine = j->engine->peak_flops(j->ectx, m->peak_src, sizeof(m->peak_src));
         MT_CHECK(mt_job_allreduce(&j->sync, "peak_flops", &mine, &m->peak_flops, 1, MPI_DOUBLE, MPI_SUM));
+        if (m->peak_flops > 0 && w->size > 1) { /* rank 0's source, then the job's sum */
+            size_t l = strlen(m->peak_src);
+            snprintf(m->peak_src + l, sizeof(m->peak_src) - l, "; summed over %d ranks: %.1f TFLOP/s", w->size,
+                     m->peak_flops / 1e12);
+        }
         return MT_OK;
     }
     int threads = openblas_get_num_threads();
@@ -315,8 +320,31 @@ static void json_num(char *buf, size_t len, double v) {
 
 /* energy_j < 0: unknown, the energy fields are left out (not written as zero); tokens_e: the tokens that
  * energy processed. */
+/* The job's memory for the reports: this rank's device memory when the engine reports it (device_mem), the
+ * host allocator's otherwise. mine[0..NCAT) bytes now (now) or the peaks (!now), mine[NCAT] the highest
+ * total, mine[NCAT+1] reserved device bytes, mine[NCAT+2] the host's highest total (device only). */
+enum { MEM_N = MT_MEM_NCAT + 3 };
+static bool job_mem(const job_t *j, bool now, int64_t *mine) {
+    mt_mem_stats_t host, dev;
+    mt_mem_stats(MT_MEM_HOST, &host);
+    const mt_mem_stats_t *ms = &host;
+    int64_t reserved = 0;
+    bool device = j->engine->device_mem != NULL;
+    if (device) {
+        j->engine->device_mem(j->ectx, &dev, &reserved);
+        ms = &dev;
+    }
+    for (int c = 0; c < MT_MEM_NCAT; c++) {
+        mine[c] = now ? ms->current[c] : ms->peak[c];
+    }
+    mine[MT_MEM_NCAT] = ms->total_peak;
+    mine[MT_MEM_NCAT + 1] = reserved;
+    mine[MT_MEM_NCAT + 2] = device ? host.total_peak : 0;
+    return device;
+}
+
 static void write_json(FILE *f, const job_metrics_t *m, const job_t *j, const mt_step_rec_t *r, const int64_t *mem,
-                       int64_t peak, double energy_j, double tokens_e) {
+                       int64_t peak, const int64_t *dev, double energy_j, double tokens_e) {
     double tps = r->step_s > 0 ? m->tokens / r->step_s : 0.0;
     char loss[32], norm[32]; /* JSON has no inf or NaN: a non-finite value is written as null */
     json_num(loss, sizeof(loss), r->loss);
@@ -328,11 +356,16 @@ static void write_json(FILE *f, const job_metrics_t *m, const job_t *j, const mt
             "\"time_ms\": {\"data\": %.4f, \"forward\": %.4f, \"backward\": %.4f, \"comm_exposed\": %.4f, "
             "\"optimizer\": %.4f}, "
             "\"mem_bytes\": {\"params\": %lld, \"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, "
-            "\"comm\": %lld, \"peak\": %lld}",
+            "\"comm\": %lld, \"other\": %lld, \"peak\": %lld}",
             (long long)r->step, loss, (double)r->lr, norm, (double)r->loss_scale, r->skipped ? "true" : "false",
             m->tokens, r->step_s * 1e3, tps, mfu_of(m, j, tps), r->data_s * 1e3, r->fwd_s * 1e3, r->bwd_s * 1e3, r->comm_s * 1e3, r->opt_s * 1e3,
             (long long)mem[MT_MEM_PARAMS], (long long)mem[MT_MEM_GRADS], (long long)mem[MT_MEM_OPTIMIZER],
-            (long long)mem[MT_MEM_ACTIVATIONS], (long long)mem[MT_MEM_COMM], (long long)peak);
+            (long long)mem[MT_MEM_ACTIVATIONS], (long long)mem[MT_MEM_COMM], (long long)mem[MT_MEM_OTHER],
+            (long long)peak);
+    if (dev) { /* mem_bytes above are device memory: the allocator's reserve and the host's peak next to them */
+        fprintf(f, ", \"mem_space\": \"device\", \"mem_reserved\": %lld, \"host_mem_peak\": %lld",
+                (long long)dev[0], (long long)dev[1]);
+    }
     if (r->has_val) {
         fprintf(f, ", \"val_loss\": %.17g", r->val_loss);
     }
@@ -352,16 +385,13 @@ static void write_json(FILE *f, const job_metrics_t *m, const job_t *j, const mt
 }
 
 mt_status_t mt_job_metrics_step(job_metrics_t *m, job_t *j, mt_step_rec_t *r, bool last) {
-    mt_mem_stats_t ms;
-    mt_mem_stats(MT_MEM_HOST, &ms);
-    int64_t mine[MT_MEM_NCAT + 1], maxed[MT_MEM_NCAT + 1];
-    for (int c = 0; c < MT_MEM_NCAT; c++) {
-        mine[c] = ms.current[c];
-    }
-    mine[MT_MEM_NCAT] = ms.total_peak;
-    MT_CHECK(mt_job_allreduce(&j->sync, "mem_max", mine, maxed, MT_MEM_NCAT + 1, MPI_INT64_T, MPI_MAX));
+    int64_t mine[MEM_N], maxed[MEM_N];
+    r->mem_device = job_mem(j, true, mine);
+    MT_CHECK(mt_job_allreduce(&j->sync, "mem_max", mine, maxed, MEM_N, MPI_INT64_T, MPI_MAX));
     memcpy(r->mem, maxed, sizeof(r->mem));
     r->mem_peak = maxed[MT_MEM_NCAT];
+    r->mem_reserved = maxed[MT_MEM_NCAT + 1];
+    r->host_peak = maxed[MT_MEM_NCAT + 2];
     double own_energy = r->has_energy ? r->energy_j : -1.0;
     if (j->engine->step_energy) { /* the job's energy: the sum over ranks, known only if every rank knows its own */
         double in[2] = {r->has_energy ? r->energy_j : 0.0, r->has_energy ? 0.0 : 1.0}, out[2];
@@ -384,20 +414,29 @@ mt_status_t mt_job_metrics_step(job_metrics_t *m, job_t *j, mt_step_rec_t *r, bo
         m->have_val = true;
     }
     if (m->rank_file) {
-        write_json(m->rank_file, m, j, r, mine, mine[MT_MEM_NCAT], own_energy,
+        write_json(m->rank_file, m, j, r, mine, mine[MT_MEM_NCAT], r->mem_device ? mine + MT_MEM_NCAT + 1 : NULL,
+                   own_energy,
                    m->tokens / (double)MT_MAX(1, j->info.dp_size));
     }
     if (j->rank != 0) {
         return MT_OK;
     }
     if (m->jsonl) {
-        write_json(m->jsonl, m, j, r, r->mem, r->mem_peak, r->has_energy ? r->energy_j : -1.0, m->tokens);
+        int64_t dev[2] = {r->mem_reserved, r->host_peak};
+        write_json(m->jsonl, m, j, r, r->mem, r->mem_peak, r->mem_device ? dev : NULL,
+                   r->has_energy ? r->energy_j : -1.0, m->tokens);
     }
     if (j->out && (r->step % m->log_every == 0 || s == m->first_step || last)) {
         double tps = r->step_s > 0 ? m->tokens / r->step_s : 0.0;
         double per = m->n_timed > 0 ? m->sum_s / (double)m->n_timed : r->step_s;
-        char mem[32], eta[32], mfu[32];
+        char mem[96], eta[32], mfu[32];
         fmt_bytes(mem, sizeof(mem), (double)r->mem_peak);
+        if (r->mem_device) { /* the device's peak, then the host's */
+            char host[32];
+            fmt_bytes(host, sizeof(host), (double)r->host_peak);
+            size_t l = strlen(mem);
+            snprintf(mem + l, sizeof(mem) - l, " device, %s host", host);
+        }
         fmt_eta(eta, sizeof(eta), per * (double)(m->steps - r->step));
         if (m->peak_flops > 0) {
             snprintf(mfu, sizeof(mfu), "%.2f%%", 100.0 * mfu_of(m, j, tps));
@@ -413,7 +452,7 @@ mt_status_t mt_job_metrics_step(job_metrics_t *m, job_t *j, mt_step_rec_t *r, bo
             fprintf(j->out, "step %5lld/%lld | energy %.1f J | %.1f tok/J\n", (long long)r->step, (long long)m->steps,
                     r->energy_j, r->energy_j > 0 ? m->tokens / r->energy_j : 0.0);
         }
-        if (j->scaler.dynamic || r->skipped) { /* fp16: the loss scale; any mode: a step without an update */
+        if (mt_job_scaler(j)->dynamic || r->skipped) { /* fp16: the loss scale; any mode: a step without an update */
             fprintf(j->out, "step %5lld/%lld | loss scale %g%s\n", (long long)r->step, (long long)m->steps,
                     (double)r->loss_scale, r->skipped ? " | update skipped" : "");
         }
@@ -431,14 +470,9 @@ mt_status_t mt_job_metrics_step(job_metrics_t *m, job_t *j, mt_step_rec_t *r, bo
 /* ---- the summary ----------------------------------------------------------------------------------- */
 
 mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *res) {
-    mt_mem_stats_t ms;
-    mt_mem_stats(MT_MEM_HOST, &ms);
-    int64_t mine[MT_MEM_NCAT + 1], maxed[MT_MEM_NCAT + 1];
-    for (int c = 0; c < MT_MEM_NCAT; c++) {
-        mine[c] = ms.peak[c];
-    }
-    mine[MT_MEM_NCAT] = ms.total_peak;
-    MT_CHECK(mt_job_allreduce(&j->sync, "mem_peak_max", mine, maxed, MT_MEM_NCAT + 1, MPI_INT64_T, MPI_MAX));
+    int64_t mine[MEM_N], maxed[MEM_N];
+    bool device = job_mem(j, false, mine);
+    MT_CHECK(mt_job_allreduce(&j->sync, "mem_peak_max", mine, maxed, MEM_N, MPI_INT64_T, MPI_MAX));
     memcpy(res->mem_peak, maxed, sizeof(res->mem_peak));
     res->mem_peak_total = maxed[MT_MEM_NCAT];
     res->steady_tokens_per_s = m->steady_s > 0 ? m->tokens * (double)m->n_steady / m->steady_s : 0.0;
@@ -475,7 +509,7 @@ mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *r
     if (m->have_val) {
         fprintf(o, " | final val loss %.6f", m->last_val);
     }
-    if (j->scaler.dynamic) {
+    if (mt_job_scaler(j)->dynamic) {
         fprintf(o, " | fp16: %lld step%s skipped on overflow, loss scale now %g", (long long)res->n_overflow,
                 res->n_overflow == 1 ? "" : "s", (double)res->loss_scale);
     }
@@ -483,7 +517,7 @@ mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *r
         fprintf(o, " | %lld non-finite step%s skipped (train.on_nan = skip)", (long long)res->n_skipped,
                 res->n_skipped == 1 ? "" : "s");
     }
-    fprintf(o, "\npeak memory per rank (max over ranks):");
+    fprintf(o, "\npeak %smemory per rank (max over ranks):", device ? "device " : "");
     for (int c = 0; c < MT_MEM_NCAT; c++) {
         char b[32];
         fmt_bytes(b, sizeof(b), (double)maxed[c]);
@@ -491,7 +525,14 @@ mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *r
     }
     char b[32];
     fmt_bytes(b, sizeof(b), (double)maxed[MT_MEM_NCAT]);
-    fprintf(o, " | total %s\n", b);
+    fprintf(o, " | total %s", b);
+    if (device) {
+        char rsv[32];
+        fmt_bytes(rsv, sizeof(rsv), (double)maxed[MT_MEM_NCAT + 1]);
+        fmt_bytes(b, sizeof(b), (double)maxed[MT_MEM_NCAT + 2]);
+        fprintf(o, " | reserved %s | host peak %s", rsv, b);
+    }
+    fprintf(o, "\n");
     if (m->path[0]) {
         fprintf(o, "metrics: %s%s (plot: launch/plot-metrics %s OUT.png)\n", m->path,
                 m->rank_path[0] ? " and one file per rank (metrics.per_rank)" : "", m->path);

@@ -395,6 +395,12 @@ mt_status_t mt_cuda_alloc_malloc(mt_cuda_alloc_t a, void **ptr, size_t bytes, mt
         fl_remove(&a->pools[pool], b);
     } else {
         st = new_segment(a, rounded, stream, &b);
+        if (st != MT_OK && st != MT_ERR_OOM) { /* not memory: no device, a driver error (the backend's message) */
+            st = mt_error(st, "cuda_alloc: %zu bytes of %s for %s: %s", bytes, mt_mem_cat_name(cat),
+                          owner ? owner : "?", mt_last_error_msg());
+            pthread_mutex_unlock(&a->mu);
+            return st;
+        }
         if (st != MT_OK) {
             st = oom_report(a, bytes, rounded, cat, owner, st);
             pthread_mutex_unlock(&a->mu);

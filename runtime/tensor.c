@@ -1,13 +1,12 @@
-/* Tensor storage through the accounted allocator, and the float format conversions.
+/* Tensor storage through the accounted allocators (host: runtime/alloc.h; device: the caching allocator of
+ * runtime/cuda_alloc.h), and the float format conversions.
  * SPDX-License-Identifier: MIT */
 #include "tensor.h"
 
 #include <math.h>
 #include <string.h>
 
-#if MT_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
+#include "runtime/cuda_alloc.h"
 
 size_t mt_dtype_size(mt_dtype_t dt) {
     return dt == MT_F32 ? 4 : 2;
@@ -78,17 +77,13 @@ mt_status_t mt_tensor_alloc(mt_tensor_t *t, mt_dtype_t dt, mt_device_t dev, int 
                             owner ? owner : "?");
         }
     } else {
-#if MT_HAVE_CUDA
-        cudaError_t e = cudaMalloc(&v.data, bytes ? bytes : 1);
-        if (e != cudaSuccess) {
-            return mt_error(e == cudaErrorMemoryAllocation ? MT_ERR_OOM : MT_ERR_CUDA,
-                            "tensor: cudaMalloc of %zu bytes for %s failed: %s", bytes, owner ? owner : "?",
-                            cudaGetErrorString(e));
+        /* the caching device allocator: accounted under cat, for use on the default stream (the tensor has no
+         * stream of its own); a CPU-only build refuses with MT_ERR_INVALID_USAGE */
+        mt_status_t st = mt_dev_malloc(&v.data, bytes, cat, owner ? owner : "tensor", NULL);
+        if (st != MT_OK) {
+            return mt_error(st, "tensor: %zu bytes of %s for %s on the device: %s", bytes, mt_mem_cat_name(cat),
+                            owner ? owner : "?", mt_last_error_msg());
         }
-        mt_mem_account(MT_MEM_DEVICE, cat, (int64_t)bytes, v.data, owner);
-#else
-        return mt_error(MT_ERR_INVALID_USAGE, "tensor: CUDA tensor requested but meshtrain was built without CUDA");
-#endif
     }
     v.owned = true;
     *t = v;
@@ -100,10 +95,7 @@ void mt_tensor_free(mt_tensor_t *t) {
         if (t->device == MT_DEV_CPU) {
             mt_free(t->data);
         } else {
-#if MT_HAVE_CUDA
-            mt_mem_account(MT_MEM_DEVICE, t->cat, -(int64_t)mt_tensor_bytes(t), t->data, NULL);
-            cudaFree(t->data);
-#endif
+            mt_dev_free(t->data); /* back to the allocator's cache, its accounting released */
         }
     }
     memset(t, 0, sizeof(*t));

@@ -38,9 +38,12 @@ int64_t mt_tensor_numel(const mt_tensor_t *t);
 size_t mt_tensor_bytes(const mt_tensor_t *t);
 
 /* Allocates a tensor of the given shape (ndim <= MT_TENSOR_MAX_DIM, every dim >= 0) under category cat.
- * CPU: mt_alloc (aligned, accounted). CUDA: cudaMalloc accounted through mt_mem_account in CUDA builds;
- * in a CPU-only build MT_ERR_INVALID_USAGE. Errors: MT_ERR_INVALID_ARG (bad shape or dtype, naming it),
- * MT_ERR_OOM, MT_ERR_CUDA. The tensor's data is uninitialised. */
+ * CPU: mt_alloc (aligned, accounted). CUDA: a block of the caching device allocator (mt_dev_malloc,
+ * runtime/cuda_alloc.h; 512-byte aligned, accounted under cat in its statistics and mt_mem_stats(MT_MEM_DEVICE))
+ * for use on the default stream: work on another stream that uses the tensor must be ordered before
+ * mt_tensor_free, after which the block may be handed out again at once. In a CPU-only build
+ * MT_ERR_INVALID_USAGE. Errors: MT_ERR_INVALID_ARG (bad shape or dtype, naming it), MT_ERR_OOM (with the
+ * allocator's report), MT_ERR_CUDA. The tensor's data is uninitialised. */
 mt_status_t mt_tensor_alloc(mt_tensor_t *t, mt_dtype_t dt, mt_device_t dev, int ndim, const int64_t *shape,
                             mt_mem_cat_t cat, const char *owner);
 

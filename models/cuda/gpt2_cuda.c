@@ -689,6 +689,10 @@ float mt_gpt2_cuda_loss_scale(mt_gpt2_cuda_t g) {
     return mt_loss_scaler_scale(&g->scaler);
 }
 
+mt_loss_scaler_t *mt_gpt2_cuda_scaler(mt_gpt2_cuda_t g) {
+    return &g->scaler;
+}
+
 /* Copies on the compute stream, then waits: a pageable cudaMemcpy may return before its DMA lands, and
  * the non-blocking compute stream would not be ordered after it. */
 mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, float *v) {

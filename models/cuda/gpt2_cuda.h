@@ -133,6 +133,10 @@ mt_status_t mt_gpt2_cuda_step_scaled(mt_gpt2_cuda_t g, const mt_optim_params_t *
 /* The fp16 loss scale the next backward uses (1 without loss scaling). */
 float mt_gpt2_cuda_loss_scale(mt_gpt2_cuda_t g);
 
+/* The dynamic loss scaler itself (fixed at 1 unless fp16), owned by g: a training loop reports from it and
+ * a checkpoint saves and restores its scale and clean-step count (set them between steps only). */
+mt_loss_scaler_t *mt_gpt2_cuda_scaler(mt_gpt2_cuda_t g);
+
 /* Checkpoint state: copies the f32 master parameters and AdamW's m and v (numel floats each, flat layout;
  * any may be NULL) to host memory (waits), or from it (set: uploads and refreshes the compute copy; waits).
  * AdamW's step count: get / set. */

@@ -11,7 +11,18 @@
  *     on the CPU engine, those of the CPU run (1e-3);
  *   "the same losses": 1e-6 relative under the emulator (in practice equal), 1e-4 on a device (SAME_TOL);
  *   - metrics.jsonl carries energy_j and tokens_per_j exactly when NVML reads this GPU's energy counter
- *     (never under the CPU emulator, whose device has no NVML): absent, not zero, otherwise.
+ *     (never under the CPU emulator, whose device has no NVML): absent, not zero, otherwise;
+ *   - its mem_bytes are device memory ("mem_space": "device"): every category and the peak equal the caching
+ *     allocator's statistics (mt_mem_stats(MT_MEM_DEVICE), whose peaks the engine restarts at its start),
+ *     mem_reserved its reserved bytes, and the result's mem_peak the same peaks;
+ *   - MFU: the engine's peak is known, so the result's MFU is positive: on a device measured at the start
+ *     (MESHTRAIN_GPU_PEAK_N = 2048 keeps it short), under the emulator given by MESHTRAIN_PEAK_GFLOPS_PER_GPU
+ *     (the engine measures nothing there: an emulated rate means nothing); mt_cuda_gemm_peak itself runs
+ *     on both (a small product under the emulator), returns a positive rate and gives its memory back;
+ *   - fp16 with precision.scale_window = 3 from loss scales 2^20 and 2^21 (a doubling after step 3, then an
+ *     overflow; an overflow at step 1, then a doubling after step 4), interrupted after step 3 and resumed,
+ *     continues with the loss scale and clean-step count its manifest's "precision" section saved: the same
+ *     losses, gradient norms, skipped steps and final loss scale as the uninterrupted run.
  * Built twice: against the CUDA runtime (label gpu; exits 77 printing "skipped: no CUDA device" without a
  * device, or with fewer devices than ranks) and against the CPU emulator (labels unit;emu), where the
  * gradients of dp = 2 travel through the MPI backend because emulated device memory is host memory.
@@ -23,7 +34,10 @@
 #include <unistd.h>
 
 #include "launch/job.h"
+#include "launch/job_json.h"
+#include "models/cuda/gemm_peak.h"
 #include "models/cuda/mt_cuda.h"
+#include "runtime/cuda_alloc.h"
 #include "runtime/nvml.h"
 #include "runtime/rt.h"
 #include "testutil.h"
@@ -135,6 +149,126 @@ static int lines_with(const char *path, const char *key, int *lines) {
     return n;
 }
 
+/* The last line of a metrics file, parsed (NULL: unreadable). */
+static mt_json_t *last_line(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return NULL;
+    }
+    char buf[4096], last[4096] = "";
+    while (fgets(buf, sizeof(buf), f)) {
+        if (buf[0] == '{') {
+            memcpy(last, buf, sizeof(last));
+        }
+    }
+    fclose(f);
+    mt_json_t *o = NULL;
+    return mt_json_parse(last, strlen(last), path, &o) == MT_OK ? o : NULL;
+}
+
+/* The metrics of the GPU run just finished report the device allocator's statistics (the categories are
+ * allocated once at the engine's start, so each category's peak is its value at every step). */
+static void check_device_mem(const char *metrics, const mt_job_result_t *r) {
+    mt_mem_stats_t ds;
+    mt_mem_stats(MT_MEM_DEVICE, &ds);
+    mt_cuda_alloc_t a = NULL;
+    mt_cuda_alloc_stats_t as = {0};
+    CHECK_OK(mt_cuda_alloc_default(&a));
+    mt_cuda_alloc_get_stats(a, &as);
+    mt_json_t *o = last_line(metrics);
+    CHECK(o != NULL, "%s: no parsable last line", metrics);
+    if (!o) {
+        return;
+    }
+    const char *space = mt_json_get_str(o, "mem_space");
+    CHECK(space && !strcmp(space, "device"), "mem_space = %s, want device", space ? space : "(absent)");
+    const mt_json_t *mb = mt_json_get(o, "mem_bytes");
+    static const char *keys[] = {"params", "grads", "optimizer", "activations", "comm", "other"};
+    static const mt_mem_cat_t cats[] = {MT_MEM_PARAMS, MT_MEM_GRADS,  MT_MEM_OPTIMIZER,
+                                        MT_MEM_ACTIVATIONS, MT_MEM_COMM, MT_MEM_OTHER};
+    for (int k = 0; k < 6; k++) {
+        int64_t v = -1;
+        CHECK(mb && mt_json_get_int(mb, keys[k], &v) && v == ds.peak[cats[k]],
+              "mem_bytes.%s = %lld, the device allocator's %s = %lld", keys[k], (long long)v, keys[k],
+              (long long)ds.peak[cats[k]]);
+        CHECK(r->mem_peak[cats[k]] == ds.peak[cats[k]], "result mem_peak.%s = %lld, device peak %lld", keys[k],
+              (long long)r->mem_peak[cats[k]], (long long)ds.peak[cats[k]]);
+    }
+    int64_t peak = -1, reserved = -1, host = -1;
+    CHECK(mb && mt_json_get_int(mb, "peak", &peak) && peak == ds.total_peak && r->mem_peak_total == ds.total_peak,
+          "mem_bytes.peak = %lld, result %lld, device total peak %lld", (long long)peak, (long long)r->mem_peak_total,
+          (long long)ds.total_peak);
+    CHECK(mt_json_get_int(o, "mem_reserved", &reserved) && reserved == as.reserved_bytes && reserved >= peak,
+          "mem_reserved = %lld, the allocator holds %lld (peak %lld)", (long long)reserved,
+          (long long)as.reserved_bytes, (long long)peak);
+    CHECK(mt_json_get_int(o, "host_mem_peak", &host) && host > 0, "host_mem_peak = %lld", (long long)host);
+    CHECK(ds.peak[MT_MEM_PARAMS] > 0 && ds.peak[MT_MEM_GRADS] > 0 && ds.peak[MT_MEM_OPTIMIZER] > 0 &&
+              ds.peak[MT_MEM_ACTIVATIONS] > 0,
+          "device categories: params %lld grads %lld optimizer %lld activations %lld",
+          (long long)ds.peak[MT_MEM_PARAMS], (long long)ds.peak[MT_MEM_GRADS], (long long)ds.peak[MT_MEM_OPTIMIZER],
+          (long long)ds.peak[MT_MEM_ACTIVATIONS]);
+    mt_json_free(o);
+}
+
+/* fp16 with precision.scale_window = 3 from init (a --precision.init_scale= argument): the run interrupted
+ * after step 3 and resumed from its checkpoint (dir/sub) against the uninterrupted run. */
+static void fp16_resume(const char *dir, const char *sub, const char *init) {
+    const mt_world_t *w = mt_rt_world();
+    char ckpt_arg[300];
+    snprintf(ckpt_arg, sizeof(ckpt_arg), "--checkpoint.dir=%s/%s", dir, sub);
+    mt_job_result_t hw, hpart, hres;
+    const char *f16w[] = {"--precision.compute=fp16", init, "--precision.scale_window=3"};
+    CHECK_OK(run_cuda(3, f16w, &hw));
+    const char *f16stop[] = {f16w[0], f16w[1], f16w[2], ckpt_arg, "--checkpoint.every=3", "--stop-after=3"};
+    CHECK_OK(run_cuda(6, f16stop, &hpart));
+    const char *f16res[] = {f16w[0], f16w[1], f16w[2], ckpt_arg, "--checkpoint.every=3"};
+    CHECK_OK(run_cuda(5, f16res, &hres));
+    if (w->rank == 0) {
+        printf("fp16 %s, scale_window 3: %lld overflow steps, final loss scale %g; interrupted after step 3 with "
+               "scale %g; resumed: %lld overflow steps, final %g\n",
+               init, (long long)hw.n_overflow, (double)hw.loss_scale, (double)hpart.loss_scale,
+               (long long)hres.n_overflow, (double)hres.loss_scale);
+    }
+    CHECK(hpart.n_steps == 3, "the interrupted fp16 run stopped after %lld steps", (long long)hpart.n_steps);
+    if (w->rank == 0) { /* the manifest holds the device scaler's state */
+        char man[400];
+        snprintf(man, sizeof(man), "%s/%s/step-00000003/manifest.json", dir, sub);
+        FILE *f = fopen(man, "r");
+        char text[65536];
+        size_t len = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+        if (f) {
+            fclose(f);
+        }
+        text[len] = '\0';
+        mt_json_t *mo = NULL;
+        CHECK(len > 0 && mt_json_parse(text, len, man, &mo) == MT_OK, "%s unreadable", man);
+        const mt_json_t *pr = mo ? mt_json_get(mo, "precision") : NULL;
+        const char *mode = pr ? mt_json_get_str(pr, "compute") : NULL;
+        double scale = 0;
+        int64_t clean = -1;
+        CHECK(mode && !strcmp(mode, "fp16") && mt_json_get_num(pr, "loss_scale", &scale) &&
+                  mt_json_get_int(pr, "clean_steps", &clean) && scale == (double)hpart.loss_scale && clean >= 0,
+              "%s: precision %s, loss_scale %g (the run's %g), clean_steps %lld", man, mode ? mode : "(absent)", scale,
+              (double)hpart.loss_scale, (long long)clean);
+        mt_json_free(mo);
+    }
+    CHECK(hres.first_step == 3 && hres.n_steps == STEPS, "fp16 resumed after step %lld, ran to %lld",
+          (long long)hres.first_step, (long long)hres.n_steps);
+    CHECK(hres.loss_scale == hw.loss_scale && hpart.n_overflow + hres.n_overflow == hw.n_overflow,
+          "fp16 resumed: final scale %g (uninterrupted %g), overflows %lld + %lld (uninterrupted %lld)",
+          (double)hres.loss_scale, (double)hw.loss_scale, (long long)hpart.n_overflow, (long long)hres.n_overflow,
+          (long long)hw.n_overflow);
+    for (int64_t s = 3; s < STEPS && s < hres.n_steps && hw.n_steps == STEPS; s++) {
+        double d = fabs(hres.loss[s] - hw.loss[s]) / hw.loss[s];
+        CHECK(d <= SAME_TOL && (hres.grad_norm[s] == 0.0) == (hw.grad_norm[s] == 0.0),
+              "fp16 resumed step %lld: loss %.9g vs %.9g, norm %g vs %g", (long long)s + 1, hres.loss[s], hw.loss[s],
+              hres.grad_norm[s], hw.grad_norm[s]);
+    }
+    mt_job_result_free(&hw);
+    mt_job_result_free(&hpart);
+    mt_job_result_free(&hres);
+}
+
 int main(int argc, char **argv) {
     CHECK_OK(mt_rt_init(&argc, &argv));
     const mt_world_t *w = mt_rt_world();
@@ -145,6 +279,23 @@ int main(int argc, char **argv) {
         }
         MPI_Finalize();
         return MT_TEST_SKIP;
+    }
+    /* read once per process by the engine: set before the first job */
+    if (MT_CUDA_EMULATED) {
+        setenv("MESHTRAIN_PEAK_GFLOPS_PER_GPU", "1000", 1);
+    } else {
+        setenv("MESHTRAIN_GPU_PEAK_N", "2048", 0);
+    }
+    { /* the shared peak measurement: a positive rate, its memory back in the cache, bad sizes refused */
+        mt_mem_stats_t before, after;
+        mt_mem_stats(MT_MEM_DEVICE, &before);
+        double f = 0.0;
+        CHECK_OK(mt_cuda_gemm_peak(MT_PREC_BF16, MT_CUDA_EMULATED ? 64 : 2048, 3, NULL, &f));
+        mt_mem_stats(MT_MEM_DEVICE, &after);
+        CHECK(f > 0 && isfinite(f), "gemm peak: %g FLOP/s", f);
+        CHECK(after.total_current == before.total_current, "gemm peak left %lld device bytes allocated",
+              (long long)(after.total_current - before.total_current));
+        CHECK(mt_cuda_gemm_peak(MT_PREC_FP32, 0, 3, NULL, &f) == MT_ERR_INVALID_ARG, "gemm peak n = 0 accepted");
     }
     char dir[] = "/tmp/mt_job_cuda_XXXXXX";
     if (w->rank == 0) {
@@ -163,6 +314,7 @@ int main(int argc, char **argv) {
     CHECK_OK(run("cpu", 1, ddp, &cpu));
     CHECK_OK(run_cuda(3, ddp, &gpu));
     same_losses("fp32 gpu vs cpu", &gpu, &cpu, 1e-3);
+    CHECK(gpu.mfu > 0 && isfinite(gpu.mfu), "GPU MFU %g: the engine's peak should be known", gpu.mfu);
     if (w->rank == 0) {
         int lines = 0, n = lines_with(metrics, "\"energy_j\": ", &lines);
         bool want = nvml_energy();
@@ -170,6 +322,7 @@ int main(int argc, char **argv) {
               lines, want ? "present" : "absent");
         int tpj = lines_with(metrics, "\"tokens_per_j\": ", &lines);
         CHECK(tpj == n, "tokens_per_j on %d lines, energy_j on %d", tpj, n);
+        check_device_mem(metrics, &gpu);
     }
     /* one all-reduce after backward: the same averages */
     const char *dp[] = {"--parallel.engine=dp"};
@@ -200,6 +353,12 @@ int main(int argc, char **argv) {
     CHECK(h16o.n_steps == STEPS && zero_norm >= 1 && zero_norm < STEPS && isfinite(h16o.loss[STEPS - 1]),
           "fp16 from 2^24: %d of %lld steps skipped (norm 0), last loss %g", zero_norm, (long long)h16o.n_steps,
           h16o.n_steps == STEPS ? h16o.loss[STEPS - 1] : NAN);
+    /* fp16 resumed: the loss scale and its clean-step count come back from the checkpoint. Under the
+     * emulator, from 2^20 steps 1-3 are clean, the scale doubles and step 4 overflows (a resume at the
+     * initial scale would not skip it); from 2^21 step 1 overflows, steps 2-4 are clean and the scale
+     * doubles for step 5 (a resume without the clean-step count would not). */
+    fp16_resume(dir, "ckpt3", "--precision.init_scale=1048576");
+    fp16_resume(dir, "ckpt4", "--precision.init_scale=2097152");
     mt_job_result_free(&h16);
     mt_job_result_free(&h16o);
     /* checkpoint after step 3, resume */

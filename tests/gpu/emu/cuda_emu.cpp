@@ -2,7 +2,8 @@
 // kernel launches whose block threads are fibers (ucontext) scheduled round-robin on the calling thread and
 // switched at __syncthreads and warp shuffles (a thread that returns counts as arrived, as on sm_70+),
 // shuffles through per-thread slots between two group barriers, and the cuBLASLt matmul subset. Streams and
-// events are ordering no-ops because every launch and copy completes before it returns. Test-only.
+// events are ordering no-ops because every launch and copy completes before it returns (an event keeps the
+// host time it was recorded at, so elapsed times are those of the emulation). Test-only.
 // SPDX-License-Identifier: MIT
 #include <math.h>
 #include <stdio.h>
@@ -111,6 +112,7 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
     return cudaMemset(p, v, bytes);
 }
 static int stream_objs, event_objs;
+static std::map<uintptr_t, double> event_ms; /* the last record of each event (under mem_mu) */
 cudaError_t cudaStreamCreate(cudaStream_t *s) {
     *s = (cudaStream_t)(uintptr_t)(0x1000 + 16 * ++stream_objs);
     return cudaSuccess;
@@ -135,13 +137,23 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    /* the work before it has completed: the event's time is now (CLOCK_MONOTONIC, milliseconds) */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    std::lock_guard<std::mutex> g(mem_mu);
+    event_ms[(uintptr_t)e] = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
-    *ms = 0.0f;
+    std::lock_guard<std::mutex> g(mem_mu);
+    auto ia = event_ms.find((uintptr_t)a), ib = event_ms.find((uintptr_t)b);
+    if (ia == event_ms.end() || ib == event_ms.end()) {
+        return cudaErrorInvalidValue; /* as CUDA: an event never recorded */
+    }
+    *ms = (float)(ib->second - ia->second);
     return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
