@@ -15,6 +15,7 @@
 #include "models/model.h"
 #include "models/optim/optim.h"
 #include "runtime/config.h"
+#include "runtime/precision.h"
 
 #include "runtime/alloc.h"
 
@@ -133,9 +134,8 @@ typedef struct {
     const char *(*describe)(void *ctx);
     /* Optional (NULL, or returning NULL: the loop's own): the dynamic loss scaler of an any_precision engine
      * that scales on its device (fp16). The loop reports its scale and the steps it skipped, and checkpoints
-     * save and restore its scale and clean-step count in the manifest's "precision" section. Returns an
-     * mt_loss_scaler_t * (runtime/precision.h, not included here: plan/plan.h has an mt_prec_t of its own). */
-    void *(*loss_scaler)(void *ctx);
+     * save and restore its scale and clean-step count in the manifest's "precision" section. */
+    mt_loss_scaler_t *(*loss_scaler)(void *ctx);
     /* Optional (NULL: host memory is the job's memory): this rank's device memory, the statistics of the
      * engine's device allocator by category (current, peak, total peak, as mt_mem_stats) and the bytes it
      * holds from the driver (*reserved). The metrics then report device bytes in mem_bytes and in the

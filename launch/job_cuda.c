@@ -502,7 +502,7 @@ static void ce_device_mem(void *ctx, mt_mem_stats_t *stats, int64_t *reserved) {
 }
 
 /* fp16 scales on the device: the loop reports and checkpoints this scaler (the manifest's "precision"). */
-static void *ce_loss_scaler(void *ctx) {
+static mt_loss_scaler_t *ce_loss_scaler(void *ctx) {
     return mt_gpt2_cuda_scaler(((cuda_engine_t *)ctx)->g);
 }
 

@@ -275,7 +275,7 @@ static int ranks_per_node(const mt_plan_cluster_t *c, int world) {
  * of them; a rank running on several cores gets multithread_efficiency of each). */
 static double device_rate(const mt_plan_cluster_t *c, mt_prec_t prec, int world) {
     double peak = c->peak_flops[prec] > 0 ? c->peak_flops[prec] : c->peak_flops[MT_PREC_FP32];
-    for (int p = 0; peak <= 0 && p < MT_PREC_N; p++) {
+    for (int p = 0; peak <= 0 && p < MT_PREC_COUNT; p++) {
         peak = c->peak_flops[p];
     }
     if (!c->shared_node) {

@@ -16,14 +16,13 @@
 #include "models/optim/optim.h"
 #include "runtime/alloc.h"
 #include "runtime/config.h"
+#include "runtime/precision.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* ---- cluster ---------------------------------------------------------------------------------- */
-
-typedef enum { MT_PREC_FP32 = 0, MT_PREC_TF32, MT_PREC_BF16, MT_PREC_FP16, MT_PREC_N } mt_prec_t;
 
 /* One link class: latency of a message and the bandwidth one rank gets for a collective over it (the
  * nccl-tests bus bandwidth: a ring all-reduce of b bytes takes latency*steps + 2(n-1)/n * b / bw). */
@@ -51,7 +50,7 @@ typedef struct {
     int cores_per_node;            /* shared nodes: cores; a rank runs on cores / ranks of them */
     double multithread_efficiency; /* a rank on k > 1 cores computes at k x this x one core's rate */
     double mem_bytes;             /* per device (per node when shared_node) */
-    double peak_flops[MT_PREC_N]; /* FLOP/s per device (per node when shared_node); 0 = not supported */
+    double peak_flops[MT_PREC_COUNT]; /* FLOP/s per device (per node when shared_node); 0 = not supported */
     double efficiency;            /* achieved fraction of peak on large matrix products (calibrated) */
     double eff_half_work;         /* B*T*C*(C/tp), the multiply-adds of one C x C/tp product of a micro-batch, at
                                    * which the efficiency is half of `efficiency` (smaller products run slower,

@@ -284,10 +284,10 @@ mt_status_t mt_plan_cluster_load(const char *path, mt_plan_cluster_t *out, FILE 
     cl->multithread_efficiency = num(&c, "device.multithread_efficiency", 1.0);
     cl->mem_bytes = num(&c, "device.memory_gib", 1) * 1073741824.0;
     cl->reserve_bytes = num(&c, "device.reserve_gib", 0) * 1073741824.0;
-    static const char *peaks[MT_PREC_N] = {"device.peak_tflops_fp32", "device.peak_tflops_tf32",
+    static const char *peaks[MT_PREC_COUNT] = {"device.peak_tflops_fp32", "device.peak_tflops_tf32",
                                            "device.peak_tflops_bf16", "device.peak_tflops_fp16"};
     bool any_peak = false;
-    for (int p = 0; p < MT_PREC_N; p++) {
+    for (int p = 0; p < MT_PREC_COUNT; p++) {
         cl->peak_flops[p] = num(&c, peaks[p], 0) * 1e12;
         any_peak = any_peak || cl->peak_flops[p] > 0;
     }
