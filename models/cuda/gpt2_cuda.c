@@ -531,6 +531,28 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     return grads_done(g, 0, BLOCK0);
 }
 
+/* Fused AdamW over every parameter at step g->t: one launch per run of consecutive parameters with the same
+ * weight-decay flag, each gradient times grad_scale (and *coef when given on the device; skip: a device
+ * flag that, when set, makes the update change nothing), refreshing the low-precision compute copy. */
+static mt_status_t adamw_all(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,
+                             const float *coef, const int *skip) {
+    void *s = g->stream;
+    void *lowp = g->dt == MT_CU_F32 ? NULL : g->wc;
+    for (int i = 0; i < g->n_params;) {
+        int j = i + 1;
+        while (j < g->n_params && g->decay[j] == g->decay[i]) {
+            j++;
+        }
+        size_t lo = g->offs[i], hi = j < g->n_params ? g->offs[j] : g->numel;
+        float wd = g->decay[i] ? op->weight_decay : 0.0f;
+        void *lp = lowp ? (char *)lowp + lo * g->es : NULL;
+        OP(PROF_OPT, mt_cuda_adamw(g->master + lo, g->grads + lo, g->adam_m + lo, g->adam_v + lo, hi - lo, lr,
+                                   op->beta1, op->beta2, op->eps, wd, g->t, grad_scale, coef, skip, lp, g->dt, s));
+        i = j;
+    }
+    return MT_OK;
+}
+
 mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float max_norm) {
     if (op->kind != MT_OPTIM_ADAMW) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the GPU step implements AdamW (optimizer.kind = \"adamw\")");
@@ -549,20 +571,7 @@ mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, flo
     OP(PROF_OPT, mt_cuda_sumsq(g->sumsq, g->grads, g->numel, g->sumsq_scratch, s));
     OP(PROF_OPT, mt_cuda_clip_coef(g->coef, g->norm, g->sumsq, max_norm, mt_loss_scaler_inv_scale(&g->scaler), s));
     g->t++;
-    void *lowp = g->dt == MT_CU_F32 ? NULL : g->wc;
-    /* runs of consecutive parameters with the same decay flag in one launch each */
-    for (int i = 0; i < g->n_params;) {
-        int j = i + 1;
-        while (j < g->n_params && g->decay[j] == g->decay[i]) {
-            j++;
-        }
-        size_t lo = g->offs[i], hi = j < g->n_params ? g->offs[j] : g->numel;
-        float wd = g->decay[i] ? op->weight_decay : 0.0f;
-        void *lp = lowp ? (char *)lowp + lo * g->es : NULL;
-        OP(PROF_OPT, mt_cuda_adamw(g->master + lo, g->grads + lo, g->adam_m + lo, g->adam_v + lo, hi - lo, lr,
-                                   op->beta1, op->beta2, op->eps, wd, g->t, 1.0f, g->coef, skip, lp, g->dt, s));
-        i = j;
-    }
+    MT_CHECK(adamw_all(g, op, lr, 1.0f, g->coef, skip));
     g->stepped = true;
     return MT_OK;
 }
@@ -665,24 +674,9 @@ mt_status_t mt_gpt2_cuda_step_scaled(mt_gpt2_cuda_t g, const mt_optim_params_t *
     if (skip) {
         return MT_OK; /* nothing launched: parameters, moments and the step count stay */
     }
-    void *s = g->stream;
     g->t++;
-    void *lowp = g->dt == MT_CU_F32 ? NULL : g->wc;
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
-    for (int i = 0; i < g->n_params;) {
-        int j = i + 1;
-        while (j < g->n_params && g->decay[j] == g->decay[i]) {
-            j++;
-        }
-        size_t lo = g->offs[i], hi = j < g->n_params ? g->offs[j] : g->numel;
-        float wd = g->decay[i] ? op->weight_decay : 0.0f;
-        void *lp = lowp ? (char *)lowp + lo * g->es : NULL;
-        OP(PROF_OPT, mt_cuda_adamw(g->master + lo, g->grads + lo, g->adam_m + lo, g->adam_v + lo, hi - lo, lr,
-                                   op->beta1, op->beta2, op->eps, wd, g->t, grad_scale * inv, NULL, NULL, lp, g->dt,
-                                   s));
-        i = j;
-    }
-    return MT_OK;
+    return adamw_all(g, op, lr, grad_scale * inv, NULL, NULL);
 }
 
 float mt_gpt2_cuda_loss_scale(mt_gpt2_cuda_t g) {
