@@ -3,13 +3,9 @@
  * config (validated on rank 0, broadcast), topology and binding (runtime.bind), the mesh in
  * parallel.order ("auto" follows the hardware), then the engine: the single-process one on one rank,
  * a data-parallel engine (parallel.engine, zero_stage) over the mesh's dp groups when tp = pp = 1, the
-<<<<<<< HEAD
  * model-parallel one otherwise (launch/job_mp.c: tensor and pipeline parallelism from parallel3d.h, dp by
- * the same engines holding only each stage's parameters). `meshtrain train3d` is this command.
-=======
- * model-parallel one (tensor and pipeline parallelism, dp by an all-reduce) otherwise; runtime.device =
- * "cuda" (or "auto" with a GPU on every rank and a config the GPU path runs) takes the GPU engine.
->>>>>>> main
+ * the same engines holding only each stage's parameters); runtime.device = "cuda" (or "auto" with a GPU
+ * on every rank and a config the GPU path runs) takes the GPU engine. `meshtrain train3d` is this command.
  * Exit status: 0 trained, 2 bad input (config, data files, layout), 1 failure while running, 3 the watchdog
  * ended a hung job, 128 + N stopped cleanly on signal N (143: SIGTERM) after writing a checkpoint.
  * SPDX-License-Identifier: MIT */

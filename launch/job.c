@@ -409,18 +409,22 @@ static mt_status_t setup(job_t *j) {
                         (long long)info->global_batch, (long long)info->micro_batch, (long long)info->grad_accum,
                         info->dp_size);
     }
+    /* Local set-up (allocations, the validation files) can fail on one rank alone; the ranks agree on it
+     * before the engine's collective set-up, so no rank is left waiting in a communicator's creation. */
+    mt_status_t local = MT_OK;
     if (!j->engine->own_activations) { /* a device engine keeps its activations on the device */
-        MT_CHECK(mt_acts_init(j->model, (int)info->micro_batch, (int)info->seq_len, &j->acts));
+        local = mt_acts_init(j->model, (int)info->micro_batch, (int)info->seq_len, &j->acts);
     }
-    if (mt_config_int(cfg, "train.eval_every") > 0) {
+    if (local == MT_OK && mt_config_int(cfg, "train.eval_every") > 0) {
         bool synthetic = !strcmp(mt_config_str(cfg, "data.kind"), "synthetic");
         if (synthetic || mt_config_str(cfg, "data.val")[0] != '\0') {
-            MT_CHECK(open_data(j, true, &j->val));
+            local = open_data(j, true, &j->val);
         } else if (j->out) {
             fprintf(j->out, "note: train.eval_every = %lld but data.val is empty: no validation\n",
                     (long long)mt_config_int(cfg, "train.eval_every"));
         }
     }
+    MT_CHECK(mt_job_agree(&j->sync, "agree_local_setup", local));
     MT_CHECK(j->engine->init(info, &j->ectx));
     MT_CHECK(open_train_data(j));
     /* Model FLOPs per token of the whole model as configured, whatever slice of it this rank holds (the
@@ -553,7 +557,7 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
          * holds). The norm and the clip coefficient are of the unscaled gradient; 1/scale is folded into the
          * step's gradient multiplier. */
         bool overflow = j->scaler.dynamic && !isfinite(sumsq);
-        double inv_scale = 1.0 / (double)scale; /* a power of two: exact */
+        double inv_scale = 1.0 / (double)scale; /* exact for a power-of-two scale (the default) */
         float coef = mt_clip_coef(sumsq * inv_scale * inv_scale, clip, &norm);
         float lr = mt_lr_at(&j->sched, s);
         MT_CHECK(j->engine->reduce_loss(j->ectx, &loss));

@@ -481,7 +481,8 @@ static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_pi
                 }
             }
             struct stat sb;
-            if (fstat(fd, &sb) != 0 || sh.offset + sh.bytes > (int64_t)sb.st_size) {
+            if (fstat(fd, &sb) != 0 || sh.offset < 0 || sh.bytes < 0 || sh.offset > (int64_t)sb.st_size ||
+                sh.bytes > (int64_t)sb.st_size - sh.offset) {
                 st = mt_error(MT_ERR_INVALID_ARG,
                               "checkpoint: shard file %s is truncated: tensor %s needs bytes [%lld, %lld), the file "
                               "has %lld",
@@ -788,12 +789,19 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
         free(text);
         return mt_error(MT_ERR_INVALID_ARG, "%s", msg);
     }
+    mt_status_t ast = MT_OK;
     if (j->rank != 0) {
         text = malloc((size_t)l64 + 1);
         if (!text) {
-            return mt_error(MT_ERR_OOM, "checkpoint: out of memory for the manifest");
+            ast = mt_error(MT_ERR_OOM, "checkpoint: out of memory for the manifest (%lld bytes)", (long long)l64);
+        } else {
+            text[l64] = '\0';
         }
-        text[l64] = '\0';
+    }
+    st = mt_job_agree(&j->sync, "manifest_alloc", ast); /* no rank may skip the broadcast below alone */
+    if (st != MT_OK) {
+        free(text);
+        return st;
     }
     MT_CHECK(mt_job_bcast(&j->sync, "manifest", text, (int)l64, MPI_CHAR, 0)); /* manifests stay far below 2 GiB */
     mt_json_t *man = NULL;

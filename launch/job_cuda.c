@@ -261,6 +261,28 @@ static mt_status_t on_grads(void *arg, size_t lo, size_t hi) {
     return MT_OK;
 }
 
+/* The dp communicators (gradients on the device, losses), collectively over info->comm. */
+static mt_status_t dp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
+    mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
+    cp.name = "dp-grads";
+    /* the emulator's device memory is host memory: its gradients travel through the MPI backend */
+    cp.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
+    mt_comm_params_t lp = MT_COMM_PARAMS_INIT;
+    lp.name = "dp-loss";
+    if (info->mesh) {
+        MT_CHECK(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_DP), &cp, &e->gcomm));
+        MT_CHECK(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_DP), &lp, &e->lcomm));
+    } else {
+        MT_CHECK(mt_comm_init(info->comm, &cp, &e->gcomm));
+        MT_CHECK(mt_comm_init(info->comm, &lp, &e->lcomm));
+    }
+    if (mt_comm_size(e->gcomm) != e->dp_size || mt_comm_rank(e->gcomm) != e->dp_rank) {
+        return mt_error(MT_ERR_INTERNAL, "cuda engine: dp communicator rank %d of %d, the job expects %d of %d",
+                        mt_comm_rank(e->gcomm), mt_comm_size(e->gcomm), e->dp_rank, e->dp_size);
+    }
+    return MT_OK;
+}
+
 static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     MT_CHECK(cuda_check_config(info->cfg));
     int ndev = mt_cuda_device_count();
@@ -292,7 +314,25 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->overlap = !strcmp(mt_config_str(cfg, "parallel.engine"), "ddp");
     e->bucket_elems = (size_t)MT_MAX(1.0, mt_config_float(cfg, "parallel.bucket_mb") * 1048576.0 / 4.0);
     /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one) */
-    MT_CHECK_GOTO(mt_cuda_status(cudaSetDevice(mt_rt_world()->local_rank % ndev), "cudaSetDevice"), st, fail);
+    st = mt_cuda_status(cudaSetDevice(mt_rt_world()->local_rank % ndev), "cudaSetDevice");
+    if (e->dp_size > 1) {
+        /* The dp communicators are created collectively over info->comm: every rank must get there, so the
+         * ranks agree on the device choice first and allocate only afterwards (a rank failing alone before a
+         * collective would leave the others waiting in it). */
+        int bad = st != MT_OK, any_bad = 0;
+        if (MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, info->comm) != MPI_SUCCESS) {
+            any_bad = 1;
+        }
+        if (any_bad && st == MT_OK) {
+            st = mt_error(MT_ERR_CUDA, "cuda engine: another rank could not select its GPU (its message is above)");
+        }
+        if (st == MT_OK) {
+            st = dp_comms_init(e, info);
+        }
+    }
+    if (st != MT_OK) {
+        goto fail;
+    }
     measure_peak(e, mt_rt_world()->local_rank % ndev);
     mt_mem_reset_peak(MT_MEM_DEVICE); /* the job's device peaks are its own (one device engine per process) */
     /* host weights: the random init (model.init = llmc:PATH arrives through the checkpoint pieces), then
@@ -312,26 +352,6 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&e->loss_host, (size_t)e->ga * 4), "pinned losses"), st,
                   fail);
     if (e->dp_size > 1) {
-        mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
-        cp.name = "dp-grads";
-        /* the emulator's device memory is host memory: its gradients travel through the MPI backend */
-        cp.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
-        mt_comm_params_t lp = MT_COMM_PARAMS_INIT;
-        lp.name = "dp-loss";
-        if (info->mesh) {
-            MT_CHECK_GOTO(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_DP), &cp, &e->gcomm), st,
-                          fail);
-            MT_CHECK_GOTO(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_DP), &lp, &e->lcomm), st,
-                          fail);
-        } else {
-            MT_CHECK_GOTO(mt_comm_init(info->comm, &cp, &e->gcomm), st, fail);
-            MT_CHECK_GOTO(mt_comm_init(info->comm, &lp, &e->lcomm), st, fail);
-        }
-        if (mt_comm_size(e->gcomm) != e->dp_size || mt_comm_rank(e->gcomm) != e->dp_rank) {
-            st = mt_error(MT_ERR_INTERNAL, "cuda engine: dp communicator rank %d of %d, the job expects %d of %d",
-                          mt_comm_rank(e->gcomm), mt_comm_size(e->gcomm), e->dp_rank, e->dp_size);
-            goto fail;
-        }
         MT_CHECK_GOTO(mt_cuda_status(cudaStreamCreateWithFlags(&e->comm_stream, cudaStreamNonBlocking), "stream"), st,
                       fail);
         MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&e->ready, cudaEventDisableTiming), "event"), st, fail);

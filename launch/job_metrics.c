@@ -145,7 +145,13 @@ static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
     const mt_world_t *w = mt_rt_world();
     if (j->engine->peak_flops) { /* a device engine knows its own (or that it does not know it) */
         double mine = j->engine->peak_flops(j->ectx, m->peak_src, sizeof(m->peak_src));
-        MT_CHECK(mt_job_allreduce(&j->sync, "peak_flops", &mine, &m->peak_flops, 1, MPI_DOUBLE, MPI_SUM));
+        double in[2] = {mine > 0 ? mine : 0.0, mine > 0 ? 0.0 : 1.0}, out[2] = {0.0, 0.0};
+        MT_CHECK(mt_job_allreduce(&j->sync, "peak_flops", in, out, 2, MPI_DOUBLE, MPI_SUM));
+        m->peak_flops = out[0];
+        if (out[1] > 0) { /* a partial sum would overstate MFU: without every rank's peak there is none */
+            m->peak_flops = 0.0;
+            snprintf(m->peak_src, sizeof(m->peak_src), "unknown on %.0f of %d ranks (MFU n/a)", out[1], w->size);
+        }
         if (m->peak_flops > 0 && w->size > 1) { /* rank 0's source, then the job's sum */
             size_t l = strlen(m->peak_src);
             snprintf(m->peak_src + l, sizeof(m->peak_src) - l, "; summed over %d ranks: %.1f TFLOP/s", w->size,

@@ -693,26 +693,48 @@ mt_status_t mt_config_load_world(MPI_Comm comm, const char *path, int n_override
         } else {
             header[1] = (long long)serialize(cfg, NULL);
             buf = malloc((size_t)header[1]);
-            serialize(cfg, buf);
+            if (!buf) {
+                fprintf(stderr, "meshtrain: config error: out of memory serialising the configuration (%lld bytes)\n",
+                        header[1]);
+                header[0] = 1;
+            } else {
+                serialize(cfg, buf);
+            }
         }
         free(msgs);
     }
     MT_CHECK(bcast_bounded(header, 2, MPI_LONG_LONG, comm, rank, "configuration's verdict"));
     if (header[0] != 0) {
+        mt_config_free(cfg);
         return mt_error(MT_ERR_INVALID_ARG, "invalid configuration (errors printed by rank 0)");
     }
     if (rank != 0) {
         buf = malloc((size_t)header[1]);
     }
-    if (bcast_bounded(buf, (int)header[1], MPI_BYTE, comm, rank, "configuration") != MT_OK) {
+    /* A rank that cannot allocate still takes part in the broadcast (into a sink), then fails. */
+    char *sink = NULL;
+    if (!buf) {
+        sink = malloc((size_t)header[1]);
+        if (!sink) {
+            fprintf(stderr, "meshtrain: rank %d: out of memory receiving the configuration (%lld bytes); aborting\n",
+                    rank, header[1]);
+            MPI_Abort(comm, 1);
+        }
+    }
+    if (bcast_bounded(buf ? buf : sink, (int)header[1], MPI_BYTE, comm, rank, "configuration") != MT_OK) {
         free(buf);
+        free(sink);
         mt_config_free(cfg);
         return mt_error(MT_ERR_MPI, "broadcast of the configuration failed");
     }
-    if (rank != 0) {
+    free(sink);
+    if (rank != 0 && buf) {
         cfg = deserialize(buf);
     }
     free(buf);
+    if (!cfg) {
+        return mt_error(MT_ERR_OOM, "out of memory receiving the configuration (%lld bytes)", header[1]);
+    }
     *out = cfg;
     return MT_OK;
 }
