@@ -80,12 +80,17 @@ mt_need_packages() {
             >/dev/null; } || mt_fail "apt-get install ${missing[*]} failed (see above)"
 }
 
-# mt_free_port: prints a TCP port nobody listens on (another fixture run may be active on this machine).
+# mt_free_port: prints a TCP port no socket uses (another fixture run may be active on this machine).
+# Ports come from below the kernel's ephemeral range, which outgoing connections (MPI's TCP wire-up, other
+# tests) take their local ports from: a port picked there can be taken between the check and the daemon's
+# bind ("Address already in use"). The check covers sockets in any state, not only listening ones.
 mt_free_port() {
-    local port _
+    local port _ lo hi
+    read -r lo hi < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || lo=32768
+    hi=$((lo > 12000 ? lo - 1 : 32767))
     for _ in $(seq 1 50); do
-        port=$((20000 + RANDOM % 30000))
-        if ! ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
+        port=$((10000 + RANDOM % (hi - 10000)))
+        if ! ss -Htan "sport = :$port" 2>/dev/null | grep -q .; then
             echo "$port"
             return 0
         fi
