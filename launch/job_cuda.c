@@ -1,9 +1,12 @@
 /* The GPU engine of the training loop (runtime.device = "cuda"): GPT-2 on this rank's GPU through
- * models/cuda/gpt2_cuda.h in precision.compute, and with dp > 1 whole replicas whose gradients are averaged
- * over NCCL on a stream of their own, bucket by bucket while backward still runs (parallel.engine = "ddp")
- * or in one all-reduce after it ("dp"). The loop's clipping, NaN agreement, metrics and checkpoints work
+ * models/cuda/gpt2_cuda.h in precision.compute, and with dp > 1 replicas whose gradients are averaged over
+ * NCCL on a stream of their own, bucket by bucket while backward still runs (parallel.engine = "ddp") or in
+ * one all-reduce after it ("dp"). ZeRO-1 (parallel.engine = "zero", zero_stage = 1) shards the optimizer:
+ * each rank keeps the master weights and AdamW moments of one slice of the flat layout, each bucket's
+ * gradients are reduced to the slices' owners during backward, each rank updates its slice and the compute
+ * copy is all-gathered after the step. The loop's clipping, NaN agreement, metrics and checkpoints work
  * unchanged: the engine syncs twice per step (the loss after backward, the gradient norm after the
- * all-reduce). Built without CUDA, the engine only refuses, naming what to use instead.
+ * reductions). Built without CUDA, the engine only refuses, naming what to use instead.
  * SPDX-License-Identifier: MIT */
 #include "mt_build_config.h"
 
@@ -12,6 +15,7 @@
 #include <string.h>
 
 #include "launch/job.h"
+#include "launch/job_pieces.h"
 #include "runtime/config.h"
 #include "runtime/rt.h"
 
@@ -52,12 +56,13 @@ static mt_status_t cuda_check_config(const mt_config_t *cfg) {
                             dev, axes[i][0], (long long)v, axes[i][1], axes[i][0]);
         }
     }
-    if (!strcmp(mt_config_str(cfg, "parallel.engine"), "zero")) {
+    int64_t stage = mt_config_int(cfg, "parallel.zero_stage");
+    if (!strcmp(mt_config_str(cfg, "parallel.engine"), "zero") && stage != 1) {
         return mt_error(MT_ERR_INVALID_ARG,
-                        "runtime.device = \"%s\": parallel.engine = \"zero\" (ZeRO stage %lld) shards state on the "
-                        "CPU engines only; the GPU engine keeps whole replicas and averages gradients: set "
-                        "parallel.engine = \"ddp\", or runtime.device = \"cpu\"",
-                        dev, (long long)mt_config_int(cfg, "parallel.zero_stage"));
+                        "runtime.device = \"%s\": parallel.zero_stage = %lld: the GPU engine shards the optimizer "
+                        "state (ZeRO stage 1) but keeps whole gradients and weights; stages 2 and 3 run on the CPU "
+                        "engines: set parallel.zero_stage = 1, or runtime.device = \"cpu\"",
+                        dev, (long long)stage);
     }
     if (strcmp(mt_config_str(cfg, "optimizer.kind"), "adamw") != 0) {
         return mt_error(MT_ERR_INVALID_ARG,
@@ -129,7 +134,10 @@ typedef struct {
     mt_prec_t prec;
     int64_t mb, T, ga;
     int dp_size, dp_rank;
-    bool overlap;        /* parallel.engine = "ddp": buckets during backward; "dp": one all-reduce after it */
+    bool overlap;        /* "ddp", "zero": buckets during backward; "dp": one all-reduce after it */
+    bool zero;           /* ZeRO-1 (dp > 1): each bucket reduced to the owners of its slices, weights gathered */
+    size_t sh_lo, sh_hi; /* ZeRO-1: this rank's slice of the flat layout (everything otherwise) */
+    size_t sh_len;       /* ZeRO-1: the slice length: rank r owns [r * sh_len, (r + 1) * sh_len) */
     size_t bucket_elems; /* parallel.bucket_mb in floats */
     size_t numel;
     mt_comm_t gcomm;          /* dp > 1: the gradients' communicator (device memory: NCCL) */
@@ -228,16 +236,27 @@ static void ce_free(void *ctx) {
     free(e);
 }
 
-/* All-reduces (average) gradients [lo, hi) on the comm stream, ordered after everything enqueued on the
- * compute stream so far (the backward launches that completed them). */
+/* Averages gradients [lo, hi) over dp on the comm stream, ordered after everything enqueued on the compute
+ * stream so far (the backward launches that completed them): all-reduced, or under ZeRO-1 each slice's part
+ * reduced to the slice's owner (the other ranks' copies of it are not used again this step). */
 static mt_status_t launch_bucket(cuda_engine_t *e, size_t lo, size_t hi) {
     if (hi <= lo) {
         return MT_OK;
     }
     CU(cudaEventRecord(e->ready, e->cstream));
     CU(cudaStreamWaitEvent(e->comm_stream, e->ready, 0));
-    float *grads = mt_gpt2_cuda_grads(e->g) + lo;
-    MT_CHECK(mt_coll_all_reduce(e->gcomm, grads, grads, hi - lo, MT_COLL_F32, MT_REDOP_AVG, e->comm_stream, NULL));
+    float *grads = mt_gpt2_cuda_grads(e->g);
+    if (!e->zero) {
+        MT_CHECK(mt_coll_all_reduce(e->gcomm, grads + lo, grads + lo, hi - lo, MT_COLL_F32, MT_REDOP_AVG,
+                                    e->comm_stream, NULL));
+    }
+    for (size_t a = lo; e->zero && a < hi;) {
+        int owner = (int)(a / e->sh_len);
+        size_t b = MT_MIN(hi, (size_t)(owner + 1) * e->sh_len);
+        MT_CHECK(mt_coll_reduce(e->gcomm, grads + a, grads + a, b - a, MT_COLL_F32, MT_REDOP_AVG, owner,
+                                e->comm_stream, NULL));
+        a = b;
+    }
     e->n_buckets++;
     return MT_OK;
 }
@@ -311,7 +330,8 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->ga = info->grad_accum;
     e->dp_size = info->dp_size;
     e->dp_rank = info->dp_rank;
-    e->overlap = !strcmp(mt_config_str(cfg, "parallel.engine"), "ddp");
+    e->zero = !strcmp(mt_config_str(cfg, "parallel.engine"), "zero") && e->dp_size > 1;
+    e->overlap = e->zero || !strcmp(mt_config_str(cfg, "parallel.engine"), "ddp");
     e->bucket_elems = (size_t)MT_MAX(1.0, mt_config_float(cfg, "parallel.bucket_mb") * 1048576.0 / 4.0);
     /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one) */
     st = mt_cuda_status(cudaSetDevice(mt_rt_world()->local_rank % ndev), "cudaSetDevice");
@@ -343,8 +363,11 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     gp.T = (int)e->T;
     gp.init_scale = (float)mt_config_float(cfg, "precision.init_scale");
     gp.scale_window = mt_config_int(cfg, "precision.scale_window");
+    gp.shard_count = e->zero ? e->dp_size : 1;
+    gp.shard_index = e->zero ? e->dp_rank : 0;
     MT_CHECK_GOTO(mt_gpt2_cuda_init(e->model, &gp, &e->g), st, fail);
     e->numel = mt_model_numel(e->model);
+    mt_gpt2_cuda_shard(e->g, &e->sh_lo, &e->sh_hi, &e->sh_len);
     e->cstream = (cudaStream_t)mt_gpt2_cuda_stream(e->g);
     MT_CHECK_GOTO(mt_dev_malloc((void **)&e->loss_dev, (size_t)e->ga * 4, MT_MEM_OTHER, "cuda engine losses",
                                 e->cstream),
@@ -372,7 +395,9 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         MT_INFO(MT_LOG_INIT, "cuda engine: no NVML energy counter: step metrics carry no energy_j");
     }
     MT_INFO(MT_LOG_INIT, "cuda engine: device %d, %s, dp %d (%s), buckets of %zu floats", d, prec, e->dp_size,
-            e->overlap ? "ddp: all-reduce per bucket during backward" : "dp: one all-reduce after backward",
+            e->zero      ? "zero-1: buckets reduced to their slices' owners during backward, weights all-gathered"
+            : e->overlap ? "ddp: all-reduce per bucket during backward"
+                         : "dp: one all-reduce after backward",
             e->bucket_elems);
     *ctx = e;
     return MT_OK;
@@ -425,10 +450,18 @@ static mt_status_t ce_grad_sumsq(void *ctx, double *total) {
     cuda_engine_t *e = ctx;
     bool nonfinite = false;
     MT_CHECK(mt_gpt2_cuda_grad_stats(e->g, total, &nonfinite));
+    if (e->zero) { /* each rank summed its slice: the norm and the fp16 overflow verdict are the group's */
+        double v[2] = {*total, nonfinite ? 1.0 : 0.0};
+        MT_CHECK(mt_coll_all_reduce(e->lcomm, v, v, 2, MT_COLL_F64, MT_REDOP_SUM, NULL, NULL));
+        *total = v[0];
+        nonfinite = v[1] > 0.0;
+        mt_gpt2_cuda_set_nonfinite(e->g, nonfinite);
+    }
     float scale = mt_gpt2_cuda_loss_scale(e->g);
     if (nonfinite && e->prec == MT_PREC_FP16) {
         /* fp16 loss scaling: an overflow is expected now and then; the step skips it and halves the scale.
-         * The gradients are averaged, so every rank sees the same overflow and takes the same decision. */
+         * The gradients are averaged (ZeRO-1: the verdict is agreed above), so every rank sees the same
+         * overflow and takes the same decision. */
         MT_INFO(MT_LOG_TRAIN, "fp16: inf/NaN gradients at loss scale %g: the step is skipped, the scale halves",
                 (double)scale);
         *total = 0.0;
@@ -438,7 +471,22 @@ static mt_status_t ce_grad_sumsq(void *ctx, double *total) {
 
 static mt_status_t ce_step(void *ctx, float lr, float grad_scale) {
     cuda_engine_t *e = ctx;
-    return mt_gpt2_cuda_step_scaled(e->g, &e->optim, lr, grad_scale, NULL);
+    bool skipped = false;
+    MT_CHECK(mt_gpt2_cuda_step_scaled(e->g, &e->optim, lr, grad_scale, &skipped));
+    if (!e->zero || skipped) { /* a skipped fp16 step changed no slice (and every rank skipped it) */
+        return MT_OK;
+    }
+    /* ZeRO-1: every rank's updated slice of the compute copy to every rank, in place, on the comm stream
+     * after the update; the next forward (compute stream) waits for it on the device */
+    mt_dtype_t dt = mt_prec_storage(e->prec);
+    char *w = mt_gpt2_cuda_weights(e->g);
+    CU(cudaEventRecord(e->ready, e->cstream));
+    CU(cudaStreamWaitEvent(e->comm_stream, e->ready, 0));
+    MT_CHECK(mt_coll_all_gather(e->gcomm, w + (size_t)e->dp_rank * e->sh_len * mt_dtype_size(dt), w, e->sh_len,
+                                (mt_coll_dtype_t)dt, e->comm_stream, NULL));
+    CU(cudaEventRecord(e->comm_done, e->comm_stream));
+    CU(cudaStreamWaitEvent(e->cstream, e->comm_done, 0));
+    return mt_comm_get_async_error(e->gcomm);
 }
 
 static mt_status_t ce_reduce_loss(void *ctx, double *loss) {
@@ -449,48 +497,51 @@ static mt_status_t ce_reduce_loss(void *ctx, double *loss) {
     return mt_coll_all_reduce(e->lcomm, loss, loss, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, NULL);
 }
 
-/* Every parameter and its AdamW moments, whole, staged in host memory: save copies the device state
- * there first (dp rank 0 writes; the replicas are equal), a load fills it and ce_ckpt_loaded uploads. */
+/* The parameters and their AdamW moments, staged in host memory: save copies the device state there first
+ * and lists what this rank writes (dp rank 0 everything, the replicas being equal; under ZeRO-1 every rank
+ * the weights and moments of its slice), a load lists what the rank holds (every weight, the moments of its
+ * slice) and ce_ckpt_loaded uploads them. */
 static mt_status_t ce_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **pieces, int *n) {
     cuda_engine_t *e = ctx;
     *pieces = NULL;
     *n = 0;
-    if (save && e->dp_rank != 0) {
+    if (save && e->dp_rank != 0 && !e->zero) {
         return MT_OK;
     }
+    size_t lo = e->sh_lo, hi = e->sh_hi;
     if (!e->h_m) {
-        e->h_m = mt_calloc(e->numel * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
-        e->h_v = mt_calloc(e->numel * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
+        e->h_m = mt_calloc(MT_MAX(hi - lo, 1) * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
+        e->h_v = mt_calloc(MT_MAX(hi - lo, 1) * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
         if (!e->h_m || !e->h_v) {
-            return mt_error(MT_ERR_OOM, "checkpoint: no host memory to stage %zu optimizer values", 2 * e->numel);
+            return mt_error(MT_ERR_OOM, "checkpoint: no host memory to stage %zu optimizer values", 2 * (hi - lo));
         }
     }
     float *params = mt_model_params_flat(e->model);
     if (save) {
         MT_CHECK(mt_gpt2_cuda_get_state(e->g, params, e->h_m, e->h_v));
     }
-    int np = mt_model_n_params(e->model), k = 0;
-    mt_ckpt_piece_t *out = calloc((size_t)(3 * np), sizeof(*out));
-    if (!out) {
-        return mt_error(MT_ERR_OOM, "checkpoint: out of memory listing %d parameters", np);
-    }
-    for (int i = 0; i < np; i++) {
+    mt_plist_t l = {0};
+    mt_status_t st = MT_OK;
+    for (int i = 0; i < mt_model_n_params(e->model) && st == MT_OK; i++) {
         const mt_param_t *p = mt_model_param(e->model, i);
-        float *bufs[3] = {params + p->offset, e->h_m + p->offset, e->h_v + p->offset};
-        const char *kinds[3] = {"param", "adamw.m", "adamw.v"};
-        for (int b = 0; b < 3; b++) {
-            mt_ckpt_piece_t *pc = &out[k++];
-            snprintf(pc->tensor, sizeof(pc->tensor), "%s/%s", kinds[b], p->name);
-            pc->ndim = p->ndim;
-            for (int dd = 0; dd < p->ndim; dd++) {
-                pc->shape[dd] = p->global_shape[dd];
-                pc->hi[dd] = p->global_shape[dd];
-            }
-            pc->data = bufs[b];
+        size_t a = MT_MAX(p->offset, lo) - p->offset, b = MT_MIN(p->offset + p->numel, hi);
+        b = b > p->offset ? b - p->offset : 0; /* [a, b): the slice's part of p */
+        /* the weights: the slice's part on save, whole on a load (the compute copy is whole) */
+        size_t wa = save ? a : 0, wb = save ? b : p->numel;
+        st = mt_plist_push_flat(&l, "param", p, 1, 0, wa, wb, params + p->offset + wa);
+        if (st == MT_OK && a < b) {
+            st = mt_plist_push_flat(&l, "adamw.m", p, 1, 0, a, b, e->h_m + (p->offset + a - lo));
+        }
+        if (st == MT_OK && a < b) {
+            st = mt_plist_push_flat(&l, "adamw.v", p, 1, 0, a, b, e->h_v + (p->offset + a - lo));
         }
     }
-    *pieces = out;
-    *n = k;
+    if (st != MT_OK) {
+        free(l.v);
+        return st;
+    }
+    *pieces = l.v;
+    *n = l.n;
     return MT_OK;
 }
 

@@ -39,8 +39,11 @@ struct mt_gpt2_cuda {
                             * previous micro-batch's work before it enqueues the next forward */
     mt_cuda_ctx_t ctx;
     void *ws;
-    float *master, *grads, *adam_m, *adam_v;
-    void *wc; /* compute copy in the storage dtype (== master for f32 storage) */
+    float *grads, *adam_m, *adam_v; /* gradients (numel), AdamW moments of the slice (sh_hi - sh_lo) */
+    float *master;                  /* f32 master weights of the slice: master[i - sh_lo] (in wc for f32 storage) */
+    void *wc;                       /* compute copy in the storage dtype, sh_n * sh_len elements */
+    int sh_n, sh_r;                 /* ZeRO-1: shards and this model's (1, 0: unsharded) */
+    size_t sh_lo, sh_hi, sh_len;    /* the slice this model updates, the slice length */
     size_t *offs;
     bool *decay;
     int n_params;
@@ -85,6 +88,7 @@ static void *carve(char **cursor, size_t bytes) {
     return p;
 }
 
+#define CK(call) MT_CHECK(mt_cuda_status((call), #call))
 #define W(i) ((void *)((char *)g->wc + g->offs[i] * g->es))
 #define G(i) (g->grads + g->offs[i])
 
@@ -111,6 +115,10 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
     if (!p || p->size != sizeof(*p) || (unsigned)p->prec >= MT_PREC_COUNT) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: parameters not initialised with MT_GPT2_CUDA_PARAMS_INIT");
     }
+    if (p->shard_count < 1 || p->shard_index < 0 || p->shard_index >= p->shard_count) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: shard %d of %d: expected 0 <= shard_index < shard_count",
+                        p->shard_index, p->shard_count);
+    }
     if (p->B < 1 || p->T < 1 || p->T > c->seq_len) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: micro-batch %d x %d must have B >= 1 and 1 <= T <= seq_len %d",
                         p->B, p->T, c->seq_len);
@@ -124,6 +132,29 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
                             mt_model_param(m, i)->name);
         }
     }
+    return MT_OK;
+}
+
+/* Uploads whole f32 weights (numel floats, flat layout; NULL: each parameter's host data) into the compute
+ * copy and the master weights of the slice, on the compute stream (a pageable cudaMemcpy may return before
+ * its DMA lands, and the non-blocking stream would not wait for it), and zeroes the gradients (bf16/fp16
+ * storage stages the f32 weights there). */
+static mt_status_t upload_weights(mt_gpt2_cuda_t g, const float *flat) {
+    float *stage = g->dt == MT_CU_F32 ? (float *)g->wc : g->grads;
+    if (flat) {
+        CK(cudaMemcpyAsync(stage, flat, g->numel * 4, cudaMemcpyHostToDevice, g->stream));
+    } else {
+        for (int i = 0; i < g->n_params; i++) {
+            const mt_param_t *pp = mt_model_param(g->m, i);
+            CK(cudaMemcpyAsync(stage + pp->offset, pp->data, pp->numel * 4, cudaMemcpyHostToDevice, g->stream));
+        }
+    }
+    if (g->dt != MT_CU_F32) {
+        CK(mt_cuda_convert(g->wc, g->dt, stage, MT_CU_F32, g->numel, 1.0f, g->stream));
+        CK(cudaMemcpyAsync(g->master, stage + g->sh_lo, (g->sh_hi - g->sh_lo) * 4, cudaMemcpyDeviceToDevice,
+                           g->stream));
+    }
+    CK(cudaMemsetAsync(g->grads, 0, g->numel * 4, g->stream));
     return MT_OK;
 }
 
@@ -162,33 +193,38 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         st = mt_error(MT_ERR_OOM, "gpt2_cuda: no host memory");
         goto fail;
     }
-    /* parameters: f32 master (uploaded), compute copy, gradients, AdamW moments */
-    MT_CHECK_GOTO(dalloc(g, (void **)&g->master, g->numel * 4, MT_MEM_PARAMS, "gpt2_cuda master weights"), st, fail);
-    /* uploads on the compute stream: a pageable cudaMemcpy may return before its DMA lands, and the
-     * non-blocking stream would not wait for it */
+    /* ZeRO-1 slices: sh_len elements each (a multiple of 64, so every slice starts 256-byte aligned) */
+    g->sh_n = p->shard_count;
+    g->sh_r = p->shard_index;
+    g->sh_len = g->sh_n > 1 ? MT_DIV_UP(MT_DIV_UP(g->numel, (size_t)g->sh_n), 64) * 64 : g->numel;
+    g->sh_lo = MT_MIN((size_t)g->sh_r * g->sh_len, g->numel);
+    g->sh_hi = MT_MIN(g->sh_lo + g->sh_len, g->numel);
+    size_t slice = g->sh_hi - g->sh_lo, padded = g->sh_len * (size_t)g->sh_n;
     for (int i = 0; i < g->n_params; i++) {
         const mt_param_t *pp = mt_model_param(m, i);
         g->offs[i] = pp->offset;
         g->decay[i] = pp->is_weight2d;
-        MT_CHECK_GOTO(mt_cuda_status(cudaMemcpyAsync(g->master + pp->offset, pp->data, pp->numel * 4,
-                                                     cudaMemcpyHostToDevice, g->stream),
-                                     "upload parameters"),
-                      st, fail);
     }
+    /* parameters: compute copy (the f32 master weights themselves for f32 storage), the master weights of
+     * the slice (other storage), gradients, AdamW moments of the slice */
+    MT_CHECK_GOTO(dalloc(g, &g->wc, padded * es, MT_MEM_PARAMS,
+                         g->dt == MT_CU_F32 ? "gpt2_cuda master weights" : "gpt2_cuda compute weights"),
+                  st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->wc, 0, padded * es, g->stream), "memset"), st, fail);
     if (g->dt == MT_CU_F32) {
-        g->wc = g->master;
+        g->master = (float *)g->wc + g->sh_lo;
     } else {
-        MT_CHECK_GOTO(dalloc(g, &g->wc, g->numel * es, MT_MEM_PARAMS, "gpt2_cuda compute weights"), st, fail);
-        MT_CHECK_GOTO(mt_cuda_status(mt_cuda_convert(g->wc, g->dt, g->master, MT_CU_F32, g->numel, 1.0f, g->stream),
-                                     "convert weights"),
+        MT_CHECK_GOTO(dalloc(g, (void **)&g->master, MT_MAX(slice, 1) * 4, MT_MEM_PARAMS, "gpt2_cuda master weights"),
                       st, fail);
     }
     MT_CHECK_GOTO(dalloc(g, (void **)&g->grads, g->numel * 4, MT_MEM_GRADS, "gpt2_cuda grads"), st, fail);
-    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_m, g->numel * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam m"), st, fail);
-    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_v, g->numel * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam v"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->grads, 0, g->numel * 4, g->stream), "memset"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_m, 0, g->numel * 4, g->stream), "memset"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_v, 0, g->numel * 4, g->stream), "memset"), st, fail);
+    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_m, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam m"), st,
+                  fail);
+    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_v, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam v"), st,
+                  fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_m, 0, slice * 4, g->stream), "memset"), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_v, 0, slice * 4, g->stream), "memset"), st, fail);
+    MT_CHECK_GOTO(upload_weights(g, NULL), st, fail);
     /* activations: one allocation for everything backward reads */
     size_t lb = layer_bytes(g), head = 0;
     size_t head_sizes[] = {N * C * es, N * 4, N * 4, N * (size_t)g->Vp * es, N * 4, N * 4, 256, 256};
@@ -303,7 +339,6 @@ mt_status_t mt_gpt2_cuda_zero_grads(mt_gpt2_cuda_t g) {
     return mt_cuda_status(cudaMemsetAsync(g->grads, 0, g->numel * 4, g->stream), "zero grads");
 }
 
-#define CK(call) MT_CHECK(mt_cuda_status((call), #call))
 
 /* Records the end of a launch of category cat (or, cat < 0, the start of a timed stretch). */
 static mt_status_t prof_mark(mt_gpt2_cuda_t g, int cat) {
@@ -531,8 +566,8 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     return grads_done(g, 0, BLOCK0);
 }
 
-/* Fused AdamW over every parameter at step g->t: one launch per run of consecutive parameters with the same
- * weight-decay flag, each gradient times grad_scale (and *coef when given on the device; skip: a device
+/* Fused AdamW over every parameter of the slice at step g->t: one launch per run of consecutive parameters
+ * with the same weight-decay flag, each gradient times grad_scale (and *coef when given on the device; skip: a device
  * flag that, when set, makes the update change nothing), refreshing the low-precision compute copy. */
 static mt_status_t adamw_all(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,
                              const float *coef, const int *skip) {
@@ -543,11 +578,15 @@ static mt_status_t adamw_all(mt_gpt2_cuda_t g, const mt_optim_params_t *op, floa
         while (j < g->n_params && g->decay[j] == g->decay[i]) {
             j++;
         }
-        size_t lo = g->offs[i], hi = j < g->n_params ? g->offs[j] : g->numel;
-        float wd = g->decay[i] ? op->weight_decay : 0.0f;
-        void *lp = lowp ? (char *)lowp + lo * g->es : NULL;
-        OP(PROF_OPT, mt_cuda_adamw(g->master + lo, g->grads + lo, g->adam_m + lo, g->adam_v + lo, hi - lo, lr,
-                                   op->beta1, op->beta2, op->eps, wd, g->t, grad_scale, coef, skip, lp, g->dt, s));
+        /* the run's part in this model's slice */
+        size_t lo = MT_MAX(g->offs[i], g->sh_lo), hi = MT_MIN(j < g->n_params ? g->offs[j] : g->numel, g->sh_hi);
+        if (lo < hi) {
+            float wd = g->decay[i] ? op->weight_decay : 0.0f;
+            void *lp = lowp ? (char *)lowp + lo * g->es : NULL;
+            size_t k = lo - g->sh_lo;
+            OP(PROF_OPT, mt_cuda_adamw(g->master + k, g->grads + lo, g->adam_m + k, g->adam_v + k, hi - lo, lr,
+                                       op->beta1, op->beta2, op->eps, wd, g->t, grad_scale, coef, skip, lp, g->dt, s));
+        }
         i = j;
     }
     return MT_OK;
@@ -559,6 +598,11 @@ mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, flo
     }
     if (g->stepped) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: call mt_gpt2_cuda_step_result after each step");
+    }
+    if (g->sh_n > 1) {
+        return mt_error(MT_ERR_INVALID_USAGE,
+                        "gpt2_cuda: a sharded model's gradient norm spans its ranks: use mt_gpt2_cuda_grad_stats and "
+                        "mt_gpt2_cuda_step_scaled");
     }
     void *s = g->stream;
     const int *skip = NULL;
@@ -610,8 +654,14 @@ mt_status_t mt_gpt2_cuda_get_grads(mt_gpt2_cuda_t g, float *host) {
 }
 
 mt_status_t mt_gpt2_cuda_get_params(mt_gpt2_cuda_t g, float *host) {
+    if (g->sh_n > 1 && g->dt != MT_CU_F32) {
+        return mt_error(MT_ERR_INVALID_USAGE,
+                        "gpt2_cuda: a sharded model in %s holds the master weights of its slice only: use "
+                        "mt_gpt2_cuda_get_state",
+                        mt_prec_name(g->p.prec));
+    }
     CK(cudaStreamSynchronize(g->stream));
-    CK(cudaMemcpy(host, g->master, g->numel * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(host, g->dt == MT_CU_F32 ? (float *)g->wc : g->master, g->numel * 4, cudaMemcpyDeviceToHost));
     return MT_OK;
 }
 
@@ -640,11 +690,19 @@ mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfi
     void *s = g->stream;
     int found = 0;
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    const float *gs = g->grads + g->sh_lo;
+    size_t n = g->sh_hi - g->sh_lo;
     if (g->scaler.dynamic) {
         OP(PROF_OTHER, cudaMemsetAsync(g->found_inf, 0, sizeof(int), g->stream));
-        OP(PROF_OPT, mt_cuda_check_finite(g->found_inf, g->grads, g->numel, MT_CU_F32, s));
+        if (n > 0) {
+            OP(PROF_OPT, mt_cuda_check_finite(g->found_inf, gs, n, MT_CU_F32, s));
+        }
     }
-    OP(PROF_OPT, mt_cuda_sumsq(g->sumsq, g->grads, g->numel, g->sumsq_scratch, s));
+    if (n > 0) {
+        OP(PROF_OPT, mt_cuda_sumsq(g->sumsq, gs, n, g->sumsq_scratch, s));
+    } else {
+        OP(PROF_OTHER, cudaMemsetAsync(g->sumsq, 0, sizeof(double), g->stream));
+    }
     CK(cudaStreamSynchronize(g->stream));
     double ss = 0;
     CK(cudaMemcpy(&ss, g->sumsq, sizeof(double), cudaMemcpyDeviceToHost));
@@ -656,6 +714,20 @@ mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfi
     *sumsq = ss * inv * inv;
     *nonfinite = g->nonfinite;
     return MT_OK;
+}
+
+void mt_gpt2_cuda_set_nonfinite(mt_gpt2_cuda_t g, bool nonfinite) {
+    g->nonfinite = nonfinite;
+}
+
+void mt_gpt2_cuda_shard(mt_gpt2_cuda_t g, size_t *lo, size_t *hi, size_t *len) {
+    *lo = g->sh_lo;
+    *hi = g->sh_hi;
+    *len = g->sh_len;
+}
+
+void *mt_gpt2_cuda_weights(mt_gpt2_cuda_t g) {
+    return g->wc;
 }
 
 mt_status_t mt_gpt2_cuda_step_scaled(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,
@@ -690,10 +762,11 @@ mt_loss_scaler_t *mt_gpt2_cuda_scaler(mt_gpt2_cuda_t g) {
 /* Copies on the compute stream, then waits: a pageable cudaMemcpy may return before its DMA lands, and
  * the non-blocking compute stream would not be ordered after it. */
 mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, float *v) {
-    float *src[3] = {g->master, g->adam_m, g->adam_v}, *dst[3] = {params, m, v};
+    size_t n = g->sh_hi - g->sh_lo;
+    float *src[3] = {g->master, g->adam_m, g->adam_v}, *dst[3] = {params ? params + g->sh_lo : NULL, m, v};
     for (int i = 0; i < 3; i++) {
         if (dst[i]) {
-            CK(cudaMemcpyAsync(dst[i], src[i], g->numel * 4, cudaMemcpyDeviceToHost, g->stream));
+            CK(cudaMemcpyAsync(dst[i], src[i], n * 4, cudaMemcpyDeviceToHost, g->stream));
         }
     }
     CK(cudaStreamSynchronize(g->stream));
@@ -701,15 +774,16 @@ mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, fl
 }
 
 mt_status_t mt_gpt2_cuda_set_state(mt_gpt2_cuda_t g, const float *params, const float *m, const float *v) {
-    float *dst[3] = {g->master, g->adam_m, g->adam_v};
-    const float *src[3] = {params, m, v};
-    for (int i = 0; i < 3; i++) {
-        if (src[i]) {
-            CK(cudaMemcpyAsync(dst[i], src[i], g->numel * 4, cudaMemcpyHostToDevice, g->stream));
-        }
+    size_t n = g->sh_hi - g->sh_lo;
+    if (params) {
+        MT_CHECK(upload_weights(g, params));
     }
-    if (params && g->dt != MT_CU_F32) {
-        CK(mt_cuda_convert(g->wc, g->dt, g->master, MT_CU_F32, g->numel, 1.0f, g->stream));
+    float *dst[2] = {g->adam_m, g->adam_v};
+    const float *src[2] = {m, v};
+    for (int i = 0; i < 2; i++) {
+        if (src[i]) {
+            CK(cudaMemcpyAsync(dst[i], src[i], n * 4, cudaMemcpyHostToDevice, g->stream));
+        }
     }
     CK(cudaStreamSynchronize(g->stream));
     return MT_OK;

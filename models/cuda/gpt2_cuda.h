@@ -23,12 +23,14 @@ typedef struct {
     float init_scale;     /* fp16: precision.init_scale */
     int64_t scale_window; /* fp16: precision.scale_window */
     bool fused_gelu;      /* the fc layer's GELU in the cuBLASLt epilogue (default true) */
+    int shard_count;      /* ZeRO-1 over shard_count ranks (1: unsharded): see mt_gpt2_cuda_shard */
+    int shard_index;      /* this rank's shard, 0 <= shard_index < shard_count */
 } mt_gpt2_cuda_params_t;
 
 #define MT_GPT2_CUDA_PARAMS_INIT                                                                                       \
     {                                                                                                                  \
         .size = sizeof(mt_gpt2_cuda_params_t), .prec = MT_PREC_FP32, .B = 4, .T = 64, .init_scale = 65536.0f,          \
-        .scale_window = 1000, .fused_gelu = true                                                                       \
+        .scale_window = 1000, .fused_gelu = true, .shard_count = 1, .shard_index = 0                                   \
     }
 
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
@@ -57,7 +59,8 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale);
 
 /* Optimizer step (enqueued, no host wait): global-norm clipping at max_norm (<= 0: off) on the unscaled
  * gradients, the fp16 overflow check (a step with inf/NaN gradients changes nothing), fused AdamW on the
- * master weights (weight decay on 2-D weights only, as the CPU optimizer) refreshing the compute copy. */
+ * master weights (weight decay on 2-D weights only, as the CPU optimizer) refreshing the compute copy.
+ * Unsharded models only (a sharded one's norm spans ranks: its engine uses mt_gpt2_cuda_step_scaled). */
 mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float max_norm);
 
 typedef struct {
@@ -74,7 +77,9 @@ mt_status_t mt_gpt2_cuda_step_result(mt_gpt2_cuda_t g, mt_gpt2_cuda_result_t *r)
 /* Waits and reads the loss of the last forward (no step needed). */
 mt_status_t mt_gpt2_cuda_loss(mt_gpt2_cuda_t g, float *loss);
 
-/* Copies the f32 gradients / master parameters (numel floats, flat layout) to host memory (waits). */
+/* Copies the f32 gradients / master parameters (numel floats, flat layout) to host memory (waits). A sharded
+ * model in bf16/fp16 holds only its shard of the master weights: get_params is refused there
+ * (MT_ERR_INVALID_USAGE; mt_gpt2_cuda_get_state reads the shard). */
 mt_status_t mt_gpt2_cuda_get_grads(mt_gpt2_cuda_t g, float *host);
 mt_status_t mt_gpt2_cuda_get_params(mt_gpt2_cuda_t g, float *host);
 
@@ -119,9 +124,27 @@ void mt_gpt2_cuda_set_grad_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_grad_hook_t fn, v
 float *mt_gpt2_cuda_grads(mt_gpt2_cuda_t g);
 const float *mt_gpt2_cuda_loss_dev(mt_gpt2_cuda_t g);
 
-/* Enqueues the sum of squares of the gradients (and, with fp16 loss scaling, the inf/NaN check), waits,
- * and returns the sum of squares of the UNSCALED gradients and whether any gradient is inf/NaN. */
+/* Enqueues the sum of squares of the gradients this model updates (all of them; a sharded model's shard
+ * [lo, hi) only) and, with fp16 loss scaling, their inf/NaN check, waits, and returns the sum of squares of
+ * the UNSCALED gradients and whether any of them is inf/NaN. */
 mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfinite);
+
+/* Replaces the inf/NaN verdict of the last mt_gpt2_cuda_grad_stats by one the ranks agreed on (a sharded
+ * model sees only its shard; every shard must skip the same fp16 steps). */
+void mt_gpt2_cuda_set_nonfinite(mt_gpt2_cuda_t g, bool nonfinite);
+
+/* ZeRO-1 (params shard_count > 1): the flat layout is cut into shard_count slices of *len elements (a
+ * multiple of 64; the last ones may reach past numel), and this model keeps the f32 master weights (in
+ * bf16/fp16; in fp32/tf32 they are the compute copy, which stays whole) and AdamW's moments of its slice
+ * [*lo, *hi) = [shard_index * len, ...) clipped to numel only; its step updates that slice of the master
+ * weights and of the compute copy. The gradients and the compute copy stay whole: the engine reduces each
+ * rank's slice of the gradients to it before the step, and all-gathers the compute copy after it (in
+ * place: mt_gpt2_cuda_weights holds shard_count * len elements). Unsharded: 0, numel, numel. */
+void mt_gpt2_cuda_shard(mt_gpt2_cuda_t g, size_t *lo, size_t *hi, size_t *len);
+
+/* The device compute copy of the weights in the storage dtype of precision.compute (f32, bf16 or f16),
+ * shard_count * len elements of the flat layout (padding after numel), for the engine's all-gather. */
+void *mt_gpt2_cuda_weights(mt_gpt2_cuda_t g);
 
 /* Optimizer step with a multiplier chosen on the host (the training loop's clipping coefficient; the fp16
  * unscaling is added here): fused AdamW, enqueued, no host wait. With fp16 loss scaling, a step whose last
@@ -137,9 +160,12 @@ float mt_gpt2_cuda_loss_scale(mt_gpt2_cuda_t g);
  * a checkpoint saves and restores its scale and clean-step count (set them between steps only). */
 mt_loss_scaler_t *mt_gpt2_cuda_scaler(mt_gpt2_cuda_t g);
 
-/* Checkpoint state: copies the f32 master parameters and AdamW's m and v (numel floats each, flat layout;
- * any may be NULL) to host memory (waits), or from it (set: uploads and refreshes the compute copy; waits).
- * AdamW's step count: get / set. */
+/* Checkpoint state (any pointer may be NULL; waits). get: the f32 master weights of the model's slice [lo, hi)
+ * (mt_gpt2_cuda_shard; everything when unsharded) into params[lo .. hi) of a numel-float array, and AdamW's m
+ * and v of the slice into hi - lo floats each. set: params whole (numel floats: the compute copy is
+ * whole; the master weights take their slice; the gradients are zeroed), m and v of the slice (hi - lo floats
+ * each). AdamW's step
+ * count: get / set. */
 mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, float *v);
 mt_status_t mt_gpt2_cuda_set_state(mt_gpt2_cuda_t g, const float *params, const float *m, const float *v);
 int64_t mt_gpt2_cuda_get_step(mt_gpt2_cuda_t g);

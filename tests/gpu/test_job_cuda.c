@@ -19,6 +19,12 @@
  *     (MESHTRAIN_GPU_PEAK_N = 2048 keeps it short), under the emulator given by MESHTRAIN_PEAK_GFLOPS_PER_GPU
  *     (the engine measures nothing there: an emulated rate means nothing); mt_cuda_gemm_peak itself runs
  *     on both (a small product under the emulator), returns a positive rate and gives its memory back;
+ *   - ZeRO-1 (parallel.engine = "zero", zero_stage = 1; slices of the optimizer state per dp rank, buckets
+ *     reduced to their owners, the compute copy all-gathered) gives the losses of the DDP run in fp32 and
+ *     bf16, and in fp16 from 2^24 the same skipped steps; each rank holds 1/dp of AdamW's moments (device
+ *     optimizer bytes summed over the ranks equal DDP's per rank, to the allocator's rounding); a ZeRO-1
+ *     checkpoint resumed under ZeRO-1 gives the uninterrupted run's losses, resumed on the CPU DDP engine the
+ *     CPU run's (1e-3); a DDP checkpoint resumed under ZeRO-1 the DDP run's; ZeRO stage 2 is refused;
  *   - fp16 with precision.scale_window = 3 from loss scales 2^20 and 2^21 (a doubling after step 3, then an
  *     overflow; an overflow at step 1, then a doubling after step 4), interrupted after step 3 and resumed,
  *     continues with the loss scale and clean-step count its manifest's "precision" section saved: the same
@@ -210,6 +216,83 @@ static void check_device_mem(const char *metrics, const mt_job_result_t *r) {
     mt_json_free(o);
 }
 
+/* ZeRO-1 on the GPU engine against the DDP runs (ddp fp32, bf bf16, f16o fp16 from 2^24) and the CPU run. */
+static void zero1(const char *dir, const mt_job_result_t *ddp, const mt_job_result_t *bf,
+                  const mt_job_result_t *f16o, const mt_job_result_t *cpu) {
+    const mt_world_t *w = mt_rt_world();
+    mt_job_result_t z, zb, zh, zpart, zres, zcpu, dpart, dres;
+    const char *zf[] = {"--parallel.engine=zero", "--parallel.zero_stage=1", "--parallel.bucket_mb=0.001"};
+    CHECK_OK(run_cuda(3, zf, &z));
+    same_losses("zero-1 vs ddp, fp32", &z, ddp, SAME_TOL);
+    /* the moments are split over the ranks: their sum is one replica's (each buffer rounded to 512 bytes) */
+    int64_t mine = z.mem_peak[MT_MEM_OPTIMIZER], sum = 0, whole = ddp->mem_peak[MT_MEM_OPTIMIZER];
+    MPI_Allreduce(&mine, &sum, 1, MPI_INT64_T, MPI_SUM, w->comm);
+    CHECK(llabs(sum - whole) <= 2 * 512 * (w->size + 1) && (w->size == 1 || mine < whole * 3 / 4),
+          "zero-1 device optimizer bytes: this rank %lld, all ranks %lld, a ddp replica %lld", (long long)mine,
+          (long long)sum, (long long)whole);
+    if (w->rank == 0) {
+        printf("zero-1 over %d ranks: device optimizer state %lld B per rank (ddp %lld B)\n", w->size,
+               (long long)mine, (long long)whole);
+    }
+    const char *zbf[] = {zf[0], zf[1], zf[2], "--precision.compute=bf16"};
+    CHECK_OK(run_cuda(4, zbf, &zb));
+    same_losses("zero-1 vs ddp, bf16", &zb, bf, SAME_TOL);
+    const char *zh16[] = {zf[0], zf[1], zf[2], "--precision.compute=fp16", "--precision.init_scale=16777216"};
+    CHECK_OK(run_cuda(5, zh16, &zh));
+    same_losses("zero-1 vs ddp, fp16 from 2^24", &zh, f16o, SAME_TOL);
+    for (int64_t s = 0; s < zh.n_steps && s < f16o->n_steps; s++) {
+        CHECK((zh.grad_norm[s] == 0.0) == (f16o->grad_norm[s] == 0.0), "zero-1 fp16 step %lld: norm %g, ddp %g",
+              (long long)s + 1, zh.grad_norm[s], f16o->grad_norm[s]);
+    }
+    CHECK(zh.n_overflow == f16o->n_overflow && zh.loss_scale == f16o->loss_scale,
+          "zero-1 fp16: %lld overflows, final scale %g; ddp %lld, %g", (long long)zh.n_overflow,
+          (double)zh.loss_scale, (long long)f16o->n_overflow, (double)f16o->loss_scale);
+    /* checkpoints: ZeRO-1 -> ZeRO-1, ZeRO-1 -> CPU DDP, GPU DDP -> ZeRO-1 */
+    char zarg[300], darg[300];
+    snprintf(zarg, sizeof(zarg), "--checkpoint.dir=%s/zckpt", dir);
+    snprintf(darg, sizeof(darg), "--checkpoint.dir=%s/dckpt", dir);
+    const char *zstop[] = {zf[0], zf[1], zf[2], zarg, "--checkpoint.every=3", "--stop-after=3"};
+    CHECK_OK(run_cuda(6, zstop, &zpart));
+    const char *zr[] = {zf[0], zf[1], zf[2], zarg, "--checkpoint.every=3"};
+    CHECK_OK(run_cuda(5, zr, &zres));
+    char zstep3[320];
+    snprintf(zstep3, sizeof(zstep3), "--checkpoint.resume=%s/zckpt/step-00000003", dir);
+    const char *zc[] = {zstep3, "--parallel.engine=ddp"};
+    CHECK_OK(run("cpu", 2, zc, &zcpu));
+    const char *dstop[] = {"--parallel.engine=ddp", "--parallel.bucket_mb=0.001", darg, "--checkpoint.every=3",
+                           "--stop-after=3"};
+    CHECK_OK(run_cuda(5, dstop, &dpart));
+    const char *dr[] = {zf[0], zf[1], zf[2], darg};
+    CHECK_OK(run_cuda(4, dr, &dres));
+    const struct {
+        const char *what;
+        const mt_job_result_t *r, *ref;
+        double tol;
+    } res[] = {{"zero-1 checkpoint resumed under zero-1", &zres, ddp, SAME_TOL},
+               {"zero-1 checkpoint resumed on the cpu", &zcpu, cpu, 1e-3},
+               {"ddp checkpoint resumed under zero-1", &dres, ddp, SAME_TOL}};
+    for (size_t i = 0; i < MT_ARRAY_LEN(res); i++) {
+        const mt_job_result_t *r = res[i].r, *ref = res[i].ref;
+        CHECK(r->first_step == 3 && r->n_steps == STEPS, "%s: resumed after step %lld, ran to %lld", res[i].what,
+              (long long)r->first_step, (long long)r->n_steps);
+        for (int64_t s = 3; s < STEPS && s < r->n_steps; s++) {
+            double d = fabs(r->loss[s] - ref->loss[s]) / ref->loss[s];
+            CHECK(d <= res[i].tol, "%s, step %lld: %.9g vs %.9g", res[i].what, (long long)s + 1, r->loss[s],
+                  ref->loss[s]);
+        }
+    }
+    mt_job_result_t *all[] = {&z, &zb, &zh, &zpart, &zres, &zcpu, &dpart, &dres};
+    for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) {
+        mt_job_result_free(all[i]);
+    }
+    /* stages 2 and 3 keep whole gradients and weights on the GPU: refused, naming the key */
+    const char *z2[] = {"--parallel.engine=zero", "--parallel.zero_stage=2"};
+    mt_job_result_t r2;
+    CHECK(run_cuda(2, z2, &r2) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "parallel.zero_stage = 2"),
+          "zero stage 2 on the GPU engine: %s", mt_last_error_msg());
+    mt_job_result_free(&r2);
+}
+
 /* fp16 with precision.scale_window = 3 from init (a --precision.init_scale= argument): the run interrupted
  * after step 3 and resumed from its checkpoint (dir/sub) against the uninterrupted run. */
 static void fp16_resume(const char *dir, const char *sub, const char *init) {
@@ -353,6 +436,7 @@ int main(int argc, char **argv) {
     CHECK(h16o.n_steps == STEPS && zero_norm >= 1 && zero_norm < STEPS && isfinite(h16o.loss[STEPS - 1]),
           "fp16 from 2^24: %d of %lld steps skipped (norm 0), last loss %g", zero_norm, (long long)h16o.n_steps,
           h16o.n_steps == STEPS ? h16o.loss[STEPS - 1] : NAN);
+    zero1(dir, &gpu, &bf, &h16o, &cpu);
     /* fp16 resumed: the loss scale and its clean-step count come back from the checkpoint. Under the
      * emulator, from 2^20 steps 1-3 are clean, the scale doubles and step 4 overflows (a resume at the
      * initial scale would not skip it); from 2^21 step 1 overflows, steps 2-4 are clean and the scale
