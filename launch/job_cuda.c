@@ -4,9 +4,10 @@
  * one all-reduce after it ("dp"). ZeRO-1 (parallel.engine = "zero", zero_stage = 1) shards the optimizer:
  * each rank keeps the master weights and AdamW moments of one slice of the flat layout, each bucket's
  * gradients are reduced to the slices' owners during backward, each rank updates its slice and the compute
- * copy is all-gathered after the step. The loop's clipping, NaN agreement, metrics and checkpoints work
- * unchanged: the engine syncs twice per step (the loss after backward, the gradient norm after the
- * reductions). Built without CUDA, the engine only refuses, naming what to use instead.
+ * copy is all-gathered after the step. ZeRO-2 also shards the gradients: backward writes each block into a
+ * pooled slot, every micro-batch's runs are reduced to their owners at once and added to the owner's
+ * slice. The loop's clipping, NaN agreement, metrics and checkpoints work unchanged: the engine syncs twice
+ * per step (the loss after backward, the gradient norm after the reductions). Built without CUDA, the engine only refuses, naming what to use instead.
  * SPDX-License-Identifier: MIT */
 #include "mt_build_config.h"
 
@@ -57,12 +58,12 @@ static mt_status_t cuda_check_config(const mt_config_t *cfg) {
         }
     }
     int64_t stage = mt_config_int(cfg, "parallel.zero_stage");
-    if (!strcmp(mt_config_str(cfg, "parallel.engine"), "zero") && stage != 1) {
+    if (!strcmp(mt_config_str(cfg, "parallel.engine"), "zero") && stage == 3) {
         return mt_error(MT_ERR_INVALID_ARG,
-                        "runtime.device = \"%s\": parallel.zero_stage = %lld: the GPU engine shards the optimizer "
-                        "state (ZeRO stage 1) but keeps whole gradients and weights; stages 2 and 3 run on the CPU "
-                        "engines: set parallel.zero_stage = 1, or runtime.device = \"cpu\"",
-                        dev, (long long)stage);
+                        "runtime.device = \"%s\": parallel.zero_stage = 3: the GPU engine shards the optimizer "
+                        "state and gradients (ZeRO stages 1 and 2) but keeps whole weights; stage 3 runs on the CPU "
+                        "engines: set parallel.zero_stage = 2, or runtime.device = \"cpu\"",
+                        dev);
     }
     if (strcmp(mt_config_str(cfg, "optimizer.kind"), "adamw") != 0) {
         return mt_error(MT_ERR_INVALID_ARG,
@@ -135,7 +136,8 @@ typedef struct {
     int64_t mb, T, ga;
     int dp_size, dp_rank;
     bool overlap;        /* "ddp", "zero": buckets during backward; "dp": one all-reduce after it */
-    bool zero;           /* ZeRO-1 (dp > 1): each bucket reduced to the owners of its slices, weights gathered */
+    bool zero;           /* ZeRO-1/2 (dp > 1): each bucket reduced to the owners of its slices, weights gathered */
+    bool zero2;          /* ZeRO-2: every micro-batch's runs reduced at once and added to the owner's slice */
     size_t sh_lo, sh_hi; /* ZeRO-1: this rank's slice of the flat layout (everything otherwise) */
     size_t sh_len;       /* ZeRO-1: the slice length: rank r owns [r * sh_len, (r + 1) * sh_len) */
     size_t bucket_elems; /* parallel.bucket_mb in floats */
@@ -239,33 +241,40 @@ static void ce_free(void *ctx) {
 /* Averages gradients [lo, hi) over dp on the comm stream, ordered after everything enqueued on the compute
  * stream so far (the backward launches that completed them): all-reduced, or under ZeRO-1 each slice's part
  * reduced to the slice's owner (the other ranks' copies of it are not used again this step). */
-static mt_status_t launch_bucket(cuda_engine_t *e, size_t lo, size_t hi) {
+static mt_status_t launch_bucket(cuda_engine_t *e, size_t lo, size_t hi, float *grads) {
     if (hi <= lo) {
         return MT_OK;
     }
     CU(cudaEventRecord(e->ready, e->cstream));
     CU(cudaStreamWaitEvent(e->comm_stream, e->ready, 0));
-    float *grads = mt_gpt2_cuda_grads(e->g);
     if (!e->zero) {
-        MT_CHECK(mt_coll_all_reduce(e->gcomm, grads + lo, grads + lo, hi - lo, MT_COLL_F32, MT_REDOP_AVG,
-                                    e->comm_stream, NULL));
+        MT_CHECK(mt_coll_all_reduce(e->gcomm, grads, grads, hi - lo, MT_COLL_F32, MT_REDOP_AVG, e->comm_stream,
+                                    NULL));
     }
     for (size_t a = lo; e->zero && a < hi;) {
         int owner = (int)(a / e->sh_len);
         size_t b = MT_MIN(hi, (size_t)(owner + 1) * e->sh_len);
-        MT_CHECK(mt_coll_reduce(e->gcomm, grads + a, grads + a, b - a, MT_COLL_F32, MT_REDOP_AVG, owner,
-                                e->comm_stream, NULL));
+        float *part = grads + (a - lo);
+        MT_CHECK(mt_coll_reduce(e->gcomm, part, part, b - a, MT_COLL_F32, MT_REDOP_AVG, owner, e->comm_stream, NULL));
+        if (e->zero2 && owner == e->dp_rank) { /* this pass's average joins the slice's gradient */
+            float *slice = mt_gpt2_cuda_grad_slice(e->g) + (a - e->sh_lo);
+            CU(mt_cuda_residual_forward(slice, slice, part, b - a, MT_CU_F32, e->comm_stream));
+        }
         a = b;
     }
     e->n_buckets++;
     return MT_OK;
 }
 
-/* The trainer's hook: runs of complete gradients arrive from the end of the flat layout to its start. */
-static mt_status_t on_grads(void *arg, size_t lo, size_t hi) {
+/* The trainer's hook: runs of complete gradients arrive from the end of the flat layout to its start. Under
+ * ZeRO-2 each run is launched at once (its pooled slot is written again two blocks later). */
+static mt_status_t on_grads(void *arg, size_t lo, size_t hi, float *grads) {
     cuda_engine_t *e = arg;
     if (!e->comm_now) {
         return MT_OK;
+    }
+    if (e->zero2) {
+        return launch_bucket(e, lo, hi, grads);
     }
     if (e->pend_lo == e->pend_hi) {
         e->pend_hi = hi;
@@ -274,7 +283,7 @@ static mt_status_t on_grads(void *arg, size_t lo, size_t hi) {
     e->pend_lo = lo;
     bool last = lo == 0;
     if (last || (e->overlap && e->pend_hi - e->pend_lo >= e->bucket_elems)) {
-        MT_CHECK(launch_bucket(e, e->pend_lo, e->pend_hi));
+        MT_CHECK(launch_bucket(e, e->pend_lo, e->pend_hi, mt_gpt2_cuda_grads(e->g) + e->pend_lo));
         e->pend_hi = e->pend_lo;
     }
     return MT_OK;
@@ -331,6 +340,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->dp_size = info->dp_size;
     e->dp_rank = info->dp_rank;
     e->zero = !strcmp(mt_config_str(cfg, "parallel.engine"), "zero") && e->dp_size > 1;
+    e->zero2 = e->zero && mt_config_int(cfg, "parallel.zero_stage") == 2;
     e->overlap = e->zero || !strcmp(mt_config_str(cfg, "parallel.engine"), "ddp");
     e->bucket_elems = (size_t)MT_MAX(1.0, mt_config_float(cfg, "parallel.bucket_mb") * 1048576.0 / 4.0);
     /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one) */
@@ -365,6 +375,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     gp.scale_window = mt_config_int(cfg, "precision.scale_window");
     gp.shard_count = e->zero ? e->dp_size : 1;
     gp.shard_index = e->zero ? e->dp_rank : 0;
+    gp.shard_grads = e->zero2;
     MT_CHECK_GOTO(mt_gpt2_cuda_init(e->model, &gp, &e->g), st, fail);
     e->numel = mt_model_numel(e->model);
     mt_gpt2_cuda_shard(e->g, &e->sh_lo, &e->sh_hi, &e->sh_len);
@@ -381,6 +392,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&e->comm_done, cudaEventDisableTiming), "event"), st,
                       fail);
         mt_gpt2_cuda_set_grad_hook(e->g, on_grads, e);
+        mt_gpt2_cuda_set_grad_consumer(e->g, e->comm_stream);
     }
     /* energy: read-only NVML counter of this GPU, when the library and the counter are there */
     char bus[32] = "";
@@ -395,7 +407,8 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         MT_INFO(MT_LOG_INIT, "cuda engine: no NVML energy counter: step metrics carry no energy_j");
     }
     MT_INFO(MT_LOG_INIT, "cuda engine: device %d, %s, dp %d (%s), buckets of %zu floats", d, prec, e->dp_size,
-            e->zero      ? "zero-1: buckets reduced to their slices' owners during backward, weights all-gathered"
+            e->zero2     ? "zero-2: each block's gradients reduced to their slices' owners in every backward"
+            : e->zero    ? "zero-1: buckets reduced to their slices' owners during backward, weights all-gathered"
             : e->overlap ? "ddp: all-reduce per bucket during backward"
                          : "dp: one all-reduce after backward",
             e->bucket_elems);
@@ -417,7 +430,8 @@ static mt_status_t ce_run_batch(void *ctx, const mt_batch_t *b, bool backward, d
         MT_CHECK(mt_gpt2_cuda_forward(e->g, b->inputs + k * n, b->targets + k * n));
         CU(cudaMemcpyAsync(e->loss_dev + k, mt_gpt2_cuda_loss_dev(e->g), 4, cudaMemcpyDeviceToDevice, e->cstream));
         if (backward) {
-            e->comm_now = e->gcomm && k + 1 == e->ga; /* the gradients are final in the last micro-batch */
+            /* the gradients are final in the last micro-batch; ZeRO-2 takes every micro-batch's away */
+            e->comm_now = e->gcomm && (e->zero2 || k + 1 == e->ga);
             e->pend_lo = e->pend_hi = e->numel;
             mt_status_t st = mt_gpt2_cuda_backward(e->g, 1.0f / (float)e->ga);
             e->comm_now = false;

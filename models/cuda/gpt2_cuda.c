@@ -42,8 +42,16 @@ struct mt_gpt2_cuda {
     float *grads, *adam_m, *adam_v; /* gradients (numel), AdamW moments of the slice (sh_hi - sh_lo) */
     float *master;                  /* f32 master weights of the slice: master[i - sh_lo] (in wc for f32 storage) */
     void *wc;                       /* compute copy in the storage dtype, sh_n * sh_len elements */
-    int sh_n, sh_r;                 /* ZeRO-1: shards and this model's (1, 0: unsharded) */
+    int sh_n, sh_r;                 /* ZeRO-1/2: shards and this model's (1, 0: unsharded) */
     size_t sh_lo, sh_hi, sh_len;    /* the slice this model updates, the slice length */
+    bool zero2;                     /* ZeRO-2: no whole gradient (grads NULL): backward writes the pool below */
+    float *gpool;                   /* zero2: two block-sized slots, block l's gradients in slot l % 2 */
+    float *gouter;                  /* zero2: wte, wpe [0, offs[BLOCK0]), then ln_f [offs[pf], numel) */
+    float *gshard;                  /* zero2: the slice's gradient, accumulated by the hook's consumer */
+    size_t blk_numel;               /* zero2: elements of one block's parameters */
+    cudaEvent_t slot_free[2];       /* zero2: recorded on the consumer stream after a slot's hook */
+    cudaEvent_t outer_free;         /* zero2: ... after the embedding's hook (the last use of gouter) */
+    cudaStream_t consumer;          /* the stream the hook's consumer reads the gradients on */
     size_t *offs;
     bool *decay;
     int n_params;
@@ -90,7 +98,23 @@ static void *carve(char **cursor, size_t bytes) {
 
 #define CK(call) MT_CHECK(mt_cuda_status((call), #call))
 #define W(i) ((void *)((char *)g->wc + g->offs[i] * g->es))
-#define G(i) (g->grads + g->offs[i])
+#define G(i) grad_ptr(g, i)
+
+/* Where parameter i's gradient lives: the whole gradient's flat layout, or under ZeRO-2 the pool. */
+static float *grad_ptr(mt_gpt2_cuda_t g, int i) {
+    if (!g->zero2) {
+        return g->grads + g->offs[i];
+    }
+    int pf = BLOCK0 + g->L * NBP;
+    if (i < BLOCK0) {
+        return g->gouter + g->offs[i];
+    }
+    if (i >= pf) {
+        return g->gouter + g->offs[BLOCK0] + (g->offs[i] - g->offs[pf]);
+    }
+    int l = (i - BLOCK0) / NBP;
+    return g->gpool + (size_t)(l % 2) * g->blk_numel + (g->offs[i] - g->offs[BLOCK0 + l * NBP]);
+}
 
 static size_t layer_bytes(mt_gpt2_cuda_t g) {
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es, r = 0;
@@ -115,6 +139,10 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
     if (!p || p->size != sizeof(*p) || (unsigned)p->prec >= MT_PREC_COUNT) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: parameters not initialised with MT_GPT2_CUDA_PARAMS_INIT");
     }
+    if (p->shard_grads && p->shard_count < 2) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: shard_grads (ZeRO-2) needs shard_count >= 2, not %d",
+                        p->shard_count);
+    }
     if (p->shard_count < 1 || p->shard_index < 0 || p->shard_index >= p->shard_count) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: shard %d of %d: expected 0 <= shard_index < shard_count",
                         p->shard_index, p->shard_count);
@@ -137,24 +165,33 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
 
 /* Uploads whole f32 weights (numel floats, flat layout; NULL: each parameter's host data) into the compute
  * copy and the master weights of the slice, on the compute stream (a pageable cudaMemcpy may return before
- * its DMA lands, and the non-blocking stream would not wait for it), and zeroes the gradients (bf16/fp16
- * storage stages the f32 weights there). */
+ * its DMA lands, and the non-blocking stream would not wait for it), and zeroes the gradients. In bf16/fp16
+ * each parameter is staged in f32 in its own gradient storage (whole, or ZeRO-2's pool), so no extra
+ * device memory is needed. */
 static mt_status_t upload_weights(mt_gpt2_cuda_t g, const float *flat) {
-    float *stage = g->dt == MT_CU_F32 ? (float *)g->wc : g->grads;
-    if (flat) {
-        CK(cudaMemcpyAsync(stage, flat, g->numel * 4, cudaMemcpyHostToDevice, g->stream));
-    } else {
-        for (int i = 0; i < g->n_params; i++) {
-            const mt_param_t *pp = mt_model_param(g->m, i);
-            CK(cudaMemcpyAsync(stage + pp->offset, pp->data, pp->numel * 4, cudaMemcpyHostToDevice, g->stream));
+    bool f32 = g->dt == MT_CU_F32;
+    for (int i = 0; g->zero2 && i < 3; i++) { /* the pool's last consumer is done with it */
+        CK(cudaStreamWaitEvent(g->stream, i < 2 ? g->slot_free[i] : g->outer_free, 0));
+    }
+    for (int i = 0; i < g->n_params; i++) {
+        const mt_param_t *pp = mt_model_param(g->m, i);
+        size_t off = pp->offset, n = pp->numel;
+        float *stage = f32 ? (float *)g->wc + off : G(i);
+        CK(cudaMemcpyAsync(stage, flat ? flat + off : pp->data, n * 4, cudaMemcpyHostToDevice, g->stream));
+        if (!f32) {
+            CK(mt_cuda_convert((char *)g->wc + off * g->es, g->dt, stage, MT_CU_F32, n, 1.0f, g->stream));
+            size_t a = MT_MAX(off, g->sh_lo), b = MT_MIN(off + n, g->sh_hi);
+            if (a < b) {
+                CK(cudaMemcpyAsync(g->master + (a - g->sh_lo), stage + (a - off), (b - a) * 4,
+                                   cudaMemcpyDeviceToDevice, g->stream));
+            }
         }
     }
-    if (g->dt != MT_CU_F32) {
-        CK(mt_cuda_convert(g->wc, g->dt, stage, MT_CU_F32, g->numel, 1.0f, g->stream));
-        CK(cudaMemcpyAsync(g->master, stage + g->sh_lo, (g->sh_hi - g->sh_lo) * 4, cudaMemcpyDeviceToDevice,
-                           g->stream));
+    if (g->zero2) { /* the pool is cleared by each backward */
+        CK(cudaMemsetAsync(g->gshard, 0, (g->sh_hi - g->sh_lo) * 4, g->stream));
+    } else {
+        CK(cudaMemsetAsync(g->grads, 0, g->numel * 4, g->stream));
     }
-    CK(cudaMemsetAsync(g->grads, 0, g->numel * 4, g->stream));
     return MT_OK;
 }
 
@@ -217,7 +254,27 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         MT_CHECK_GOTO(dalloc(g, (void **)&g->master, MT_MAX(slice, 1) * 4, MT_MEM_PARAMS, "gpt2_cuda master weights"),
                       st, fail);
     }
-    MT_CHECK_GOTO(dalloc(g, (void **)&g->grads, g->numel * 4, MT_MEM_GRADS, "gpt2_cuda grads"), st, fail);
+    g->zero2 = p->shard_grads;
+    if (g->zero2) {
+        int pf = BLOCK0 + g->L * NBP;
+        g->blk_numel = g->L > 0 ? g->offs[BLOCK0 + NBP] - g->offs[BLOCK0] : 0;
+        size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
+        MT_CHECK_GOTO(dalloc(g, (void **)&g->gpool, MT_MAX(2 * g->blk_numel, 1) * 4, MT_MEM_GRADS,
+                             "gpt2_cuda gradient slots"),
+                      st, fail);
+        MT_CHECK_GOTO(dalloc(g, (void **)&g->gouter, outer * 4, MT_MEM_GRADS, "gpt2_cuda embedding/ln_f gradients"), st,
+                      fail);
+        MT_CHECK_GOTO(dalloc(g, (void **)&g->gshard, MT_MAX(slice, 1) * 4, MT_MEM_GRADS, "gpt2_cuda gradient slice"),
+                      st, fail);
+        MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->gshard, 0, slice * 4, g->stream), "memset"), st, fail);
+        for (int i = 0; i < 3; i++) {
+            cudaEvent_t *ev = i < 2 ? &g->slot_free[i] : &g->outer_free;
+            MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "event"), st, fail);
+            MT_CHECK_GOTO(mt_cuda_status(cudaEventRecord(*ev, g->stream), "event"), st, fail);
+        }
+    } else {
+        MT_CHECK_GOTO(dalloc(g, (void **)&g->grads, g->numel * 4, MT_MEM_GRADS, "gpt2_cuda grads"), st, fail);
+    }
     MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_m, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam m"), st,
                   fail);
     MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_v, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam v"), st,
@@ -320,6 +377,12 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
             cudaEventDestroy(g->copied[i]);
         }
     }
+    for (int i = 0; i < 3; i++) {
+        cudaEvent_t ev = i < 2 ? g->slot_free[i] : g->outer_free;
+        if (ev) {
+            cudaEventDestroy(ev);
+        }
+    }
     if (g->stream) {
         cudaStreamDestroy(g->stream);
     }
@@ -336,6 +399,9 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
 }
 
 mt_status_t mt_gpt2_cuda_zero_grads(mt_gpt2_cuda_t g) {
+    if (g->zero2) { /* the pool is cleared by each backward */
+        return mt_cuda_status(cudaMemsetAsync(g->gshard, 0, (g->sh_hi - g->sh_lo) * 4, g->stream), "zero grads");
+    }
     return mt_cuda_status(cudaMemsetAsync(g->grads, 0, g->numel * 4, g->stream), "zero grads");
 }
 
@@ -474,13 +540,19 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     return MT_OK;
 }
 
-/* The gradients of parameters [p0, p1) are complete in stream order: tells the hook their flat range. */
-static mt_status_t grads_done(mt_gpt2_cuda_t g, int p0, int p1) {
+/* The gradients of parameters [p0, p1) are complete in stream order: tells the hook their flat range and
+ * where they are; under ZeRO-2 then marks (on the consumer's stream) when the storage may be written again:
+ * ev, the slot's event or the embedding's. */
+static mt_status_t grads_done(mt_gpt2_cuda_t g, int p0, int p1, cudaEvent_t ev) {
     if (!g->hook) {
         return MT_OK;
     }
     size_t lo = g->offs[p0], hi = p1 < g->n_params ? g->offs[p1] : g->numel;
-    return g->hook(g->hook_arg, lo, hi);
+    MT_CHECK(g->hook(g->hook_arg, lo, hi, G(p0)));
+    if (g->zero2 && ev) {
+        CK(cudaEventRecord(ev, g->consumer));
+    }
+    return MT_OK;
 }
 
 /* recompute = block: refills the shared internals of block l from its input resid[l] with the forward's
@@ -518,7 +590,16 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     cudaStream_t cs = g->stream;
     int pf = BLOCK0 + L * NBP;
     float scale = loss_grad_scale * mt_loss_scaler_scale(&g->scaler);
+    if (g->zero2 && (!g->hook || !g->consumer)) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-2 keeps no whole gradient: set a gradient hook and "
+                                              "its consumer stream before backward");
+    }
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    if (g->zero2) { /* every pass starts from zero: the consumer accumulated the last one into its slice */
+        CK(cudaStreamWaitEvent(cs, g->outer_free, 0));
+        size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
+        OP(PROF_OTHER, cudaMemsetAsync(g->gouter, 0, outer * 4, cs));
+    }
     /* head: dlogits in place, dlnf = dlogits @ wte (and dwte += dlogits^T lnf), ln_f backward */
     OP(PROF_CE, mt_cuda_softmax_ce_backward(g->logits, g->logits, g->lse_ce, g->targets_d, g->n_valid, N, g->V, g->Vp,
                                             scale, dt, s));
@@ -528,12 +609,16 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, NC * es, cs));
     OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->lnf_mean,
                                                g->lnf_rstd, N, C, dt, g->ln_scratch, s));
-    MT_CHECK(grads_done(g, pf, g->n_params));
+    MT_CHECK(grads_done(g, pf, g->n_params, NULL));
     for (int l = L - 1; l >= 0; l--) {
         layer_acts_t *a = &g->la[l];
         int p = BLOCK0 + l * NBP;
         if (g->recompute && l + 1 < L) { /* the last block's internals are still those of the forward */
             MT_CHECK(block_recompute(g, l));
+        }
+        if (g->zero2) { /* the slot's previous block has been consumed */
+            CK(cudaStreamWaitEvent(cs, g->slot_free[l % 2], 0));
+            OP(PROF_OTHER, cudaMemsetAsync(G(p), 0, g->blk_numel * 4, cs));
         }
         /* MLP branch: x_{l+1} = r2 + fcproj(gelu(fc(ln2(r2)))); dresid holds d x_{l+1} */
         OP(PROF_OTHER, cudaMemsetAsync(g->dfg, 0, 4 * NC * es, cs));
@@ -560,10 +645,10 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
                                                     W(p + QKVW), N, C, 3 * C, dt, g->col_scratch, s));
         OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(p + LN1W), G(p + LN1B), dln1, RES(l), W(p + LN1W),
                                                    a->ln1_mean, a->ln1_rstd, N, C, dt, g->ln_scratch, s));
-        MT_CHECK(grads_done(g, p, p + NBP));
+        MT_CHECK(grads_done(g, p, p + NBP, g->slot_free[l % 2]));
     }
     OP(PROF_EMBED, mt_cuda_embedding_backward(G(0), G(1), g->dresid, g->tokens_d, B, T, C, dt, s));
-    return grads_done(g, 0, BLOCK0);
+    return grads_done(g, 0, BLOCK0, g->outer_free);
 }
 
 /* Fused AdamW over every parameter of the slice at step g->t: one launch per run of consecutive parameters
@@ -584,7 +669,8 @@ static mt_status_t adamw_all(mt_gpt2_cuda_t g, const mt_optim_params_t *op, floa
             float wd = g->decay[i] ? op->weight_decay : 0.0f;
             void *lp = lowp ? (char *)lowp + lo * g->es : NULL;
             size_t k = lo - g->sh_lo;
-            OP(PROF_OPT, mt_cuda_adamw(g->master + k, g->grads + lo, g->adam_m + k, g->adam_v + k, hi - lo, lr,
+            const float *gr = g->zero2 ? g->gshard + k : g->grads + lo;
+            OP(PROF_OPT, mt_cuda_adamw(g->master + k, gr, g->adam_m + k, g->adam_v + k, hi - lo, lr,
                                        op->beta1, op->beta2, op->eps, wd, g->t, grad_scale, coef, skip, lp, g->dt, s));
         }
         i = j;
@@ -648,6 +734,9 @@ mt_status_t mt_gpt2_cuda_loss(mt_gpt2_cuda_t g, float *loss) {
 }
 
 mt_status_t mt_gpt2_cuda_get_grads(mt_gpt2_cuda_t g, float *host) {
+    if (g->zero2) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-2 keeps no whole gradient to copy");
+    }
     CK(cudaStreamSynchronize(g->stream));
     CK(cudaMemcpy(host, g->grads, g->numel * 4, cudaMemcpyDeviceToHost));
     return MT_OK;
@@ -682,6 +771,14 @@ float *mt_gpt2_cuda_grads(mt_gpt2_cuda_t g) {
     return g->grads;
 }
 
+float *mt_gpt2_cuda_grad_slice(mt_gpt2_cuda_t g) {
+    return g->gshard;
+}
+
+void mt_gpt2_cuda_set_grad_consumer(mt_gpt2_cuda_t g, void *stream) {
+    g->consumer = (cudaStream_t)stream;
+}
+
 const float *mt_gpt2_cuda_loss_dev(mt_gpt2_cuda_t g) {
     return g->mean_loss;
 }
@@ -690,7 +787,7 @@ mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfi
     void *s = g->stream;
     int found = 0;
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
-    const float *gs = g->grads + g->sh_lo;
+    const float *gs = g->zero2 ? g->gshard : g->grads + g->sh_lo;
     size_t n = g->sh_hi - g->sh_lo;
     if (g->scaler.dynamic) {
         OP(PROF_OTHER, cudaMemsetAsync(g->found_inf, 0, sizeof(int), g->stream));

@@ -25,12 +25,13 @@ typedef struct {
     bool fused_gelu;      /* the fc layer's GELU in the cuBLASLt epilogue (default true) */
     int shard_count;      /* ZeRO-1 over shard_count ranks (1: unsharded): see mt_gpt2_cuda_shard */
     int shard_index;      /* this rank's shard, 0 <= shard_index < shard_count */
+    bool shard_grads;     /* ZeRO-2 (shard_count >= 2): no whole gradient, see mt_gpt2_cuda_grad_slice */
 } mt_gpt2_cuda_params_t;
 
 #define MT_GPT2_CUDA_PARAMS_INIT                                                                                       \
     {                                                                                                                  \
         .size = sizeof(mt_gpt2_cuda_params_t), .prec = MT_PREC_FP32, .B = 4, .T = 64, .init_scale = 65536.0f,          \
-        .scale_window = 1000, .fused_gelu = true, .shard_count = 1, .shard_index = 0                                   \
+        .scale_window = 1000, .fused_gelu = true, .shard_count = 1, .shard_index = 0, .shard_grads = false             \
     }
 
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
@@ -77,7 +78,8 @@ mt_status_t mt_gpt2_cuda_step_result(mt_gpt2_cuda_t g, mt_gpt2_cuda_result_t *r)
 /* Waits and reads the loss of the last forward (no step needed). */
 mt_status_t mt_gpt2_cuda_loss(mt_gpt2_cuda_t g, float *loss);
 
-/* Copies the f32 gradients / master parameters (numel floats, flat layout) to host memory (waits). A sharded
+/* Copies the f32 gradients (refused under ZeRO-2: MT_ERR_INVALID_USAGE) / master parameters (numel floats,
+ * flat layout) to host memory (waits). A sharded
  * model in bf16/fp16 holds only its shard of the master weights: get_params is refused there
  * (MT_ERR_INVALID_USAGE; mt_gpt2_cuda_get_state reads the shard). */
 mt_status_t mt_gpt2_cuda_get_grads(mt_gpt2_cuda_t g, float *host);
@@ -112,15 +114,29 @@ void *mt_gpt2_cuda_stream(mt_gpt2_cuda_t g);
 
 /* Called during mt_gpt2_cuda_backward each time the gradients of a run of parameters are complete for that
  * backward, right after their last launch was enqueued on the compute stream (so an event recorded on it
- * then orders a consumer after them): elements [lo, hi) of the flat layout. The runs come in backward
- * order and tile the layout from the end: ln_f, block L-1, ..., block 0, then wte and wpe (wte's gradient
- * is complete only after the embedding's backward); each run's hi is the previous run's lo. A failing hook
- * stops the backward with its status. fn NULL: none. */
-typedef mt_status_t (*mt_gpt2_cuda_grad_hook_t)(void *arg, size_t lo, size_t hi);
+ * then orders a consumer after them): elements [lo, hi) of the flat layout, stored contiguously at grads.
+ * The runs come in backward order and tile the layout from the end: ln_f, block L-1, ..., block 0, then wte
+ * and wpe (wte's gradient is complete only after the embedding's backward); each run's hi is the previous
+ * run's lo. A failing hook stops the backward with its status. fn NULL: none.
+ * Without ZeRO-2, grads is mt_gpt2_cuda_grads() + lo and backward accumulates there over micro-batches.
+ * Under ZeRO-2 (params.shard_grads) it is a pool: each backward pass writes fresh gradients (not
+ * accumulated) into one of two block-sized slots (block l: slot l % 2) or the buffer of wte, wpe and ln_f,
+ * so the consumer must take every pass's runs (reduce them and add its slice to mt_gpt2_cuda_grad_slice),
+ * enqueuing its reads on the stream given to mt_gpt2_cuda_set_grad_consumer, after which the trainer records
+ * an event there and waits for it before the slot is written again (two blocks later, or the next pass). */
+typedef mt_status_t (*mt_gpt2_cuda_grad_hook_t)(void *arg, size_t lo, size_t hi, float *grads);
 void mt_gpt2_cuda_set_grad_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_grad_hook_t fn, void *arg);
 
-/* The device f32 gradients (numel floats, flat layout) and the device f32 mean loss of the last forward,
- * for communication and copies ordered on the caller's streams. */
+/* ZeRO-2: the stream (cudaStream_t) the hook's consumer enqueues its reads of the pool on (required). */
+void mt_gpt2_cuda_set_grad_consumer(mt_gpt2_cuda_t g, void *stream);
+
+/* ZeRO-2: the device f32 gradient of the slice [lo, hi) (mt_gpt2_cuda_shard), hi - lo floats: the consumer
+ * adds each pass's averaged gradient there; mt_gpt2_cuda_zero_grads clears it, grad_stats and the step
+ * read it. NULL without ZeRO-2. */
+float *mt_gpt2_cuda_grad_slice(mt_gpt2_cuda_t g);
+
+/* The device f32 gradients (numel floats, flat layout; NULL under ZeRO-2) and the device f32 mean loss of
+ * the last forward, for communication and copies ordered on the caller's streams. */
 float *mt_gpt2_cuda_grads(mt_gpt2_cuda_t g);
 const float *mt_gpt2_cuda_loss_dev(mt_gpt2_cuda_t g);
 
@@ -137,9 +153,10 @@ void mt_gpt2_cuda_set_nonfinite(mt_gpt2_cuda_t g, bool nonfinite);
  * multiple of 64; the last ones may reach past numel), and this model keeps the f32 master weights (in
  * bf16/fp16; in fp32/tf32 they are the compute copy, which stays whole) and AdamW's moments of its slice
  * [*lo, *hi) = [shard_index * len, ...) clipped to numel only; its step updates that slice of the master
- * weights and of the compute copy. The gradients and the compute copy stay whole: the engine reduces each
- * rank's slice of the gradients to it before the step, and all-gathers the compute copy after it (in
- * place: mt_gpt2_cuda_weights holds shard_count * len elements). Unsharded: 0, numel, numel. */
+ * weights and of the compute copy. The gradients (ZeRO-1; ZeRO-2 keeps the slice's, see the hook) and the
+ * compute copy stay whole: the engine reduces each rank's slice of the gradients to it before the step,
+ * and all-gathers the compute copy after it (in place: mt_gpt2_cuda_weights holds shard_count * len
+ * elements). Unsharded: 0, numel, numel. */
 void mt_gpt2_cuda_shard(mt_gpt2_cuda_t g, size_t *lo, size_t *hi, size_t *len);
 
 /* The device compute copy of the weights in the storage dtype of precision.compute (f32, bf16 or f16),

@@ -6,6 +6,12 @@
  * step; every mode's loss falls. fp16 from an initial scale of 2^24 skips its first steps and still trains.
  * model.recompute = "block" (fp32, bf16): the same tolerances against the CPU model with recomputation, the
  * same loss and gradients as the GPU without it, and the activation bytes down by one block's internals.
+ * Sharding (ZeRO, one process standing for one rank of three): bad shard parameters are refused; the slice
+ * [lo, hi) has a 64-multiple length covering the layout in three; in bf16 get_state returns the uploaded
+ * weights of the slice exactly and set_state round-trips them, get_params and the device-clipping step are
+ * refused; under ZeRO-2 backward without a hook is refused, and the runs the hook sees (read on its consumer
+ * stream) tile the layout from the end and hold the unsharded model's gradients (exactly under the emulator,
+ * to 1e-5 of the largest on a device), in a second backward too (the pool is cleared per pass).
  * Exits 77 printing "skipped: no CUDA device" without a device.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
@@ -15,6 +21,10 @@
 #include "models/cuda/gpt2_cuda.h"
 #include "models/cuda/mt_cuda.h"
 #include "testutil.h"
+
+#ifndef MT_CUDA_EMULATED
+#define MT_CUDA_EMULATED 0
+#endif
 
 #if MT_CUDA_EMULATED
 enum { B = 2, T = 32, STEPS = 6 }; /* the CPU emulator runs every block thread in turn: fewer steps */
@@ -279,6 +289,115 @@ static void compare_recompute(mt_prec_t prec) {
     mt_model_free(mn);
 }
 
+typedef struct {
+    float *got;    /* numel floats: each run's gradients copied to their flat place */
+    size_t next;   /* the next run's expected hi */
+    int runs, bad; /* runs seen; runs that did not tile the layout from the end */
+    void *stream;
+} runs_t;
+
+static mt_status_t take_run(void *arg, size_t lo, size_t hi, float *grads) {
+    runs_t *r = arg;
+    r->bad += hi != r->next || lo >= hi;
+    r->next = lo;
+    r->runs++;
+    CHECK(cudaStreamSynchronize((cudaStream_t)r->stream) == cudaSuccess, "sync the consumer stream");
+    CHECK(cudaMemcpy(r->got + lo, grads, (hi - lo) * 4, cudaMemcpyDeviceToHost) == cudaSuccess, "copy a run");
+    return MT_OK;
+}
+
+static void shard_contract(mt_prec_t prec) {
+    mt_model_t m = build();
+    size_t n = mt_model_numel(m);
+    int32_t tok[B * T], tgt[B * T];
+    data(tok, tgt);
+    mt_gpt2_cuda_params_t p = MT_GPT2_CUDA_PARAMS_INIT;
+    p.prec = prec;
+    p.B = B;
+    p.T = T;
+    p.init_scale = 1024.0f;
+    mt_gpt2_cuda_t g = NULL;
+    const char *pn = mt_prec_name(prec);
+    /* the unsharded gradients of one backward */
+    float *want = malloc(n * 4), *params = malloc(n * 4), *mv = calloc(n, 4);
+    CHECK_OK(mt_gpt2_cuda_init(m, &p, &g));
+    CHECK_OK(mt_gpt2_cuda_zero_grads(g));
+    CHECK_OK(mt_gpt2_cuda_forward(g, tok, tgt));
+    CHECK_OK(mt_gpt2_cuda_backward(g, 1.0f));
+    CHECK_OK(mt_gpt2_cuda_get_grads(g, want));
+    mt_gpt2_cuda_free(g);
+    p.shard_count = 3;
+    p.shard_index = 3;
+    CHECK(mt_gpt2_cuda_init(m, &p, &g) == MT_ERR_INVALID_ARG, "%s: shard 3 of 3 accepted", pn);
+    p.shard_count = 1;
+    p.shard_index = 0;
+    p.shard_grads = true;
+    CHECK(mt_gpt2_cuda_init(m, &p, &g) == MT_ERR_INVALID_ARG, "%s: ZeRO-2 over one shard accepted", pn);
+    p.shard_count = 3;
+    p.shard_index = 1;
+    CHECK_OK(mt_gpt2_cuda_init(m, &p, &g));
+    size_t lo = 0, hi = 0, len = 0;
+    mt_gpt2_cuda_shard(g, &lo, &hi, &len);
+    CHECK(len % 64 == 0 && 3 * len >= n && 2 * len < n + 3 * 64 && lo == len && hi == MT_MIN(2 * len, n),
+          "%s: slice [%zu, %zu) of length %zu over %zu elements", pn, lo, hi, len, n);
+    CHECK(mt_gpt2_cuda_get_grads(g, want + n / 2) == MT_ERR_INVALID_USAGE, "%s: ZeRO-2 get_grads accepted", pn);
+    CHECK(mt_gpt2_cuda_forward(g, tok, tgt) == MT_OK && mt_gpt2_cuda_backward(g, 1.0f) == MT_ERR_INVALID_USAGE,
+          "%s: ZeRO-2 backward without a hook accepted", pn);
+    runs_t r = {.got = calloc(n, 4), .next = n, .stream = mt_gpt2_cuda_stream(g)};
+    mt_gpt2_cuda_set_grad_hook(g, take_run, &r);
+    mt_gpt2_cuda_set_grad_consumer(g, r.stream);
+    for (int pass = 0; pass < 2; pass++) { /* the second pass must not see the first's gradients */
+        r.next = n;
+        r.runs = r.bad = 0;
+        CHECK_OK(mt_gpt2_cuda_forward(g, tok, tgt));
+        CHECK_OK(mt_gpt2_cuda_backward(g, 1.0f));
+        CHECK(r.bad == 0 && r.next == 0 && r.runs == 2 + 2, "%s pass %d: %d runs, %d out of order, ending at %zu", pn,
+              pass, r.runs, r.bad, r.next);
+        double err = 0, top = 0;
+        for (size_t i = 0; i < n; i++) {
+            err = fmax(err, fabs((double)r.got[i] - (double)want[i]));
+            top = fmax(top, fabs((double)want[i]));
+        }
+        /* the same kernels on the same inputs: equal, except that on a device dwte's float atomics add in a
+         * run-dependent order */
+        CHECK(err <= (MT_CUDA_EMULATED ? 0.0 : 1e-5 * top), "%s pass %d: the pooled runs differ from the whole "
+              "gradients by %g (largest %g)", pn, pass, err, top);
+    }
+    /* the master weights of the slice: uploaded, read back, set and read back */
+    CHECK_OK(mt_gpt2_cuda_get_state(g, params, mv, NULL));
+    float *host = mt_model_params_flat(m);
+    int diff = 0;
+    for (size_t i = lo; i < hi; i++) {
+        diff += params[i] != host[i] || mv[i - lo] != 0.0f;
+    }
+    CHECK(diff == 0, "%s: %d elements of the slice's master weights / moments differ from the upload", pn, diff);
+    for (size_t i = 0; i < n; i++) {
+        params[i] = host[i] * 0.5f;
+    }
+    CHECK_OK(mt_gpt2_cuda_set_state(g, params, NULL, NULL));
+    float *back = calloc(n, 4);
+    CHECK_OK(mt_gpt2_cuda_get_state(g, back, NULL, NULL));
+    diff = 0;
+    for (size_t i = lo; i < hi; i++) {
+        diff += back[i] != params[i];
+    }
+    CHECK(diff == 0, "%s: %d elements of the slice did not round-trip through set_state", pn, diff);
+    if (prec != MT_PREC_FP32 && prec != MT_PREC_TF32) {
+        CHECK(mt_gpt2_cuda_get_params(g, back) == MT_ERR_INVALID_USAGE, "%s: sharded get_params accepted", pn);
+    }
+    mt_optim_params_t op = MT_OPTIM_PARAMS_INIT;
+    op.kind = MT_OPTIM_ADAMW;
+    CHECK(mt_gpt2_cuda_step(g, &op, 1e-3f, 1.0f) == MT_ERR_INVALID_USAGE, "%s: sharded device-clip step accepted",
+          pn);
+    mt_gpt2_cuda_free(g);
+    free(back);
+    free(r.got);
+    free(want);
+    free(params);
+    free(mv);
+    mt_model_free(m);
+}
+
 int main(void) {
     if (mt_cuda_device_count() == 0) {
         printf("skipped: no CUDA device\n");
@@ -289,6 +408,8 @@ int main(void) {
     }
     compare_recompute(MT_PREC_FP32);
     compare_recompute(MT_PREC_BF16);
+    shard_contract(MT_PREC_FP32);
+    shard_contract(MT_PREC_BF16);
     float cpu_losses[STEPS];
     cpu_train(cpu_losses);
     int skipped = 0;
