@@ -6,8 +6,11 @@
  * gradients are reduced to the slices' owners during backward, each rank updates its slice and the compute
  * copy is all-gathered after the step. ZeRO-2 also shards the gradients: backward writes each block into a
  * pooled slot, every micro-batch's runs are reduced to their owners at once and added to the owner's
- * slice. The loop's clipping, NaN agreement, metrics and checkpoints work unchanged: the engine syncs twice
- * per step (the loss after backward, the gradient norm after the reductions). Built without CUDA, the engine only refuses, naming what to use instead.
+ * slice. ZeRO-3 also shards the weights: each block's are broadcast from their owners into a slot before
+ * its forward and backward (the next ones while a block computes), wte/wpe/ln_f once per step. The loop's
+ * clipping, NaN agreement, metrics and checkpoints work unchanged: the engine syncs twice per step (the
+ * loss after backward, the gradient norm after the reductions). Built without CUDA, the engine only
+ * refuses, naming what to use instead.
  * SPDX-License-Identifier: MIT */
 #include "mt_build_config.h"
 
@@ -56,14 +59,6 @@ static mt_status_t cuda_check_config(const mt_config_t *cfg) {
                             "trains whole replicas (data parallelism): set %s = 1, or runtime.device = \"cpu\"",
                             dev, axes[i][0], (long long)v, axes[i][1], axes[i][0]);
         }
-    }
-    int64_t stage = mt_config_int(cfg, "parallel.zero_stage");
-    if (!strcmp(mt_config_str(cfg, "parallel.engine"), "zero") && stage == 3) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "runtime.device = \"%s\": parallel.zero_stage = 3: the GPU engine shards the optimizer "
-                        "state and gradients (ZeRO stages 1 and 2) but keeps whole weights; stage 3 runs on the CPU "
-                        "engines: set parallel.zero_stage = 2, or runtime.device = \"cpu\"",
-                        dev);
     }
     if (strcmp(mt_config_str(cfg, "optimizer.kind"), "adamw") != 0) {
         return mt_error(MT_ERR_INVALID_ARG,
@@ -137,7 +132,8 @@ typedef struct {
     int dp_size, dp_rank;
     bool overlap;        /* "ddp", "zero": buckets during backward; "dp": one all-reduce after it */
     bool zero;           /* ZeRO-1/2 (dp > 1): each bucket reduced to the owners of its slices, weights gathered */
-    bool zero2;          /* ZeRO-2: every micro-batch's runs reduced at once and added to the owner's slice */
+    bool zero2;          /* ZeRO-2/3: every micro-batch's runs reduced at once and added to the owner's slice */
+    bool zero3;          /* ZeRO-3: weights gathered block by block from their owners, no all-gather */
     size_t sh_lo, sh_hi; /* ZeRO-1: this rank's slice of the flat layout (everything otherwise) */
     size_t sh_len;       /* ZeRO-1: the slice length: rank r owns [r * sh_len, (r + 1) * sh_len) */
     size_t bucket_elems; /* parallel.bucket_mb in floats */
@@ -289,6 +285,24 @@ static mt_status_t on_grads(void *arg, size_t lo, size_t hi, float *grads) {
     return MT_OK;
 }
 
+/* ZeRO-3, the trainer's weight hook: the compute copy's elements [lo, hi) into dst on every rank, each
+ * slice's part broadcast by its owner from its slice, on the comm stream (the trainer orders it). */
+static mt_status_t on_weights(void *arg, size_t lo, size_t hi, void *dst) {
+    cuda_engine_t *e = arg;
+    mt_dtype_t dt = mt_prec_storage(e->prec);
+    size_t es = mt_dtype_size(dt);
+    const char *slice = mt_gpt2_cuda_weight_slice(e->g);
+    for (size_t a = lo; a < hi;) {
+        int owner = (int)(a / e->sh_len);
+        size_t b = MT_MIN(hi, (size_t)(owner + 1) * e->sh_len);
+        char *to = (char *)dst + (a - lo) * es;
+        const void *from = owner == e->dp_rank ? slice + (a - e->sh_lo) * es : to;
+        MT_CHECK(mt_coll_broadcast(e->gcomm, from, to, b - a, (mt_coll_dtype_t)dt, owner, e->comm_stream, NULL));
+        a = b;
+    }
+    return MT_OK;
+}
+
 /* The dp communicators (gradients on the device, losses), collectively over info->comm. */
 static mt_status_t dp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
     mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
@@ -340,7 +354,8 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->dp_size = info->dp_size;
     e->dp_rank = info->dp_rank;
     e->zero = !strcmp(mt_config_str(cfg, "parallel.engine"), "zero") && e->dp_size > 1;
-    e->zero2 = e->zero && mt_config_int(cfg, "parallel.zero_stage") == 2;
+    e->zero2 = e->zero && mt_config_int(cfg, "parallel.zero_stage") >= 2;
+    e->zero3 = e->zero && mt_config_int(cfg, "parallel.zero_stage") == 3;
     e->overlap = e->zero || !strcmp(mt_config_str(cfg, "parallel.engine"), "ddp");
     e->bucket_elems = (size_t)MT_MAX(1.0, mt_config_float(cfg, "parallel.bucket_mb") * 1048576.0 / 4.0);
     /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one) */
@@ -376,6 +391,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     gp.shard_count = e->zero ? e->dp_size : 1;
     gp.shard_index = e->zero ? e->dp_rank : 0;
     gp.shard_grads = e->zero2;
+    gp.shard_weights = e->zero3;
     MT_CHECK_GOTO(mt_gpt2_cuda_init(e->model, &gp, &e->g), st, fail);
     e->numel = mt_model_numel(e->model);
     mt_gpt2_cuda_shard(e->g, &e->sh_lo, &e->sh_hi, &e->sh_len);
@@ -392,7 +408,8 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&e->comm_done, cudaEventDisableTiming), "event"), st,
                       fail);
         mt_gpt2_cuda_set_grad_hook(e->g, on_grads, e);
-        mt_gpt2_cuda_set_grad_consumer(e->g, e->comm_stream);
+        mt_gpt2_cuda_set_comm_stream(e->g, e->comm_stream);
+        mt_gpt2_cuda_set_weight_hook(e->g, on_weights, e);
     }
     /* energy: read-only NVML counter of this GPU, when the library and the counter are there */
     char bus[32] = "";
@@ -407,7 +424,8 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         MT_INFO(MT_LOG_INIT, "cuda engine: no NVML energy counter: step metrics carry no energy_j");
     }
     MT_INFO(MT_LOG_INIT, "cuda engine: device %d, %s, dp %d (%s), buckets of %zu floats", d, prec, e->dp_size,
-            e->zero2     ? "zero-2: each block's gradients reduced to their slices' owners in every backward"
+            e->zero3     ? "zero-3: each block's weights gathered before use, gradients reduced to their owners"
+            : e->zero2   ? "zero-2: each block's gradients reduced to their slices' owners in every backward"
             : e->zero    ? "zero-1: buckets reduced to their slices' owners during backward, weights all-gathered"
             : e->overlap ? "ddp: all-reduce per bucket during backward"
                          : "dp: one all-reduce after backward",
@@ -487,7 +505,8 @@ static mt_status_t ce_step(void *ctx, float lr, float grad_scale) {
     cuda_engine_t *e = ctx;
     bool skipped = false;
     MT_CHECK(mt_gpt2_cuda_step_scaled(e->g, &e->optim, lr, grad_scale, &skipped));
-    if (!e->zero || skipped) { /* a skipped fp16 step changed no slice (and every rank skipped it) */
+    if (!e->zero || e->zero3 || skipped) { /* a skipped fp16 step changed no slice (and every rank skipped it);
+                                             * ZeRO-3 gathers at the next use */
         return MT_OK;
     }
     /* ZeRO-1: every rank's updated slice of the compute copy to every rank, in place, on the comm stream

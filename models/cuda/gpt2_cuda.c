@@ -41,7 +41,17 @@ struct mt_gpt2_cuda {
     void *ws;
     float *grads, *adam_m, *adam_v; /* gradients (numel), AdamW moments of the slice (sh_hi - sh_lo) */
     float *master;                  /* f32 master weights of the slice: master[i - sh_lo] (in wc for f32 storage) */
-    void *wc;                       /* compute copy in the storage dtype, sh_n * sh_len elements */
+    void *wc;                       /* compute copy in the storage dtype, sh_n * sh_len elements (NULL: zero3) */
+    bool zero3;                     /* ZeRO-3: weights gathered per block into wpool, wte/wpe/ln_f into wouter */
+    void *wpool;                    /* zero3: three block-sized weight slots, block l's weights in slot l % 3 */
+    void *wouter;                   /* zero3: wte, wpe, ln_f in the layout of gouter */
+    void *wslice;                   /* zero3: the slice of the compute copy (== master for f32 storage) */
+    int wslot[3];                   /* zero3: the block each slot holds (-1: none or stale) */
+    bool outer_stale;               /* zero3: wouter predates the last step */
+    cudaEvent_t wready[3];          /* zero3: recorded on the comm stream after a slot's gather */
+    cudaEvent_t wmark;              /* zero3: the compute stream's progress, for the comm stream to wait on */
+    mt_gpt2_cuda_weight_hook_t whook;
+    void *whook_arg;
     int sh_n, sh_r;                 /* ZeRO-1/2: shards and this model's (1, 0: unsharded) */
     size_t sh_lo, sh_hi, sh_len;    /* the slice this model updates, the slice length */
     bool zero2;                     /* ZeRO-2: no whole gradient (grads NULL): backward writes the pool below */
@@ -97,7 +107,23 @@ static void *carve(char **cursor, size_t bytes) {
 }
 
 #define CK(call) MT_CHECK(mt_cuda_status((call), #call))
-#define W(i) ((void *)((char *)g->wc + g->offs[i] * g->es))
+#define W(i) weight_ptr(g, i)
+
+/* Where parameter i's compute copy lives: the whole copy, or under ZeRO-3 its gathered slot. */
+static void *weight_ptr(mt_gpt2_cuda_t g, int i) {
+    if (!g->zero3) {
+        return (char *)g->wc + g->offs[i] * g->es;
+    }
+    int pf = BLOCK0 + g->L * NBP;
+    if (i < BLOCK0) {
+        return (char *)g->wouter + g->offs[i] * g->es;
+    }
+    if (i >= pf) {
+        return (char *)g->wouter + (g->offs[BLOCK0] + g->offs[i] - g->offs[pf]) * g->es;
+    }
+    int l = (i - BLOCK0) / NBP;
+    return (char *)g->wpool + ((size_t)(l % 3) * g->blk_numel + g->offs[i] - g->offs[BLOCK0 + l * NBP]) * g->es;
+}
 #define G(i) grad_ptr(g, i)
 
 /* Where parameter i's gradient lives: the whole gradient's flat layout, or under ZeRO-2 the pool. */
@@ -139,6 +165,9 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
     if (!p || p->size != sizeof(*p) || (unsigned)p->prec >= MT_PREC_COUNT) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: parameters not initialised with MT_GPT2_CUDA_PARAMS_INIT");
     }
+    if (p->shard_weights && !p->shard_grads) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: shard_weights (ZeRO-3) needs shard_grads (ZeRO-2's pool)");
+    }
     if (p->shard_grads && p->shard_count < 2) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: shard_grads (ZeRO-2) needs shard_count >= 2, not %d",
                         p->shard_count);
@@ -173,20 +202,31 @@ static mt_status_t upload_weights(mt_gpt2_cuda_t g, const float *flat) {
     for (int i = 0; g->zero2 && i < 3; i++) { /* the pool's last consumer is done with it */
         CK(cudaStreamWaitEvent(g->stream, i < 2 ? g->slot_free[i] : g->outer_free, 0));
     }
+    int pf = BLOCK0 + g->L * NBP;
     for (int i = 0; i < g->n_params; i++) {
         const mt_param_t *pp = mt_model_param(g->m, i);
         size_t off = pp->offset, n = pp->numel;
-        float *stage = f32 ? (float *)g->wc + off : G(i);
+        float *stage = f32 && !g->zero3 ? (float *)g->wc + off : G(i);
         CK(cudaMemcpyAsync(stage, flat ? flat + off : pp->data, n * 4, cudaMemcpyHostToDevice, g->stream));
-        if (!f32) {
-            CK(mt_cuda_convert((char *)g->wc + off * g->es, g->dt, stage, MT_CU_F32, n, 1.0f, g->stream));
-            size_t a = MT_MAX(off, g->sh_lo), b = MT_MIN(off + n, g->sh_hi);
-            if (a < b) {
-                CK(cudaMemcpyAsync(g->master + (a - g->sh_lo), stage + (a - off), (b - a) * 4,
-                                   cudaMemcpyDeviceToDevice, g->stream));
+        size_t a = MT_MAX(off, g->sh_lo), b = MT_MIN(off + n, g->sh_hi);
+        if ((!f32 || g->zero3) && a < b) { /* the slice's master weights (and ZeRO-3's slice of the copy) */
+            CK(cudaMemcpyAsync(g->master + (a - g->sh_lo), stage + (a - off), (b - a) * 4, cudaMemcpyDeviceToDevice,
+                               g->stream));
+            if (g->zero3 && !f32) {
+                CK(mt_cuda_convert((char *)g->wslice + (a - g->sh_lo) * g->es, g->dt, stage + (a - off), MT_CU_F32,
+                                   b - a, 1.0f, g->stream));
             }
         }
+        if (!g->zero3 && !f32) {
+            CK(mt_cuda_convert((char *)g->wc + off * g->es, g->dt, stage, MT_CU_F32, n, 1.0f, g->stream));
+        } else if (g->zero3 && (i < BLOCK0 || i >= pf)) { /* wte, wpe, ln_f: whole on every rank */
+            CK(mt_cuda_convert(W(i), g->dt, stage, MT_CU_F32, n, 1.0f, g->stream));
+        }
     }
+    for (int k = 0; k < 3; k++) { /* the slots are gathered again at their next use */
+        g->wslot[k] = -1;
+    }
+    g->outer_stale = false;
     if (g->zero2) { /* the pool is cleared by each backward */
         CK(cudaMemsetAsync(g->gshard, 0, (g->sh_hi - g->sh_lo) * 4, g->stream));
     } else {
@@ -244,20 +284,42 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     }
     /* parameters: compute copy (the f32 master weights themselves for f32 storage), the master weights of
      * the slice (other storage), gradients, AdamW moments of the slice */
-    MT_CHECK_GOTO(dalloc(g, &g->wc, padded * es, MT_MEM_PARAMS,
-                         g->dt == MT_CU_F32 ? "gpt2_cuda master weights" : "gpt2_cuda compute weights"),
-                  st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->wc, 0, padded * es, g->stream), "memset"), st, fail);
-    if (g->dt == MT_CU_F32) {
-        g->master = (float *)g->wc + g->sh_lo;
-    } else {
+    g->zero3 = p->shard_weights;
+    g->blk_numel = g->L > 0 ? g->offs[BLOCK0 + NBP] - g->offs[BLOCK0] : 0;
+    if (g->zero3) { /* the slice (master; a copy in the storage dtype), three block slots, wte/wpe/ln_f */
+        int pf = BLOCK0 + g->L * NBP;
+        size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
         MT_CHECK_GOTO(dalloc(g, (void **)&g->master, MT_MAX(slice, 1) * 4, MT_MEM_PARAMS, "gpt2_cuda master weights"),
                       st, fail);
+        if (g->dt == MT_CU_F32) {
+            g->wslice = g->master;
+        } else {
+            MT_CHECK_GOTO(dalloc(g, &g->wslice, MT_MAX(slice, 1) * es, MT_MEM_PARAMS, "gpt2_cuda weight slice"), st,
+                          fail);
+        }
+        MT_CHECK_GOTO(dalloc(g, &g->wpool, MT_MAX(3 * g->blk_numel, 1) * es, MT_MEM_PARAMS, "gpt2_cuda weight slots"),
+                      st, fail);
+        MT_CHECK_GOTO(dalloc(g, &g->wouter, outer * es, MT_MEM_PARAMS, "gpt2_cuda embedding/ln_f weights"), st, fail);
+        for (int i = 0; i < 4; i++) {
+            cudaEvent_t *ev = i < 3 ? &g->wready[i] : &g->wmark;
+            MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "event"), st, fail);
+        }
+    } else {
+        MT_CHECK_GOTO(dalloc(g, &g->wc, padded * es, MT_MEM_PARAMS,
+                             g->dt == MT_CU_F32 ? "gpt2_cuda master weights" : "gpt2_cuda compute weights"),
+                      st, fail);
+        MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->wc, 0, padded * es, g->stream), "memset"), st, fail);
+        if (g->dt == MT_CU_F32) {
+            g->master = (float *)g->wc + g->sh_lo;
+        } else {
+            MT_CHECK_GOTO(dalloc(g, (void **)&g->master, MT_MAX(slice, 1) * 4, MT_MEM_PARAMS,
+                                 "gpt2_cuda master weights"),
+                          st, fail);
+        }
     }
     g->zero2 = p->shard_grads;
     if (g->zero2) {
         int pf = BLOCK0 + g->L * NBP;
-        g->blk_numel = g->L > 0 ? g->offs[BLOCK0 + NBP] - g->offs[BLOCK0] : 0;
         size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
         MT_CHECK_GOTO(dalloc(g, (void **)&g->gpool, MT_MAX(2 * g->blk_numel, 1) * 4, MT_MEM_GRADS,
                              "gpt2_cuda gradient slots"),
@@ -377,10 +439,11 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
             cudaEventDestroy(g->copied[i]);
         }
     }
-    for (int i = 0; i < 3; i++) {
-        cudaEvent_t ev = i < 2 ? g->slot_free[i] : g->outer_free;
-        if (ev) {
-            cudaEventDestroy(ev);
+    cudaEvent_t evs[] = {g->slot_free[0], g->slot_free[1], g->outer_free, g->wready[0], g->wready[1], g->wready[2],
+                         g->wmark};
+    for (size_t i = 0; i < MT_ARRAY_LEN(evs); i++) {
+        if (evs[i]) {
+            cudaEventDestroy(evs[i]);
         }
     }
     if (g->stream) {
@@ -468,6 +531,58 @@ static mt_status_t prof_collect(mt_gpt2_cuda_t g) {
 }
 #define RES(l) ((void *)((char *)g->resid + (size_t)(l)*MT_DIV_UP((size_t)g->N * g->C * g->es, 256) * 256))
 
+/* ZeRO-3: enqueues on the comm stream the gather of block l's weights into slot l % 3 unless the slot holds
+ * them, after everything enqueued on the compute stream so far (the slot's previous block is done). */
+static mt_status_t wfetch(mt_gpt2_cuda_t g, int l) {
+    if (l < 0 || l >= g->L || g->wslot[l % 3] == l) {
+        return MT_OK;
+    }
+    CK(cudaEventRecord(g->wmark, g->stream));
+    CK(cudaStreamWaitEvent(g->consumer, g->wmark, 0));
+    size_t b0 = g->offs[BLOCK0 + l * NBP];
+    MT_CHECK(g->whook(g->whook_arg, b0, b0 + g->blk_numel, W(BLOCK0 + l * NBP)));
+    CK(cudaEventRecord(g->wready[l % 3], g->consumer));
+    g->wslot[l % 3] = l;
+    return MT_OK;
+}
+
+/* ZeRO-3, before block l's launches going in direction d (+1 forward, -1 backward): block l's weights and
+ * block l + d's (the forward's fused residual + LayerNorm reads the next block's ln_1) gathered and waited
+ * for on the compute stream, block l + 2d's gather started (into the slot of block l - d, done with). */
+static mt_status_t wneed(mt_gpt2_cuda_t g, int l, int d) {
+    if (!g->zero3) {
+        return MT_OK;
+    }
+    MT_CHECK(wfetch(g, l));
+    MT_CHECK(wfetch(g, l + d));
+    for (int k = l; k != l + 2 * d; k += d) {
+        if (k >= 0 && k < g->L) {
+            CK(cudaStreamWaitEvent(g->stream, g->wready[k % 3], 0));
+        }
+    }
+    return wfetch(g, l + 2 * d);
+}
+
+/* ZeRO-3, at the start of a forward after a step: wte, wpe and ln_f gathered again, whole, and waited for. */
+static mt_status_t wouter_fresh(mt_gpt2_cuda_t g) {
+    if (!g->zero3 || !g->outer_stale) {
+        return MT_OK;
+    }
+    if (!g->whook || !g->consumer) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-3 keeps a slice of the weights: set a weight hook and "
+                                              "the comm stream before forward");
+    }
+    int pf = BLOCK0 + g->L * NBP;
+    CK(cudaEventRecord(g->wmark, g->stream));
+    CK(cudaStreamWaitEvent(g->consumer, g->wmark, 0));
+    MT_CHECK(g->whook(g->whook_arg, 0, g->offs[BLOCK0], W(0)));
+    MT_CHECK(g->whook(g->whook_arg, g->offs[pf], g->numel, W(pf)));
+    CK(cudaEventRecord(g->wmark, g->consumer));
+    CK(cudaStreamWaitEvent(g->stream, g->wmark, 0));
+    g->outer_stale = false;
+    return MT_OK;
+}
+
 mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const int32_t *targets) {
     int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt;
     void *s = g->stream;
@@ -491,6 +606,11 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     CK(cudaMemcpyAsync(g->tokens_d, pin, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
     CK(cudaMemcpyAsync(g->targets_d, pin + N, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
     CK(cudaEventRecord(g->copied[k], g->stream));
+    if (g->zero3 && (!g->whook || !g->consumer)) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-3 keeps a slice of the weights: set a weight hook and "
+                                              "the comm stream before forward");
+    }
+    MT_CHECK(wouter_fresh(g));
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
     OP(PROF_EMBED, mt_cuda_embedding_forward(RES(0), g->tokens_d, W(0), W(1), B, T, C, dt, s));
     int pf = BLOCK0 + L * NBP; /* ln_f */
@@ -501,6 +621,7 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     for (int l = 0; l < L; l++) {
         layer_acts_t *a = &g->la[l];
         int p = BLOCK0 + l * NBP;
+        MT_CHECK(wneed(g, l, +1));
         if (l == 0) { /* later blocks get ln_1 from the previous block's fused residual + LayerNorm */
             OP(PROF_LN_FWD, mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(0), W(p + LN1W),
                                                       W(p + LN1B), N, C, dt, s));
@@ -592,7 +713,7 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     float scale = loss_grad_scale * mt_loss_scaler_scale(&g->scaler);
     if (g->zero2 && (!g->hook || !g->consumer)) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-2 keeps no whole gradient: set a gradient hook and "
-                                              "its consumer stream before backward");
+                                              "the comm stream before backward");
     }
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
     if (g->zero2) { /* every pass starts from zero: the consumer accumulated the last one into its slice */
@@ -613,6 +734,7 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     for (int l = L - 1; l >= 0; l--) {
         layer_acts_t *a = &g->la[l];
         int p = BLOCK0 + l * NBP;
+        MT_CHECK(wneed(g, l, -1));
         if (g->recompute && l + 1 < L) { /* the last block's internals are still those of the forward */
             MT_CHECK(block_recompute(g, l));
         }
@@ -657,7 +779,6 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
 static mt_status_t adamw_all(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,
                              const float *coef, const int *skip) {
     void *s = g->stream;
-    void *lowp = g->dt == MT_CU_F32 ? NULL : g->wc;
     for (int i = 0; i < g->n_params;) {
         int j = i + 1;
         while (j < g->n_params && g->decay[j] == g->decay[i]) {
@@ -667,13 +788,20 @@ static mt_status_t adamw_all(mt_gpt2_cuda_t g, const mt_optim_params_t *op, floa
         size_t lo = MT_MAX(g->offs[i], g->sh_lo), hi = MT_MIN(j < g->n_params ? g->offs[j] : g->numel, g->sh_hi);
         if (lo < hi) {
             float wd = g->decay[i] ? op->weight_decay : 0.0f;
-            void *lp = lowp ? (char *)lowp + lo * g->es : NULL;
             size_t k = lo - g->sh_lo;
+            /* the low-precision copy of these elements: in the whole copy, or ZeRO-3's slice of it */
+            void *lp = g->dt == MT_CU_F32 ? NULL
+                       : g->zero3         ? (char *)g->wslice + k * g->es
+                                          : (char *)g->wc + lo * g->es;
             const float *gr = g->zero2 ? g->gshard + k : g->grads + lo;
             OP(PROF_OPT, mt_cuda_adamw(g->master + k, gr, g->adam_m + k, g->adam_v + k, hi - lo, lr,
                                        op->beta1, op->beta2, op->eps, wd, g->t, grad_scale, coef, skip, lp, g->dt, s));
         }
         i = j;
+    }
+    for (int k = 0; g->zero3 && k < 3; k++) { /* ZeRO-3: every gathered weight is now stale */
+        g->wslot[k] = -1;
+        g->outer_stale = true;
     }
     return MT_OK;
 }
@@ -743,11 +871,11 @@ mt_status_t mt_gpt2_cuda_get_grads(mt_gpt2_cuda_t g, float *host) {
 }
 
 mt_status_t mt_gpt2_cuda_get_params(mt_gpt2_cuda_t g, float *host) {
-    if (g->sh_n > 1 && g->dt != MT_CU_F32) {
+    if (g->zero3 || (g->sh_n > 1 && g->dt != MT_CU_F32)) {
         return mt_error(MT_ERR_INVALID_USAGE,
-                        "gpt2_cuda: a sharded model in %s holds the master weights of its slice only: use "
+                        "gpt2_cuda: a sharded model in %s%s holds the master weights of its slice only: use "
                         "mt_gpt2_cuda_get_state",
-                        mt_prec_name(g->p.prec));
+                        mt_prec_name(g->p.prec), g->zero3 ? " under ZeRO-3" : "");
     }
     CK(cudaStreamSynchronize(g->stream));
     CK(cudaMemcpy(host, g->dt == MT_CU_F32 ? (float *)g->wc : g->master, g->numel * 4, cudaMemcpyDeviceToHost));
@@ -775,7 +903,7 @@ float *mt_gpt2_cuda_grad_slice(mt_gpt2_cuda_t g) {
     return g->gshard;
 }
 
-void mt_gpt2_cuda_set_grad_consumer(mt_gpt2_cuda_t g, void *stream) {
+void mt_gpt2_cuda_set_comm_stream(mt_gpt2_cuda_t g, void *stream) {
     g->consumer = (cudaStream_t)stream;
 }
 
@@ -825,6 +953,15 @@ void mt_gpt2_cuda_shard(mt_gpt2_cuda_t g, size_t *lo, size_t *hi, size_t *len) {
 
 void *mt_gpt2_cuda_weights(mt_gpt2_cuda_t g) {
     return g->wc;
+}
+
+void *mt_gpt2_cuda_weight_slice(mt_gpt2_cuda_t g) {
+    return g->wslice;
+}
+
+void mt_gpt2_cuda_set_weight_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_weight_hook_t fn, void *arg) {
+    g->whook = fn;
+    g->whook_arg = arg;
 }
 
 mt_status_t mt_gpt2_cuda_step_scaled(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,

@@ -26,12 +26,14 @@ typedef struct {
     int shard_count;      /* ZeRO-1 over shard_count ranks (1: unsharded): see mt_gpt2_cuda_shard */
     int shard_index;      /* this rank's shard, 0 <= shard_index < shard_count */
     bool shard_grads;     /* ZeRO-2 (shard_count >= 2): no whole gradient, see mt_gpt2_cuda_grad_slice */
+    bool shard_weights;   /* ZeRO-3 (with shard_grads): no whole weights, see mt_gpt2_cuda_set_weight_hook */
 } mt_gpt2_cuda_params_t;
 
 #define MT_GPT2_CUDA_PARAMS_INIT                                                                                       \
     {                                                                                                                  \
         .size = sizeof(mt_gpt2_cuda_params_t), .prec = MT_PREC_FP32, .B = 4, .T = 64, .init_scale = 65536.0f,          \
-        .scale_window = 1000, .fused_gelu = true, .shard_count = 1, .shard_index = 0, .shard_grads = false             \
+        .scale_window = 1000, .fused_gelu = true, .shard_count = 1, .shard_index = 0, .shard_grads = false,            \
+        .shard_weights = false                                                                                         \
     }
 
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
@@ -122,13 +124,28 @@ void *mt_gpt2_cuda_stream(mt_gpt2_cuda_t g);
  * Under ZeRO-2 (params.shard_grads) it is a pool: each backward pass writes fresh gradients (not
  * accumulated) into one of two block-sized slots (block l: slot l % 2) or the buffer of wte, wpe and ln_f,
  * so the consumer must take every pass's runs (reduce them and add its slice to mt_gpt2_cuda_grad_slice),
- * enqueuing its reads on the stream given to mt_gpt2_cuda_set_grad_consumer, after which the trainer records
+ * enqueuing its reads on the stream given to mt_gpt2_cuda_set_comm_stream, after which the trainer records
  * an event there and waits for it before the slot is written again (two blocks later, or the next pass). */
 typedef mt_status_t (*mt_gpt2_cuda_grad_hook_t)(void *arg, size_t lo, size_t hi, float *grads);
 void mt_gpt2_cuda_set_grad_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_grad_hook_t fn, void *arg);
 
-/* ZeRO-2: the stream (cudaStream_t) the hook's consumer enqueues its reads of the pool on (required). */
-void mt_gpt2_cuda_set_grad_consumer(mt_gpt2_cuda_t g, void *stream);
+/* ZeRO-2/3: the stream (cudaStream_t) the hooks enqueue their work on (required): the engine's comm stream. */
+void mt_gpt2_cuda_set_comm_stream(mt_gpt2_cuda_t g, void *stream);
+
+/* ZeRO-3 (params.shard_weights): the trainer keeps the compute copy of its slice only
+ * (mt_gpt2_cuda_weight_slice), plus wte, wpe and ln_f whole and three block-sized slots. Before a block's
+ * forward or backward it asks the hook to enqueue on the comm stream the gathering of the compute copy's
+ * elements [lo, hi) (a block; after a step also wte/wpe and ln_f) into dst, in the storage dtype, each
+ * rank's part coming from its slice; the trainer orders the comm stream after the slot's last reader and
+ * the compute stream after the gather with events, and gathers block l + 2 (forward; l - 2 backward) while
+ * block l computes. Gathered weights stay valid until the next step (micro-batches and evaluation reuse
+ * them). A failing hook stops the forward/backward with its status. */
+typedef mt_status_t (*mt_gpt2_cuda_weight_hook_t)(void *arg, size_t lo, size_t hi, void *dst);
+void mt_gpt2_cuda_set_weight_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_weight_hook_t fn, void *arg);
+
+/* ZeRO-3: the compute copy of the slice [lo, hi), hi - lo elements in the storage dtype (the f32 master
+ * weights themselves in fp32/tf32), which the step updates; NULL otherwise. */
+void *mt_gpt2_cuda_weight_slice(mt_gpt2_cuda_t g);
 
 /* ZeRO-2: the device f32 gradient of the slice [lo, hi) (mt_gpt2_cuda_shard), hi - lo floats: the consumer
  * adds each pass's averaged gradient there; mt_gpt2_cuda_zero_grads clears it, grad_stats and the step
@@ -160,7 +177,8 @@ void mt_gpt2_cuda_set_nonfinite(mt_gpt2_cuda_t g, bool nonfinite);
 void mt_gpt2_cuda_shard(mt_gpt2_cuda_t g, size_t *lo, size_t *hi, size_t *len);
 
 /* The device compute copy of the weights in the storage dtype of precision.compute (f32, bf16 or f16),
- * shard_count * len elements of the flat layout (padding after numel), for the engine's all-gather. */
+ * shard_count * len elements of the flat layout (padding after numel), for the engine's all-gather; NULL
+ * under ZeRO-3. */
 void *mt_gpt2_cuda_weights(mt_gpt2_cuda_t g);
 
 /* Optimizer step with a multiplier chosen on the host (the training loop's clipping coefficient; the fp16

@@ -11,7 +11,9 @@
  * weights of the slice exactly and set_state round-trips them, get_params and the device-clipping step are
  * refused; under ZeRO-2 backward without a hook is refused, and the runs the hook sees (read on its consumer
  * stream) tile the layout from the end and hold the unsharded model's gradients (exactly under the emulator,
- * to 1e-5 of the largest on a device), in a second backward too (the pool is cleared per pass).
+ * to 1e-5 of the largest on a device), in a second backward too (the pool is cleared per pass); ZeRO-3 is
+ * refused without ZeRO-2's pool or a weight hook, and with weights "gathered" from the unsharded model's
+ * copy gives its loss and gradients, gathering each block once.
  * Exits 77 printing "skipped: no CUDA device" without a device.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
@@ -306,6 +308,69 @@ static mt_status_t take_run(void *arg, size_t lo, size_t hi, float *grads) {
     return MT_OK;
 }
 
+typedef struct {
+    const char *src; /* the unsharded model's whole compute copy */
+    size_t es;
+    void *stream;
+    int calls;
+} gather_t;
+
+/* A weight hook for one process: "gathers" from the unsharded model's copy, on the comm stream. */
+static mt_status_t copy_weights(void *arg, size_t lo, size_t hi, void *dst) {
+    gather_t *c = arg;
+    c->calls++;
+    return cudaMemcpyAsync(dst, c->src + lo * c->es, (hi - lo) * c->es, cudaMemcpyDeviceToDevice,
+                           (cudaStream_t)c->stream) == cudaSuccess
+               ? MT_OK
+               : mt_error(MT_ERR_CUDA, "weight gather copy failed");
+}
+
+/* ZeRO-3 (shard 1 of 3): refused without ZeRO-2's pool or without a weight hook; with a hook that copies from
+ * the unsharded model g0, one forward/backward gives g0's loss and gradients (the runs), gathering each of the
+ * L <= 3 blocks once (the slots still hold them for backward) and nothing else (wte/wpe/ln_f were uploaded). */
+static void zero3_contract(mt_model_t m, const mt_gpt2_cuda_params_t *base, mt_gpt2_cuda_t g0, const int32_t *tok,
+                           const int32_t *tgt, const float *want, float loss0) {
+    mt_gpt2_cuda_params_t p = *base;
+    const char *pn = mt_prec_name(p.prec);
+    size_t n = mt_model_numel(m);
+    int L = mt_model_config(m)->n_layer;
+    mt_gpt2_cuda_t g = NULL;
+    p.shard_count = 3;
+    p.shard_index = 1;
+    p.shard_weights = true;
+    p.shard_grads = false;
+    CHECK(mt_gpt2_cuda_init(m, &p, &g) == MT_ERR_INVALID_ARG, "%s: ZeRO-3 without ZeRO-2's pool accepted", pn);
+    p.shard_grads = true;
+    CHECK_OK(mt_gpt2_cuda_init(m, &p, &g));
+    if (!g) {
+        return;
+    }
+    CHECK(mt_gpt2_cuda_weights(g) == NULL && mt_gpt2_cuda_weight_slice(g) != NULL, "%s: ZeRO-3 weight buffers", pn);
+    CHECK(mt_gpt2_cuda_forward(g, tok, tgt) == MT_ERR_INVALID_USAGE, "%s: ZeRO-3 forward without a hook accepted",
+          pn);
+    gather_t c = {.src = mt_gpt2_cuda_weights(g0), .es = mt_dtype_size(mt_prec_storage(p.prec)),
+                  .stream = mt_gpt2_cuda_stream(g)};
+    runs_t r = {.got = calloc(n, 4), .next = n, .stream = c.stream};
+    mt_gpt2_cuda_set_weight_hook(g, copy_weights, &c);
+    mt_gpt2_cuda_set_comm_stream(g, c.stream);
+    mt_gpt2_cuda_set_grad_hook(g, take_run, &r);
+    float loss = 0;
+    CHECK_OK(mt_gpt2_cuda_forward(g, tok, tgt));
+    CHECK_OK(mt_gpt2_cuda_backward(g, 1.0f));
+    CHECK_OK(mt_gpt2_cuda_loss(g, &loss));
+    double err = 0, top = 0;
+    for (size_t i = 0; i < n; i++) {
+        err = fmax(err, fabs((double)r.got[i] - (double)want[i]));
+        top = fmax(top, fabs((double)want[i]));
+    }
+    CHECK(fabs(loss - loss0) <= (MT_CUDA_EMULATED ? 0.0 : 1e-6 * loss0) && r.bad == 0 && r.next == 0 && err <= (MT_CUDA_EMULATED ? 0.0 : 1e-5 * top) && L <= 3 &&
+              c.calls == L,
+          "%s ZeRO-3: loss %.9g (unsharded %.9g), gradients off by %g (largest %g), %d weight gathers for %d blocks",
+          pn, loss, loss0, err, top, c.calls, L);
+    mt_gpt2_cuda_free(g);
+    free(r.got);
+}
+
 static void shard_contract(mt_prec_t prec) {
     mt_model_t m = build();
     size_t n = mt_model_numel(m);
@@ -319,13 +384,14 @@ static void shard_contract(mt_prec_t prec) {
     mt_gpt2_cuda_t g = NULL;
     const char *pn = mt_prec_name(prec);
     /* the unsharded gradients of one backward */
-    float *want = malloc(n * 4), *params = malloc(n * 4), *mv = calloc(n, 4);
-    CHECK_OK(mt_gpt2_cuda_init(m, &p, &g));
-    CHECK_OK(mt_gpt2_cuda_zero_grads(g));
-    CHECK_OK(mt_gpt2_cuda_forward(g, tok, tgt));
-    CHECK_OK(mt_gpt2_cuda_backward(g, 1.0f));
-    CHECK_OK(mt_gpt2_cuda_get_grads(g, want));
-    mt_gpt2_cuda_free(g);
+    float *want = malloc(n * 4), *params = malloc(n * 4), *mv = calloc(n, 4), loss0 = 0;
+    mt_gpt2_cuda_t g0 = NULL;
+    CHECK_OK(mt_gpt2_cuda_init(m, &p, &g0));
+    CHECK_OK(mt_gpt2_cuda_zero_grads(g0));
+    CHECK_OK(mt_gpt2_cuda_forward(g0, tok, tgt));
+    CHECK_OK(mt_gpt2_cuda_backward(g0, 1.0f));
+    CHECK_OK(mt_gpt2_cuda_get_grads(g0, want));
+    CHECK_OK(mt_gpt2_cuda_loss(g0, &loss0));
     p.shard_count = 3;
     p.shard_index = 3;
     CHECK(mt_gpt2_cuda_init(m, &p, &g) == MT_ERR_INVALID_ARG, "%s: shard 3 of 3 accepted", pn);
@@ -345,7 +411,7 @@ static void shard_contract(mt_prec_t prec) {
           "%s: ZeRO-2 backward without a hook accepted", pn);
     runs_t r = {.got = calloc(n, 4), .next = n, .stream = mt_gpt2_cuda_stream(g)};
     mt_gpt2_cuda_set_grad_hook(g, take_run, &r);
-    mt_gpt2_cuda_set_grad_consumer(g, r.stream);
+    mt_gpt2_cuda_set_comm_stream(g, r.stream);
     for (int pass = 0; pass < 2; pass++) { /* the second pass must not see the first's gradients */
         r.next = n;
         r.runs = r.bad = 0;
@@ -390,6 +456,8 @@ static void shard_contract(mt_prec_t prec) {
     CHECK(mt_gpt2_cuda_step(g, &op, 1e-3f, 1.0f) == MT_ERR_INVALID_USAGE, "%s: sharded device-clip step accepted",
           pn);
     mt_gpt2_cuda_free(g);
+    zero3_contract(m, &p, g0, tok, tgt, want, loss0);
+    mt_gpt2_cuda_free(g0);
     free(back);
     free(r.got);
     free(want);
