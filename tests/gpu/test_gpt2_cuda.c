@@ -363,8 +363,8 @@ static void zero3_contract(mt_model_t m, const mt_gpt2_cuda_params_t *base, mt_g
         err = fmax(err, fabs((double)r.got[i] - (double)want[i]));
         top = fmax(top, fabs((double)want[i]));
     }
-    CHECK(fabs(loss - loss0) <= (MT_CUDA_EMULATED ? 0.0 : 1e-6 * loss0) && r.bad == 0 && r.next == 0 && err <= (MT_CUDA_EMULATED ? 0.0 : 1e-5 * top) && L <= 3 &&
-              c.calls == L,
+    double ltol = MT_CUDA_EMULATED ? 0.0 : 1e-6 * loss0, gtol = MT_CUDA_EMULATED ? 0.0 : 1e-5 * top;
+    CHECK(fabs(loss - loss0) <= ltol && r.bad == 0 && r.next == 0 && err <= gtol && L <= 3 && c.calls == L,
           "%s ZeRO-3: loss %.9g (unsharded %.9g), gradients off by %g (largest %g), %d weight gathers for %d blocks",
           pn, loss, loss0, err, top, c.calls, L);
     mt_gpt2_cuda_free(g);
