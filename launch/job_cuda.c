@@ -147,6 +147,8 @@ typedef struct {
     bool comm_now;            /* the backward running is the last micro-batch of a training step */
     size_t pend_lo, pend_hi;  /* complete gradients not yet sent: [pend_lo, pend_hi) */
     int64_t n_buckets;        /* all-reduces launched (for the log) */
+    double sent_model;        /* bytes this rank sent in the step: gradients and weights (docs/metrics.md) */
+    double sent_other;        /* ... and the rest (loss, norm) */
     float *loss_dev;          /* ga floats on the device: each micro-batch's mean loss */
     float *loss_host;         /* pinned ga floats */
     float *h_m, *h_v;         /* host staging of AdamW's moments for checkpoints (allocated on first use) */
@@ -234,6 +236,13 @@ static void ce_free(void *ctx) {
     free(e);
 }
 
+/* Per-rank bytes of a bandwidth-optimal algorithm over the dp group, as the CPU engines count them
+ * (parallel/comm.c): all-reduce 2b(N-1)/N, reduce and broadcast b(N-1)/N of a b-byte buffer, all-gather
+ * (N-1)/N of the whole gathered buffer. */
+static double dp_frac(const cuda_engine_t *e) {
+    return (double)(e->dp_size - 1) / (double)e->dp_size;
+}
+
 /* Averages gradients [lo, hi) over dp on the comm stream, ordered after everything enqueued on the compute
  * stream so far (the backward launches that completed them): all-reduced, or under ZeRO-1 each slice's part
  * reduced to the slice's owner (the other ranks' copies of it are not used again this step). */
@@ -246,6 +255,9 @@ static mt_status_t launch_bucket(cuda_engine_t *e, size_t lo, size_t hi, float *
     if (!e->zero) {
         MT_CHECK(mt_coll_all_reduce(e->gcomm, grads, grads, hi - lo, MT_COLL_F32, MT_REDOP_AVG, e->comm_stream,
                                     NULL));
+        e->sent_model += 2.0 * (double)(hi - lo) * 4.0 * dp_frac(e);
+    } else {
+        e->sent_model += (double)(hi - lo) * 4.0 * dp_frac(e); /* the reduces to the owners */
     }
     for (size_t a = lo; e->zero && a < hi;) {
         int owner = (int)(a / e->sh_len);
@@ -300,6 +312,7 @@ static mt_status_t on_weights(void *arg, size_t lo, size_t hi, void *dst) {
         MT_CHECK(mt_coll_broadcast(e->gcomm, from, to, b - a, (mt_coll_dtype_t)dt, owner, e->comm_stream, NULL));
         a = b;
     }
+    e->sent_model += (double)(hi - lo) * (double)es * dp_frac(e);
     return MT_OK;
 }
 
@@ -438,7 +451,9 @@ fail:
 }
 
 static mt_status_t ce_zero_grads(void *ctx) {
-    return mt_gpt2_cuda_zero_grads(((cuda_engine_t *)ctx)->g);
+    cuda_engine_t *e = ctx;
+    e->sent_model = e->sent_other = 0.0; /* a step starts */
+    return mt_gpt2_cuda_zero_grads(e->g);
 }
 
 static mt_status_t ce_run_batch(void *ctx, const mt_batch_t *b, bool backward, double *loss) {
@@ -485,6 +500,7 @@ static mt_status_t ce_grad_sumsq(void *ctx, double *total) {
     if (e->zero) { /* each rank summed its slice: the norm and the fp16 overflow verdict are the group's */
         double v[2] = {*total, nonfinite ? 1.0 : 0.0};
         MT_CHECK(mt_coll_all_reduce(e->lcomm, v, v, 2, MT_COLL_F64, MT_REDOP_SUM, NULL, NULL));
+        e->sent_other += 2.0 * sizeof(v) * dp_frac(e);
         *total = v[0];
         nonfinite = v[1] > 0.0;
         mt_gpt2_cuda_set_nonfinite(e->g, nonfinite);
@@ -517,6 +533,7 @@ static mt_status_t ce_step(void *ctx, float lr, float grad_scale) {
     CU(cudaStreamWaitEvent(e->comm_stream, e->ready, 0));
     MT_CHECK(mt_coll_all_gather(e->gcomm, w + (size_t)e->dp_rank * e->sh_len * mt_dtype_size(dt), w, e->sh_len,
                                 (mt_coll_dtype_t)dt, e->comm_stream, NULL));
+    e->sent_model += (double)e->sh_len * (double)mt_dtype_size(dt) * (double)(e->dp_size - 1);
     CU(cudaEventRecord(e->comm_done, e->comm_stream));
     CU(cudaStreamWaitEvent(e->cstream, e->comm_done, 0));
     return mt_comm_get_async_error(e->gcomm);
@@ -527,7 +544,15 @@ static mt_status_t ce_reduce_loss(void *ctx, double *loss) {
     if (!e->lcomm) {
         return MT_OK;
     }
+    e->sent_other += 2.0 * sizeof(*loss) * dp_frac(e);
     return mt_coll_all_reduce(e->lcomm, loss, loss, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, NULL);
+}
+
+/* The step's bytes as counted at each call (dp_frac); nothing with dp = 1. */
+static void ce_comm_bytes(void *ctx, double *model, double *other) {
+    cuda_engine_t *e = ctx;
+    *model = e->sent_model;
+    *other = e->sent_other;
 }
 
 /* The parameters and their AdamW moments, staged in host memory: save copies the device state there first
@@ -648,6 +673,7 @@ static const mt_job_engine_t cuda_engine = {
     .peak_flops = ce_peak_flops,
     .loss_scaler = ce_loss_scaler,
     .device_mem = ce_device_mem,
+    .comm_bytes = ce_comm_bytes,
 };
 
 #else /* !MT_HAVE_CUDA */

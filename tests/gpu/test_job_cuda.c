@@ -302,6 +302,59 @@ static void zero_stage(const char *dir, int stage, const mt_job_result_t *ddp, c
     }
 }
 
+/* comm_bytes {model, other} of a metrics file's last step (false: absent or unreadable). */
+static bool step_bytes(const char *path, double *model, double *other) {
+    mt_json_t *o = last_line(path);
+    const mt_json_t *cb = o ? mt_json_get(o, "comm_bytes") : NULL;
+    bool ok = cb && mt_json_get_num(cb, "model", model) && mt_json_get_num(cb, "other", other);
+    mt_json_free(o);
+    return ok;
+}
+
+/* The bytes each dp engine of the GPU sends in a step (2 ranks, 2 micro-batches, fp32, the second step),
+ * against the formulas of parallel/comm.c: with f = (N-1)/N and n the parameters (from the CPU DDP run's
+ * all-reduce, 2 * 4n * f), GPU DDP sends what CPU DDP does; ZeRO-1 4n * f (reduces) + 4 len (N-1) (the
+ * all-gather of the padded slices); ZeRO-2 reduces every micro-batch, 2 * 4n * f + 4 len (N-1); ZeRO-3
+ * 2 * 4n * f + 4n * f (each weight gathered once: the slots outlive the micro-batches); other: the loss
+ * all-reduce, 2 * 8 f, plus under ZeRO the norm and inf flag, 2 * 16 f. */
+static void zero_comm_bytes(const char *dir) {
+    const mt_world_t *w = mt_rt_world();
+    if (w->size != 2) {
+        return;
+    }
+    char paths[5][300], args[5][320];
+    const char *dev[5] = {"cpu", "cuda", "cuda", "cuda", "cuda"};
+    static const char *const engines[5][2] = {{"--parallel.engine=ddp", "--parallel.zero_stage=1"},
+                                              {"--parallel.engine=ddp", "--parallel.zero_stage=1"},
+                                              {"--parallel.engine=zero", "--parallel.zero_stage=1"},
+                                              {"--parallel.engine=zero", "--parallel.zero_stage=2"},
+                                              {"--parallel.engine=zero", "--parallel.zero_stage=3"}};
+    double model[5] = {0}, other[5] = {0};
+    for (int i = 0; i < 5; i++) {
+        snprintf(paths[i], sizeof(paths[i]), "%s/bytes%d.jsonl", dir, i);
+        snprintf(args[i], sizeof(args[i]), "--metrics.jsonl=%s", paths[i]);
+        const char *a[] = {engines[i][0], engines[i][1], args[i], "--train.steps=2"};
+        mt_job_result_t r;
+        CHECK_OK(run(dev[i], 4, a, &r));
+        mt_job_result_free(&r);
+        CHECK(step_bytes(paths[i], &model[i], &other[i]), "%s: no comm_bytes", paths[i]);
+    }
+    double f = 0.5, n = model[0] / (2.0 * 4.0 * f);
+    double len = (double)(MT_DIV_UP(MT_DIV_UP((size_t)n, 2), 64) * 64);
+    double want[5] = {model[0], model[0], 4 * n * f + 4 * len, 2 * 4 * n * f + 4 * len, 2 * 4 * n * f + 4 * n * f};
+    for (int i = 1; i < 5; i++) {
+        double want_other = 2 * 8 * f + (i >= 2 ? 2 * 16 * f : 0.0);
+        CHECK(model[i] == want[i] && other[i] == want_other,
+              "comm_bytes of %s %s on the GPU: model %.0f (want %.0f), other %.0f (want %.0f)", engines[i][0],
+              engines[i][1], model[i], want[i], other[i], want_other);
+    }
+    if (w->rank == 0) {
+        printf("comm_bytes per step, 2 ranks, %.0f parameters: cpu ddp %.0f, gpu ddp %.0f, zero-1 %.0f, zero-2 %.0f, "
+               "zero-3 %.0f\n",
+               n, model[0], model[1], model[2], model[3], model[4]);
+    }
+}
+
 /* Device memory with 16 blocks on 2 ranks, two steps (with the same losses): ZeRO-2's gradients (two block
  * slots, wte/wpe/ln_f and its slice of the layout) and ZeRO-3's weights (three block slots, wte/wpe/ln_f and
  * its slice) against DDP's whole layout; ZeRO-3's gradients are ZeRO-2's. */
@@ -486,6 +539,7 @@ int main(int argc, char **argv) {
         zero_stage(dir, zs, &gpu, &bf, &h16o, &cpu);
     }
     zero_memory();
+    zero_comm_bytes(dir);
     /* fp16 resumed: the loss scale and its clean-step count come back from the checkpoint. Under the
      * emulator, from 2^20 steps 1-3 are clean, the scale doubles and step 4 overflows (a resume at the
      * initial scale would not skip it); from 2^21 step 1 overflows, steps 2-4 are clean and the scale
