@@ -415,8 +415,14 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&e->loss_host, (size_t)e->ga * 4), "pinned losses"), st,
                   fail);
     if (e->dp_size > 1) {
-        MT_CHECK_GOTO(mt_cuda_status(cudaStreamCreateWithFlags(&e->comm_stream, cudaStreamNonBlocking), "stream"), st,
+        /* the comm stream at the device's greatest priority, so queued compute kernels do not starve the
+         * collectives that backward overlaps with (lower numbers are higher priorities) */
+        int least = 0, greatest = 0;
+        MT_CHECK_GOTO(mt_cuda_status(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities"), st,
                       fail);
+        MT_CHECK_GOTO(mt_cuda_status(cudaStreamCreateWithPriority(&e->comm_stream, cudaStreamNonBlocking, greatest),
+                                     "stream"),
+                      st, fail);
         MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&e->ready, cudaEventDisableTiming), "event"), st, fail);
         MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&e->comm_done, cudaEventDisableTiming), "event"), st,
                       fail);
