@@ -31,6 +31,9 @@ struct mt_gpt2_cuda {
     mt_model_t m;
     mt_gpt2_cuda_params_t p;
     int L, C, NH, V, Vp, B, T, N, dt;
+    int lo, hi;       /* the pipeline stage's blocks [lo, hi) (the whole model: 0, L) */
+    bool first, last; /* the stage holds the embeddings (first), ln_f and the head (last); wte on either */
+    bool *held;       /* parameter i is on this stage */
     bool recompute; /* model.recompute = block: one layer_acts_t shared by every block, refilled in backward */
     size_t es, numel;
     cudaStream_t stream;
@@ -62,7 +65,7 @@ struct mt_gpt2_cuda {
     cudaEvent_t slot_free[2];       /* zero2: recorded on the consumer stream after a slot's hook */
     cudaEvent_t outer_free;         /* zero2: ... after the embedding's hook (the last use of gouter) */
     cudaStream_t consumer;          /* the stream the hook's consumer reads the gradients on */
-    size_t *offs;
+    size_t *offs; /* each parameter's offset in the stage's flat layout (an absent one: zero length there) */
     bool *decay;
     int n_params;
     void *resid; /* (L+1) x (N,C): resid[l] is block l's input, resid[L] the final residual */
@@ -165,6 +168,15 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
     if (!p || p->size != sizeof(*p) || (unsigned)p->prec >= MT_PREC_COUNT) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: parameters not initialised with MT_GPT2_CUDA_PARAMS_INIT");
     }
+    int hi = p->stage_hi < 0 ? c->n_layer : p->stage_hi;
+    if (p->stage_lo < 0 || hi > c->n_layer || (p->stage_lo >= hi && !(p->stage_lo == 0 && hi == c->n_layer))) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: stage blocks [%d, %d) of %d: expected 0 <= lo < hi <= n_layer",
+                        p->stage_lo, hi, c->n_layer);
+    }
+    if ((p->stage_lo > 0 || hi < c->n_layer) && p->shard_count > 1) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: a pipeline stage (blocks [%d, %d)) is not sharded (ZeRO)",
+                        p->stage_lo, hi);
+    }
     if (p->shard_weights && !p->shard_grads) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: shard_weights (ZeRO-3) needs shard_grads (ZeRO-2's pool)");
     }
@@ -205,9 +217,12 @@ static mt_status_t upload_weights(mt_gpt2_cuda_t g, const float *flat) {
     int pf = BLOCK0 + g->L * NBP;
     for (int i = 0; i < g->n_params; i++) {
         const mt_param_t *pp = mt_model_param(g->m, i);
-        size_t off = pp->offset, n = pp->numel;
+        if (!g->held[i]) {
+            continue;
+        }
+        size_t off = g->offs[i], n = pp->numel; /* off: the stage's layout; pp->offset: the host's (the model's) */
         float *stage = f32 && !g->zero3 ? (float *)g->wc + off : G(i);
-        CK(cudaMemcpyAsync(stage, flat ? flat + off : pp->data, n * 4, cudaMemcpyHostToDevice, g->stream));
+        CK(cudaMemcpyAsync(stage, flat ? flat + pp->offset : pp->data, n * 4, cudaMemcpyHostToDevice, g->stream));
         size_t a = MT_MAX(off, g->sh_lo), b = MT_MIN(off + n, g->sh_hi);
         if ((!f32 || g->zero3) && a < b) { /* the slice's master weights (and ZeRO-3's slice of the copy) */
             CK(cudaMemcpyAsync(g->master + (a - g->sh_lo), stage + (a - off), (b - a) * 4, cudaMemcpyDeviceToDevice,
@@ -253,8 +268,11 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     g->B = p->B, g->T = p->T, g->N = p->B * p->T;
     g->dt = (int)mt_prec_storage(p->prec);
     g->es = mt_dtype_size((mt_dtype_t)g->dt);
-    g->numel = mt_model_numel(m);
     g->n_params = mt_model_n_params(m);
+    g->lo = p->stage_lo;
+    g->hi = p->stage_hi < 0 ? g->L : p->stage_hi;
+    g->first = g->lo == 0;
+    g->last = g->hi == g->L;
     g->recompute = c->recompute == MT_RECOMPUTE_BLOCK;
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es;
     MT_CHECK_GOTO(mt_loss_scaler_init(&g->scaler, p->prec, p->init_scale, p->scale_window), st, fail);
@@ -265,10 +283,23 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     }
     g->offs = mt_calloc(g->n_params * sizeof(size_t), MT_MEM_OTHER, "gpt2_cuda offsets");
     g->decay = mt_calloc(g->n_params * sizeof(bool), MT_MEM_OTHER, "gpt2_cuda decay");
-    g->la = mt_calloc((size_t)(g->L > 0 ? g->L : 1) * sizeof(layer_acts_t), MT_MEM_OTHER, "gpt2_cuda layers");
-    if (!g->offs || !g->decay || !g->la) {
+    g->held = mt_calloc(g->n_params * sizeof(bool), MT_MEM_OTHER, "gpt2_cuda stage");
+    g->la = mt_calloc((size_t)MT_MAX(g->hi - g->lo, 1) * sizeof(layer_acts_t), MT_MEM_OTHER, "gpt2_cuda layers");
+    if (!g->offs || !g->decay || !g->held || !g->la) {
         st = mt_error(MT_ERR_OOM, "gpt2_cuda: no host memory");
         goto fail;
+    }
+    /* the stage's parameters, in registration order: wte (first or last stage: the head reads it), wpe (first),
+     * its blocks, ln_f (last) */
+    int pf = BLOCK0 + g->L * NBP;
+    g->numel = 0;
+    for (int i = 0; i < g->n_params; i++) {
+        const mt_param_t *pp = mt_model_param(m, i);
+        int blk = i >= BLOCK0 && i < pf ? (i - BLOCK0) / NBP : -1;
+        g->held[i] = i == 0 ? g->first || g->last : i == 1 ? g->first : i >= pf ? g->last : blk >= g->lo && blk < g->hi;
+        g->offs[i] = g->numel;
+        g->decay[i] = pp->is_weight2d;
+        g->numel += g->held[i] ? pp->numel : 0;
     }
     /* ZeRO-1 slices: sh_len elements each (a multiple of 64, so every slice starts 256-byte aligned) */
     g->sh_n = p->shard_count;
@@ -277,17 +308,11 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     g->sh_lo = MT_MIN((size_t)g->sh_r * g->sh_len, g->numel);
     g->sh_hi = MT_MIN(g->sh_lo + g->sh_len, g->numel);
     size_t slice = g->sh_hi - g->sh_lo, padded = g->sh_len * (size_t)g->sh_n;
-    for (int i = 0; i < g->n_params; i++) {
-        const mt_param_t *pp = mt_model_param(m, i);
-        g->offs[i] = pp->offset;
-        g->decay[i] = pp->is_weight2d;
-    }
     /* parameters: compute copy (the f32 master weights themselves for f32 storage), the master weights of
      * the slice (other storage), gradients, AdamW moments of the slice */
     g->zero3 = p->shard_weights;
     g->blk_numel = g->L > 0 ? g->offs[BLOCK0 + NBP] - g->offs[BLOCK0] : 0;
     if (g->zero3) { /* the slice (master; a copy in the storage dtype), three block slots, wte/wpe/ln_f */
-        int pf = BLOCK0 + g->L * NBP;
         size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
         MT_CHECK_GOTO(dalloc(g, (void **)&g->master, MT_MAX(slice, 1) * 4, MT_MEM_PARAMS, "gpt2_cuda master weights"),
                       st, fail);
@@ -319,7 +344,6 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     }
     g->zero2 = p->shard_grads;
     if (g->zero2) {
-        int pf = BLOCK0 + g->L * NBP;
         size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
         MT_CHECK_GOTO(dalloc(g, (void **)&g->gpool, MT_MAX(2 * g->blk_numel, 1) * 4, MT_MEM_GRADS,
                              "gpt2_cuda gradient slots"),
@@ -346,17 +370,19 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     MT_CHECK_GOTO(upload_weights(g, NULL), st, fail);
     /* activations: one allocation for everything backward reads */
     size_t lb = layer_bytes(g), head = 0;
-    size_t head_sizes[] = {N * C * es, N * 4, N * 4, N * (size_t)g->Vp * es, N * 4, N * 4, 256, 256};
+    size_t hx = g->last ? 1 : 0; /* ln_f's output and the logits on the last stage only */
+    size_t head_sizes[] = {hx * N * C * es, N * 4, N * 4, hx * N * (size_t)g->Vp * es, N * 4, N * 4, 256, 256};
     for (size_t i = 0; i < MT_ARRAY_LEN(head_sizes); i++) {
         head += MT_DIV_UP(head_sizes[i], 256) * 256;
     }
     size_t resid_bytes = MT_DIV_UP(N * C * es, 256) * 256;
-    /* recompute = block: the block inputs resid[0..L] stay, the internals of one block are shared */
-    int n_la = g->recompute ? MT_MIN(g->L, 1) : g->L;
-    g->act_bytes = (size_t)(g->L + 1) * resid_bytes + (size_t)n_la * lb + head;
+    /* the block inputs resid[lo..hi] (resid[hi]: the stage's output, or the final residual); recompute =
+     * block: they stay, the internals of one block are shared */
+    int nb = g->hi - g->lo, n_la = g->recompute ? MT_MIN(nb, 1) : nb;
+    g->act_bytes = (size_t)(nb + 1) * resid_bytes + (size_t)n_la * lb + head;
     char *cur = NULL;
     MT_CHECK_GOTO(dalloc(g, (void **)&cur, g->act_bytes, MT_MEM_ACTIVATIONS, "gpt2_cuda activations"), st, fail);
-    g->resid = carve(&cur, (size_t)(g->L + 1) * resid_bytes);
+    g->resid = carve(&cur, (size_t)(nb + 1) * resid_bytes);
     for (int l = 0; l < n_la; l++) {
         layer_acts_t *a = &g->la[l];
         a->ln1 = carve(&cur, N * C * es);
@@ -372,13 +398,13 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         a->ln2_rstd = carve(&cur, N * 4);
         a->lse = carve(&cur, (size_t)g->B * g->NH * g->T * 4);
     }
-    for (int l = n_la; l < g->L; l++) {
+    for (int l = n_la; l < nb; l++) {
         g->la[l] = g->la[0]; /* recompute = block: every block's view of the shared internals */
     }
-    g->lnf = carve(&cur, N * C * es);
+    g->lnf = carve(&cur, hx * N * C * es);
     g->lnf_mean = carve(&cur, N * 4);
     g->lnf_rstd = carve(&cur, N * 4);
-    g->logits = carve(&cur, N * (size_t)g->Vp * es);
+    g->logits = carve(&cur, hx * N * (size_t)g->Vp * es);
     g->losses = carve(&cur, N * 4);
     g->lse_ce = carve(&cur, N * 4);
     g->mean_loss = carve(&cur, 256);
@@ -457,6 +483,7 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
     }
     mt_free(g->offs);
     mt_free(g->decay);
+    mt_free(g->held);
     mt_free(g->la);
     mt_free(g);
 }
@@ -529,7 +556,10 @@ static mt_status_t prof_collect(mt_gpt2_cuda_t g) {
     g->n_marks = 0;
     return MT_OK;
 }
-#define RES(l) ((void *)((char *)g->resid + (size_t)(l)*MT_DIV_UP((size_t)g->N * g->C * g->es, 256) * 256))
+/* Block l's input (l = hi: the stage's output, or the final residual) and internals, on the stage. */
+#define RES(l)                                                                                                         \
+    ((void *)((char *)g->resid + (size_t)((l) - g->lo) * MT_DIV_UP((size_t)g->N * g->C * g->es, 256) * 256))
+#define LA(l) (&g->la[(l) - g->lo])
 
 /* ZeRO-3: enqueues on the comm stream the gather of block l's weights into slot l % 3 unless the slot holds
  * them, after everything enqueued on the compute stream so far (the slot's previous block is done). */
@@ -586,12 +616,16 @@ static mt_status_t wouter_fresh(mt_gpt2_cuda_t g) {
 mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const int32_t *targets) {
     int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt;
     void *s = g->stream;
+    if ((g->first && !tokens) || (g->last && !targets)) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the %s stage needs the %s", g->first ? "first" : "last",
+                        g->first && !tokens ? "tokens" : "targets");
+    }
     for (int i = 0; i < N; i++) {
-        if (tokens[i] < 0 || tokens[i] >= g->V) {
+        if (g->first && (tokens[i] < 0 || tokens[i] >= g->V)) {
             return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: token %d at position %d is outside [0, %d)", tokens[i], i,
                             g->V);
         }
-        if (targets[i] < -1 || targets[i] >= g->V) {
+        if (g->last && (targets[i] < -1 || targets[i] >= g->V)) {
             return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: target %d at position %d is outside [0, %d) and not -1",
                             targets[i], i, g->V);
         }
@@ -601,10 +635,14 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     g->slot ^= 1;
     int32_t *pin = g->pinned + (size_t)k * 2 * N;
     CK(cudaEventSynchronize(g->copied[k]));
-    memcpy(pin, tokens, (size_t)N * 4);
-    memcpy(pin + N, targets, (size_t)N * 4);
-    CK(cudaMemcpyAsync(g->tokens_d, pin, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
-    CK(cudaMemcpyAsync(g->targets_d, pin + N, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
+    if (g->first) {
+        memcpy(pin, tokens, (size_t)N * 4);
+        CK(cudaMemcpyAsync(g->tokens_d, pin, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
+    }
+    if (g->last) {
+        memcpy(pin + N, targets, (size_t)N * 4);
+        CK(cudaMemcpyAsync(g->targets_d, pin + N, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
+    }
     CK(cudaEventRecord(g->copied[k], g->stream));
     if (g->zero3 && (!g->whook || !g->consumer)) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-3 keeps a slice of the weights: set a weight hook and "
@@ -612,18 +650,20 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     }
     MT_CHECK(wouter_fresh(g));
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
-    OP(PROF_EMBED, mt_cuda_embedding_forward(RES(0), g->tokens_d, W(0), W(1), B, T, C, dt, s));
+    if (g->first) { /* later stages find their input in resid[lo] (mt_gpt2_cuda_stage_input) */
+        OP(PROF_EMBED, mt_cuda_embedding_forward(RES(0), g->tokens_d, W(0), W(1), B, T, C, dt, s));
+    }
     int pf = BLOCK0 + L * NBP; /* ln_f */
     if (L == 0) {
         OP(PROF_LN_FWD,
            mt_cuda_layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, RES(0), W(pf), W(pf + 1), N, C, dt, s));
     }
-    for (int l = 0; l < L; l++) {
-        layer_acts_t *a = &g->la[l];
+    for (int l = g->lo; l < g->hi; l++) {
+        layer_acts_t *a = LA(l);
         int p = BLOCK0 + l * NBP;
         MT_CHECK(wneed(g, l, +1));
-        if (l == 0) { /* later blocks get ln_1 from the previous block's fused residual + LayerNorm */
-            OP(PROF_LN_FWD, mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(0), W(p + LN1W),
+        if (l == g->lo) { /* later blocks get ln_1 from the previous block's fused residual + LayerNorm */
+            OP(PROF_LN_FWD, mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W),
                                                       W(p + LN1B), N, C, dt, s));
         }
         OP(PROF_MATMUL_FWD,
@@ -643,16 +683,21 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
         }
         OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->fch_gelu, W(p + FCPW), W(p + FCPB), N,
                                                    4 * C, C, dt, s));
-        if (l + 1 < L) {
-            layer_acts_t *nx = &g->la[l + 1];
+        if (l + 1 < g->hi) {
+            layer_acts_t *nx = LA(l + 1);
             int pn = p + NBP;
             OP(PROF_LN_FWD,
                mt_cuda_residual_layernorm_forward(RES(l + 1), nx->ln1, nx->ln1_mean, nx->ln1_rstd, g->tmp_c, a->r2,
                                                   W(pn + LN1W), W(pn + LN1B), N, C, dt, s));
-        } else {
+        } else if (g->last) {
             OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(RES(L), g->lnf, g->lnf_mean, g->lnf_rstd, g->tmp_c,
                                                                a->r2, W(pf), W(pf + 1), N, C, dt, s));
+        } else { /* the stage's output x_hi, for the next stage (unfused: its ln_1 is there) */
+            OP(PROF_OTHER, mt_cuda_residual_forward(RES(l + 1), g->tmp_c, a->r2, (size_t)N * C, dt, s));
         }
+    }
+    if (!g->last) {
+        return MT_OK;
     }
     /* logits (N, Vp): the V real columns; padded columns are never read */
     OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->logits, g->Vp, NULL, g->lnf, W(0), NULL, N, C, g->V, dt, s));
@@ -669,6 +714,9 @@ static mt_status_t grads_done(mt_gpt2_cuda_t g, int p0, int p1, cudaEvent_t ev) 
         return MT_OK;
     }
     size_t lo = g->offs[p0], hi = p1 < g->n_params ? g->offs[p1] : g->numel;
+    if (lo == hi) { /* none of them on this stage */
+        return MT_OK;
+    }
     MT_CHECK(g->hook(g->hook_arg, lo, hi, G(p0)));
     if (g->zero2 && ev) {
         CK(cudaEventRecord(ev, g->consumer));
@@ -682,7 +730,7 @@ static mt_status_t grads_done(mt_gpt2_cuda_t g, int p0, int p1, cudaEvent_t ev) 
 static mt_status_t block_recompute(mt_gpt2_cuda_t g, int l) {
     int N = g->N, C = g->C, B = g->B, T = g->T, dt = g->dt;
     void *s = g->stream;
-    layer_acts_t *a = &g->la[l];
+    layer_acts_t *a = LA(l);
     int p = BLOCK0 + l * NBP;
     OP(PROF_LN_FWD,
        mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W), W(p + LN1B), N, C, dt, s));
@@ -721,21 +769,24 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
         OP(PROF_OTHER, cudaMemsetAsync(g->gouter, 0, outer * 4, cs));
     }
-    /* head: dlogits in place, dlnf = dlogits @ wte (and dwte += dlogits^T lnf), ln_f backward */
-    OP(PROF_CE, mt_cuda_softmax_ce_backward(g->logits, g->logits, g->lse_ce, g->targets_d, g->n_valid, N, g->V, g->Vp,
-                                            scale, dt, s));
-    OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
-    OP(PROF_MATMUL_BWD,
-       mt_cuda_matmul_backward(g->ctx, g->da, G(0), NULL, g->logits, g->Vp, g->lnf, W(0), N, C, g->V, dt, NULL, s));
-    OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, NC * es, cs));
-    OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->lnf_mean,
-                                               g->lnf_rstd, N, C, dt, g->ln_scratch, s));
-    MT_CHECK(grads_done(g, pf, g->n_params, NULL));
-    for (int l = L - 1; l >= 0; l--) {
-        layer_acts_t *a = &g->la[l];
+    /* head: dlogits in place, dlnf = dlogits @ wte (and dwte += dlogits^T lnf), ln_f backward; a stage before
+     * the last finds d x_hi in dresid (mt_gpt2_cuda_stage_grad) */
+    if (g->last) {
+        OP(PROF_CE, mt_cuda_softmax_ce_backward(g->logits, g->logits, g->lse_ce, g->targets_d, g->n_valid, N, g->V,
+                                                g->Vp, scale, dt, s));
+        OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->da, G(0), NULL, g->logits, g->Vp, g->lnf, W(0), N, C,
+                                                    g->V, dt, NULL, s));
+        OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, NC * es, cs));
+        OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->lnf_mean,
+                                                   g->lnf_rstd, N, C, dt, g->ln_scratch, s));
+        MT_CHECK(grads_done(g, pf, g->n_params, NULL));
+    }
+    for (int l = g->hi - 1; l >= g->lo; l--) {
+        layer_acts_t *a = LA(l);
         int p = BLOCK0 + l * NBP;
         MT_CHECK(wneed(g, l, -1));
-        if (g->recompute && l + 1 < L) { /* the last block's internals are still those of the forward */
+        if (g->recompute && l + 1 < g->hi) { /* the last block's internals are still those of the forward */
             MT_CHECK(block_recompute(g, l));
         }
         if (g->zero2) { /* the slot's previous block has been consumed */
@@ -769,8 +820,10 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
                                                    a->ln1_mean, a->ln1_rstd, N, C, dt, g->ln_scratch, s));
         MT_CHECK(grads_done(g, p, p + NBP, g->slot_free[l % 2]));
     }
-    OP(PROF_EMBED, mt_cuda_embedding_backward(G(0), G(1), g->dresid, g->tokens_d, B, T, C, dt, s));
-    return grads_done(g, 0, BLOCK0, g->outer_free);
+    if (g->first) { /* a later stage leaves d x_lo in dresid for the previous one */
+        OP(PROF_EMBED, mt_cuda_embedding_backward(G(0), G(1), g->dresid, g->tokens_d, B, T, C, dt, s));
+    }
+    return grads_done(g, 0, BLOCK0, g->outer_free); /* wte and wpe; on the last stage only wte, from the head */
 }
 
 /* Fused AdamW over every parameter of the slice at step g->t: one launch per run of consecutive parameters
@@ -955,6 +1008,22 @@ void *mt_gpt2_cuda_weights(mt_gpt2_cuda_t g) {
     return g->wc;
 }
 
+void *mt_gpt2_cuda_stage_input(mt_gpt2_cuda_t g) {
+    return RES(g->lo);
+}
+
+void *mt_gpt2_cuda_stage_output(mt_gpt2_cuda_t g) {
+    return RES(g->hi);
+}
+
+void *mt_gpt2_cuda_stage_grad(mt_gpt2_cuda_t g) {
+    return g->dresid;
+}
+
+size_t mt_gpt2_cuda_param_offset(mt_gpt2_cuda_t g, int i) {
+    return i >= 0 && i < g->n_params && g->held[i] ? g->offs[i] : SIZE_MAX;
+}
+
 void *mt_gpt2_cuda_weight_slice(mt_gpt2_cuda_t g) {
     return g->wslice;
 }
@@ -997,10 +1066,18 @@ mt_loss_scaler_t *mt_gpt2_cuda_scaler(mt_gpt2_cuda_t g) {
  * the non-blocking compute stream would not be ordered after it. */
 mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, float *v) {
     size_t n = g->sh_hi - g->sh_lo;
-    float *src[3] = {g->master, g->adam_m, g->adam_v}, *dst[3] = {params ? params + g->sh_lo : NULL, m, v};
-    for (int i = 0; i < 3; i++) {
+    float *src[2] = {g->adam_m, g->adam_v}, *dst[2] = {m, v};
+    for (int i = 0; i < 2; i++) {
         if (dst[i]) {
             CK(cudaMemcpyAsync(dst[i], src[i], n * 4, cudaMemcpyDeviceToHost, g->stream));
+        }
+    }
+    for (int i = 0; params && i < g->n_params; i++) { /* each parameter's part of the slice, to its host place */
+        const mt_param_t *pp = mt_model_param(g->m, i);
+        size_t a = MT_MAX(g->offs[i], g->sh_lo), b = MT_MIN(g->offs[i] + (g->held[i] ? pp->numel : 0), g->sh_hi);
+        if (a < b) {
+            CK(cudaMemcpyAsync(params + pp->offset + (a - g->offs[i]), g->master + (a - g->sh_lo), (b - a) * 4,
+                               cudaMemcpyDeviceToHost, g->stream));
         }
     }
     CK(cudaStreamSynchronize(g->stream));

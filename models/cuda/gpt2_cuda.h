@@ -27,13 +27,15 @@ typedef struct {
     int shard_index;      /* this rank's shard, 0 <= shard_index < shard_count */
     bool shard_grads;     /* ZeRO-2 (shard_count >= 2): no whole gradient, see mt_gpt2_cuda_grad_slice */
     bool shard_weights;   /* ZeRO-3 (with shard_grads): no whole weights, see mt_gpt2_cuda_set_weight_hook */
+    int stage_lo;         /* a pipeline stage: blocks [stage_lo, stage_hi) (see mt_gpt2_cuda_stage_input) */
+    int stage_hi;         /* -1: n_layer (with stage_lo 0: the whole model) */
 } mt_gpt2_cuda_params_t;
 
 #define MT_GPT2_CUDA_PARAMS_INIT                                                                                       \
     {                                                                                                                  \
         .size = sizeof(mt_gpt2_cuda_params_t), .prec = MT_PREC_FP32, .B = 4, .T = 64, .init_scale = 65536.0f,          \
         .scale_window = 1000, .fused_gelu = true, .shard_count = 1, .shard_index = 0, .shard_grads = false,            \
-        .shard_weights = false                                                                                         \
+        .shard_weights = false, .stage_lo = 0, .stage_hi = -1                                                          \
     }
 
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
@@ -205,6 +207,25 @@ mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, fl
 mt_status_t mt_gpt2_cuda_set_state(mt_gpt2_cuda_t g, const float *params, const float *m, const float *v);
 int64_t mt_gpt2_cuda_get_step(mt_gpt2_cuda_t g);
 void mt_gpt2_cuda_set_step(mt_gpt2_cuda_t g, int64_t t);
+
+/* ---- pipeline stages (params.stage_lo, stage_hi; not sharded) ----
+ * A stage holds the parameters it computes with: blocks [lo, hi), wte and wpe on the first stage (lo = 0),
+ * ln_f on the last (hi = n_layer), and wte on the last too (the tied head reads it; the two copies' gradients
+ * are the engine's to sum). Its flat layout (gradients, hook ranges, AdamW state, get_grads/get_params) is
+ * the model's with the absent parameters left out, in the same order; mt_gpt2_cuda_get_state / set_state
+ * still take the model's host layout. forward: the first stage embeds the tokens, a later stage reads its
+ * input x_lo from mt_gpt2_cuda_stage_input (N x C in the storage dtype, written by the caller in the compute
+ * stream's order) and tokens may be NULL; a stage before the last leaves x_hi (the residual stream before the
+ * next block's ln_1) at mt_gpt2_cuda_stage_output and targets may be NULL; only the last computes the loss.
+ * backward: a stage before the last reads d x_hi from mt_gpt2_cuda_stage_grad (written by the caller), a
+ * stage after the first leaves d x_lo there. A stage computes exactly what the whole model does on its
+ * blocks: the same kernels, the unfused ln_1 at its first block normalising the same stored residual. */
+void *mt_gpt2_cuda_stage_input(mt_gpt2_cuda_t g);
+void *mt_gpt2_cuda_stage_output(mt_gpt2_cuda_t g);
+void *mt_gpt2_cuda_stage_grad(mt_gpt2_cuda_t g);
+
+/* Parameter i's offset in g's flat layout, SIZE_MAX when it is not on g's stage. */
+size_t mt_gpt2_cuda_param_offset(mt_gpt2_cuda_t g, int i);
 
 /* Device bytes of g by role, for reports. */
 size_t mt_gpt2_cuda_activation_bytes(mt_gpt2_cuda_t g);

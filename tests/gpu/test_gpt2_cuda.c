@@ -14,6 +14,10 @@
  * to 1e-5 of the largest on a device), in a second backward too (the pool is cleared per pass); ZeRO-3 is
  * refused without ZeRO-2's pool or a weight hook, and with weights "gathered" from the unsharded model's
  * copy gives its loss and gradients, gathering each block once.
+ * Pipeline stages (fp32, bf16, fp32 with recompute = block): a 3-block model run as three stages with the
+ * activations and their gradients handed over gives the whole model's loss and gradients (exactly under the
+ * emulator but for wte's summation order, 1e-5 of the largest on a device); bad stage bounds and a sharded
+ * stage are refused.
  * Exits 77 printing "skipped: no CUDA device" without a device.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
@@ -34,11 +38,11 @@ enum { B = 2, T = 32, STEPS = 6 }; /* the CPU emulator runs every block thread i
 enum { B = 2, T = 32, STEPS = 10 };
 #endif
 
-static mt_model_t build_rc(mt_recompute_t rc) {
+static mt_model_t build_layers(mt_recompute_t rc, int n_layer) {
     mt_model_config_t c = MT_MODEL_CONFIG_INIT;
     c.recompute = rc;
     c.kind = MT_MODEL_GPT2;
-    c.n_layer = 2;
+    c.n_layer = n_layer;
     c.n_head = 2;
     c.n_embd = 64;
     c.seq_len = T;
@@ -50,6 +54,10 @@ static mt_model_t build_rc(mt_recompute_t rc) {
     CHECK_OK(mt_model_alloc_grads(m));
     mt_model_init_weights(m);
     return m;
+}
+
+static mt_model_t build_rc(mt_recompute_t rc) {
+    return build_layers(rc, 2);
 }
 
 static mt_model_t build(void) {
@@ -466,6 +474,115 @@ static void shard_contract(mt_prec_t prec) {
     mt_model_free(m);
 }
 
+/* Copies n bytes between two trainers' device buffers, after src's stream and before dst's (waits). */
+static void hand_over(mt_gpt2_cuda_t from, const void *src, mt_gpt2_cuda_t to, void *dst, size_t n) {
+    CHECK(cudaStreamSynchronize((cudaStream_t)mt_gpt2_cuda_stream(from)) == cudaSuccess &&
+              cudaStreamSynchronize((cudaStream_t)mt_gpt2_cuda_stream(to)) == cudaSuccess &&
+              cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice) == cudaSuccess,
+          "hand over %zu bytes", n);
+}
+
+/* Pipeline stages: a 3-block model as three stages (first [0, 1), middle [1, 2), last [2, 3)), activations
+ * and their gradients handed from stage to stage, against the whole model on the device: the same loss and
+ * the same gradient of every parameter — exactly under the emulator (the same kernels on the same stored
+ * values), to 1e-5 of the largest on a device; wte's, the first stage's plus the last's, to 1e-6 of the
+ * largest (the head's and the embedding's parts summed in another order); each stage holds only its
+ * parameters; bad stage bounds, ZeRO on a stage and a missing tokens/targets array are refused. */
+static void stage_contract(mt_prec_t prec, mt_recompute_t rc) {
+    mt_model_t m = build_layers(rc, 3);
+    size_t n = mt_model_numel(m);
+    int np = mt_model_n_params(m);
+    int32_t tok[B * T], tgt[B * T];
+    data(tok, tgt);
+    mt_gpt2_cuda_params_t p = MT_GPT2_CUDA_PARAMS_INIT;
+    p.prec = prec;
+    p.B = B;
+    p.T = T;
+    p.init_scale = 1024.0f;
+    const char *pn = mt_prec_name(prec);
+    mt_gpt2_cuda_t whole = NULL, st[3] = {NULL, NULL, NULL}, bad = NULL;
+    float *want = malloc(n * 4), *got = calloc(n, 4), *sg = malloc(n * 4), loss0 = 0, loss = 0;
+    CHECK_OK(mt_gpt2_cuda_init(m, &p, &whole));
+    CHECK_OK(mt_gpt2_cuda_zero_grads(whole));
+    CHECK_OK(mt_gpt2_cuda_forward(whole, tok, tgt));
+    CHECK_OK(mt_gpt2_cuda_backward(whole, 1.0f));
+    CHECK_OK(mt_gpt2_cuda_get_grads(whole, want));
+    CHECK_OK(mt_gpt2_cuda_loss(whole, &loss0));
+    p.stage_lo = 2;
+    p.stage_hi = 2;
+    CHECK(mt_gpt2_cuda_init(m, &p, &bad) == MT_ERR_INVALID_ARG, "%s: an empty stage accepted", pn);
+    p.stage_hi = 4;
+    CHECK(mt_gpt2_cuda_init(m, &p, &bad) == MT_ERR_INVALID_ARG, "%s: a stage past the last block accepted", pn);
+    p.stage_lo = 0;
+    p.stage_hi = 1;
+    p.shard_count = 2;
+    CHECK(mt_gpt2_cuda_init(m, &p, &bad) == MT_ERR_INVALID_ARG, "%s: a sharded stage accepted", pn);
+    p.shard_count = 1;
+    for (int k = 0; k < 3; k++) {
+        p.stage_lo = k;
+        p.stage_hi = k + 1;
+        CHECK_OK(mt_gpt2_cuda_init(m, &p, &st[k]));
+        if (!st[k]) {
+            goto done;
+        }
+        CHECK_OK(mt_gpt2_cuda_zero_grads(st[k]));
+    }
+    CHECK(mt_gpt2_cuda_forward(st[0], NULL, tgt) == MT_ERR_INVALID_USAGE &&
+              mt_gpt2_cuda_forward(st[2], tok, NULL) == MT_ERR_INVALID_USAGE,
+          "%s: a stage without its tokens / targets accepted", pn);
+    size_t act = (size_t)B * T * mt_model_config(m)->n_embd * mt_dtype_size(mt_prec_storage(prec));
+    CHECK_OK(mt_gpt2_cuda_forward(st[0], tok, NULL));
+    hand_over(st[0], mt_gpt2_cuda_stage_output(st[0]), st[1], mt_gpt2_cuda_stage_input(st[1]), act);
+    CHECK_OK(mt_gpt2_cuda_forward(st[1], NULL, NULL));
+    hand_over(st[1], mt_gpt2_cuda_stage_output(st[1]), st[2], mt_gpt2_cuda_stage_input(st[2]), act);
+    CHECK_OK(mt_gpt2_cuda_forward(st[2], NULL, tgt));
+    CHECK_OK(mt_gpt2_cuda_loss(st[2], &loss));
+    CHECK_OK(mt_gpt2_cuda_backward(st[2], 1.0f));
+    hand_over(st[2], mt_gpt2_cuda_stage_grad(st[2]), st[1], mt_gpt2_cuda_stage_grad(st[1]), act);
+    CHECK_OK(mt_gpt2_cuda_backward(st[1], 1.0f));
+    hand_over(st[1], mt_gpt2_cuda_stage_grad(st[1]), st[0], mt_gpt2_cuda_stage_grad(st[0]), act);
+    CHECK_OK(mt_gpt2_cuda_backward(st[0], 1.0f));
+    /* every parameter's gradient from the stages holding it, summed (only wte is on two) */
+    size_t held_total = 0;
+    for (int k = 0; k < 3; k++) {
+        CHECK_OK(mt_gpt2_cuda_get_grads(st[k], sg));
+        for (int i = 0; i < np; i++) {
+            const mt_param_t *pp = mt_model_param(m, i);
+            size_t o = mt_gpt2_cuda_param_offset(st[k], i);
+            for (size_t e = 0; o != SIZE_MAX && e < pp->numel; e++) {
+                got[pp->offset + e] += sg[o + e];
+            }
+            held_total += o != SIZE_MAX ? pp->numel : 0;
+        }
+    }
+    /* wte (at offset 0) sums the head's and the embedding's parts in another order than the whole model */
+    size_t wte = mt_model_param(m, 0)->numel;
+    double err = 0, err_wte = 0, top = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (i < wte) {
+            err_wte = fmax(err_wte, d);
+        } else {
+            err = fmax(err, d);
+        }
+        top = fmax(top, fabs((double)want[i]));
+    }
+    double ltol = MT_CUDA_EMULATED ? 0.0 : 1e-6 * loss0, gtol = MT_CUDA_EMULATED ? 0.0 : 1e-5 * top;
+    CHECK(fabs(loss - loss0) <= ltol && err <= gtol && err_wte <= MT_MAX(gtol, 1e-6 * top) && held_total == n + wte,
+          "%s%s stages: loss %.9g (whole %.9g), gradients off by %g, wte by %g (largest %g), %zu parameters held "
+          "(model %zu + wte %zu)",
+          pn, rc == MT_RECOMPUTE_BLOCK ? " recompute" : "", loss, loss0, err, err_wte, top, held_total, n, wte);
+done:
+    for (int k = 0; k < 3; k++) {
+        mt_gpt2_cuda_free(st[k]);
+    }
+    mt_gpt2_cuda_free(whole);
+    free(want);
+    free(got);
+    free(sg);
+    mt_model_free(m);
+}
+
 int main(void) {
     if (mt_cuda_device_count() == 0) {
         printf("skipped: no CUDA device\n");
@@ -478,6 +595,9 @@ int main(void) {
     compare_recompute(MT_PREC_BF16);
     shard_contract(MT_PREC_FP32);
     shard_contract(MT_PREC_BF16);
+    stage_contract(MT_PREC_FP32, MT_RECOMPUTE_NONE);
+    stage_contract(MT_PREC_BF16, MT_RECOMPUTE_NONE);
+    stage_contract(MT_PREC_FP32, MT_RECOMPUTE_BLOCK);
     float cpu_losses[STEPS];
     cpu_train(cpu_losses);
     int skipped = 0;
