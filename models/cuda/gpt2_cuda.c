@@ -169,8 +169,12 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: parameters not initialised with MT_GPT2_CUDA_PARAMS_INIT");
     }
     int hi = p->stage_hi < 0 ? c->n_layer : p->stage_hi;
-    if (p->stage_lo < 0 || hi > c->n_layer || (p->stage_lo >= hi && !(p->stage_lo == 0 && hi == c->n_layer))) {
-        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: stage blocks [%d, %d) of %d: expected 0 <= lo < hi <= n_layer",
+    /* a stage without blocks is the first (the embeddings) or the last (ln_f and the head) */
+    if (p->stage_lo < 0 || hi > c->n_layer || p->stage_lo > hi ||
+        (p->stage_lo == hi && p->stage_lo != 0 && hi != c->n_layer)) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "gpt2_cuda: stage blocks [%d, %d) of %d: expected 0 <= lo <= hi <= n_layer, lo < hi in a "
+                        "middle stage",
                         p->stage_lo, hi, c->n_layer);
     }
     if ((p->stage_lo > 0 || hi < c->n_layer) && p->shard_count > 1) {
@@ -654,9 +658,9 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
         OP(PROF_EMBED, mt_cuda_embedding_forward(RES(0), g->tokens_d, W(0), W(1), B, T, C, dt, s));
     }
     int pf = BLOCK0 + L * NBP; /* ln_f */
-    if (L == 0) {
+    if (g->lo == g->hi && g->last) { /* no block to fuse ln_f into */
         OP(PROF_LN_FWD,
-           mt_cuda_layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, RES(0), W(pf), W(pf + 1), N, C, dt, s));
+           mt_cuda_layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, RES(L), W(pf), W(pf + 1), N, C, dt, s));
     }
     for (int l = g->lo; l < g->hi; l++) {
         layer_acts_t *a = LA(l);
@@ -970,6 +974,10 @@ mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfi
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
     const float *gs = g->zero2 ? g->gshard : g->grads + g->sh_lo;
     size_t n = g->sh_hi - g->sh_lo;
+    if (g->last && !g->first) { /* the tied wte's second copy: the first stage's counts (stages are unsharded) */
+        gs += g->offs[1];
+        n -= g->offs[1];
+    }
     if (g->scaler.dynamic) {
         OP(PROF_OTHER, cudaMemsetAsync(g->found_inf, 0, sizeof(int), g->stream));
         if (n > 0) {
@@ -1018,6 +1026,10 @@ void *mt_gpt2_cuda_stage_output(mt_gpt2_cuda_t g) {
 
 void *mt_gpt2_cuda_stage_grad(mt_gpt2_cuda_t g) {
     return g->dresid;
+}
+
+size_t mt_gpt2_cuda_numel(mt_gpt2_cuda_t g) {
+    return g->numel;
 }
 
 size_t mt_gpt2_cuda_param_offset(mt_gpt2_cuda_t g, int i) {

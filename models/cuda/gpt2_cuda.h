@@ -160,8 +160,9 @@ float *mt_gpt2_cuda_grads(mt_gpt2_cuda_t g);
 const float *mt_gpt2_cuda_loss_dev(mt_gpt2_cuda_t g);
 
 /* Enqueues the sum of squares of the gradients this model updates (all of them; a sharded model's shard
- * [lo, hi) only) and, with fp16 loss scaling, their inf/NaN check, waits, and returns the sum of squares of
- * the UNSCALED gradients and whether any of them is inf/NaN. */
+ * [lo, hi) only; the last pipeline stage's without its copy of wte, which the first stage's counts) and,
+ * with fp16 loss scaling, their inf/NaN check, waits, and returns the sum of squares of the UNSCALED
+ * gradients and whether any of them is inf/NaN. */
 mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfinite);
 
 /* Replaces the inf/NaN verdict of the last mt_gpt2_cuda_grad_stats by one the ranks agreed on (a sharded
@@ -224,8 +225,9 @@ void *mt_gpt2_cuda_stage_input(mt_gpt2_cuda_t g);
 void *mt_gpt2_cuda_stage_output(mt_gpt2_cuda_t g);
 void *mt_gpt2_cuda_stage_grad(mt_gpt2_cuda_t g);
 
-/* Parameter i's offset in g's flat layout, SIZE_MAX when it is not on g's stage. */
+/* Parameter i's offset in g's flat layout, SIZE_MAX when it is not on g's stage; the layout's length. */
 size_t mt_gpt2_cuda_param_offset(mt_gpt2_cuda_t g, int i);
+size_t mt_gpt2_cuda_numel(mt_gpt2_cuda_t g);
 
 /* Device bytes of g by role, for reports. */
 size_t mt_gpt2_cuda_activation_bytes(mt_gpt2_cuda_t g);

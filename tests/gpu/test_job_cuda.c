@@ -44,6 +44,7 @@
 
 #include "launch/job.h"
 #include "launch/job_json.h"
+#include "runtime/mesh.h"
 #include "models/cuda/gemm_peak.h"
 #include "models/cuda/mt_cuda.h"
 #include "runtime/cuda_alloc.h"
@@ -73,16 +74,19 @@ static const char *base[] = {
     "--runtime.watchdog_s=120",
 };
 
-/* Runs the job with base + extra on the world; device "cuda" takes the GPU engine, else the CPU engine the
- * world size calls for. */
-static mt_status_t run(const char *device, int n_extra, const char *const *extra, mt_job_result_t *res) {
+/* Runs the job with base + extra on the world, as pp pipeline stages over a tp 1 x dp x pp mesh when pp > 1;
+ * device "cuda" takes the GPU engine, else the CPU engine the layout calls for. */
+static mt_status_t run_pp(const char *device, int pp, int n_extra, const char *const *extra, mt_job_result_t *res) {
     const mt_world_t *w = mt_rt_world();
     char *args[64], gb[64], dev[64];
     int n = 0;
     for (size_t i = 0; i < MT_ARRAY_LEN(base); i++) {
         args[n++] = (char *)base[i];
     }
-    snprintf(gb, sizeof(gb), "--train.global_batch=%d", 4 * w->size);
+    char ppa[64];
+    snprintf(gb, sizeof(gb), "--train.global_batch=%d", 4 * (w->size / pp));
+    snprintf(ppa, sizeof(ppa), "--parallel.pp=%d", pp);
+    args[n++] = ppa;
     snprintf(dev, sizeof(dev), "--runtime.device=%s", device);
     args[n++] = gb;
     args[n++] = dev;
@@ -104,15 +108,31 @@ static mt_status_t run(const char *device, int n_extra, const char *const *extra
     mt_job_opts_t opts = MT_JOB_OPTS_INIT;
     opts.progress = w->rank == 0 ? stdout : NULL;
     opts.prefetch = false;
+    mt_mesh_t *mesh = NULL;
+    if (pp > 1) {
+        CHECK_OK(mt_mesh_create(w->size, 1, pp, w->size / pp, "tp-dp-pp", &mesh));
+        int coords[MT_AXIS_N];
+        mt_mesh_coords(mesh, w->rank, coords);
+        opts.mesh = mesh;
+        opts.dp_rank = coords[MT_AXIS_DP];
+        opts.dp_size = w->size / pp;
+    }
     if (!strcmp(device, "cuda")) {
         opts.engine = mt_job_engine_cuda();
+    } else if (pp > 1) {
+        opts.engine = mt_job_engine_model_parallel(pp);
     } else if (w->size > 1) {
         opts.engine = mt_job_engine_parallel();
     }
     opts.stop_after = stop_after;
     st = mt_job_run(cfg, &opts, res);
     mt_config_free(cfg);
+    mt_mesh_free(mesh);
     return st;
+}
+
+static mt_status_t run(const char *device, int n_extra, const char *const *extra, mt_job_result_t *res) {
+    return run_pp(device, 1, n_extra, extra, res);
 }
 
 /* Every step's loss of a within tol (relative) of b's. */
@@ -355,6 +375,73 @@ static void zero_comm_bytes(const char *dir) {
     }
 }
 
+/* Pipeline parallelism on the GPU engine (2 ranks as 2 stages, 4 blocks; the CPU pipeline is the reference,
+ * itself tested equal to the single process): the GPipe and 1F1B schedules give the CPU pipeline's losses
+ * and gradient norms (1e-3; the norm counts the tied wte once) and each other's (SAME_TOL: the same
+ * operations in another order); a pipeline checkpoint resumes on the GPU pipeline (SAME_TOL) and on the
+ * CPU pipeline (1e-3); each stage holds only its parameters (device parameter bytes below 0.75 of the whole
+ * model's on one GPU); ZeRO with a pipeline is refused naming the keys. */
+static void pipeline(const char *dir) {
+    const mt_world_t *w = mt_rt_world();
+    if (w->size != 2) {
+        return;
+    }
+    mt_job_result_t cpu, g1, gg, part, res, rcpu, z, whole;
+    const char *l4[] = {"--model.n_layer=4", "--parallel.schedule=1f1b"};
+    CHECK_OK(run("cuda", 1, l4, &whole)); /* dp 2: the whole model on each GPU */
+    const char *l4g[] = {"--model.n_layer=4", "--parallel.schedule=gpipe"};
+    CHECK_OK(run_pp("cpu", 2, 2, l4, &cpu));
+    CHECK_OK(run_pp("cuda", 2, 2, l4, &g1));
+    CHECK_OK(run_pp("cuda", 2, 2, l4g, &gg));
+    same_losses("pp 2, 1f1b: gpu vs cpu", &g1, &cpu, 1e-3);
+    same_losses("pp 2: gpipe vs 1f1b on the gpu", &gg, &g1, SAME_TOL);
+    for (int64_t s = 0; s < STEPS && s < g1.n_steps && s < cpu.n_steps; s++) {
+        double d = fabs(g1.grad_norm[s] - cpu.grad_norm[s]) / cpu.grad_norm[s];
+        CHECK(d <= 1e-3, "pp 2 step %lld: gradient norm %.9g, cpu pipeline %.9g", (long long)s + 1, g1.grad_norm[s],
+              cpu.grad_norm[s]);
+    }
+    CHECK(g1.mem_peak[MT_MEM_PARAMS] > 0 && g1.mem_peak[MT_MEM_PARAMS] * 4 < whole.mem_peak[MT_MEM_PARAMS] * 3,
+          "pp 2: device parameter bytes %lld per stage, the whole model %lld", (long long)g1.mem_peak[MT_MEM_PARAMS],
+          (long long)whole.mem_peak[MT_MEM_PARAMS]);
+    char carg[300], step3[320];
+    snprintf(carg, sizeof(carg), "--checkpoint.dir=%s/ppckpt", dir);
+    snprintf(step3, sizeof(step3), "--checkpoint.resume=%s/ppckpt/step-00000003", dir);
+    const char *stop[] = {l4[0], l4[1], carg, "--checkpoint.every=3", "--stop-after=3"};
+    CHECK_OK(run_pp("cuda", 2, 5, stop, &part));
+    const char *oncpu[] = {l4[0], l4[1], step3};
+    CHECK_OK(run_pp("cpu", 2, 3, oncpu, &rcpu));
+    const char *again[] = {l4[0], l4[1], carg};
+    CHECK_OK(run_pp("cuda", 2, 3, again, &res));
+    const struct {
+        const char *what;
+        const mt_job_result_t *r, *ref;
+        double tol;
+    } cases[] = {{"pp 2 checkpoint resumed on the gpu pipeline", &res, &g1, SAME_TOL},
+                 {"pp 2 gpu checkpoint resumed on the cpu pipeline", &rcpu, &cpu, 1e-3}};
+    for (size_t i = 0; i < MT_ARRAY_LEN(cases); i++) {
+        const mt_job_result_t *r = cases[i].r, *ref = cases[i].ref;
+        CHECK(r->first_step == 3 && r->n_steps == STEPS, "%s: resumed after step %lld, ran to %lld", cases[i].what,
+              (long long)r->first_step, (long long)r->n_steps);
+        for (int64_t s = 3; s < STEPS && s < r->n_steps; s++) {
+            double d = fabs(r->loss[s] - ref->loss[s]) / ref->loss[s];
+            CHECK(d <= cases[i].tol, "%s, step %lld: %.9g vs %.9g", cases[i].what, (long long)s + 1, r->loss[s],
+                  ref->loss[s]);
+        }
+    }
+    const char *zp[] = {l4[0], "--parallel.engine=zero"};
+    CHECK(run_pp("cuda", 2, 2, zp, &z) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "parallel.pp = 2 with "
+                                                                                             "parallel.engine"),
+          "zero under pp on the gpu: %s", mt_last_error_msg());
+    if (w->rank == 0) {
+        printf("pp 2 on the gpu: losses %.6f .. %.6f (cpu pipeline %.6f .. %.6f), device parameters %lld B per stage\n",
+               g1.loss[0], g1.loss[STEPS - 1], cpu.loss[0], cpu.loss[STEPS - 1], (long long)g1.mem_peak[MT_MEM_PARAMS]);
+    }
+    mt_job_result_t *all[] = {&cpu, &g1, &gg, &part, &res, &rcpu, &z, &whole};
+    for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) {
+        mt_job_result_free(all[i]);
+    }
+}
+
 /* Device memory with 16 blocks on 2 ranks, two steps (with the same losses): ZeRO-2's gradients (two block
  * slots, wte/wpe/ln_f and its slice of the layout) and ZeRO-3's weights (three block slots, wte/wpe/ln_f and
  * its slice) against DDP's whole layout; ZeRO-3's gradients are ZeRO-2's. */
@@ -540,6 +627,7 @@ int main(int argc, char **argv) {
     }
     zero_memory();
     zero_comm_bytes(dir);
+    pipeline(dir);
     /* fp16 resumed: the loss scale and its clean-step count come back from the checkpoint. Under the
      * emulator, from 2^20 steps 1-3 are clean, the scale doubles and step 4 overflows (a resume at the
      * initial scale would not skip it); from 2^21 step 1 overflows, steps 2-4 are clean and the scale
