@@ -9,6 +9,11 @@
  * SPDX-License-Identifier: MIT */
 #include "models/cuda/cuda_impl.h"
 
+#include <mma.h>
+
+#include <atomic>
+#include <stdint.h>
+
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
@@ -346,6 +351,205 @@ static __global__ void attention_plain_forward_kernel(T *out, float *att, float 
     lse[r] = mx + logf(sum);
 }
 
+/* ================================= tensor-core forward (bf16, fp16) ================================= */
+
+/* The same online softmax with both products on tensor cores through the CUDA C++ warp matrix API
+ * (nvcuda::wmma, 16x16x16 fragments, f32 accumulation). A block owns BQ = 64 queries, 16 per warp; per key
+ * tile each warp computes its 16 x BK scores S = Q K^T into a private f32 shared-memory tile, then the two
+ * lanes of each row (lane pair 2r, 2r+1 owns row r) run the online-softmax update on it, write the
+ * probabilities P rounded to the storage type into a private shared tile, and the warp computes P V with
+ * wmma in chunks of OW output columns, stored to the f32 tile and added to the row's output accumulator,
+ * which the lane pair keeps in registers so each row can be rescaled by its own correction factor (the
+ * element layout of an accumulator fragment is unspecified, so per-row scaling goes through memory). Q is
+ * held in matrix_a fragments for the whole kernel. K and V tiles are staged in shared memory in the
+ * storage type with rows padded by 8 elements (16 bytes) against bank conflicts of the fragment loads.
+ * Head dimensions past hs and keys past T are zeros in shared memory; lse is the same natural-log
+ * log-sum-exp as the scalar kernel's, so the backward is shared. The probabilities are summed as rounded,
+ * so the output is exactly the P-weighted mean of V for the P that was multiplied. */
+template <int HSM> struct tc_cfg {
+    static constexpr int WARPS = 4;
+    static constexpr int THREADS = WARPS * 32;
+    static constexpr int BQ = WARPS * 16;             /* query rows per block */
+    static constexpr int BK = HSM <= 64 ? 64 : 32;    /* keys per shared-memory tile */
+    static constexpr int LDK = HSM + 8;               /* padded row of the Q/K/V tiles (storage elements) */
+    static constexpr int OW = HSM < 64 ? HSM : 64;    /* output columns per P V chunk */
+    static constexpr int SW = BK > OW ? BK : OW;      /* columns of the f32 scratch tile */
+    static constexpr int LDS = SW + 4;                /* its padded row (floats; wmma needs a multiple of 4) */
+    static constexpr int LDP = BK + 8;                /* padded row of the P tile (storage elements) */
+    static_assert(2 * BK >= BQ, "the Q tile is staged in the K/V buffer");
+    static_assert((BK & (BK - 1)) == 0 && (OW & (OW - 1)) == 0, "lane column rotation needs powers of two");
+};
+
+struct __align__(16) tc_vec8 { /* 8 storage elements of 2 bytes, one 16-byte access */
+    unsigned int w[4];
+};
+
+/* Copies rows [r0, r0 + n) of one of q/k/v (src: the head's first element of row 0, row stride C3) into
+ * dst (n x HSM, row stride LDK), zero past hs and past T. vec: 16-byte accesses (hs, C multiples of 8 and
+ * the tensor 16-byte aligned, checked by the launcher). */
+template <typename T, int HSM>
+__device__ __forceinline__ void tc_load_rows(T *dst, const T *src, int r0, int n, int T_, size_t C3, int hs,
+                                             bool vec) {
+    typedef tc_cfg<HSM> cfg;
+    if (vec) {
+        for (int idx = threadIdx.x; idx < n * (HSM / 8); idx += blockDim.x) {
+            int r = idx / (HSM / 8), d = (idx % (HSM / 8)) * 8, row = r0 + r;
+            tc_vec8 v = {{0u, 0u, 0u, 0u}};
+            if (row < T_ && d < hs) {
+                v = *(const tc_vec8 *)(src + (size_t)row * C3 + d);
+            }
+            *(tc_vec8 *)(dst + r * cfg::LDK + d) = v;
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < n * HSM; idx += blockDim.x) {
+            int r = idx / HSM, d = idx % HSM, row = r0 + r;
+            dst[r * cfg::LDK + d] = (row < T_ && d < hs) ? src[(size_t)row * C3 + d] : from_f32<T>(0.0f);
+        }
+    }
+}
+
+/* Column j of the W columns a lane of row r (half = lane & 1) handles: its parity's columns, rotated by two
+ * for rows 8..15 so that the 32 lanes of a warp hit 32 different banks at each j (row stride = 4 mod 32). */
+template <int W> __device__ __forceinline__ int tc_col(int j, int half, int r) {
+    return (2 * j + half + 2 * (r >> 3)) & (W - 1);
+}
+
+template <typename T, int HSM>
+static __global__ void __launch_bounds__(tc_cfg<HSM>::THREADS)
+    attention_forward_tc_kernel(T *out, float *lse, const T *qkv, int T_, int C, int NH, int hs, float scale2,
+                                int vec) {
+    using namespace nvcuda;
+    typedef tc_cfg<HSM> cfg;
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> frag_a;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> frag_bt; /* K^T from K rows */
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> frag_b;
+    typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
+    __shared__ __align__(128) T KVs[2 * cfg::BK * cfg::LDK];
+    __shared__ __align__(128) float Ss[cfg::WARPS * 16 * cfg::LDS];
+    __shared__ __align__(128) T Ps[cfg::WARPS * 16 * cfg::LDP];
+    T *Ks = KVs, *Vs = KVs + cfg::BK * cfg::LDK;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int qb = (int)(gridDim.x - 1 - blockIdx.x); /* the longest (last) query blocks start first */
+    int b = blockIdx.z, h = blockIdx.y, q0 = qb * cfg::BQ, w0 = q0 + warp * 16;
+    size_t C3 = 3 * (size_t)C;
+    const T *base = qkv + (size_t)b * T_ * C3 + (size_t)h * hs;
+    float *Sw = Ss + warp * 16 * cfg::LDS;
+    T *Pw = Ps + warp * 16 * cfg::LDP;
+
+    /* Q: staged through the K/V buffer into fragments kept for the whole kernel */
+    tc_load_rows<T, HSM>(KVs, base, q0, cfg::BQ, T_, C3, hs, vec != 0);
+    __syncthreads();
+    frag_a qf[HSM / 16];
+#pragma unroll
+    for (int kk = 0; kk < HSM / 16; kk++) {
+        wmma::load_matrix_sync(qf[kk], KVs + warp * 16 * cfg::LDK + kk * 16, cfg::LDK);
+    }
+
+    int r = lane >> 1, half = lane & 1, i = w0 + r;
+    float m = -INFINITY, l = 0.0f, o[HSM / 2];
+#pragma unroll
+    for (int j = 0; j < HSM / 2; j++) {
+        o[j] = 0.0f;
+    }
+    int kend = min(T_, q0 + cfg::BQ);
+    for (int k0 = 0; k0 < kend; k0 += cfg::BK) {
+        __syncthreads(); /* the previous tile (or the Q staging) is no longer read */
+        tc_load_rows<T, HSM>(Ks, base + C, k0, cfg::BK, T_, C3, hs, vec != 0);
+        tc_load_rows<T, HSM>(Vs, base + 2 * (size_t)C, k0, cfg::BK, T_, C3, hs, vec != 0);
+        __syncthreads();
+        if (w0 + 15 < k0) {
+            continue; /* every row of this warp is before the tile (causal); warp-uniform */
+        }
+        /* S = Q K^T (16 x BK) */
+#pragma unroll
+        for (int n = 0; n < cfg::BK / 16; n++) {
+            frag_c sf;
+            wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < HSM / 16; kk++) {
+                frag_bt kf;
+                wmma::load_matrix_sync(kf, Ks + n * 16 * cfg::LDK + kk * 16, cfg::LDK);
+                wmma::mma_sync(sf, qf[kk], kf, sf);
+            }
+            wmma::store_matrix_sync(Sw + n * 16, sf, cfg::LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+        /* online softmax of row r over this tile, in base 2; keys after i or past T are masked */
+        constexpr int NJ = cfg::BK / 2;
+        float s[NJ], mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            int c = tc_col<cfg::BK>(j, half, r), key = k0 + c;
+            s[j] = (key <= i && key < T_) ? Sw[r * cfg::LDS + c] * scale2 : -INFINITY;
+            mx = fmaxf(mx, s[j]);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        float mn = fmaxf(m, mx); /* finite: the first tile holds key 0 <= i for every row */
+        float corr = exp2f(m - mn), ls = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            T p = from_f32<T>(exp2f(s[j] - mn));
+            Pw[r * cfg::LDP + tc_col<cfg::BK>(j, half, r)] = p;
+            ls += to_f32(p);
+        }
+        ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+        l = l * corr + ls;
+        m = mn;
+        __syncwarp(); /* P written and S read by every lane before P V reuses Sw */
+        /* O = O corr + P V, OW output columns at a time */
+#pragma unroll
+        for (int c0 = 0; c0 < HSM; c0 += cfg::OW) {
+            frag_c of[cfg::OW / 16];
+#pragma unroll
+            for (int n = 0; n < cfg::OW / 16; n++) {
+                wmma::fill_fragment(of[n], 0.0f);
+            }
+#pragma unroll
+            for (int kk = 0; kk < cfg::BK / 16; kk++) {
+                frag_a pf;
+                wmma::load_matrix_sync(pf, Pw + kk * 16, cfg::LDP);
+#pragma unroll
+                for (int n = 0; n < cfg::OW / 16; n++) {
+                    frag_b vf;
+                    wmma::load_matrix_sync(vf, Vs + kk * 16 * cfg::LDK + c0 + n * 16, cfg::LDK);
+                    wmma::mma_sync(of[n], pf, vf, of[n]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < cfg::OW / 16; n++) {
+                wmma::store_matrix_sync(Sw + n * 16, of[n], cfg::LDS, wmma::mem_row_major);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < cfg::OW / 2; j++) {
+                o[c0 / 2 + j] = o[c0 / 2 + j] * corr + Sw[r * cfg::LDS + tc_col<cfg::OW>(j, half, r)];
+            }
+            __syncwarp(); /* the chunk is read before the next store to Sw */
+        }
+    }
+    /* out = O / l through Sw, so the warp writes each row's columns contiguously */
+    float inv = 1.0f / l;
+    T *ob = out + ((size_t)b * T_ + w0) * C + (size_t)h * hs;
+#pragma unroll
+    for (int c0 = 0; c0 < HSM; c0 += cfg::OW) {
+#pragma unroll
+        for (int j = 0; j < cfg::OW / 2; j++) {
+            Sw[r * cfg::LDS + tc_col<cfg::OW>(j, half, r)] = o[c0 / 2 + j] * inv;
+        }
+        __syncwarp();
+        for (int idx = lane; idx < 16 * cfg::OW; idx += 32) {
+            int rr = idx / cfg::OW, d = c0 + idx % cfg::OW;
+            if (w0 + rr < T_ && d < hs) {
+                ob[(size_t)rr * C + d] = from_f32<T>(Sw[rr * cfg::LDS + idx % cfg::OW]);
+            }
+        }
+        __syncwarp();
+    }
+    if (half == 0 && i < T_) {
+        lse[((size_t)b * NH + h) * T_ + i] = (m + log2f(l)) * LN2;
+    }
+}
+
 /* ======================================== launchers ======================================== */
 
 #define ATTN_DISPATCH_HS(hs, HSM, ...)                                                                                 \
@@ -367,6 +571,36 @@ static void attn_check(const void *qkv, int B, int T, int C, int NH) {
     MT_CU_CHECK_SHAPE(C / NH <= 128);
 }
 
+static std::atomic<int> attn_tc_force(-1);
+static std::atomic<unsigned long> attn_tc_count(0);
+
+extern "C" void mt_cuda_attention_set_tc(int mode) {
+    attn_tc_force.store(mode < 0 ? -1 : mode != 0);
+}
+
+extern "C" int mt_cuda_attention_tc_path(int dt, int hs) {
+    int force = attn_tc_force.load();
+    bool on = force >= 0 ? force != 0 : mt_cuda_attn_tc_param() != 0;
+    return on && (dt == MT_CU_BF16 || dt == MT_CU_F16) && hs > 0 && hs % 16 == 0 && hs <= 128;
+}
+
+extern "C" unsigned long mt_cuda_attention_tc_launches(void) {
+    return attn_tc_count.load();
+}
+
+template <typename E>
+static void attention_forward_tc(E *out, float *lse, const E *qkv, int B, int T, int C, int NH, cudaStream_t s) {
+    int hs = C / NH;
+    float scale2 = LOG2E / sqrtf((float)hs);
+    int vec = C % 8 == 0 && hs % 8 == 0 && (uintptr_t)qkv % 16 == 0;
+    ATTN_DISPATCH_HS(hs, HSM, {
+        typedef tc_cfg<HSM> cfg;
+        dim3 g((unsigned)((T + cfg::BQ - 1) / cfg::BQ), (unsigned)NH, (unsigned)B);
+        attention_forward_tc_kernel<E, HSM><<<g, cfg::THREADS, 0, s>>>(out, lse, qkv, T, C, NH, hs, scale2, vec);
+    });
+    attn_tc_count.fetch_add(1);
+}
+
 extern "C" cudaError_t mt_cuda_attention_forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH,
                                                  int dt, void *stream) {
     attn_check(qkv, B, T, C, NH);
@@ -374,6 +608,14 @@ extern "C" cudaError_t mt_cuda_attention_forward(void *out, float *lse, const vo
     int hs = C / NH;
     float scale2 = LOG2E / sqrtf((float)hs);
     cudaStream_t s = (cudaStream_t)stream;
+    if (mt_cuda_attention_tc_path(dt, hs)) {
+        if (dt == MT_CU_BF16) {
+            attention_forward_tc<bf16_t>((bf16_t *)out, lse, (const bf16_t *)qkv, B, T, C, NH, s);
+        } else {
+            attention_forward_tc<f16_t>((f16_t *)out, lse, (const f16_t *)qkv, B, T, C, NH, s);
+        }
+        return cudaGetLastError();
+    }
     dim3 grid((unsigned)((T + 63) / 64), (unsigned)NH, (unsigned)B);
     MT_CU_DISPATCH(dt, E,
                    ATTN_DISPATCH_HS(hs, HSM,

@@ -134,6 +134,17 @@ cudaError_t mt_cuda_attention_forward(void *out, float *lse, const void *qkv, in
 size_t mt_cuda_attention_scratch_floats(int B, int T, int NH);
 cudaError_t mt_cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
                                        int B, int T, int C, int NH, int dt, float *scratch, void *stream);
+/* The forward runs on tensor cores (a WMMA kernel, f32 accumulation) for storage dtypes bf16 and f16 when the
+ * head size is a multiple of 16 (<= 128) and MESHTRAIN_ATTN_TC is not 0; otherwise on CUDA cores (f32). The
+ * backward is the same for both (it reads lse). mt_cuda_attention_tc_path says which forward kernel
+ * (dt, head size hs) gets now: 1 tensor cores, 0 CUDA cores. mt_cuda_attention_set_tc(mode) overrides
+ * the knob for the process (tests, benchmarks): 1 on, 0 off, -1 back to MESHTRAIN_ATTN_TC; ineligible
+ * dtypes and head sizes stay on CUDA cores. mt_cuda_attention_tc_launches counts the forwards that ran the
+ * tensor-core kernel (process-wide). mt_cuda_attn_tc_param is the knob's value (cuda_backend.c, read once). */
+int mt_cuda_attention_tc_path(int dt, int hs);
+void mt_cuda_attention_set_tc(int mode);
+unsigned long mt_cuda_attention_tc_launches(void);
+int mt_cuda_attn_tc_param(void);
 /* The plain version for comparison (tests, bench/): stores the probabilities att (B,NH,T,T, f32), one
  * thread per query row. Same out and lse. */
 cudaError_t mt_cuda_attention_plain_forward(void *out, float *att, float *lse, const void *qkv, int B, int T, int C,

@@ -6,7 +6,8 @@
  *   tf32 products 1e-2 (10-bit mantissa inputs), bf16 3e-2 (8-bit mantissa storage of outputs and of the
  *   intermediates the kernels keep), f16 5e-3 (11-bit mantissa),
  * plus exact checks where the math is exact (conversions, the skip flag, counts).
- * Usage: test_gpu_ops [family]  (matmul layernorm elementwise embedding attention softmax_ce adamw reduce);
+ * Usage: test_gpu_ops [family]  (matmul layernorm elementwise embedding attention attention_tc attention_knob
+ * softmax_ce adamw reduce; without one, all but attention_knob, which sets MESHTRAIN_ATTN_TC for the process);
  * exits 77 printing "skipped: no CUDA device" without a device.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
@@ -362,6 +363,102 @@ static void test_attention(void) {
     }
 }
 
+/* The tensor-core forward (bf16/f16, head size a multiple of 16) against the CPU and against the CUDA-core
+ * kernel on the same inputs, with mt_cuda_attention_set_tc forcing each path and the launch counter showing
+ * which one ran. T = 70 is not a multiple of the 64-query block nor of the key tiles (64 keys for head
+ * sizes 32/64, 32 for 128). Tolerances (relative to max |reference|): out bf16 3e-2, f16 5e-3 (the outputs
+ * are stored in the dtype and the probabilities are rounded to it before P V); lse 2e-3 for both (scores
+ * are exact f32 sums of products of the stored inputs; lse moves only by the rounding of the summed
+ * probabilities); the two device paths against each other at the same out tolerance. */
+static void attn_tc_case(int B, int T, int C, int NH, int dt, bool misalign) {
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    int hs = C / NH;
+    double tol = tol_dt(dt, false), tol_lse = 2e-3;
+    char what[96];
+    float *scratch = malloc(mt_attention_scratch_floats(T) * 4);
+    float *qkv = hrand(nqkv, 1.5f, dt), *out = malloc(nout * 4), *lse = malloc(nl * 4), *att = malloc(nl * T * 4);
+    mt_attention_forward(out, att, lse, qkv, B, T, C, NH, scratch);
+    /* misalign: qkv one element past a 16-byte boundary, so the kernels take their element-wise loads */
+    float *qkv1 = malloc((nqkv + 1) * 4);
+    qkv1[0] = 0.0f;
+    memcpy(qkv1 + 1, qkv, nqkv * 4);
+    void *d_buf = misalign ? dup_dt(qkv1, nqkv + 1, dt) : dup_dt(qkv, nqkv, dt), *d_out = NULL, *d_lse = NULL;
+    void *d_qkv = misalign ? (char *)d_buf + 2 : d_buf;
+    CHECK_OK(mt_dev_malloc(&d_out, nout * 2, MT_MEM_ACTIVATIONS, "t", NULL));
+    CHECK_OK(mt_dev_malloc(&d_lse, nl * 4, MT_MEM_ACTIVATIONS, "t", NULL));
+    float *g[2], *gl[2];
+    for (int tc = 1; tc >= 0; tc--) {
+        mt_cuda_attention_set_tc(tc);
+        CHECK(mt_cuda_attention_tc_path(dt, hs) == tc, "%s hs=%d: forced path %d is the one selected", dt_name(dt), hs,
+              tc);
+        unsigned long n0 = mt_cuda_attention_tc_launches();
+        CHECK_OK(mt_cuda_status(mt_cuda_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, dt, NULL), "attn"));
+        CHECK(mt_cuda_attention_tc_launches() == n0 + (unsigned long)tc, "%s hs=%d: the %s kernel ran", dt_name(dt),
+              hs, tc ? "tensor-core" : "CUDA-core");
+        g[tc] = down(d_out, nout, dt);
+        gl[tc] = down(d_lse, nl, MT_CU_F32);
+        snprintf(what, sizeof(what), "%s out hs=%d T=%d%s", tc ? "tensor-core" : "cuda-core", hs, T,
+                 misalign ? " misaligned" : "");
+        EXPECT_CLOSE(lbl("attention", dt, what), g[tc], out, nout, tol);
+        snprintf(what, sizeof(what), "%s lse hs=%d T=%d", tc ? "tensor-core" : "cuda-core", hs, T);
+        EXPECT_CLOSE(lbl("attention", dt, what), gl[tc], lse, nl, tol_lse);
+    }
+    snprintf(what, sizeof(what), "tensor-core vs cuda-core out hs=%d", hs);
+    EXPECT_CLOSE(lbl("attention", dt, what), g[1], g[0], nout, tol);
+    mt_cuda_attention_set_tc(-1);
+    mt_dev_free(d_buf), mt_dev_free(d_out), mt_dev_free(d_lse);
+    free(scratch), free(qkv), free(qkv1), free(out), free(lse), free(att), free(g[0]), free(g[1]), free(gl[0]),
+        free(gl[1]);
+}
+
+static void test_attention_tc(void) {
+    static const int cases[][4] = {{1, 70, 64, 2}, {2, 70, 128, 2}, {1, 70, 128, 1}}; /* hs 32, 64, 128 */
+    for (size_t ci = 0; ci < MT_ARRAY_LEN(cases); ci++) {
+        for (int k = 1; k < 3; k++) {
+            attn_tc_case(cases[ci][0], cases[ci][1], cases[ci][2], cases[ci][3], dts[k], false);
+        }
+    }
+    attn_tc_case(1, 70, 64, 2, MT_CU_BF16, true);
+    /* f32 storage and head sizes that are not multiples of 16 stay on CUDA cores even when forced */
+    mt_cuda_attention_set_tc(1);
+    CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 64) == 1 && mt_cuda_attention_tc_path(MT_CU_F16, 16) == 1,
+          "bf16 hs=64 and f16 hs=16 are eligible");
+    CHECK(mt_cuda_attention_tc_path(MT_CU_F32, 64) == 0, "f32 attention is not on the tensor-core path");
+    CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 100) == 0 && mt_cuda_attention_tc_path(MT_CU_BF16, 24) == 0,
+          "head sizes not a multiple of 16 are not on the tensor-core path");
+    mt_cuda_attention_set_tc(-1);
+}
+
+/* MESHTRAIN_ATTN_TC=0 (set before the knob is first read) turns the tensor-core path off: the selection says
+ * CUDA cores for bf16 hs=64, a forward runs without the tensor-core kernel and still matches the CPU; the
+ * process override still wins over the knob. */
+static void test_attention_knob(void) {
+    setenv("MESHTRAIN_ATTN_TC", "0", 1);
+    CHECK(mt_cuda_attn_tc_param() == 0, "MESHTRAIN_ATTN_TC=0 is read as off");
+    CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 64) == 0, "knob off: bf16 hs=64 on CUDA cores");
+    enum { B = 1, T = 40, C = 128, NH = 2 };
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *scratch = malloc(mt_attention_scratch_floats(T) * 4);
+    float *qkv = hrand(nqkv, 1.5f, MT_CU_BF16), *out = malloc(nout * 4), *lse = malloc(nl * 4);
+    float *att = malloc(nl * T * 4);
+    mt_attention_forward(out, att, lse, qkv, B, T, C, NH, scratch);
+    void *d_qkv = dup_dt(qkv, nqkv, MT_CU_BF16), *d_out = NULL, *d_lse = NULL;
+    CHECK_OK(mt_dev_malloc(&d_out, nout * 2, MT_MEM_ACTIVATIONS, "t", NULL));
+    CHECK_OK(mt_dev_malloc(&d_lse, nl * 4, MT_MEM_ACTIVATIONS, "t", NULL));
+    CHECK_OK(mt_cuda_status(mt_cuda_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, MT_CU_BF16, NULL), "attn"));
+    CHECK(mt_cuda_attention_tc_launches() == 0, "knob off: no tensor-core launch");
+    float *g = down(d_out, nout, MT_CU_BF16);
+    EXPECT_CLOSE("attention bf16 knob off out", g, out, nout, tol_dt(MT_CU_BF16, false));
+    mt_cuda_attention_set_tc(1);
+    CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 64) == 1, "the process override wins over the knob");
+    CHECK_OK(mt_cuda_status(mt_cuda_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, MT_CU_BF16, NULL), "attn"));
+    CHECK(mt_cuda_attention_tc_launches() == 1, "override on: one tensor-core launch");
+    mt_cuda_attention_set_tc(-1);
+    CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 64) == 0, "back to the knob: off");
+    mt_dev_free(d_qkv), mt_dev_free(d_out), mt_dev_free(d_lse);
+    free(scratch), free(qkv), free(out), free(lse), free(att), free(g);
+}
+
 static void test_softmax_ce(void) {
     enum { N = 13, V = 1000, VP = 1024 };
     int32_t tgt[N];
@@ -521,12 +618,14 @@ int main(int argc, char **argv) {
         const char *name;
         void (*fn)(void);
     } fams[] = {{"matmul", test_matmul},       {"layernorm", test_layernorm}, {"elementwise", test_elementwise},
-                {"embedding", test_embedding}, {"attention", test_attention}, {"softmax_ce", test_softmax_ce},
+                {"embedding", test_embedding}, {"attention", test_attention}, {"attention_tc", test_attention_tc},
+                {"attention_knob", test_attention_knob}, {"softmax_ce", test_softmax_ce},
                 {"adamw", test_adamw},         {"reduce", test_reduce}};
     const char *only = argc > 1 ? argv[1] : NULL;
     bool ran = false;
     for (size_t i = 0; i < MT_ARRAY_LEN(fams); i++) {
-        if (!only || !strcmp(only, fams[i].name)) {
+        bool all = !only && fams[i].fn != test_attention_knob; /* it sets the knob for the whole process */
+        if (all || (only && !strcmp(only, fams[i].name))) {
             fams[i].fn();
             ran = true;
         }
