@@ -530,7 +530,7 @@ static __global__ void __launch_bounds__(tc_cfg<HSM>::THREADS)
     }
     /* out = O / l through Sw, so the warp writes each row's columns contiguously */
     float inv = 1.0f / l;
-    T *ob = out + ((size_t)b * T_ + w0) * C + (size_t)h * hs;
+    T *ob = out + (size_t)b * T_ * C + (size_t)h * hs;
 #pragma unroll
     for (int c0 = 0; c0 < HSM; c0 += cfg::OW) {
 #pragma unroll
@@ -541,7 +541,7 @@ static __global__ void __launch_bounds__(tc_cfg<HSM>::THREADS)
         for (int idx = lane; idx < 16 * cfg::OW; idx += 32) {
             int rr = idx / cfg::OW, d = c0 + idx % cfg::OW;
             if (w0 + rr < T_ && d < hs) {
-                ob[(size_t)rr * C + d] = from_f32<T>(Sw[rr * cfg::LDS + idx % cfg::OW]);
+                ob[(size_t)(w0 + rr) * C + d] = from_f32<T>(Sw[rr * cfg::LDS + idx % cfg::OW]);
             }
         }
         __syncwarp();
