@@ -187,12 +187,12 @@ field() { # field FILE KEY: value of KEY=... on the RESULT line of FILE
     if grep -q '^RESULT attn' "$LOG/attn.log" 2>/dev/null; then
         path() { [ "$(field "$LOG/attn.log" "$1")" = 1 ] && echo "tensor cores" || echo "CUDA cores"; }
         echo "attention bf16 B=8 T=1024 C=768 H=12 (ms):"
-        printf "  %-34s %10s %10s\n" kernel forward backward
-        printf "  %-34s %10s %10s\n" "flash, fwd on $(path tc_fwd), bwd on $(path tc_bwd)" \
+        printf "  %-46s %10s %10s\n" kernel forward backward
+        printf "  %-46s %10s %10s\n" "flash: fwd $(path tc_fwd), bwd $(path tc_bwd)" \
             "$(field "$LOG/attn.log" flash_fwd_ms)" "$(field "$LOG/attn.log" flash_bwd_ms)"
-        printf "  %-34s %10s %10s\n" "flash on CUDA cores (ATTN_TC=0)" "$(field "$LOG/attn.log" simt_fwd_ms)" \
+        printf "  %-46s %10s %10s\n" "flash on CUDA cores (ATTN_TC=0)" "$(field "$LOG/attn.log" simt_fwd_ms)" \
             "$(field "$LOG/attn.log" simt_bwd_ms)"
-        printf "  %-34s %10s %10s\n" "plain (stores T x T)" "$(field "$LOG/attn.log" plain_fwd_ms)" "-"
+        printf "  %-46s %10s %10s\n" "plain (stores T x T)" "$(field "$LOG/attn.log" plain_fwd_ms)" "-"
     else
         echo "attention: FAILED (see $LOG/attn.log)"
     fi
