@@ -598,8 +598,9 @@ __device__ __forceinline__ void tcb_add_rows(T *dst, nvcuda::wmma::fragment<nvcu
 /* dK, dV of a block's 64 keys (16 per warp), over the query tiles i0 >= k0:
  *   S^T = K Q^T,  P^T = exp2(S^T scale2 - lse2_i) (j <= i < T),  dV += P^T dO,  dP^T = V dO^T,
  *   dS^T = P^T (dP^T - D_i) scale,  dK += dS^T Q. K and V stay in matrix_a fragments. */
+/* (At least 3 blocks per SM: without the bound nvcc takes 255 registers, leaving room for 2; with it 168.) */
 template <typename T, int HSM>
-static __global__ void __launch_bounds__(tcb_cfg<HSM>::THREADS)
+static __global__ void __launch_bounds__(tcb_cfg<HSM>::THREADS, 3)
     attention_backward_dkv_tc_kernel(T *dqkv, const T *qkv, const T *dout, const float *lse, const float *Dv, int T_,
                                      int C, int NH, int hs, float scale, int vec) {
     using namespace nvcuda;
