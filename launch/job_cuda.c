@@ -1,9 +1,16 @@
 /* The GPU engine of the training loop (runtime.device = "cuda"): GPT-2 on this rank's GPU through
- * models/cuda/gpt2_cuda.h in precision.compute, and with dp > 1 whole replicas whose gradients are averaged
- * over NCCL on a stream of their own, bucket by bucket while backward still runs (parallel.engine = "ddp")
- * or in one all-reduce after it ("dp"). The loop's clipping, NaN agreement, metrics and checkpoints work
- * unchanged: the engine syncs twice per step (the loss after backward, the gradient norm after the
- * all-reduce). Built without CUDA, the engine only refuses, naming what to use instead.
+ * models/cuda/gpt2_cuda.h in precision.compute, and with dp > 1 replicas whose gradients are averaged over
+ * NCCL on a stream of their own, bucket by bucket while backward still runs (parallel.engine = "ddp") or in
+ * one all-reduce after it ("dp"). ZeRO-1 (parallel.engine = "zero", zero_stage = 1) shards the optimizer:
+ * each rank keeps the master weights and AdamW moments of one slice of the flat layout, each bucket's
+ * gradients are reduced to the slices' owners during backward, each rank updates its slice and the compute
+ * copy is all-gathered after the step. ZeRO-2 also shards the gradients: backward writes each block into a
+ * pooled slot, every micro-batch's runs are reduced to their owners at once and added to the owner's
+ * slice. ZeRO-3 also shards the weights: each block's are broadcast from their owners into a slot before
+ * its forward and backward (the next ones while a block computes), wte/wpe/ln_f once per step. The loop's
+ * clipping, NaN agreement, metrics and checkpoints work unchanged: the engine syncs twice per step (the
+ * loss after backward, the gradient norm after the reductions). Built without CUDA, the engine only
+ * refuses, naming what to use instead.
  * SPDX-License-Identifier: MIT */
 #include "mt_build_config.h"
 
@@ -12,6 +19,7 @@
 #include <string.h>
 
 #include "launch/job.h"
+#include "launch/job_pieces.h"
 #include "runtime/config.h"
 #include "runtime/rt.h"
 
@@ -51,13 +59,6 @@ static mt_status_t cuda_check_config(const mt_config_t *cfg) {
                             "trains whole replicas (data parallelism): set %s = 1, or runtime.device = \"cpu\"",
                             dev, axes[i][0], (long long)v, axes[i][1], axes[i][0]);
         }
-    }
-    if (!strcmp(mt_config_str(cfg, "parallel.engine"), "zero")) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "runtime.device = \"%s\": parallel.engine = \"zero\" (ZeRO stage %lld) shards state on the "
-                        "CPU engines only; the GPU engine keeps whole replicas and averages gradients: set "
-                        "parallel.engine = \"ddp\", or runtime.device = \"cpu\"",
-                        dev, (long long)mt_config_int(cfg, "parallel.zero_stage"));
     }
     if (strcmp(mt_config_str(cfg, "optimizer.kind"), "adamw") != 0) {
         return mt_error(MT_ERR_INVALID_ARG,
@@ -129,7 +130,12 @@ typedef struct {
     mt_prec_t prec;
     int64_t mb, T, ga;
     int dp_size, dp_rank;
-    bool overlap;        /* parallel.engine = "ddp": buckets during backward; "dp": one all-reduce after it */
+    bool overlap;        /* "ddp", "zero": buckets during backward; "dp": one all-reduce after it */
+    bool zero;           /* ZeRO-1/2 (dp > 1): each bucket reduced to the owners of its slices, weights gathered */
+    bool zero2;          /* ZeRO-2/3: every micro-batch's runs reduced at once and added to the owner's slice */
+    bool zero3;          /* ZeRO-3: weights gathered block by block from their owners, no all-gather */
+    size_t sh_lo, sh_hi; /* ZeRO-1: this rank's slice of the flat layout (everything otherwise) */
+    size_t sh_len;       /* ZeRO-1: the slice length: rank r owns [r * sh_len, (r + 1) * sh_len) */
     size_t bucket_elems; /* parallel.bucket_mb in floats */
     size_t numel;
     mt_comm_t gcomm;          /* dp > 1: the gradients' communicator (device memory: NCCL) */
@@ -141,6 +147,8 @@ typedef struct {
     bool comm_now;            /* the backward running is the last micro-batch of a training step */
     size_t pend_lo, pend_hi;  /* complete gradients not yet sent: [pend_lo, pend_hi) */
     int64_t n_buckets;        /* all-reduces launched (for the log) */
+    double sent_model;        /* bytes this rank sent in the step: gradients and weights (docs/metrics.md) */
+    double sent_other;        /* ... and the rest (loss, norm) */
     float *loss_dev;          /* ga floats on the device: each micro-batch's mean loss */
     float *loss_host;         /* pinned ga floats */
     float *h_m, *h_v;         /* host staging of AdamW's moments for checkpoints (allocated on first use) */
@@ -228,25 +236,53 @@ static void ce_free(void *ctx) {
     free(e);
 }
 
-/* All-reduces (average) gradients [lo, hi) on the comm stream, ordered after everything enqueued on the
- * compute stream so far (the backward launches that completed them). */
-static mt_status_t launch_bucket(cuda_engine_t *e, size_t lo, size_t hi) {
+/* Per-rank bytes of a bandwidth-optimal algorithm over the dp group, as the CPU engines count them
+ * (parallel/comm.c): all-reduce 2b(N-1)/N, reduce and broadcast b(N-1)/N of a b-byte buffer, all-gather
+ * (N-1)/N of the whole gathered buffer. */
+static double dp_frac(const cuda_engine_t *e) {
+    return (double)(e->dp_size - 1) / (double)e->dp_size;
+}
+
+/* Averages gradients [lo, hi) over dp on the comm stream, ordered after everything enqueued on the compute
+ * stream so far (the backward launches that completed them): all-reduced, or under ZeRO-1 each slice's part
+ * reduced to the slice's owner (the other ranks' copies of it are not used again this step). */
+static mt_status_t launch_bucket(cuda_engine_t *e, size_t lo, size_t hi, float *grads) {
     if (hi <= lo) {
         return MT_OK;
     }
     CU(cudaEventRecord(e->ready, e->cstream));
     CU(cudaStreamWaitEvent(e->comm_stream, e->ready, 0));
-    float *grads = mt_gpt2_cuda_grads(e->g) + lo;
-    MT_CHECK(mt_coll_all_reduce(e->gcomm, grads, grads, hi - lo, MT_COLL_F32, MT_REDOP_AVG, e->comm_stream, NULL));
+    if (!e->zero) {
+        MT_CHECK(mt_coll_all_reduce(e->gcomm, grads, grads, hi - lo, MT_COLL_F32, MT_REDOP_AVG, e->comm_stream,
+                                    NULL));
+        e->sent_model += 2.0 * (double)(hi - lo) * 4.0 * dp_frac(e);
+    } else {
+        e->sent_model += (double)(hi - lo) * 4.0 * dp_frac(e); /* the reduces to the owners */
+    }
+    for (size_t a = lo; e->zero && a < hi;) {
+        int owner = (int)(a / e->sh_len);
+        size_t b = MT_MIN(hi, (size_t)(owner + 1) * e->sh_len);
+        float *part = grads + (a - lo);
+        MT_CHECK(mt_coll_reduce(e->gcomm, part, part, b - a, MT_COLL_F32, MT_REDOP_AVG, owner, e->comm_stream, NULL));
+        if (e->zero2 && owner == e->dp_rank) { /* this pass's average joins the slice's gradient */
+            float *slice = mt_gpt2_cuda_grad_slice(e->g) + (a - e->sh_lo);
+            CU(mt_cuda_residual_forward(slice, slice, part, b - a, MT_CU_F32, e->comm_stream));
+        }
+        a = b;
+    }
     e->n_buckets++;
     return MT_OK;
 }
 
-/* The trainer's hook: runs of complete gradients arrive from the end of the flat layout to its start. */
-static mt_status_t on_grads(void *arg, size_t lo, size_t hi) {
+/* The trainer's hook: runs of complete gradients arrive from the end of the flat layout to its start. Under
+ * ZeRO-2 each run is launched at once (its pooled slot is written again two blocks later). */
+static mt_status_t on_grads(void *arg, size_t lo, size_t hi, float *grads) {
     cuda_engine_t *e = arg;
     if (!e->comm_now) {
         return MT_OK;
+    }
+    if (e->zero2) {
+        return launch_bucket(e, lo, hi, grads);
     }
     if (e->pend_lo == e->pend_hi) {
         e->pend_hi = hi;
@@ -255,9 +291,28 @@ static mt_status_t on_grads(void *arg, size_t lo, size_t hi) {
     e->pend_lo = lo;
     bool last = lo == 0;
     if (last || (e->overlap && e->pend_hi - e->pend_lo >= e->bucket_elems)) {
-        MT_CHECK(launch_bucket(e, e->pend_lo, e->pend_hi));
+        MT_CHECK(launch_bucket(e, e->pend_lo, e->pend_hi, mt_gpt2_cuda_grads(e->g) + e->pend_lo));
         e->pend_hi = e->pend_lo;
     }
+    return MT_OK;
+}
+
+/* ZeRO-3, the trainer's weight hook: the compute copy's elements [lo, hi) into dst on every rank, each
+ * slice's part broadcast by its owner from its slice, on the comm stream (the trainer orders it). */
+static mt_status_t on_weights(void *arg, size_t lo, size_t hi, void *dst) {
+    cuda_engine_t *e = arg;
+    mt_dtype_t dt = mt_prec_storage(e->prec);
+    size_t es = mt_dtype_size(dt);
+    const char *slice = mt_gpt2_cuda_weight_slice(e->g);
+    for (size_t a = lo; a < hi;) {
+        int owner = (int)(a / e->sh_len);
+        size_t b = MT_MIN(hi, (size_t)(owner + 1) * e->sh_len);
+        char *to = (char *)dst + (a - lo) * es;
+        const void *from = owner == e->dp_rank ? slice + (a - e->sh_lo) * es : to;
+        MT_CHECK(mt_coll_broadcast(e->gcomm, from, to, b - a, (mt_coll_dtype_t)dt, owner, e->comm_stream, NULL));
+        a = b;
+    }
+    e->sent_model += (double)(hi - lo) * (double)es * dp_frac(e);
     return MT_OK;
 }
 
@@ -311,7 +366,10 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->ga = info->grad_accum;
     e->dp_size = info->dp_size;
     e->dp_rank = info->dp_rank;
-    e->overlap = !strcmp(mt_config_str(cfg, "parallel.engine"), "ddp");
+    e->zero = !strcmp(mt_config_str(cfg, "parallel.engine"), "zero") && e->dp_size > 1;
+    e->zero2 = e->zero && mt_config_int(cfg, "parallel.zero_stage") >= 2;
+    e->zero3 = e->zero && mt_config_int(cfg, "parallel.zero_stage") == 3;
+    e->overlap = e->zero || !strcmp(mt_config_str(cfg, "parallel.engine"), "ddp");
     e->bucket_elems = (size_t)MT_MAX(1.0, mt_config_float(cfg, "parallel.bucket_mb") * 1048576.0 / 4.0);
     /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one) */
     st = mt_cuda_status(cudaSetDevice(mt_rt_world()->local_rank % ndev), "cudaSetDevice");
@@ -343,8 +401,13 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     gp.T = (int)e->T;
     gp.init_scale = (float)mt_config_float(cfg, "precision.init_scale");
     gp.scale_window = mt_config_int(cfg, "precision.scale_window");
+    gp.shard_count = e->zero ? e->dp_size : 1;
+    gp.shard_index = e->zero ? e->dp_rank : 0;
+    gp.shard_grads = e->zero2;
+    gp.shard_weights = e->zero3;
     MT_CHECK_GOTO(mt_gpt2_cuda_init(e->model, &gp, &e->g), st, fail);
     e->numel = mt_model_numel(e->model);
+    mt_gpt2_cuda_shard(e->g, &e->sh_lo, &e->sh_hi, &e->sh_len);
     e->cstream = (cudaStream_t)mt_gpt2_cuda_stream(e->g);
     MT_CHECK_GOTO(mt_dev_malloc((void **)&e->loss_dev, (size_t)e->ga * 4, MT_MEM_OTHER, "cuda engine losses",
                                 e->cstream),
@@ -352,12 +415,20 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&e->loss_host, (size_t)e->ga * 4), "pinned losses"), st,
                   fail);
     if (e->dp_size > 1) {
-        MT_CHECK_GOTO(mt_cuda_status(cudaStreamCreateWithFlags(&e->comm_stream, cudaStreamNonBlocking), "stream"), st,
+        /* the comm stream at the device's greatest priority, so queued compute kernels do not starve the
+         * collectives that backward overlaps with (lower numbers are higher priorities) */
+        int least = 0, greatest = 0;
+        MT_CHECK_GOTO(mt_cuda_status(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities"), st,
                       fail);
+        MT_CHECK_GOTO(mt_cuda_status(cudaStreamCreateWithPriority(&e->comm_stream, cudaStreamNonBlocking, greatest),
+                                     "stream"),
+                      st, fail);
         MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&e->ready, cudaEventDisableTiming), "event"), st, fail);
         MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&e->comm_done, cudaEventDisableTiming), "event"), st,
                       fail);
         mt_gpt2_cuda_set_grad_hook(e->g, on_grads, e);
+        mt_gpt2_cuda_set_comm_stream(e->g, e->comm_stream);
+        mt_gpt2_cuda_set_weight_hook(e->g, on_weights, e);
     }
     /* energy: read-only NVML counter of this GPU, when the library and the counter are there */
     char bus[32] = "";
@@ -372,7 +443,11 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         MT_INFO(MT_LOG_INIT, "cuda engine: no NVML energy counter: step metrics carry no energy_j");
     }
     MT_INFO(MT_LOG_INIT, "cuda engine: device %d, %s, dp %d (%s), buckets of %zu floats", d, prec, e->dp_size,
-            e->overlap ? "ddp: all-reduce per bucket during backward" : "dp: one all-reduce after backward",
+            e->zero3     ? "zero-3: each block's weights gathered before use, gradients reduced to their owners"
+            : e->zero2   ? "zero-2: each block's gradients reduced to their slices' owners in every backward"
+            : e->zero    ? "zero-1: buckets reduced to their slices' owners during backward, weights all-gathered"
+            : e->overlap ? "ddp: all-reduce per bucket during backward"
+                         : "dp: one all-reduce after backward",
             e->bucket_elems);
     *ctx = e;
     return MT_OK;
@@ -382,7 +457,9 @@ fail:
 }
 
 static mt_status_t ce_zero_grads(void *ctx) {
-    return mt_gpt2_cuda_zero_grads(((cuda_engine_t *)ctx)->g);
+    cuda_engine_t *e = ctx;
+    e->sent_model = e->sent_other = 0.0; /* a step starts */
+    return mt_gpt2_cuda_zero_grads(e->g);
 }
 
 static mt_status_t ce_run_batch(void *ctx, const mt_batch_t *b, bool backward, double *loss) {
@@ -392,7 +469,8 @@ static mt_status_t ce_run_batch(void *ctx, const mt_batch_t *b, bool backward, d
         MT_CHECK(mt_gpt2_cuda_forward(e->g, b->inputs + k * n, b->targets + k * n));
         CU(cudaMemcpyAsync(e->loss_dev + k, mt_gpt2_cuda_loss_dev(e->g), 4, cudaMemcpyDeviceToDevice, e->cstream));
         if (backward) {
-            e->comm_now = e->gcomm && k + 1 == e->ga; /* the gradients are final in the last micro-batch */
+            /* the gradients are final in the last micro-batch; ZeRO-2 takes every micro-batch's away */
+            e->comm_now = e->gcomm && (e->zero2 || k + 1 == e->ga);
             e->pend_lo = e->pend_hi = e->numel;
             mt_status_t st = mt_gpt2_cuda_backward(e->g, 1.0f / (float)e->ga);
             e->comm_now = false;
@@ -425,10 +503,19 @@ static mt_status_t ce_grad_sumsq(void *ctx, double *total) {
     cuda_engine_t *e = ctx;
     bool nonfinite = false;
     MT_CHECK(mt_gpt2_cuda_grad_stats(e->g, total, &nonfinite));
+    if (e->zero) { /* each rank summed its slice: the norm and the fp16 overflow verdict are the group's */
+        double v[2] = {*total, nonfinite ? 1.0 : 0.0};
+        MT_CHECK(mt_coll_all_reduce(e->lcomm, v, v, 2, MT_COLL_F64, MT_REDOP_SUM, NULL, NULL));
+        e->sent_other += 2.0 * sizeof(v) * dp_frac(e);
+        *total = v[0];
+        nonfinite = v[1] > 0.0;
+        mt_gpt2_cuda_set_nonfinite(e->g, nonfinite);
+    }
     float scale = mt_gpt2_cuda_loss_scale(e->g);
     if (nonfinite && e->prec == MT_PREC_FP16) {
         /* fp16 loss scaling: an overflow is expected now and then; the step skips it and halves the scale.
-         * The gradients are averaged, so every rank sees the same overflow and takes the same decision. */
+         * The gradients are averaged (ZeRO-1: the verdict is agreed above), so every rank sees the same
+         * overflow and takes the same decision. */
         MT_INFO(MT_LOG_TRAIN, "fp16: inf/NaN gradients at loss scale %g: the step is skipped, the scale halves",
                 (double)scale);
         *total = 0.0;
@@ -438,7 +525,24 @@ static mt_status_t ce_grad_sumsq(void *ctx, double *total) {
 
 static mt_status_t ce_step(void *ctx, float lr, float grad_scale) {
     cuda_engine_t *e = ctx;
-    return mt_gpt2_cuda_step_scaled(e->g, &e->optim, lr, grad_scale, NULL);
+    bool skipped = false;
+    MT_CHECK(mt_gpt2_cuda_step_scaled(e->g, &e->optim, lr, grad_scale, &skipped));
+    if (!e->zero || e->zero3 || skipped) { /* a skipped fp16 step changed no slice (and every rank skipped it);
+                                             * ZeRO-3 gathers at the next use */
+        return MT_OK;
+    }
+    /* ZeRO-1: every rank's updated slice of the compute copy to every rank, in place, on the comm stream
+     * after the update; the next forward (compute stream) waits for it on the device */
+    mt_dtype_t dt = mt_prec_storage(e->prec);
+    char *w = mt_gpt2_cuda_weights(e->g);
+    CU(cudaEventRecord(e->ready, e->cstream));
+    CU(cudaStreamWaitEvent(e->comm_stream, e->ready, 0));
+    MT_CHECK(mt_coll_all_gather(e->gcomm, w + (size_t)e->dp_rank * e->sh_len * mt_dtype_size(dt), w, e->sh_len,
+                                (mt_coll_dtype_t)dt, e->comm_stream, NULL));
+    e->sent_model += (double)e->sh_len * (double)mt_dtype_size(dt) * (double)(e->dp_size - 1);
+    CU(cudaEventRecord(e->comm_done, e->comm_stream));
+    CU(cudaStreamWaitEvent(e->cstream, e->comm_done, 0));
+    return mt_comm_get_async_error(e->gcomm);
 }
 
 static mt_status_t ce_reduce_loss(void *ctx, double *loss) {
@@ -446,51 +550,62 @@ static mt_status_t ce_reduce_loss(void *ctx, double *loss) {
     if (!e->lcomm) {
         return MT_OK;
     }
+    e->sent_other += 2.0 * sizeof(*loss) * dp_frac(e);
     return mt_coll_all_reduce(e->lcomm, loss, loss, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, NULL);
 }
 
-/* Every parameter and its AdamW moments, whole, staged in host memory: save copies the device state
- * there first (dp rank 0 writes; the replicas are equal), a load fills it and ce_ckpt_loaded uploads. */
+/* The step's bytes as counted at each call (dp_frac); nothing with dp = 1. */
+static void ce_comm_bytes(void *ctx, double *model, double *other) {
+    cuda_engine_t *e = ctx;
+    *model = e->sent_model;
+    *other = e->sent_other;
+}
+
+/* The parameters and their AdamW moments, staged in host memory: save copies the device state there first
+ * and lists what this rank writes (dp rank 0 everything, the replicas being equal; under ZeRO-1 every rank
+ * the weights and moments of its slice), a load lists what the rank holds (every weight, the moments of its
+ * slice) and ce_ckpt_loaded uploads them. */
 static mt_status_t ce_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **pieces, int *n) {
     cuda_engine_t *e = ctx;
     *pieces = NULL;
     *n = 0;
-    if (save && e->dp_rank != 0) {
+    if (save && e->dp_rank != 0 && !e->zero) {
         return MT_OK;
     }
+    size_t lo = e->sh_lo, hi = e->sh_hi;
     if (!e->h_m) {
-        e->h_m = mt_calloc(e->numel * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
-        e->h_v = mt_calloc(e->numel * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
+        e->h_m = mt_calloc(MT_MAX(hi - lo, 1) * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
+        e->h_v = mt_calloc(MT_MAX(hi - lo, 1) * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
         if (!e->h_m || !e->h_v) {
-            return mt_error(MT_ERR_OOM, "checkpoint: no host memory to stage %zu optimizer values", 2 * e->numel);
+            return mt_error(MT_ERR_OOM, "checkpoint: no host memory to stage %zu optimizer values", 2 * (hi - lo));
         }
     }
     float *params = mt_model_params_flat(e->model);
     if (save) {
         MT_CHECK(mt_gpt2_cuda_get_state(e->g, params, e->h_m, e->h_v));
     }
-    int np = mt_model_n_params(e->model), k = 0;
-    mt_ckpt_piece_t *out = calloc((size_t)(3 * np), sizeof(*out));
-    if (!out) {
-        return mt_error(MT_ERR_OOM, "checkpoint: out of memory listing %d parameters", np);
-    }
-    for (int i = 0; i < np; i++) {
+    mt_plist_t l = {0};
+    mt_status_t st = MT_OK;
+    for (int i = 0; i < mt_model_n_params(e->model) && st == MT_OK; i++) {
         const mt_param_t *p = mt_model_param(e->model, i);
-        float *bufs[3] = {params + p->offset, e->h_m + p->offset, e->h_v + p->offset};
-        const char *kinds[3] = {"param", "adamw.m", "adamw.v"};
-        for (int b = 0; b < 3; b++) {
-            mt_ckpt_piece_t *pc = &out[k++];
-            snprintf(pc->tensor, sizeof(pc->tensor), "%s/%s", kinds[b], p->name);
-            pc->ndim = p->ndim;
-            for (int dd = 0; dd < p->ndim; dd++) {
-                pc->shape[dd] = p->global_shape[dd];
-                pc->hi[dd] = p->global_shape[dd];
-            }
-            pc->data = bufs[b];
+        size_t a = MT_MAX(p->offset, lo) - p->offset, b = MT_MIN(p->offset + p->numel, hi);
+        b = b > p->offset ? b - p->offset : 0; /* [a, b): the slice's part of p */
+        /* the weights: the slice's part on save, whole on a load (the compute copy is whole) */
+        size_t wa = save ? a : 0, wb = save ? b : p->numel;
+        st = mt_plist_push_flat(&l, "param", p, 1, 0, wa, wb, params + p->offset + wa);
+        if (st == MT_OK && a < b) {
+            st = mt_plist_push_flat(&l, "adamw.m", p, 1, 0, a, b, e->h_m + (p->offset + a - lo));
+        }
+        if (st == MT_OK && a < b) {
+            st = mt_plist_push_flat(&l, "adamw.v", p, 1, 0, a, b, e->h_v + (p->offset + a - lo));
         }
     }
-    *pieces = out;
-    *n = k;
+    if (st != MT_OK) {
+        free(l.v);
+        return st;
+    }
+    *pieces = l.v;
+    *n = l.n;
     return MT_OK;
 }
 
@@ -564,6 +679,7 @@ static const mt_job_engine_t cuda_engine = {
     .peak_flops = ce_peak_flops,
     .loss_scaler = ce_loss_scaler,
     .device_mem = ce_device_mem,
+    .comm_bytes = ce_comm_bytes,
 };
 
 #else /* !MT_HAVE_CUDA */
