@@ -9,7 +9,9 @@
  *                                                  device memory, and energy per step where NVML is present
  *   gpu_bench attn  [-p bf16] [-B 8] [-T 1024] [-C 768] [-H 12] [-r 10]
  *                                                  the attention kernels against the plain version that
- *                                                  stores the T x T probabilities
+ *                                                  stores the T x T probabilities, and the flash kernels
+ *                                                  on the path selected (tensor cores for bf16/f16)
+ *                                                  against the same forced onto CUDA cores
  * Times are medians over the timed repetitions, measured with CUDA events on the compute stream.
  * SPDX-License-Identifier: MIT */
 #include <getopt.h>
@@ -241,11 +243,15 @@ static int cmd_attn(const opts_t *o) {
     cudaEvent_t e0, e1;
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
-    float *ms = malloc(sizeof(float) * (size_t)o->reps), t[3];
-    for (int which = 0; which < 3; which++) {
+    /* 0 flash forward, 1 plain forward, 2 flash backward, each on the path the library selects (tensor cores
+     * for bf16/f16 unless MESHTRAIN_ATTN_TC=0); 3, 4 the flash forward and backward forced onto CUDA cores */
+    int hs = o->C / o->H, tc_f = mt_cuda_attention_tc_path(dt, hs, 0), tc_b = mt_cuda_attention_tc_path(dt, hs, 1);
+    float *ms = malloc(sizeof(float) * (size_t)o->reps), t[5];
+    for (int which = 0; which < 5; which++) {
+        mt_cuda_attention_set_tc(which >= 3 ? 0 : -1);
         for (int k = -1; k < o->reps; k++) {
             CU(cudaEventRecord(e0, s));
-            if (which == 0) {
+            if (which == 0 || which == 3) {
                 CU(mt_cuda_attention_forward(out, lse, qkv, o->B, o->T, o->C, o->H, dt, s));
             } else if (which == 1) {
                 CU(mt_cuda_attention_plain_forward(out, att, lse, qkv, o->B, o->T, o->C, o->H, dt, s));
@@ -260,14 +266,20 @@ static int cmd_attn(const opts_t *o) {
         }
         t[which] = median(ms, o->reps);
     }
-    /* causal attention FLOPs: forward 2 products over the causal half, 2 * 2 * B*H*T*T/2 * hs */
-    double f_fwd = 2.0 * o->B * o->H * (double)o->T * o->T * (o->C / o->H);
-    printf("attention B=%d T=%d C=%d H=%d %s: flash forward %.3f ms (%.1f TFLOP/s), plain forward (stores %.0f MiB "
-           "of probabilities) %.3f ms, flash backward %.3f ms; plain/flash %.1fx\n",
-           o->B, o->T, o->C, o->H, mt_prec_name(o->prec), t[0], f_fwd / (t[0] * 1e-3) / 1e12, nl * o->T * 4 / 1048576.0,
-           t[1], t[2], t[1] / t[0]);
-    printf("RESULT attn prec=%s B=%d T=%d flash_fwd_ms=%.4f plain_fwd_ms=%.4f flash_bwd_ms=%.4f\n",
-           mt_prec_name(o->prec), o->B, o->T, t[0], t[1], t[2]);
+    mt_cuda_attention_set_tc(-1);
+    /* causal attention FLOPs: forward 2 products over the causal half, 2 * 2 * B*H*T*T/2 * hs; backward 5 */
+    double f_fwd = 2.0 * o->B * o->H * (double)o->T * o->T * hs, f_bwd = 2.5 * f_fwd;
+    printf("attention B=%d T=%d C=%d H=%d %s: flash forward (%s) %.3f ms (%.1f TFLOP/s), plain forward (stores %.0f "
+           "MiB of probabilities) %.3f ms, flash backward (%s) %.3f ms (%.1f TFLOP/s); plain/flash %.1fx\n",
+           o->B, o->T, o->C, o->H, mt_prec_name(o->prec), tc_f ? "tensor cores" : "CUDA cores", t[0],
+           f_fwd / (t[0] * 1e-3) / 1e12, nl * o->T * 4 / 1048576.0, t[1], tc_b ? "tensor cores" : "CUDA cores", t[2],
+           f_bwd / (t[2] * 1e-3) / 1e12, t[1] / t[0]);
+    printf("attention on CUDA cores (MESHTRAIN_ATTN_TC=0): forward %.3f ms (%.1f TFLOP/s), backward %.3f ms (%.1f "
+           "TFLOP/s)\n",
+           t[3], f_fwd / (t[3] * 1e-3) / 1e12, t[4], f_bwd / (t[4] * 1e-3) / 1e12);
+    printf("RESULT attn prec=%s B=%d T=%d tc_fwd=%d tc_bwd=%d flash_fwd_ms=%.4f plain_fwd_ms=%.4f flash_bwd_ms=%.4f "
+           "simt_fwd_ms=%.4f simt_bwd_ms=%.4f\n",
+           mt_prec_name(o->prec), o->B, o->T, tc_f, tc_b, t[0], t[1], t[2], t[3], t[4]);
     void *bufs[] = {qkv, out, dqkv, dout, lse, att, scr, h};
     for (size_t i = 0; i < MT_ARRAY_LEN(bufs); i++) {
         mt_dev_free(bufs[i]);

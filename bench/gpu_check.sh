@@ -121,7 +121,7 @@ run train-meshtrain-bf16 90 "$MT" train "$SRC/launch/configs/gpt2-124m.toml" --r
 # the bf16 step broken down by kernel category (a separate short run: the events slow the step slightly)
 run train-bf16-profile 60 "$BENCH" train -p bf16 -B "$B" -T 1024 -n 3 --profile
 
-# ---- attention: flash-style kernels against the plain version ----------------------------------------
+# ---- attention: flash-style kernels (tensor cores for bf16, and forced onto CUDA cores) against the plain version
 run attn 40 "$BENCH" attn -p bf16 -B 8 -T 1024 -C 768 -H 12 -r 10
 
 # ---- NCCL collective benchmark on the GPU (one rank) ------------------------------------------------
@@ -185,8 +185,14 @@ field() { # field FILE KEY: value of KEY=... on the RESULT line of FILE
     fi
     echo
     if grep -q '^RESULT attn' "$LOG/attn.log" 2>/dev/null; then
-        echo "attention bf16 B=8 T=1024 C=768 H=12: flash fwd $(field "$LOG/attn.log" flash_fwd_ms) ms," \
-            "plain fwd $(field "$LOG/attn.log" plain_fwd_ms) ms, flash bwd $(field "$LOG/attn.log" flash_bwd_ms) ms"
+        path() { [ "$(field "$LOG/attn.log" "$1")" = 1 ] && echo "tensor cores" || echo "CUDA cores"; }
+        echo "attention bf16 B=8 T=1024 C=768 H=12 (ms):"
+        printf "  %-46s %10s %10s\n" kernel forward backward
+        printf "  %-46s %10s %10s\n" "flash: fwd $(path tc_fwd), bwd $(path tc_bwd)" \
+            "$(field "$LOG/attn.log" flash_fwd_ms)" "$(field "$LOG/attn.log" flash_bwd_ms)"
+        printf "  %-46s %10s %10s\n" "flash on CUDA cores (ATTN_TC=0)" "$(field "$LOG/attn.log" simt_fwd_ms)" \
+            "$(field "$LOG/attn.log" simt_bwd_ms)"
+        printf "  %-46s %10s %10s\n" "plain (stores T x T)" "$(field "$LOG/attn.log" plain_fwd_ms)" "-"
     else
         echo "attention: FAILED (see $LOG/attn.log)"
     fi

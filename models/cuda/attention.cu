@@ -9,6 +9,12 @@
  * SPDX-License-Identifier: MIT */
 #include "models/cuda/cuda_impl.h"
 
+#include <mma.h>
+
+#include <atomic>
+#include <stdint.h>
+#include <type_traits>
+
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
@@ -346,6 +352,497 @@ static __global__ void attention_plain_forward_kernel(T *out, float *att, float 
     lse[r] = mx + logf(sum);
 }
 
+/* ================================= tensor-core forward (bf16, fp16) ================================= */
+
+/* The same online softmax with both products on tensor cores through the CUDA C++ warp matrix API
+ * (nvcuda::wmma, 16x16x16 fragments, f32 accumulation). A block owns BQ = 64 queries, 16 per warp; per key
+ * tile each warp computes its 16 x BK scores S = Q K^T into a private f32 shared-memory tile, then the two
+ * lanes of each row (lane pair 2r, 2r+1 owns row r) run the online-softmax update on it, write the
+ * probabilities P rounded to the storage type into a private shared tile, and the warp computes P V with
+ * wmma in chunks of OW output columns, stored to the f32 tile and added to the row's output accumulator,
+ * which the lane pair keeps in registers so each row can be rescaled by its own correction factor (the
+ * element layout of an accumulator fragment is unspecified, so per-row scaling goes through memory). Q is
+ * held in matrix_a fragments for the whole kernel. K and V tiles are staged in shared memory in the
+ * storage type with rows padded by 8 elements (16 bytes) against bank conflicts of the fragment loads.
+ * Head dimensions past hs and keys past T are zeros in shared memory; lse is the same natural-log
+ * log-sum-exp as the scalar kernel's, so the backward is shared. The probabilities are summed as rounded,
+ * so the output is exactly the P-weighted mean of V for the P that was multiplied. */
+template <int HSM> struct tc_cfg {
+    static constexpr int WARPS = 4;
+    static constexpr int THREADS = WARPS * 32;
+    static constexpr int BQ = WARPS * 16;             /* query rows per block */
+    static constexpr int BK = HSM <= 64 ? 64 : 32;    /* keys per shared-memory tile */
+    static constexpr int LDK = HSM + 8;               /* padded row of the Q/K/V tiles (storage elements) */
+    static constexpr int OW = HSM < 64 ? HSM : 64;    /* output columns per P V chunk */
+    static constexpr int SW = BK > OW ? BK : OW;      /* columns of the f32 scratch tile */
+    static constexpr int LDS = SW + 4;                /* its padded row (floats; wmma needs a multiple of 4) */
+    static constexpr int LDP = BK + 8;                /* padded row of the P tile (storage elements) */
+    static_assert(2 * BK >= BQ, "the Q tile is staged in the K/V buffer");
+    static_assert((BK & (BK - 1)) == 0 && (OW & (OW - 1)) == 0, "lane column rotation needs powers of two");
+};
+
+struct __align__(16) tc_vec8 { /* 8 storage elements of 2 bytes, one 16-byte access */
+    unsigned int w[4];
+};
+
+/* Copies rows [r0, r0 + n) of one of q/k/v (src: the head's first element of row 0, row stride C3) into
+ * dst (n x HSM, row stride LDK), zero past hs and past T. vec: 16-byte accesses (hs, C multiples of 8 and
+ * the tensor 16-byte aligned, checked by the launcher). */
+template <typename T, int HSM>
+__device__ __forceinline__ void tc_load_rows(T *dst, const T *src, int r0, int n, int T_, size_t C3, int hs,
+                                             bool vec) {
+    typedef tc_cfg<HSM> cfg;
+    if (vec) {
+        for (int idx = threadIdx.x; idx < n * (HSM / 8); idx += blockDim.x) {
+            int r = idx / (HSM / 8), d = (idx % (HSM / 8)) * 8, row = r0 + r;
+            tc_vec8 v = {{0u, 0u, 0u, 0u}};
+            if (row < T_ && d < hs) {
+                v = *(const tc_vec8 *)(src + (size_t)row * C3 + d);
+            }
+            *(tc_vec8 *)(dst + r * cfg::LDK + d) = v;
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < n * HSM; idx += blockDim.x) {
+            int r = idx / HSM, d = idx % HSM, row = r0 + r;
+            dst[r * cfg::LDK + d] = (row < T_ && d < hs) ? src[(size_t)row * C3 + d] : from_f32<T>(0.0f);
+        }
+    }
+}
+
+/* Column j of the W columns a lane of row r (half = lane & 1) handles: its parity's columns, rotated by two
+ * for rows 8..15 so that the 32 lanes of a warp hit 32 different banks at each j (row stride = 4 mod 32). */
+template <int W> __device__ __forceinline__ int tc_col(int j, int half, int r) {
+    return (2 * j + half + 2 * (r >> 3)) & (W - 1);
+}
+
+template <typename T, int HSM>
+static __global__ void __launch_bounds__(tc_cfg<HSM>::THREADS)
+    attention_forward_tc_kernel(T *out, float *lse, const T *qkv, int T_, int C, int NH, int hs, float scale2,
+                                int vec) {
+    using namespace nvcuda;
+    typedef tc_cfg<HSM> cfg;
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> frag_a;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> frag_bt; /* K^T from K rows */
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> frag_b;
+    typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
+    __shared__ __align__(128) T KVs[2 * cfg::BK * cfg::LDK];
+    __shared__ __align__(128) float Ss[cfg::WARPS * 16 * cfg::LDS];
+    __shared__ __align__(128) T Ps[cfg::WARPS * 16 * cfg::LDP];
+    T *Ks = KVs, *Vs = KVs + cfg::BK * cfg::LDK;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int qb = (int)(gridDim.x - 1 - blockIdx.x); /* the longest (last) query blocks start first */
+    int b = blockIdx.z, h = blockIdx.y, q0 = qb * cfg::BQ, w0 = q0 + warp * 16;
+    size_t C3 = 3 * (size_t)C;
+    const T *base = qkv + (size_t)b * T_ * C3 + (size_t)h * hs;
+    float *Sw = Ss + warp * 16 * cfg::LDS;
+    T *Pw = Ps + warp * 16 * cfg::LDP;
+
+    /* Q: staged through the K/V buffer into fragments kept for the whole kernel */
+    tc_load_rows<T, HSM>(KVs, base, q0, cfg::BQ, T_, C3, hs, vec != 0);
+    __syncthreads();
+    frag_a qf[HSM / 16];
+#pragma unroll
+    for (int kk = 0; kk < HSM / 16; kk++) {
+        wmma::load_matrix_sync(qf[kk], KVs + warp * 16 * cfg::LDK + kk * 16, cfg::LDK);
+    }
+
+    int r = lane >> 1, half = lane & 1, i = w0 + r;
+    float m = -INFINITY, l = 0.0f, o[HSM / 2];
+#pragma unroll
+    for (int j = 0; j < HSM / 2; j++) {
+        o[j] = 0.0f;
+    }
+    int kend = min(T_, q0 + cfg::BQ);
+    for (int k0 = 0; k0 < kend; k0 += cfg::BK) {
+        __syncthreads(); /* the previous tile (or the Q staging) is no longer read */
+        tc_load_rows<T, HSM>(Ks, base + C, k0, cfg::BK, T_, C3, hs, vec != 0);
+        tc_load_rows<T, HSM>(Vs, base + 2 * (size_t)C, k0, cfg::BK, T_, C3, hs, vec != 0);
+        __syncthreads();
+        if (w0 + 15 < k0) {
+            continue; /* every row of this warp is before the tile (causal); warp-uniform */
+        }
+        /* S = Q K^T (16 x BK) */
+#pragma unroll
+        for (int n = 0; n < cfg::BK / 16; n++) {
+            frag_c sf;
+            wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < HSM / 16; kk++) {
+                frag_bt kf;
+                wmma::load_matrix_sync(kf, Ks + n * 16 * cfg::LDK + kk * 16, cfg::LDK);
+                wmma::mma_sync(sf, qf[kk], kf, sf);
+            }
+            wmma::store_matrix_sync(Sw + n * 16, sf, cfg::LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+        /* online softmax of row r over this tile, in base 2; keys after i or past T are masked */
+        constexpr int NJ = cfg::BK / 2;
+        float s[NJ], mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            int c = tc_col<cfg::BK>(j, half, r), key = k0 + c;
+            s[j] = (key <= i && key < T_) ? Sw[r * cfg::LDS + c] * scale2 : -INFINITY;
+            mx = fmaxf(mx, s[j]);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        float mn = fmaxf(m, mx); /* finite: the first tile holds key 0 <= i for every row */
+        float corr = exp2f(m - mn), ls = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            T p = from_f32<T>(exp2f(s[j] - mn));
+            Pw[r * cfg::LDP + tc_col<cfg::BK>(j, half, r)] = p;
+            ls += to_f32(p);
+        }
+        ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+        l = l * corr + ls;
+        m = mn;
+        __syncwarp(); /* P written and S read by every lane before P V reuses Sw */
+        /* O = O corr + P V, OW output columns at a time */
+#pragma unroll
+        for (int c0 = 0; c0 < HSM; c0 += cfg::OW) {
+            frag_c of[cfg::OW / 16];
+#pragma unroll
+            for (int n = 0; n < cfg::OW / 16; n++) {
+                wmma::fill_fragment(of[n], 0.0f);
+            }
+#pragma unroll
+            for (int kk = 0; kk < cfg::BK / 16; kk++) {
+                frag_a pf;
+                wmma::load_matrix_sync(pf, Pw + kk * 16, cfg::LDP);
+#pragma unroll
+                for (int n = 0; n < cfg::OW / 16; n++) {
+                    frag_b vf;
+                    wmma::load_matrix_sync(vf, Vs + kk * 16 * cfg::LDK + c0 + n * 16, cfg::LDK);
+                    wmma::mma_sync(of[n], pf, vf, of[n]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < cfg::OW / 16; n++) {
+                wmma::store_matrix_sync(Sw + n * 16, of[n], cfg::LDS, wmma::mem_row_major);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < cfg::OW / 2; j++) {
+                o[c0 / 2 + j] = o[c0 / 2 + j] * corr + Sw[r * cfg::LDS + tc_col<cfg::OW>(j, half, r)];
+            }
+            __syncwarp(); /* the chunk is read before the next store to Sw */
+        }
+    }
+    /* out = O / l through Sw, so the warp writes each row's columns contiguously */
+    float inv = 1.0f / l;
+    T *ob = out + (size_t)b * T_ * C + (size_t)h * hs;
+#pragma unroll
+    for (int c0 = 0; c0 < HSM; c0 += cfg::OW) {
+#pragma unroll
+        for (int j = 0; j < cfg::OW / 2; j++) {
+            Sw[r * cfg::LDS + tc_col<cfg::OW>(j, half, r)] = o[c0 / 2 + j] * inv;
+        }
+        __syncwarp();
+        for (int idx = lane; idx < 16 * cfg::OW; idx += 32) {
+            int rr = idx / cfg::OW, d = c0 + idx % cfg::OW;
+            if (w0 + rr < T_ && d < hs) {
+                ob[(size_t)(w0 + rr) * C + d] = from_f32<T>(Sw[rr * cfg::LDS + idx % cfg::OW]);
+            }
+        }
+        __syncwarp();
+    }
+    if (half == 0 && i < T_) {
+        lse[((size_t)b * NH + h) * T_ + i] = (m + log2f(l)) * LN2;
+    }
+}
+
+/* ================================ tensor-core backward (bf16, fp16) ================================ */
+
+/* The backward of the scalar kernels' contract (probabilities recomputed from lse, D_i = dO_i . O_i from
+ * attention_backward_d_kernel, each gradient row owned by one block, no atomics) with the four products on
+ * tensor cores. Per streamed tile a warp computes a 16 x 64 block of scores into its private f32 tile,
+ * the lane pair of each row turns it into probabilities (kept in registers), then the next product into the
+ * same tile gives dP, and dS = P (dP - D) scale; P and dS are written back over the f32 tile in the
+ * storage type (row stride 2 * LDS elements; each lane reads all of its values before any lane writes,
+ * separated by __syncwarp) to feed the next wmma products. The gradient accumulators never need per-row
+ * rescaling, so they stay in accumulator fragments for the whole kernel and are added into dqkv once at
+ * the end through the f32 tile. Head sizes up to 64 (with 128 the register budget of the fragments
+ * held for the whole kernel would spill); larger head sizes keep the CUDA-core backward. */
+template <int HSM> struct tcb_cfg {
+    static_assert(HSM <= 64, "the tensor-core backward is for head sizes up to 64");
+    static constexpr int WARPS = 4;
+    static constexpr int THREADS = WARPS * 32;
+    static constexpr int ROWS = WARPS * 16; /* gradient rows (keys or queries) owned per block */
+    static constexpr int BT = 64;           /* rows of the streamed tile (queries or keys) */
+    static constexpr int LDK = tc_cfg<HSM>::LDK;
+    static constexpr int LDS = (BT > HSM ? BT : HSM) + 4; /* the f32 tile's row (floats) */
+    static constexpr int LDT = 2 * LDS;                   /* the same row as storage elements */
+};
+
+/* dst[(w0 + rr) * ld + d] += acc (16 x HSM) for rows < T and d < hs, through the warp's f32 tile Sw. */
+template <typename T, int HSM>
+__device__ __forceinline__ void tcb_add_rows(T *dst, nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16,
+                                                                           float> (&acc)[HSM / 16],
+                                             float *Sw, int w0, int T_, size_t ld, int hs, int lane) {
+    typedef tcb_cfg<HSM> cfg;
+#pragma unroll
+    for (int n = 0; n < HSM / 16; n++) {
+        nvcuda::wmma::store_matrix_sync(Sw + n * 16, acc[n], cfg::LDS, nvcuda::wmma::mem_row_major);
+    }
+    __syncwarp();
+    for (int idx = lane; idx < 16 * HSM; idx += 32) {
+        int rr = idx / HSM, d = idx % HSM;
+        if (w0 + rr < T_ && d < hs) {
+            T *p = dst + (size_t)(w0 + rr) * ld + d;
+            *p = from_f32<T>(to_f32(*p) + Sw[rr * cfg::LDS + d]);
+        }
+    }
+    __syncwarp();
+}
+
+/* dK, dV of a block's 64 keys (16 per warp), over the query tiles i0 >= k0:
+ *   S^T = K Q^T,  P^T = exp2(S^T scale2 - lse2_i) (j <= i < T),  dV += P^T dO,  dP^T = V dO^T,
+ *   dS^T = P^T (dP^T - D_i) scale,  dK += dS^T Q. K and V stay in matrix_a fragments. */
+/* (At least 3 blocks per SM: without the bound nvcc takes 255 registers, leaving room for 2; with it 168.) */
+template <typename T, int HSM>
+static __global__ void __launch_bounds__(tcb_cfg<HSM>::THREADS, 3)
+    attention_backward_dkv_tc_kernel(T *dqkv, const T *qkv, const T *dout, const float *lse, const float *Dv, int T_,
+                                     int C, int NH, int hs, float scale, int vec) {
+    using namespace nvcuda;
+    typedef tcb_cfg<HSM> cfg;
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> frag_a;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> frag_bt;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> frag_b;
+    typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
+    __shared__ __align__(128) T Qs[cfg::BT * cfg::LDK], dOs[cfg::BT * cfg::LDK];
+    __shared__ __align__(128) float Ss[cfg::WARPS * 16 * cfg::LDS];
+    __shared__ float Ls[cfg::BT], Ds[cfg::BT];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * cfg::ROWS, w0 = k0 + warp * 16; /* first blocks: most work */
+    size_t C3 = 3 * (size_t)C;
+    const T *base = qkv + (size_t)b * T_ * C3 + (size_t)h * hs;
+    const T *dob = dout + (size_t)b * T_ * C + (size_t)h * hs;
+    const float *lrow = lse + ((size_t)b * NH + h) * T_, *drow = Dv + ((size_t)b * NH + h) * T_;
+    float *Sw = Ss + warp * 16 * cfg::LDS;
+    T *Pw = (T *)Sw;
+    float scale2 = scale * LOG2E;
+
+    /* the block's K and V rows, staged through the Q/dO buffers into fragments */
+    tc_load_rows<T, HSM>(Qs, base + C, k0, cfg::ROWS, T_, C3, hs, vec != 0);
+    tc_load_rows<T, HSM>(dOs, base + 2 * (size_t)C, k0, cfg::ROWS, T_, C3, hs, vec != 0);
+    __syncthreads();
+    frag_a kf[HSM / 16], vf[HSM / 16];
+    frag_c dk[HSM / 16], dv[HSM / 16];
+#pragma unroll
+    for (int kk = 0; kk < HSM / 16; kk++) {
+        wmma::load_matrix_sync(kf[kk], Qs + warp * 16 * cfg::LDK + kk * 16, cfg::LDK);
+        wmma::load_matrix_sync(vf[kk], dOs + warp * 16 * cfg::LDK + kk * 16, cfg::LDK);
+        wmma::fill_fragment(dk[kk], 0.0f);
+        wmma::fill_fragment(dv[kk], 0.0f);
+    }
+    int r = lane >> 1, half = lane & 1, j = w0 + r;
+    for (int i0 = k0; i0 < T_; i0 += cfg::BT) {
+        __syncthreads(); /* the previous tile (or the K/V staging) is no longer read */
+        tc_load_rows<T, HSM>(Qs, base, i0, cfg::BT, T_, C3, hs, vec != 0);
+        tc_load_rows<T, HSM>(dOs, dob, i0, cfg::BT, T_, (size_t)C, hs, vec != 0);
+        for (int t = threadIdx.x; t < cfg::BT; t += blockDim.x) {
+            Ls[t] = i0 + t < T_ ? lrow[i0 + t] * LOG2E : 0.0f;
+            Ds[t] = i0 + t < T_ ? drow[i0 + t] : 0.0f;
+        }
+        __syncthreads();
+        if (w0 > i0 + cfg::BT - 1) {
+            continue; /* every key of this warp is after the tile's queries; warp-uniform */
+        }
+        /* S^T = K Q^T (16 keys x BT queries) */
+#pragma unroll
+        for (int n = 0; n < cfg::BT / 16; n++) {
+            frag_c sf;
+            wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < HSM / 16; kk++) {
+                frag_bt qb;
+                wmma::load_matrix_sync(qb, Qs + n * 16 * cfg::LDK + kk * 16, cfg::LDK);
+                wmma::mma_sync(sf, kf[kk], qb, sf);
+            }
+            wmma::store_matrix_sync(Sw + n * 16, sf, cfg::LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+        constexpr int NJ = cfg::BT / 2;
+        float p[NJ];
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++) {
+            int c = tc_col<cfg::BT>(jj, half, r), i = i0 + c;
+            p[jj] = (j <= i && i < T_ && j < T_) ? exp2f(Sw[r * cfg::LDS + c] * scale2 - Ls[c]) : 0.0f;
+        }
+        __syncwarp(); /* every lane has read its scores before P overwrites the tile */
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++) {
+            Pw[r * cfg::LDT + tc_col<cfg::BT>(jj, half, r)] = from_f32<T>(p[jj]);
+        }
+        __syncwarp();
+        /* dV += P^T dO */
+#pragma unroll
+        for (int kk = 0; kk < cfg::BT / 16; kk++) {
+            frag_a pa;
+            wmma::load_matrix_sync(pa, Pw + kk * 16, cfg::LDT);
+#pragma unroll
+            for (int n = 0; n < HSM / 16; n++) {
+                frag_b ob;
+                wmma::load_matrix_sync(ob, dOs + kk * 16 * cfg::LDK + n * 16, cfg::LDK);
+                wmma::mma_sync(dv[n], pa, ob, dv[n]);
+            }
+        }
+        __syncwarp(); /* P is loaded before dP^T overwrites the tile */
+        /* dP^T = V dO^T */
+#pragma unroll
+        for (int n = 0; n < cfg::BT / 16; n++) {
+            frag_c sf;
+            wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < HSM / 16; kk++) {
+                frag_bt ob;
+                wmma::load_matrix_sync(ob, dOs + n * 16 * cfg::LDK + kk * 16, cfg::LDK);
+                wmma::mma_sync(sf, vf[kk], ob, sf);
+            }
+            wmma::store_matrix_sync(Sw + n * 16, sf, cfg::LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++) {
+            int c = tc_col<cfg::BT>(jj, half, r);
+            p[jj] = p[jj] * (Sw[r * cfg::LDS + c] - Ds[c]) * scale;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++) {
+            Pw[r * cfg::LDT + tc_col<cfg::BT>(jj, half, r)] = from_f32<T>(p[jj]);
+        }
+        __syncwarp();
+        /* dK += dS^T Q */
+#pragma unroll
+        for (int kk = 0; kk < cfg::BT / 16; kk++) {
+            frag_a sa;
+            wmma::load_matrix_sync(sa, Pw + kk * 16, cfg::LDT);
+#pragma unroll
+            for (int n = 0; n < HSM / 16; n++) {
+                frag_b qb;
+                wmma::load_matrix_sync(qb, Qs + kk * 16 * cfg::LDK + n * 16, cfg::LDK);
+                wmma::mma_sync(dk[n], sa, qb, dk[n]);
+            }
+        }
+        __syncwarp(); /* dS is loaded before the next tile's scores overwrite it */
+    }
+    T *db = dqkv + (size_t)b * T_ * C3 + (size_t)h * hs;
+    tcb_add_rows<T, HSM>(db + C, dk, Sw, w0, T_, C3, hs, lane);
+    tcb_add_rows<T, HSM>(db + 2 * (size_t)C, dv, Sw, w0, T_, C3, hs, lane);
+}
+
+/* dQ of a block's 64 queries (16 per warp), over the key tiles k0 <= the block's last query:
+ *   S = Q K^T,  P = exp2(S scale2 - lse2_i),  dP = dO V^T,  dS = P (dP - D_i) scale,  dQ += dS K.
+ * Q and dO stay in matrix_a fragments. */
+template <typename T, int HSM>
+static __global__ void __launch_bounds__(tcb_cfg<HSM>::THREADS)
+    attention_backward_dq_tc_kernel(T *dqkv, const T *qkv, const T *dout, const float *lse, const float *Dv, int T_,
+                                    int C, int NH, int hs, float scale, int vec) {
+    using namespace nvcuda;
+    typedef tcb_cfg<HSM> cfg;
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> frag_a;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> frag_bt;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> frag_b;
+    typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
+    __shared__ __align__(128) T Ks[cfg::BT * cfg::LDK], Vs[cfg::BT * cfg::LDK];
+    __shared__ __align__(128) float Ss[cfg::WARPS * 16 * cfg::LDS];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int qb = (int)(gridDim.x - 1 - blockIdx.x); /* the longest (last) query blocks start first */
+    int b = blockIdx.z, h = blockIdx.y, q0 = qb * cfg::ROWS, w0 = q0 + warp * 16;
+    size_t C3 = 3 * (size_t)C;
+    const T *base = qkv + (size_t)b * T_ * C3 + (size_t)h * hs;
+    const T *dob = dout + (size_t)b * T_ * C + (size_t)h * hs;
+    float *Sw = Ss + warp * 16 * cfg::LDS;
+    T *Pw = (T *)Sw;
+    float scale2 = scale * LOG2E;
+
+    tc_load_rows<T, HSM>(Ks, base, q0, cfg::ROWS, T_, C3, hs, vec != 0);
+    tc_load_rows<T, HSM>(Vs, dob, q0, cfg::ROWS, T_, (size_t)C, hs, vec != 0);
+    __syncthreads();
+    frag_a qf[HSM / 16], of[HSM / 16];
+    frag_c dq[HSM / 16];
+#pragma unroll
+    for (int kk = 0; kk < HSM / 16; kk++) {
+        wmma::load_matrix_sync(qf[kk], Ks + warp * 16 * cfg::LDK + kk * 16, cfg::LDK);
+        wmma::load_matrix_sync(of[kk], Vs + warp * 16 * cfg::LDK + kk * 16, cfg::LDK);
+        wmma::fill_fragment(dq[kk], 0.0f);
+    }
+    int r = lane >> 1, half = lane & 1, i = w0 + r;
+    float L2 = i < T_ ? lse[((size_t)b * NH + h) * T_ + i] * LOG2E : 0.0f;
+    float Di = i < T_ ? Dv[((size_t)b * NH + h) * T_ + i] : 0.0f;
+    int kend = min(T_, q0 + cfg::ROWS);
+    for (int k0 = 0; k0 < kend; k0 += cfg::BT) {
+        __syncthreads();
+        tc_load_rows<T, HSM>(Ks, base + C, k0, cfg::BT, T_, C3, hs, vec != 0);
+        tc_load_rows<T, HSM>(Vs, base + 2 * (size_t)C, k0, cfg::BT, T_, C3, hs, vec != 0);
+        __syncthreads();
+        if (w0 + 15 < k0) {
+            continue; /* every row of this warp is before the tile (causal); warp-uniform */
+        }
+        /* S = Q K^T */
+#pragma unroll
+        for (int n = 0; n < cfg::BT / 16; n++) {
+            frag_c sf;
+            wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < HSM / 16; kk++) {
+                frag_bt kb;
+                wmma::load_matrix_sync(kb, Ks + n * 16 * cfg::LDK + kk * 16, cfg::LDK);
+                wmma::mma_sync(sf, qf[kk], kb, sf);
+            }
+            wmma::store_matrix_sync(Sw + n * 16, sf, cfg::LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+        constexpr int NJ = cfg::BT / 2;
+        float p[NJ];
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++) {
+            int c = tc_col<cfg::BT>(jj, half, r), key = k0 + c;
+            p[jj] = (key <= i && key < T_ && i < T_) ? exp2f(Sw[r * cfg::LDS + c] * scale2 - L2) : 0.0f;
+        }
+        __syncwarp(); /* the scores are read before dP overwrites the tile */
+        /* dP = dO V^T */
+#pragma unroll
+        for (int n = 0; n < cfg::BT / 16; n++) {
+            frag_c sf;
+            wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < HSM / 16; kk++) {
+                frag_bt vb;
+                wmma::load_matrix_sync(vb, Vs + n * 16 * cfg::LDK + kk * 16, cfg::LDK);
+                wmma::mma_sync(sf, of[kk], vb, sf);
+            }
+            wmma::store_matrix_sync(Sw + n * 16, sf, cfg::LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++) {
+            p[jj] = p[jj] * (Sw[r * cfg::LDS + tc_col<cfg::BT>(jj, half, r)] - Di) * scale;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++) {
+            Pw[r * cfg::LDT + tc_col<cfg::BT>(jj, half, r)] = from_f32<T>(p[jj]);
+        }
+        __syncwarp();
+        /* dQ += dS K */
+#pragma unroll
+        for (int kk = 0; kk < cfg::BT / 16; kk++) {
+            frag_a sa;
+            wmma::load_matrix_sync(sa, Pw + kk * 16, cfg::LDT);
+#pragma unroll
+            for (int n = 0; n < HSM / 16; n++) {
+                frag_b kb;
+                wmma::load_matrix_sync(kb, Ks + kk * 16 * cfg::LDK + n * 16, cfg::LDK);
+                wmma::mma_sync(dq[n], sa, kb, dq[n]);
+            }
+        }
+        __syncwarp(); /* dS is loaded before the next tile's scores overwrite it */
+    }
+    tcb_add_rows<T, HSM>(dqkv + (size_t)b * T_ * C3 + (size_t)h * hs, dq, Sw, w0, T_, C3, hs, lane);
+}
+
 /* ======================================== launchers ======================================== */
 
 #define ATTN_DISPATCH_HS(hs, HSM, ...)                                                                                 \
@@ -367,6 +864,59 @@ static void attn_check(const void *qkv, int B, int T, int C, int NH) {
     MT_CU_CHECK_SHAPE(C / NH <= 128);
 }
 
+static std::atomic<int> attn_tc_force(-1);
+static std::atomic<unsigned long> attn_tc_count[2];
+
+extern "C" void mt_cuda_attention_set_tc(int mode) {
+    attn_tc_force.store(mode < 0 ? -1 : mode != 0);
+}
+
+extern "C" int mt_cuda_attention_tc_path(int dt, int hs, int backward) {
+    int force = attn_tc_force.load();
+    bool on = force >= 0 ? force != 0 : mt_cuda_attn_tc_param() != 0;
+    return on && (dt == MT_CU_BF16 || dt == MT_CU_F16) && hs > 0 && hs % 16 == 0 && hs <= (backward ? 64 : 128);
+}
+
+extern "C" unsigned long mt_cuda_attention_tc_launches(int backward) {
+    return attn_tc_count[backward ? 1 : 0].load();
+}
+
+template <typename E>
+static void attention_forward_tc(E *out, float *lse, const E *qkv, int B, int T, int C, int NH, cudaStream_t s) {
+    int hs = C / NH;
+    float scale2 = LOG2E / sqrtf((float)hs);
+    int vec = C % 8 == 0 && hs % 8 == 0 && (uintptr_t)qkv % 16 == 0;
+    ATTN_DISPATCH_HS(hs, HSM, {
+        typedef tc_cfg<HSM> cfg;
+        dim3 g((unsigned)((T + cfg::BQ - 1) / cfg::BQ), (unsigned)NH, (unsigned)B);
+        attention_forward_tc_kernel<E, HSM><<<g, cfg::THREADS, 0, s>>>(out, lse, qkv, T, C, NH, hs, scale2, vec);
+    });
+    attn_tc_count[0].fetch_add(1);
+}
+
+template <typename E>
+static void attention_backward_tc(E *dqkv, const E *dout, const E *qkv, const float *lse, const float *Dv, int B, int T,
+                                  int C, int NH, cudaStream_t s) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    int vec = C % 8 == 0 && hs % 8 == 0 && (uintptr_t)qkv % 16 == 0 && (uintptr_t)dout % 16 == 0;
+    auto launch = [&](auto hsm) {
+        constexpr int HSM = decltype(hsm)::value;
+        typedef tcb_cfg<HSM> cfg;
+        dim3 g((unsigned)((T + cfg::ROWS - 1) / cfg::ROWS), (unsigned)NH, (unsigned)B);
+        attention_backward_dkv_tc_kernel<E, HSM><<<g, cfg::THREADS, 0, s>>>(dqkv, qkv, dout, lse, Dv, T, C, NH, hs,
+                                                                            scale, vec);
+        attention_backward_dq_tc_kernel<E, HSM><<<g, cfg::THREADS, 0, s>>>(dqkv, qkv, dout, lse, Dv, T, C, NH, hs,
+                                                                           scale, vec);
+    };
+    if (hs <= 32) {
+        launch(std::integral_constant<int, 32>());
+    } else {
+        launch(std::integral_constant<int, 64>());
+    }
+    attn_tc_count[1].fetch_add(1);
+}
+
 extern "C" cudaError_t mt_cuda_attention_forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH,
                                                  int dt, void *stream) {
     attn_check(qkv, B, T, C, NH);
@@ -374,6 +924,14 @@ extern "C" cudaError_t mt_cuda_attention_forward(void *out, float *lse, const vo
     int hs = C / NH;
     float scale2 = LOG2E / sqrtf((float)hs);
     cudaStream_t s = (cudaStream_t)stream;
+    if (mt_cuda_attention_tc_path(dt, hs, 0)) {
+        if (dt == MT_CU_BF16) {
+            attention_forward_tc<bf16_t>((bf16_t *)out, lse, (const bf16_t *)qkv, B, T, C, NH, s);
+        } else {
+            attention_forward_tc<f16_t>((f16_t *)out, lse, (const f16_t *)qkv, B, T, C, NH, s);
+        }
+        return cudaGetLastError();
+    }
     dim3 grid((unsigned)((T + 63) / 64), (unsigned)NH, (unsigned)B);
     MT_CU_DISPATCH(dt, E,
                    ATTN_DISPATCH_HS(hs, HSM,
@@ -398,6 +956,16 @@ extern "C" cudaError_t mt_cuda_attention_backward(void *dqkv, const void *dout, 
     MT_CU_DISPATCH(dt, E,
                    attention_backward_d_kernel<E>
                    <<<mt_cu_blocks(rows, 256), 256, 0, s>>>(scratch, (const E *)dout, (const E *)out, B, T, C, NH, hs));
+    if (mt_cuda_attention_tc_path(dt, hs, 1)) {
+        if (dt == MT_CU_BF16) {
+            attention_backward_tc<bf16_t>((bf16_t *)dqkv, (const bf16_t *)dout, (const bf16_t *)qkv, lse, scratch, B, T,
+                                          C, NH, s);
+        } else {
+            attention_backward_tc<f16_t>((f16_t *)dqkv, (const f16_t *)dout, (const f16_t *)qkv, lse, scratch, B, T, C,
+                                         NH, s);
+        }
+        return cudaGetLastError();
+    }
     MT_CU_DISPATCH(dt, E, ATTN_DISPATCH_HS(hs, HSM, {
                        typedef attn_cfg<HSM> cfg;
                        dim3 g((unsigned)((T + cfg::ROWS - 1) / cfg::ROWS), (unsigned)NH, (unsigned)B);

@@ -16,6 +16,13 @@ mt_status_t mt_cuda_status(cudaError_t e, const char *what) {
                     cudaGetErrorString(e), detail[0] ? "; " : "", detail);
 }
 
+/* MESHTRAIN_ATTN_TC: 0 keeps the bf16/f16 attention forward on CUDA cores (to compare against the tensor-core
+ * kernel); read here because MT_PARAM is C11 and the .cu files are C++. */
+MT_PARAM(attn_tc, "ATTN_TC", 1)
+int mt_cuda_attn_tc_param(void) {
+    return mt_param_attn_tc() != 0;
+}
+
 void mt_cuda_assert_fail(const char *file, int line, const char *cond) {
     mt_abort_impl(file, line, "CUDA launcher shape check failed: %s", cond);
 }

@@ -134,6 +134,19 @@ cudaError_t mt_cuda_attention_forward(void *out, float *lse, const void *qkv, in
 size_t mt_cuda_attention_scratch_floats(int B, int T, int NH);
 cudaError_t mt_cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
                                        int B, int T, int C, int NH, int dt, float *scratch, void *stream);
+/* Tensor cores: for storage dtypes bf16 and f16, with MESHTRAIN_ATTN_TC not 0, the forward runs a WMMA kernel
+ * (f32 accumulation) when the head size is a multiple of 16 up to 128, and the backward WMMA kernels when it
+ * is a multiple of 16 up to 64; otherwise each pass runs on CUDA cores (f32). The lse contract is the same,
+ * so either forward pairs with either backward. mt_cuda_attention_tc_path says which kernel the forward
+ * (backward = 0) or the backward (1) for (dt, head size hs) gets now: 1 tensor cores, 0 CUDA cores.
+ * mt_cuda_attention_set_tc(mode) overrides the knob for the process (tests, benchmarks): 1 on, 0 off, -1
+ * back to MESHTRAIN_ATTN_TC; ineligible dtypes and head sizes stay on CUDA cores. mt_cuda_attention_tc_launches
+ * counts the forward (0) or backward (1) calls that ran the tensor-core kernels (process-wide).
+ * mt_cuda_attn_tc_param is the knob's value (cuda_backend.c, read once). */
+int mt_cuda_attention_tc_path(int dt, int hs, int backward);
+void mt_cuda_attention_set_tc(int mode);
+unsigned long mt_cuda_attention_tc_launches(int backward);
+int mt_cuda_attn_tc_param(void);
 /* The plain version for comparison (tests, bench/): stores the probabilities att (B,NH,T,T, f32), one
  * thread per query row. Same out and lse. */
 cudaError_t mt_cuda_attention_plain_forward(void *out, float *att, float *lse, const void *qkv, int B, int T, int C,

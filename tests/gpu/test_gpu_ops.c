@@ -6,7 +6,8 @@
  *   tf32 products 1e-2 (10-bit mantissa inputs), bf16 3e-2 (8-bit mantissa storage of outputs and of the
  *   intermediates the kernels keep), f16 5e-3 (11-bit mantissa),
  * plus exact checks where the math is exact (conversions, the skip flag, counts).
- * Usage: test_gpu_ops [family]  (matmul layernorm elementwise embedding attention softmax_ce adamw reduce);
+ * Usage: test_gpu_ops [family]  (matmul layernorm elementwise embedding attention attention_tc attention_knob
+ * softmax_ce adamw reduce; without one, all but attention_knob, which sets MESHTRAIN_ATTN_TC for the process);
  * exits 77 printing "skipped: no CUDA device" without a device.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
@@ -362,6 +363,130 @@ static void test_attention(void) {
     }
 }
 
+/* The tensor-core kernels (bf16/f16; forward for head sizes that are multiples of 16 up to 128, backward up to
+ * 64) against the CPU and against the CUDA-core kernels on the same inputs, with mt_cuda_attention_set_tc
+ * forcing each path and the launch counters showing which one ran. T = 70 is not a multiple of the 64-row
+ * blocks nor of the key tiles (64 keys for head sizes 32/64, 32 for 128). Tolerances (relative to
+ * max |reference|), tighter than the file's generic ones because these cases are small and fixed: out and
+ * dqkv bf16 1.5e-2, f16 2.5e-3 (outputs are stored in the dtype, whose rounding alone is up to 2^-9 resp.
+ * 2^-12 of the largest value, and P and dS are rounded to it before their products); lse 2e-3 for both
+ * (scores are f32 sums of products of the stored inputs; lse moves only by the rounding of the summed
+ * probabilities); the two device paths against each other at the same tolerances. */
+static void attn_tc_case(int B, int T, int C, int NH, int dt, bool misalign) {
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    int hs = C / NH;
+    double tol = dt == MT_CU_BF16 ? 1.5e-2 : 2.5e-3, tol_lse = 2e-3, tol_bwd = tol;
+    char what[96];
+    float *scratch = malloc(mt_attention_scratch_floats(T) * 4);
+    float *qkv = hrand(nqkv, 1.5f, dt), *out = malloc(nout * 4), *lse = malloc(nl * 4), *att = malloc(nl * T * 4);
+    mt_attention_forward(out, att, lse, qkv, B, T, C, NH, scratch);
+    float *dy = hrand(nout, 1, dt), *dq0 = hrand(nqkv, 1, dt), *dq = hcopy(dq0, nqkv);
+    mt_attention_backward(dq, dy, qkv, NULL, lse, B, T, C, NH, scratch);
+    /* misalign: qkv one element past a 16-byte boundary, so the kernels take their element-wise loads */
+    float *qkv1 = malloc((nqkv + 1) * 4);
+    qkv1[0] = 0.0f;
+    memcpy(qkv1 + 1, qkv, nqkv * 4);
+    void *d_buf = misalign ? dup_dt(qkv1, nqkv + 1, dt) : dup_dt(qkv, nqkv, dt), *d_out = NULL, *d_lse = NULL;
+    void *d_qkv = misalign ? (char *)d_buf + 2 : d_buf, *d_dy = dup_dt(dy, nout, dt), *d_scr = NULL;
+    CHECK_OK(mt_dev_malloc(&d_out, nout * 2, MT_MEM_ACTIVATIONS, "t", NULL));
+    CHECK_OK(mt_dev_malloc(&d_lse, nl * 4, MT_MEM_ACTIVATIONS, "t", NULL));
+    CHECK_OK(mt_dev_malloc(&d_scr, mt_cuda_attention_scratch_floats(B, T, NH) * 4, MT_MEM_OTHER, "t", NULL));
+    float *g[2], *gl[2], *gd[2];
+    const char *path[2] = {"cuda-core", "tensor-core"};
+    for (int tc = 1; tc >= 0; tc--) {
+        mt_cuda_attention_set_tc(tc);
+        int tc_bwd = tc && hs <= 64;
+        CHECK(mt_cuda_attention_tc_path(dt, hs, 0) == tc && mt_cuda_attention_tc_path(dt, hs, 1) == tc_bwd,
+              "%s hs=%d: forced %d selects forward %d, backward %d", dt_name(dt), hs, tc, tc, tc_bwd);
+        unsigned long nf = mt_cuda_attention_tc_launches(0), nb = mt_cuda_attention_tc_launches(1);
+        CHECK_OK(mt_cuda_status(mt_cuda_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, dt, NULL), "attn"));
+        CHECK(mt_cuda_attention_tc_launches(0) == nf + (unsigned long)tc, "%s hs=%d: the %s forward ran", dt_name(dt),
+              hs, path[tc]);
+        g[tc] = down(d_out, nout, dt);
+        gl[tc] = down(d_lse, nl, MT_CU_F32);
+        snprintf(what, sizeof(what), "%s out hs=%d T=%d%s", path[tc], hs, T, misalign ? " misaligned" : "");
+        EXPECT_CLOSE(lbl("attention", dt, what), g[tc], out, nout, tol);
+        snprintf(what, sizeof(what), "%s lse hs=%d T=%d", path[tc], hs, T);
+        EXPECT_CLOSE(lbl("attention", dt, what), gl[tc], lse, nl, tol_lse);
+        /* backward (+=, into a pre-filled gradient) from this forward's out and lse */
+        void *d_dq = dup_dt(dq0, nqkv, dt);
+        CHECK_OK(mt_cuda_status(
+            mt_cuda_attention_backward(d_dq, d_dy, d_qkv, d_out, d_lse, B, T, C, NH, dt, d_scr, NULL), "attn bwd"));
+        CHECK(mt_cuda_attention_tc_launches(1) == nb + (unsigned long)tc_bwd, "%s hs=%d: the %s backward ran",
+              dt_name(dt), hs, path[tc_bwd]);
+        gd[tc] = down(d_dq, nqkv, dt);
+        snprintf(what, sizeof(what), "%s dqkv hs=%d T=%d%s", path[tc_bwd], hs, T, misalign ? " misaligned" : "");
+        EXPECT_CLOSE(lbl("attention", dt, what), gd[tc], dq, nqkv, tol_bwd);
+        mt_dev_free(d_dq);
+    }
+    snprintf(what, sizeof(what), "tensor-core vs cuda-core out hs=%d", hs);
+    EXPECT_CLOSE(lbl("attention", dt, what), g[1], g[0], nout, tol);
+    snprintf(what, sizeof(what), "tensor-core vs cuda-core dqkv hs=%d", hs);
+    EXPECT_CLOSE(lbl("attention", dt, what), gd[1], gd[0], nqkv, tol_bwd);
+    mt_cuda_attention_set_tc(-1);
+    void *dev[] = {d_buf, d_out, d_lse, d_dy, d_scr};
+    for (size_t i = 0; i < MT_ARRAY_LEN(dev); i++) {
+        mt_dev_free(dev[i]);
+    }
+    float *host[] = {scratch, qkv, qkv1, out, lse, att, dy, dq0, dq, g[0], g[1], gl[0], gl[1], gd[0], gd[1]};
+    for (size_t i = 0; i < MT_ARRAY_LEN(host); i++) {
+        free(host[i]);
+    }
+}
+
+static void test_attention_tc(void) {
+    static const int cases[][4] = {{1, 70, 64, 2}, {2, 70, 128, 2}, {1, 70, 128, 1}}; /* hs 32, 64, 128 */
+    for (size_t ci = 0; ci < MT_ARRAY_LEN(cases); ci++) {
+        for (int k = 1; k < 3; k++) {
+            attn_tc_case(cases[ci][0], cases[ci][1], cases[ci][2], cases[ci][3], dts[k], false);
+        }
+    }
+    attn_tc_case(1, 70, 64, 2, MT_CU_BF16, true);
+    /* f32 storage and head sizes that are not multiples of 16 stay on CUDA cores even when forced */
+    mt_cuda_attention_set_tc(1);
+    for (int bwd = 0; bwd < 2; bwd++) {
+        CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 64, bwd) == 1 && mt_cuda_attention_tc_path(MT_CU_F16, 16, bwd) == 1,
+              "bf16 hs=64 and f16 hs=16 are eligible (backward %d)", bwd);
+        CHECK(mt_cuda_attention_tc_path(MT_CU_F32, 64, bwd) == 0, "f32 attention is not on the tensor-core path");
+        CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 100, bwd) == 0 && mt_cuda_attention_tc_path(MT_CU_BF16, 24, bwd) == 0,
+              "head sizes not a multiple of 16 are not on the tensor-core path");
+    }
+    CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 128, 0) == 1 && mt_cuda_attention_tc_path(MT_CU_BF16, 128, 1) == 0,
+          "head size 128: tensor-core forward, CUDA-core backward");
+    mt_cuda_attention_set_tc(-1);
+}
+
+/* MESHTRAIN_ATTN_TC=0 (set before the knob is first read) turns the tensor-core path off: the selection says
+ * CUDA cores for bf16 hs=64, a forward runs without the tensor-core kernel and still matches the CPU; the
+ * process override still wins over the knob. */
+static void test_attention_knob(void) {
+    setenv("MESHTRAIN_ATTN_TC", "0", 1);
+    CHECK(mt_cuda_attn_tc_param() == 0, "MESHTRAIN_ATTN_TC=0 is read as off");
+    CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 64, 0) == 0 && mt_cuda_attention_tc_path(MT_CU_BF16, 64, 1) == 0,
+          "knob off: bf16 hs=64 on CUDA cores");
+    enum { B = 1, T = 40, C = 128, NH = 2 };
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *scratch = malloc(mt_attention_scratch_floats(T) * 4);
+    float *qkv = hrand(nqkv, 1.5f, MT_CU_BF16), *out = malloc(nout * 4), *lse = malloc(nl * 4);
+    float *att = malloc(nl * T * 4);
+    mt_attention_forward(out, att, lse, qkv, B, T, C, NH, scratch);
+    void *d_qkv = dup_dt(qkv, nqkv, MT_CU_BF16), *d_out = NULL, *d_lse = NULL;
+    CHECK_OK(mt_dev_malloc(&d_out, nout * 2, MT_MEM_ACTIVATIONS, "t", NULL));
+    CHECK_OK(mt_dev_malloc(&d_lse, nl * 4, MT_MEM_ACTIVATIONS, "t", NULL));
+    CHECK_OK(mt_cuda_status(mt_cuda_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, MT_CU_BF16, NULL), "attn"));
+    CHECK(mt_cuda_attention_tc_launches(0) == 0, "knob off: no tensor-core launch");
+    float *g = down(d_out, nout, MT_CU_BF16);
+    EXPECT_CLOSE("attention bf16 knob off out", g, out, nout, tol_dt(MT_CU_BF16, false));
+    mt_cuda_attention_set_tc(1);
+    CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 64, 0) == 1, "the process override wins over the knob");
+    CHECK_OK(mt_cuda_status(mt_cuda_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, MT_CU_BF16, NULL), "attn"));
+    CHECK(mt_cuda_attention_tc_launches(0) == 1, "override on: one tensor-core launch");
+    mt_cuda_attention_set_tc(-1);
+    CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 64, 0) == 0, "back to the knob: off");
+    mt_dev_free(d_qkv), mt_dev_free(d_out), mt_dev_free(d_lse);
+    free(scratch), free(qkv), free(out), free(lse), free(att), free(g);
+}
+
 static void test_softmax_ce(void) {
     enum { N = 13, V = 1000, VP = 1024 };
     int32_t tgt[N];
@@ -521,12 +646,14 @@ int main(int argc, char **argv) {
         const char *name;
         void (*fn)(void);
     } fams[] = {{"matmul", test_matmul},       {"layernorm", test_layernorm}, {"elementwise", test_elementwise},
-                {"embedding", test_embedding}, {"attention", test_attention}, {"softmax_ce", test_softmax_ce},
+                {"embedding", test_embedding}, {"attention", test_attention}, {"attention_tc", test_attention_tc},
+                {"attention_knob", test_attention_knob}, {"softmax_ce", test_softmax_ce},
                 {"adamw", test_adamw},         {"reduce", test_reduce}};
     const char *only = argc > 1 ? argv[1] : NULL;
     bool ran = false;
     for (size_t i = 0; i < MT_ARRAY_LEN(fams); i++) {
-        if (!only || !strcmp(only, fams[i].name)) {
+        bool all = !only && fams[i].fn != test_attention_knob; /* it sets the knob for the whole process */
+        if (all || (only && !strcmp(only, fams[i].name))) {
             fams[i].fn();
             ran = true;
         }

@@ -354,6 +354,14 @@ int __syncthreads_or(int pred) {
     return r;
 }
 
+void __syncwarp(unsigned mask) {
+    int warp0 = L->cur & ~31, left = L->n - warp0;
+    if (left < 32) {
+        mask &= (1u << left) - 1u; /* the lanes past the block's last thread do not exist */
+    }
+    wait_as(F_GROUP, mask);
+}
+
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask, int width) {
     int t = L->cur, lane = t & 31, warp = t >> 5;
     int src = (lane & ~(width - 1)) | ((lane ^ lane_mask) & (width - 1));

@@ -1,5 +1,5 @@
 /* CPU emulation of the CUDA C++ device subset the kernels of models/cuda use: qualifiers, thread indices,
- * __syncthreads(_or), warp shuffles, atomics, a few intrinsics, and kernel launches (the emulated build
+ * __syncthreads(_or), __syncwarp, warp shuffles, atomics, a few intrinsics, and kernel launches (the emulated build
  * rewrites `k<<<grid, block, smem, stream>>>(args)` into `mt_emu_launch(grid, block, k, args)`). A launch
  * runs the grid's blocks one after another, synchronously; the threads of a block are fibers (ucontext)
  * on the calling thread, switched at every barrier and shuffle; __shared__ variables become statics,
@@ -19,6 +19,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 
 struct dim3 {
     unsigned x, y, z;
@@ -28,6 +29,8 @@ extern dim3 threadIdx, blockIdx, blockDim, gridDim; /* of the running fiber */
 
 void __syncthreads();
 int __syncthreads_or(int pred);
+/* Waits for the lanes of mask (those that exist in the block) of the caller's warp. */
+void __syncwarp(unsigned mask = 0xffffffffu);
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask, int width = 32);
 float atomicAdd(float *p, float v);
 int atomicOr(int *p, int v);
