@@ -415,6 +415,28 @@ template <int W> __device__ __forceinline__ int tc_col(int j, int half, int r) {
     return (2 * j + half + 2 * (r >> 3)) & (W - 1);
 }
 
+/* The warp's scores S = Q K^T: its 16 query rows (qf, HSM / 16 fragments) against the BK key rows of Ks (row
+ * stride LDK), f32 accumulation, stored to Sw (16 x BK, row stride LDS floats). Forward and dQ. */
+template <typename T, int HSM, int BK, int LDK, int LDS>
+__device__ __forceinline__ void tc_scores(float *Sw,
+                                          const nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T,
+                                                                       nvcuda::wmma::row_major> *qf,
+                                          const T *Ks) {
+    using namespace nvcuda;
+#pragma unroll
+    for (int n = 0; n < BK / 16; n++) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
+        wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+        for (int kk = 0; kk < HSM / 16; kk++) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kf; /* K^T from K rows */
+            wmma::load_matrix_sync(kf, Ks + n * 16 * LDK + kk * 16, LDK);
+            wmma::mma_sync(sf, qf[kk], kf, sf);
+        }
+        wmma::store_matrix_sync(Sw + n * 16, sf, LDS, wmma::mem_row_major);
+    }
+}
+
 template <typename T, int HSM>
 static __global__ void __launch_bounds__(tc_cfg<HSM>::THREADS)
     attention_forward_tc_kernel(T *out, float *lse, const T *qkv, int T_, int C, int NH, int hs, float scale2,
@@ -461,19 +483,7 @@ static __global__ void __launch_bounds__(tc_cfg<HSM>::THREADS)
         if (w0 + 15 < k0) {
             continue; /* every row of this warp is before the tile (causal); warp-uniform */
         }
-        /* S = Q K^T (16 x BK) */
-#pragma unroll
-        for (int n = 0; n < cfg::BK / 16; n++) {
-            frag_c sf;
-            wmma::fill_fragment(sf, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < HSM / 16; kk++) {
-                frag_bt kf;
-                wmma::load_matrix_sync(kf, Ks + n * 16 * cfg::LDK + kk * 16, cfg::LDK);
-                wmma::mma_sync(sf, qf[kk], kf, sf);
-            }
-            wmma::store_matrix_sync(Sw + n * 16, sf, cfg::LDS, wmma::mem_row_major);
-        }
+        tc_scores<T, HSM, cfg::BK, cfg::LDK, cfg::LDS>(Sw, qf, Ks); /* S = Q K^T (16 x BK) */
         __syncwarp();
         /* online softmax of row r over this tile, in base 2; keys after i or past T are masked */
         constexpr int NJ = cfg::BK / 2;
@@ -780,19 +790,7 @@ static __global__ void __launch_bounds__(tcb_cfg<HSM>::THREADS)
         if (w0 + 15 < k0) {
             continue; /* every row of this warp is before the tile (causal); warp-uniform */
         }
-        /* S = Q K^T */
-#pragma unroll
-        for (int n = 0; n < cfg::BT / 16; n++) {
-            frag_c sf;
-            wmma::fill_fragment(sf, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < HSM / 16; kk++) {
-                frag_bt kb;
-                wmma::load_matrix_sync(kb, Ks + n * 16 * cfg::LDK + kk * 16, cfg::LDK);
-                wmma::mma_sync(sf, qf[kk], kb, sf);
-            }
-            wmma::store_matrix_sync(Sw + n * 16, sf, cfg::LDS, wmma::mem_row_major);
-        }
+        tc_scores<T, HSM, cfg::BT, cfg::LDK, cfg::LDS>(Sw, qf, Ks); /* S = Q K^T */
         __syncwarp();
         constexpr int NJ = cfg::BT / 2;
         float p[NJ];
