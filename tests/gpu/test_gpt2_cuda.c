@@ -299,6 +299,19 @@ static void compare_recompute(mt_prec_t prec) {
     mt_model_free(mn);
 }
 
+/* max |got - want| over [lo, hi), and (top may be NULL) max |want| there. */
+static double max_diff(const float *got, const float *want, size_t lo, size_t hi, double *top) {
+    double err = 0.0, t = 0.0;
+    for (size_t i = lo; i < hi; i++) {
+        err = fmax(err, fabs((double)got[i] - (double)want[i]));
+        t = fmax(t, fabs((double)want[i]));
+    }
+    if (top) {
+        *top = t;
+    }
+    return err;
+}
+
 typedef struct {
     float *got;    /* numel floats: each run's gradients copied to their flat place */
     size_t next;   /* the next run's expected hi */
@@ -366,11 +379,7 @@ static void zero3_contract(mt_model_t m, const mt_gpt2_cuda_params_t *base, mt_g
     CHECK_OK(mt_gpt2_cuda_forward(g, tok, tgt));
     CHECK_OK(mt_gpt2_cuda_backward(g, 1.0f));
     CHECK_OK(mt_gpt2_cuda_loss(g, &loss));
-    double err = 0, top = 0;
-    for (size_t i = 0; i < n; i++) {
-        err = fmax(err, fabs((double)r.got[i] - (double)want[i]));
-        top = fmax(top, fabs((double)want[i]));
-    }
+    double top = 0, err = max_diff(r.got, want, 0, n, &top);
     double ltol = MT_CUDA_EMULATED ? 0.0 : 1e-6 * loss0, gtol = MT_CUDA_EMULATED ? 0.0 : 1e-5 * top;
     CHECK(fabs(loss - loss0) <= ltol && r.bad == 0 && r.next == 0 && err <= gtol && L <= 3 && c.calls == L,
           "%s ZeRO-3: loss %.9g (unsharded %.9g), gradients off by %g (largest %g), %d weight gathers for %d blocks",
@@ -427,11 +436,7 @@ static void shard_contract(mt_prec_t prec) {
         CHECK_OK(mt_gpt2_cuda_backward(g, 1.0f));
         CHECK(r.bad == 0 && r.next == 0 && r.runs == 2 + 2, "%s pass %d: %d runs, %d out of order, ending at %zu", pn,
               pass, r.runs, r.bad, r.next);
-        double err = 0, top = 0;
-        for (size_t i = 0; i < n; i++) {
-            err = fmax(err, fabs((double)r.got[i] - (double)want[i]));
-            top = fmax(top, fabs((double)want[i]));
-        }
+        double top = 0, err = max_diff(r.got, want, 0, n, &top);
         /* the same kernels on the same inputs: equal, except that on a device dwte's float atomics add in a
          * run-dependent order */
         CHECK(err <= (MT_CUDA_EMULATED ? 0.0 : 1e-5 * top), "%s pass %d: the pooled runs differ from the whole "
@@ -557,16 +562,8 @@ static void stage_contract(mt_prec_t prec, mt_recompute_t rc) {
     }
     /* wte (at offset 0) sums the head's and the embedding's parts in another order than the whole model */
     size_t wte = mt_model_param(m, 0)->numel;
-    double err = 0, err_wte = 0, top = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - (double)want[i]);
-        if (i < wte) {
-            err_wte = fmax(err_wte, d);
-        } else {
-            err = fmax(err, d);
-        }
-        top = fmax(top, fabs((double)want[i]));
-    }
+    double top = 0, err_wte = max_diff(got, want, 0, wte, NULL), err = max_diff(got, want, wte, n, NULL);
+    max_diff(got, want, 0, n, &top);
     double ltol = MT_CUDA_EMULATED ? 0.0 : 1e-6 * loss0, gtol = MT_CUDA_EMULATED ? 0.0 : 1e-5 * top;
     CHECK(fabs(loss - loss0) <= ltol && err <= gtol && err_wte <= MT_MAX(gtol, 1e-6 * top) && held_total == n + wte,
           "%s%s stages: loss %.9g (whole %.9g), gradients off by %g, wte by %g (largest %g), %zu parameters held "
