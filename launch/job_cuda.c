@@ -471,6 +471,7 @@ static mt_status_t pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool back
     void *in = mt_gpt2_cuda_stage_input(e->g), *out = mt_gpt2_cuda_stage_output(e->g);
     void *grad = mt_gpt2_cuda_stage_grad(e->g);
     pp_send_t pend = {NULL, -1};
+    e->resident = -1; /* activations of another batch (the last step's, an evaluation's) are not this one's */
     for (int i = 0; i < n_ops; i++) {
         int k = (ops[i] > 0 ? ops[i] : -ops[i]) - 1;
         const int32_t *tok = e->first ? b->inputs + (size_t)k * n : NULL;

@@ -378,7 +378,8 @@ static void zero_comm_bytes(const char *dir) {
 /* Pipeline parallelism on the GPU engine (2 ranks as 2 stages, 4 blocks; the CPU pipeline is the reference,
  * itself tested equal to the single process): the GPipe and 1F1B schedules give the CPU pipeline's losses
  * and gradient norms (1e-3; the norm counts the tied wte once) and each other's (SAME_TOL: the same
- * operations in another order); a pipeline checkpoint resumes on the GPU pipeline (SAME_TOL) and on the
+ * operations in another order), and evaluation (forward only) the CPU pipeline's validation losses; a
+ * pipeline checkpoint resumes on the GPU pipeline (SAME_TOL) and on the
  * CPU pipeline (1e-3); each stage holds only its parameters (device parameter bytes below 0.75 of the whole
  * model's on one GPU); ZeRO with a pipeline is refused naming the keys. */
 static void pipeline(const char *dir) {
@@ -390,8 +391,17 @@ static void pipeline(const char *dir) {
     const char *l4[] = {"--model.n_layer=4", "--parallel.schedule=1f1b"};
     CHECK_OK(run("cuda", 1, l4, &whole)); /* dp 2: the whole model on each GPU */
     const char *l4g[] = {"--model.n_layer=4", "--parallel.schedule=gpipe"};
-    CHECK_OK(run_pp("cpu", 2, 2, l4, &cpu));
-    CHECK_OK(run_pp("cuda", 2, 2, l4, &g1));
+    const char *l4e[] = {"--model.n_layer=4", "--parallel.schedule=1f1b", "--train.eval_every=2"};
+    CHECK_OK(run_pp("cpu", 2, 3, l4e, &cpu));
+    CHECK_OK(run_pp("cuda", 2, 3, l4e, &g1));
+    /* evaluation runs the pipeline's forward only: the CPU pipeline's validation losses */
+    CHECK(g1.n_evals == cpu.n_evals && g1.n_evals >= 2, "pp 2: %lld evaluations, cpu pipeline %lld",
+          (long long)g1.n_evals, (long long)cpu.n_evals);
+    for (int64_t v = 0; v < g1.n_evals && v < cpu.n_evals; v++) {
+        double d = fabs(g1.val_loss[v] - cpu.val_loss[v]) / cpu.val_loss[v];
+        CHECK(d <= 1e-3, "pp 2 evaluation %lld: %.9g, cpu pipeline %.9g", (long long)v + 1, g1.val_loss[v],
+              cpu.val_loss[v]);
+    }
     CHECK_OK(run_pp("cuda", 2, 2, l4g, &gg));
     same_losses("pp 2, 1f1b: gpu vs cpu", &g1, &cpu, 1e-3);
     same_losses("pp 2: gpipe vs 1f1b on the gpu", &gg, &g1, SAME_TOL);
