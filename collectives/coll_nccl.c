@@ -320,7 +320,19 @@ static mt_status_t nccl_get_async_error(void *ctx) {
     return NCCL_OK(r);
 }
 
+/* Makes the comm's device current on this thread. The watchdog's thread polls events and never chose a
+ * device: its first CUDA call would otherwise create a context on device 0, hundreds of MiB on another
+ * rank's GPU for every rank of the node (cudaGetDevice itself creates none; cudaSetDevice to the device
+ * this process already uses shares its primary context). */
+static void use_device(const struct nccl_ctx *x) {
+    int d = -1;
+    if (x && cudaGetDevice(&d) == cudaSuccess && d != x->device) {
+        cudaSetDevice(x->device);
+    }
+}
+
 static mt_status_t nccl_event_query(void *ctx, void *event, bool *done) {
+    use_device(ctx);
     cudaError_t e = cudaEventQuery((cudaEvent_t)event);
     if (e == cudaSuccess) {
         *done = true;
@@ -334,6 +346,7 @@ static mt_status_t nccl_event_query(void *ctx, void *event, bool *done) {
 }
 
 static void nccl_event_free(void *ctx, void *event) {
+    use_device(ctx);
     cudaEventDestroy((cudaEvent_t)event);
 }
 
@@ -342,6 +355,7 @@ static mt_status_t nccl_abort(void *ctx) {
     if (!x->nccl) {
         return MT_OK;
     }
+    use_device(x); /* the watchdog's thread aborts a hung comm */
     mt_status_t st = NCCL_OK(ncclCommAbort(x->nccl));
     x->nccl = NULL;
     return st;

@@ -31,7 +31,8 @@ static mt_status_t check_common(mt_comm_t c, const char *fn, size_t count, mt_co
     if ((unsigned)dtype >= MT_COLL_DTYPE_COUNT) {
         return mt_error(MT_ERR_INVALID_ARG, "%s on comm %s: invalid dtype %d", fn, c->name, (int)dtype);
     }
-    if (total > (size_t)INT_MAX || count > (size_t)INT_MAX) {
+    /* MPI counts are int; NCCL's are size_t (device comms are served by NCCL alone) */
+    if (c->memory != MT_COMM_MEM_DEVICE && (total > (size_t)INT_MAX || count > (size_t)INT_MAX)) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "%s on comm %s: %zu elements exceed INT_MAX (MPI counts are int): "
                         "split the call",

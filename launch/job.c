@@ -199,7 +199,8 @@ const mt_job_engine_t *mt_job_engine_local(void) {
 
 static mt_status_t check_layout(const mt_config_t *cfg, const mt_job_opts_t *opts, int world) {
     int64_t tp = mt_config_int(cfg, "parallel.tp"), pp = mt_config_int(cfg, "parallel.pp");
-    if ((tp != 1 || pp != 1) && !(opts->engine && opts->engine->setup_model)) {
+    bool runs = opts->engine && (opts->engine->setup_model || (tp == 1 && opts->engine->pipelines));
+    if ((tp != 1 || pp != 1) && !runs) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "parallel.tp = %lld, parallel.pp = %lld: the \"%s\" engine runs tp = 1 and pp = 1 (set "
                         "--parallel.tp=1 --parallel.pp=1, or use the model-parallel engine)",

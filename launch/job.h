@@ -123,6 +123,8 @@ typedef struct {
     bool any_precision;
     /* The engine holds the activations itself (on its device): the loop allocates none for the model. */
     bool own_activations;
+    /* The engine runs pipeline stages itself over info->mesh's pp groups (tp = 1), in run_batch. */
+    bool pipelines;
     /* Optional: joules this rank's device used since the last call (the loop calls it once per step);
      * false when unknown (no NVML, no energy counter): the step metrics then carry no energy figures. */
     bool (*step_energy)(void *ctx, double *joules);

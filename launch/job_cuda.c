@@ -1,9 +1,18 @@
 /* The GPU engine of the training loop (runtime.device = "cuda"): GPT-2 on this rank's GPU through
- * models/cuda/gpt2_cuda.h in precision.compute, and with dp > 1 whole replicas whose gradients are averaged
- * over NCCL on a stream of their own, bucket by bucket while backward still runs (parallel.engine = "ddp")
- * or in one all-reduce after it ("dp"). The loop's clipping, NaN agreement, metrics and checkpoints work
- * unchanged: the engine syncs twice per step (the loss after backward, the gradient norm after the
- * all-reduce). Built without CUDA, the engine only refuses, naming what to use instead.
+ * models/cuda/gpt2_cuda.h in precision.compute, and with dp > 1 replicas whose gradients are averaged over
+ * NCCL on a stream of their own, bucket by bucket while backward still runs (parallel.engine = "ddp") or in
+ * one all-reduce after it ("dp"). ZeRO-1 (parallel.engine = "zero", zero_stage = 1) shards the optimizer:
+ * each rank keeps the master weights and AdamW moments of one slice of the flat layout, each bucket's
+ * gradients are reduced to the slices' owners during backward, each rank updates its slice and the compute
+ * copy is all-gathered after the step. ZeRO-2 also shards the gradients: backward writes each block into a
+ * pooled slot, every micro-batch's runs are reduced to their owners at once and added to the owner's
+ * slice. ZeRO-3 also shards the weights: each block's are broadcast from their owners into a slot before
+ * its forward and backward (the next ones while a block computes), wte/wpe/ln_f once per step. With pp > 1
+ * each rank trains one pipeline stage (GPipe or 1F1B, activations by NCCL send/recv, each micro-batch's
+ * stage forward run again before its backward unless its activations are still there). The loop's
+ * clipping, NaN agreement, metrics and checkpoints work unchanged: the engine syncs twice per step (the
+ * loss after backward, the gradient norm after the reductions). Built without CUDA, the engine only
+ * refuses, naming what to use instead.
  * SPDX-License-Identifier: MIT */
 #include "mt_build_config.h"
 
@@ -12,6 +21,7 @@
 #include <string.h>
 
 #include "launch/job.h"
+#include "launch/job_pieces.h"
 #include "runtime/config.h"
 #include "runtime/rt.h"
 
@@ -22,6 +32,7 @@
 #include "models/cuda/cuda_backend.h"
 #include "models/cuda/gemm_peak.h"
 #include "models/cuda/gpt2_cuda.h"
+#include "parallel/pipeline.h"
 #include "runtime/cuda_alloc.h"
 #include "runtime/mesh.h"
 #include "runtime/nvml.h"
@@ -41,23 +52,20 @@ static mt_status_t cuda_check_config(const mt_config_t *cfg) {
                         "set model.kind = \"gpt2\", or runtime.device = \"cpu\"",
                         dev, mt_config_str(cfg, "model.kind"));
     }
-    static const char *const axes[][2] = {{"parallel.tp", "tensor parallelism"},
-                                          {"parallel.pp", "pipeline parallelism"}};
-    for (int i = 0; i < 2; i++) {
-        int64_t v = mt_config_int(cfg, axes[i][0]);
-        if (v != 1) {
-            return mt_error(MT_ERR_INVALID_ARG,
-                            "runtime.device = \"%s\": %s = %lld: %s runs on the CPU engines only; the GPU engine "
-                            "trains whole replicas (data parallelism): set %s = 1, or runtime.device = \"cpu\"",
-                            dev, axes[i][0], (long long)v, axes[i][1], axes[i][0]);
-        }
-    }
-    if (!strcmp(mt_config_str(cfg, "parallel.engine"), "zero")) {
+    int64_t tp = mt_config_int(cfg, "parallel.tp"), pp = mt_config_int(cfg, "parallel.pp");
+    if (tp != 1) {
         return mt_error(MT_ERR_INVALID_ARG,
-                        "runtime.device = \"%s\": parallel.engine = \"zero\" (ZeRO stage %lld) shards state on the "
-                        "CPU engines only; the GPU engine keeps whole replicas and averages gradients: set "
-                        "parallel.engine = \"ddp\", or runtime.device = \"cpu\"",
-                        dev, (long long)mt_config_int(cfg, "parallel.zero_stage"));
+                        "runtime.device = \"%s\": parallel.tp = %lld: tensor parallelism runs on the CPU engines only; "
+                        "the GPU engine runs data and pipeline parallelism: set parallel.tp = 1, or runtime.device = "
+                        "\"cpu\"",
+                        dev, (long long)tp);
+    }
+    if (pp > 1 && !strcmp(mt_config_str(cfg, "parallel.engine"), "zero")) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "runtime.device = \"%s\": parallel.pp = %lld with parallel.engine = \"zero\": the GPU engine "
+                        "shards no pipeline stage: set parallel.engine = \"ddp\", parallel.pp = 1, or runtime.device = "
+                        "\"cpu\"",
+                        dev, (long long)pp);
     }
     if (strcmp(mt_config_str(cfg, "optimizer.kind"), "adamw") != 0) {
         return mt_error(MT_ERR_INVALID_ARG,
@@ -129,7 +137,12 @@ typedef struct {
     mt_prec_t prec;
     int64_t mb, T, ga;
     int dp_size, dp_rank;
-    bool overlap;        /* parallel.engine = "ddp": buckets during backward; "dp": one all-reduce after it */
+    bool overlap;        /* "ddp", "zero": buckets during backward; "dp": one all-reduce after it */
+    bool zero;           /* ZeRO-1/2 (dp > 1): each bucket reduced to the owners of its slices, weights gathered */
+    bool zero2;          /* ZeRO-2/3: every micro-batch's runs reduced at once and added to the owner's slice */
+    bool zero3;          /* ZeRO-3: weights gathered block by block from their owners, no all-gather */
+    size_t sh_lo, sh_hi; /* ZeRO-1: this rank's slice of the flat layout (everything otherwise) */
+    size_t sh_len;       /* ZeRO-1: the slice length: rank r owns [r * sh_len, (r + 1) * sh_len) */
     size_t bucket_elems; /* parallel.bucket_mb in floats */
     size_t numel;
     mt_comm_t gcomm;          /* dp > 1: the gradients' communicator (device memory: NCCL) */
@@ -141,11 +154,25 @@ typedef struct {
     bool comm_now;            /* the backward running is the last micro-batch of a training step */
     size_t pend_lo, pend_hi;  /* complete gradients not yet sent: [pend_lo, pend_hi) */
     int64_t n_buckets;        /* all-reduces launched (for the log) */
+    double sent_model;        /* bytes this rank sent in the step: gradients and weights (docs/metrics.md) */
+    double sent_other;        /* ... and the rest (loss, norm) */
     float *loss_dev;          /* ga floats on the device: each micro-batch's mean loss */
     float *loss_host;         /* pinned ga floats */
     float *h_m, *h_v;         /* host staging of AdamW's moments for checkpoints (allocated on first use) */
     mt_nvml_t nvml;           /* NULL: no energy figures */
     uint64_t mj_last;
+    int pp, stage;            /* pipeline stages and this rank's (pp = 1: the whole model) */
+    bool first, last;         /* the stage embeds the tokens / computes the loss */
+    mt_pp_schedule_t sched;   /* parallel.schedule */
+    mt_comm_t ppcomm;         /* pp > 1: activations and their gradients, stage to stage (device memory: NCCL) */
+    mt_comm_t pplcomm;        /* pp > 1: host scalars over the pipeline (the loss, the norm) */
+    mt_comm_t embcomm;        /* pp > 1, first and last stage: the tied wte's gradient (== ppcomm when pp = 2) */
+    char *inslots;            /* stages after the first: each micro-batch in flight's input, n_slots of them */
+    void *sendbuf;            /* what the pending send sends: a copy, since the next op's forward (or its
+                               * re-materialisation) rewrites the trainer's output before the send is posted */
+    int n_slots;
+    int resident;             /* the micro-batch whose activations the trainer holds (-1: none) */
+    size_t act_elems;         /* B x T x C: one activation message */
     double peak;              /* this GPU's dense peak in precision.compute, FLOP/s (0: unknown, no MFU) */
     char peak_src[200];       /* where peak comes from */
 } cuda_engine_t;
@@ -206,6 +233,17 @@ static void ce_free(void *ctx) {
     }
     mt_comm_free(e->gcomm);
     mt_comm_free(e->lcomm);
+    if (e->embcomm != e->ppcomm) {
+        mt_comm_free(e->embcomm);
+    }
+    mt_comm_free(e->ppcomm);
+    mt_comm_free(e->pplcomm);
+    if (e->inslots) {
+        mt_dev_free(e->inslots);
+    }
+    if (e->sendbuf) {
+        mt_dev_free(e->sendbuf);
+    }
     if (e->comm_stream) {
         cudaStreamDestroy(e->comm_stream);
     }
@@ -228,25 +266,53 @@ static void ce_free(void *ctx) {
     free(e);
 }
 
-/* All-reduces (average) gradients [lo, hi) on the comm stream, ordered after everything enqueued on the
- * compute stream so far (the backward launches that completed them). */
-static mt_status_t launch_bucket(cuda_engine_t *e, size_t lo, size_t hi) {
+/* Per-rank bytes of a bandwidth-optimal algorithm over the dp group, as the CPU engines count them
+ * (parallel/comm.c): all-reduce 2b(N-1)/N, reduce and broadcast b(N-1)/N of a b-byte buffer, all-gather
+ * (N-1)/N of the whole gathered buffer. */
+static double dp_frac(const cuda_engine_t *e) {
+    return (double)(e->dp_size - 1) / (double)e->dp_size;
+}
+
+/* Averages gradients [lo, hi) over dp on the comm stream, ordered after everything enqueued on the compute
+ * stream so far (the backward launches that completed them): all-reduced, or under ZeRO-1 each slice's part
+ * reduced to the slice's owner (the other ranks' copies of it are not used again this step). */
+static mt_status_t launch_bucket(cuda_engine_t *e, size_t lo, size_t hi, float *grads) {
     if (hi <= lo) {
         return MT_OK;
     }
     CU(cudaEventRecord(e->ready, e->cstream));
     CU(cudaStreamWaitEvent(e->comm_stream, e->ready, 0));
-    float *grads = mt_gpt2_cuda_grads(e->g) + lo;
-    MT_CHECK(mt_coll_all_reduce(e->gcomm, grads, grads, hi - lo, MT_COLL_F32, MT_REDOP_AVG, e->comm_stream, NULL));
+    if (!e->zero) {
+        MT_CHECK(mt_coll_all_reduce(e->gcomm, grads, grads, hi - lo, MT_COLL_F32, MT_REDOP_AVG, e->comm_stream,
+                                    NULL));
+        e->sent_model += 2.0 * (double)(hi - lo) * 4.0 * dp_frac(e);
+    } else {
+        e->sent_model += (double)(hi - lo) * 4.0 * dp_frac(e); /* the reduces to the owners */
+    }
+    for (size_t a = lo; e->zero && a < hi;) {
+        int owner = (int)(a / e->sh_len);
+        size_t b = MT_MIN(hi, (size_t)(owner + 1) * e->sh_len);
+        float *part = grads + (a - lo);
+        MT_CHECK(mt_coll_reduce(e->gcomm, part, part, b - a, MT_COLL_F32, MT_REDOP_AVG, owner, e->comm_stream, NULL));
+        if (e->zero2 && owner == e->dp_rank) { /* this pass's average joins the slice's gradient */
+            float *slice = mt_gpt2_cuda_grad_slice(e->g) + (a - e->sh_lo);
+            CU(mt_cuda_residual_forward(slice, slice, part, b - a, MT_CU_F32, e->comm_stream));
+        }
+        a = b;
+    }
     e->n_buckets++;
     return MT_OK;
 }
 
-/* The trainer's hook: runs of complete gradients arrive from the end of the flat layout to its start. */
-static mt_status_t on_grads(void *arg, size_t lo, size_t hi) {
+/* The trainer's hook: runs of complete gradients arrive from the end of the flat layout to its start. Under
+ * ZeRO-2 each run is launched at once (its pooled slot is written again two blocks later). */
+static mt_status_t on_grads(void *arg, size_t lo, size_t hi, float *grads) {
     cuda_engine_t *e = arg;
     if (!e->comm_now) {
         return MT_OK;
+    }
+    if (e->zero2) {
+        return launch_bucket(e, lo, hi, grads);
     }
     if (e->pend_lo == e->pend_hi) {
         e->pend_hi = hi;
@@ -255,9 +321,28 @@ static mt_status_t on_grads(void *arg, size_t lo, size_t hi) {
     e->pend_lo = lo;
     bool last = lo == 0;
     if (last || (e->overlap && e->pend_hi - e->pend_lo >= e->bucket_elems)) {
-        MT_CHECK(launch_bucket(e, e->pend_lo, e->pend_hi));
+        MT_CHECK(launch_bucket(e, e->pend_lo, e->pend_hi, mt_gpt2_cuda_grads(e->g) + e->pend_lo));
         e->pend_hi = e->pend_lo;
     }
+    return MT_OK;
+}
+
+/* ZeRO-3, the trainer's weight hook: the compute copy's elements [lo, hi) into dst on every rank, each
+ * slice's part broadcast by its owner from its slice, on the comm stream (the trainer orders it). */
+static mt_status_t on_weights(void *arg, size_t lo, size_t hi, void *dst) {
+    cuda_engine_t *e = arg;
+    mt_dtype_t dt = mt_prec_storage(e->prec);
+    size_t es = mt_dtype_size(dt);
+    const char *slice = mt_gpt2_cuda_weight_slice(e->g);
+    for (size_t a = lo; a < hi;) {
+        int owner = (int)(a / e->sh_len);
+        size_t b = MT_MIN(hi, (size_t)(owner + 1) * e->sh_len);
+        char *to = (char *)dst + (a - lo) * es;
+        const void *from = owner == e->dp_rank ? slice + (a - e->sh_lo) * es : to;
+        MT_CHECK(mt_coll_broadcast(e->gcomm, from, to, b - a, (mt_coll_dtype_t)dt, owner, e->comm_stream, NULL));
+        a = b;
+    }
+    e->sent_model += (double)(hi - lo) * (double)es * dp_frac(e);
     return MT_OK;
 }
 
@@ -280,6 +365,165 @@ static mt_status_t dp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
         return mt_error(MT_ERR_INTERNAL, "cuda engine: dp communicator rank %d of %d, the job expects %d of %d",
                         mt_comm_rank(e->gcomm), mt_comm_size(e->gcomm), e->dp_rank, e->dp_size);
     }
+    return MT_OK;
+}
+
+/* The pipeline's communicators, collectively over info->comm: activations (device), scalars (host), and on
+ * the first and last stage the tied wte's gradient. */
+static mt_status_t pp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
+    mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
+    cp.name = "pp-acts";
+    cp.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
+    mt_comm_params_t lp = MT_COMM_PARAMS_INIT;
+    lp.name = "pp-scalars";
+    MT_CHECK(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_PP), &cp, &e->ppcomm));
+    MT_CHECK(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_PP), &lp, &e->pplcomm));
+    if (mt_comm_size(e->ppcomm) != e->pp || mt_comm_rank(e->ppcomm) != e->stage) {
+        return mt_error(MT_ERR_INTERNAL, "cuda engine: pp communicator rank %d of %d, the mesh says stage %d of %d",
+                        mt_comm_rank(e->ppcomm), mt_comm_size(e->ppcomm), e->stage, e->pp);
+    }
+    if (e->pp == 2) {
+        e->embcomm = e->ppcomm;
+    } else if (e->first || e->last) {
+        int me = 0, ranks[2];
+        MPI_Comm_rank(info->comm, &me);
+        mt_mesh_embedding_group(info->mesh, me, ranks);
+        mt_comm_params_t ep = cp;
+        ep.name = "pp-tied-wte";
+        MT_CHECK(mt_comm_init_ranks(info->comm, ranks, 2, &ep, &e->embcomm));
+    }
+    return MT_OK;
+}
+
+/* One stage's schedule over the step's micro-batches: GPipe (every forward, then every backward from the
+ * last) or 1F1B (pp - stage - 1 warm-up forwards, then one forward and one backward in turn, then the
+ * remaining backwards). ops[i] = k + 1 for the forward of micro-batch k, -(k + 1) for its backward. */
+static int pp_schedule(const cuda_engine_t *e, int m, int *ops) {
+    int n = 0;
+    if (e->sched == MT_PP_GPIPE) {
+        for (int k = 0; k < m; k++) {
+            ops[n++] = k + 1;
+        }
+        for (int k = m - 1; k >= 0; k--) {
+            ops[n++] = -(k + 1);
+        }
+        return n;
+    }
+    int w = MT_MIN(e->pp - e->stage - 1, m), f = 0, b = 0;
+    while (f < w) {
+        ops[n++] = ++f;
+    }
+    while (f < m) {
+        ops[n++] = ++f;
+        ops[n++] = -(++b);
+    }
+    while (b < m) {
+        ops[n++] = -(++b);
+    }
+    return n;
+}
+
+/* A send deferred to be posted together with the next op's receive (the 1F1B steady phase has neighbours
+ * sending to each other at once; grouped, neither waits for the other), from the engine's send buffer. */
+typedef struct {
+    void *buf;
+    int peer; /* -1: none */
+} pp_send_t;
+
+static mt_status_t pp_exchange(cuda_engine_t *e, pp_send_t *pend, void *rbuf, int rpeer) {
+    mt_coll_dtype_t dt = (mt_coll_dtype_t)mt_prec_storage(e->prec);
+    if (pend->peer < 0 && rpeer < 0) {
+        return MT_OK;
+    }
+    MT_CHECK(mt_coll_group_start(e->ppcomm));
+    mt_status_t st = MT_OK;
+    if (pend->peer >= 0) {
+        st = mt_coll_send(e->ppcomm, pend->buf, e->act_elems, dt, pend->peer, e->cstream, NULL);
+        e->sent_model += (double)e->act_elems * (double)mt_dtype_size((mt_dtype_t)dt);
+    }
+    if (st == MT_OK && rpeer >= 0) {
+        st = mt_coll_recv(e->ppcomm, rbuf, e->act_elems, dt, rpeer, e->cstream, NULL);
+    }
+    mt_status_t end = mt_coll_group_end(e->ppcomm, e->cstream, NULL);
+    pend->peer = -1;
+    return st != MT_OK ? st : end;
+}
+
+/* The pipeline's forward (and backward) of one step's batch b on this stage, by the schedule: activations
+ * and their gradients through NCCL send/recv on the compute stream, each micro-batch's input kept in a slot
+ * and its forward run again before its backward unless the trainer still holds its activations (the
+ * GPipe paper's re-materialisation: a stage keeps one micro-batch's activations). *loss: the last stage's
+ * mean loss, broadcast to every stage. */
+static mt_status_t pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool backward, double *loss) {
+    size_t n = (size_t)(e->mb * e->T), es = mt_dtype_size(mt_prec_storage(e->prec)), bytes = e->act_elems * es;
+    int m = (int)e->ga, ops[4 * 1024];
+    if (2 * m > (int)MT_ARRAY_LEN(ops)) {
+        return mt_error(MT_ERR_INVALID_ARG, "cuda engine: %d micro-batches per step: at most %d in a pipeline", m,
+                        (int)MT_ARRAY_LEN(ops) / 2);
+    }
+    int n_ops = backward ? pp_schedule(e, m, ops) : m, last_b = 0;
+    for (int i = 0; !backward && i < m; i++) {
+        ops[i] = i + 1;
+    }
+    for (int i = 0; i < n_ops; i++) {
+        last_b = ops[i] < 0 ? i : last_b;
+    }
+    void *in = mt_gpt2_cuda_stage_input(e->g), *out = mt_gpt2_cuda_stage_output(e->g);
+    void *grad = mt_gpt2_cuda_stage_grad(e->g);
+    pp_send_t pend = {NULL, -1};
+    for (int i = 0; i < n_ops; i++) {
+        int k = (ops[i] > 0 ? ops[i] : -ops[i]) - 1;
+        const int32_t *tok = e->first ? b->inputs + (size_t)k * n : NULL;
+        const int32_t *tgt = e->last ? b->targets + (size_t)k * n : NULL;
+        char *slot = e->first ? NULL : e->inslots + (size_t)(k % e->n_slots) * bytes;
+        if (ops[i] > 0) { /* forward k: its input from the previous stage, kept; its output to the next */
+            MT_CHECK(pp_exchange(e, &pend, slot, e->first ? -1 : e->stage - 1));
+            if (!e->first) {
+                CU(cudaMemcpyAsync(in, slot, bytes, cudaMemcpyDeviceToDevice, e->cstream));
+            }
+            MT_CHECK(mt_gpt2_cuda_forward(e->g, tok, tgt));
+            e->resident = k;
+            if (e->last) {
+                CU(cudaMemcpyAsync(e->loss_dev + k, mt_gpt2_cuda_loss_dev(e->g), 4, cudaMemcpyDeviceToDevice,
+                                   e->cstream));
+            } else {
+                CU(cudaMemcpyAsync(e->sendbuf, out, bytes, cudaMemcpyDeviceToDevice, e->cstream));
+                pend = (pp_send_t){e->sendbuf, e->stage + 1};
+            }
+            continue;
+        }
+        /* backward k: its activations again if another forward came between, d x_hi from the next stage */
+        if (e->resident != k) {
+            if (!e->first) {
+                CU(cudaMemcpyAsync(in, slot, bytes, cudaMemcpyDeviceToDevice, e->cstream));
+            }
+            MT_CHECK(mt_gpt2_cuda_forward(e->g, tok, tgt));
+            e->resident = k;
+        }
+        MT_CHECK(pp_exchange(e, &pend, grad, e->last ? -1 : e->stage + 1));
+        e->comm_now = e->gcomm && i == last_b; /* the step's last backward: the gradients are final */
+        e->pend_lo = e->pend_hi = e->numel;
+        mt_status_t st = mt_gpt2_cuda_backward(e->g, 1.0f / (float)e->ga);
+        e->comm_now = false;
+        MT_CHECK(st);
+        e->resident = -1; /* backward consumed the activations (the logits hold their gradient) */
+        if (!e->first) {
+            CU(cudaMemcpyAsync(e->sendbuf, grad, bytes, cudaMemcpyDeviceToDevice, e->cstream));
+            pend = (pp_send_t){e->sendbuf, e->stage - 1};
+        }
+    }
+    MT_CHECK(pp_exchange(e, &pend, NULL, -1));
+    double mean = 0.0;
+    if (e->last) {
+        CU(cudaMemcpyAsync(e->loss_host, e->loss_dev, (size_t)e->ga * 4, cudaMemcpyDeviceToHost, e->cstream));
+    }
+    CU(cudaStreamSynchronize(e->cstream));
+    for (int64_t k = 0; e->last && k < e->ga; k++) {
+        mean += (double)e->loss_host[k] / (double)e->ga;
+    }
+    MT_CHECK(mt_coll_broadcast(e->pplcomm, &mean, &mean, 1, MT_COLL_F64, e->pp - 1, NULL, NULL));
+    e->sent_other += e->last ? 8.0 * (double)(e->pp - 1) / (double)e->pp : 0.0;
+    *loss = mean;
     return MT_OK;
 }
 
@@ -311,11 +555,42 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->ga = info->grad_accum;
     e->dp_size = info->dp_size;
     e->dp_rank = info->dp_rank;
-    e->overlap = !strcmp(mt_config_str(cfg, "parallel.engine"), "ddp");
+    e->zero = !strcmp(mt_config_str(cfg, "parallel.engine"), "zero") && e->dp_size > 1;
+    e->zero2 = e->zero && mt_config_int(cfg, "parallel.zero_stage") >= 2;
+    e->zero3 = e->zero && mt_config_int(cfg, "parallel.zero_stage") == 3;
+    e->overlap = e->zero || !strcmp(mt_config_str(cfg, "parallel.engine"), "ddp");
     e->bucket_elems = (size_t)MT_MAX(1.0, mt_config_float(cfg, "parallel.bucket_mb") * 1048576.0 / 4.0);
+    /* the pipeline: this rank's stage (the mesh's pp coordinate) and its blocks, from the CPU engines' split */
+    e->pp = info->mesh ? mt_mesh_axis_size(info->mesh, MT_AXIS_PP) : 1;
+    e->resident = -1;
+    e->first = e->last = true;
+    if (e->pp > 1) {
+        int me = 0, coords[MT_AXIS_N], L = mt_model_config(e->model)->n_layer;
+        MPI_Comm_rank(info->comm, &me);
+        mt_mesh_coords(info->mesh, me, coords);
+        e->stage = coords[MT_AXIS_PP];
+        e->first = e->stage == 0;
+        e->last = e->stage == e->pp - 1;
+        if (!mt_pp_schedule_parse(mt_config_str(cfg, "parallel.schedule"), &e->sched)) {
+            st = mt_error(MT_ERR_INVALID_ARG, "parallel.schedule = \"%s\": expected gpipe or 1f1b",
+                          mt_config_str(cfg, "parallel.schedule"));
+            goto fail;
+        }
+        int *bounds = malloc((size_t)(e->pp + 1) * sizeof(int));
+        st = bounds ? mt_pipeline_split(e->model, e->pp, mt_config_str(cfg, "parallel.stage_layers"), bounds)
+                    : mt_error(MT_ERR_OOM, "cuda engine: out of memory");
+        if (st == MT_OK) { /* modules: 0 the embeddings, 1 .. L the blocks, L + 1 the head */
+            gp.stage_lo = MT_MAX(bounds[e->stage], 1) - 1;
+            gp.stage_hi = MT_MIN(bounds[e->stage + 1], L + 1) - 1;
+        }
+        free(bounds);
+        if (st != MT_OK) {
+            goto fail;
+        }
+    }
     /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one) */
     st = mt_cuda_status(cudaSetDevice(mt_rt_world()->local_rank % ndev), "cudaSetDevice");
-    if (e->dp_size > 1) {
+    if (e->dp_size > 1 || e->pp > 1) {
         /* The dp communicators are created collectively over info->comm: every rank must get there, so the
          * ranks agree on the device choice first and allocate only afterwards (a rank failing alone before a
          * collective would leave the others waiting in it). */
@@ -326,8 +601,11 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         if (any_bad && st == MT_OK) {
             st = mt_error(MT_ERR_CUDA, "cuda engine: another rank could not select its GPU (its message is above)");
         }
-        if (st == MT_OK) {
+        if (st == MT_OK && e->dp_size > 1) {
             st = dp_comms_init(e, info);
+        }
+        if (st == MT_OK && e->pp > 1) {
+            st = pp_comms_init(e, info);
         }
     }
     if (st != MT_OK) {
@@ -343,21 +621,46 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     gp.T = (int)e->T;
     gp.init_scale = (float)mt_config_float(cfg, "precision.init_scale");
     gp.scale_window = mt_config_int(cfg, "precision.scale_window");
+    gp.shard_count = e->zero ? e->dp_size : 1;
+    gp.shard_index = e->zero ? e->dp_rank : 0;
+    gp.shard_grads = e->zero2;
+    gp.shard_weights = e->zero3;
     MT_CHECK_GOTO(mt_gpt2_cuda_init(e->model, &gp, &e->g), st, fail);
-    e->numel = mt_model_numel(e->model);
+    mt_gpt2_cuda_shard(e->g, &e->sh_lo, &e->sh_hi, &e->sh_len);
+    e->numel = mt_gpt2_cuda_numel(e->g); /* the stage's parameters */
     e->cstream = (cudaStream_t)mt_gpt2_cuda_stream(e->g);
     MT_CHECK_GOTO(mt_dev_malloc((void **)&e->loss_dev, (size_t)e->ga * 4, MT_MEM_OTHER, "cuda engine losses",
                                 e->cstream),
                   st, fail);
     MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&e->loss_host, (size_t)e->ga * 4), "pinned losses"), st,
                   fail);
-    if (e->dp_size > 1) {
-        MT_CHECK_GOTO(mt_cuda_status(cudaStreamCreateWithFlags(&e->comm_stream, cudaStreamNonBlocking), "stream"), st,
+    e->act_elems = (size_t)(e->mb * e->T) * (size_t)mt_model_config(e->model)->n_embd;
+    size_t act_bytes = e->act_elems * mt_dtype_size(mt_prec_storage(e->prec));
+    if (e->pp > 1 && !e->first) { /* the inputs of the micro-batches in flight, for their backward */
+        e->n_slots = mt_pipeline_max_in_flight(e->sched, e->pp, e->stage, (int)e->ga);
+        MT_CHECK_GOTO(mt_dev_malloc((void **)&e->inslots, (size_t)e->n_slots * act_bytes, MT_MEM_ACTIVATIONS,
+                                    "pipeline stage inputs", e->cstream),
+                      st, fail);
+    }
+    if (e->pp > 1) {
+        MT_CHECK_GOTO(mt_dev_malloc(&e->sendbuf, act_bytes, MT_MEM_COMM, "pipeline send buffer", e->cstream), st,
                       fail);
+    }
+    if (e->dp_size > 1) {
+        /* the comm stream at the device's greatest priority, so queued compute kernels do not starve the
+         * collectives that backward overlaps with (lower numbers are higher priorities) */
+        int least = 0, greatest = 0;
+        MT_CHECK_GOTO(mt_cuda_status(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities"), st,
+                      fail);
+        MT_CHECK_GOTO(mt_cuda_status(cudaStreamCreateWithPriority(&e->comm_stream, cudaStreamNonBlocking, greatest),
+                                     "stream"),
+                      st, fail);
         MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&e->ready, cudaEventDisableTiming), "event"), st, fail);
         MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&e->comm_done, cudaEventDisableTiming), "event"), st,
                       fail);
         mt_gpt2_cuda_set_grad_hook(e->g, on_grads, e);
+        mt_gpt2_cuda_set_comm_stream(e->g, e->comm_stream);
+        mt_gpt2_cuda_set_weight_hook(e->g, on_weights, e);
     }
     /* energy: read-only NVML counter of this GPU, when the library and the counter are there */
     char bus[32] = "";
@@ -371,8 +674,16 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     if (!e->nvml) {
         MT_INFO(MT_LOG_INIT, "cuda engine: no NVML energy counter: step metrics carry no energy_j");
     }
+    if (e->pp > 1) {
+        MT_INFO(MT_LOG_INIT, "cuda engine: pipeline stage %d of %d (%s, blocks [%d, %d), %zu parameters), %d input "
+                "slots", e->stage, e->pp, mt_pp_schedule_name(e->sched), gp.stage_lo, gp.stage_hi, e->numel, e->n_slots);
+    }
     MT_INFO(MT_LOG_INIT, "cuda engine: device %d, %s, dp %d (%s), buckets of %zu floats", d, prec, e->dp_size,
-            e->overlap ? "ddp: all-reduce per bucket during backward" : "dp: one all-reduce after backward",
+            e->zero3     ? "zero-3: each block's weights gathered before use, gradients reduced to their owners"
+            : e->zero2   ? "zero-2: each block's gradients reduced to their slices' owners in every backward"
+            : e->zero    ? "zero-1: buckets reduced to their slices' owners during backward, weights all-gathered"
+            : e->overlap ? "ddp: all-reduce per bucket during backward"
+                         : "dp: one all-reduce after backward",
             e->bucket_elems);
     *ctx = e;
     return MT_OK;
@@ -382,17 +693,23 @@ fail:
 }
 
 static mt_status_t ce_zero_grads(void *ctx) {
-    return mt_gpt2_cuda_zero_grads(((cuda_engine_t *)ctx)->g);
+    cuda_engine_t *e = ctx;
+    e->sent_model = e->sent_other = 0.0; /* a step starts */
+    return mt_gpt2_cuda_zero_grads(e->g);
 }
 
 static mt_status_t ce_run_batch(void *ctx, const mt_batch_t *b, bool backward, double *loss) {
     cuda_engine_t *e = ctx;
+    if (e->pp > 1) {
+        return pp_run_batch(e, b, backward, loss);
+    }
     size_t n = (size_t)(e->mb * e->T);
     for (int64_t k = 0; k < e->ga; k++) {
         MT_CHECK(mt_gpt2_cuda_forward(e->g, b->inputs + k * n, b->targets + k * n));
         CU(cudaMemcpyAsync(e->loss_dev + k, mt_gpt2_cuda_loss_dev(e->g), 4, cudaMemcpyDeviceToDevice, e->cstream));
         if (backward) {
-            e->comm_now = e->gcomm && k + 1 == e->ga; /* the gradients are final in the last micro-batch */
+            /* the gradients are final in the last micro-batch; ZeRO-2 takes every micro-batch's away */
+            e->comm_now = e->gcomm && (e->zero2 || k + 1 == e->ga);
             e->pend_lo = e->pend_hi = e->numel;
             mt_status_t st = mt_gpt2_cuda_backward(e->g, 1.0f / (float)e->ga);
             e->comm_now = false;
@@ -412,23 +729,40 @@ static mt_status_t ce_run_batch(void *ctx, const mt_batch_t *b, bool backward, d
 
 static mt_status_t ce_finish_grads(void *ctx) {
     cuda_engine_t *e = ctx;
-    if (!e->gcomm) {
-        return MT_OK;
+    if (e->gcomm) { /* the optimizer (compute stream) waits for the last all-reduce on the device, not the host */
+        CU(cudaEventRecord(e->comm_done, e->comm_stream));
+        CU(cudaStreamWaitEvent(e->cstream, e->comm_done, 0));
+        MT_CHECK(mt_comm_get_async_error(e->gcomm));
     }
-    /* the optimizer (compute stream) waits for the last all-reduce on the device, not on the host */
-    CU(cudaEventRecord(e->comm_done, e->comm_stream));
-    CU(cudaStreamWaitEvent(e->cstream, e->comm_done, 0));
-    return mt_comm_get_async_error(e->gcomm);
+    if (e->embcomm) { /* the tied wte: the first stage's (embedding) and the last's (head) gradients summed */
+        const mt_param_t *wte = mt_model_param(e->model, 0);
+        float *gw = mt_gpt2_cuda_grads(e->g) + mt_gpt2_cuda_param_offset(e->g, 0);
+        MT_CHECK(mt_coll_all_reduce(e->embcomm, gw, gw, wte->numel, MT_COLL_F32, MT_REDOP_SUM, e->cstream, NULL));
+        e->sent_model += (double)wte->numel * 4.0; /* 2b(n-1)/n over 2 ranks */
+    }
+    return MT_OK;
 }
 
 static mt_status_t ce_grad_sumsq(void *ctx, double *total) {
     cuda_engine_t *e = ctx;
     bool nonfinite = false;
     MT_CHECK(mt_gpt2_cuda_grad_stats(e->g, total, &nonfinite));
+    /* each rank summed its slice (ZeRO) or its stage (pp; the tied wte once): the norm and the fp16 overflow
+     * verdict are the group's */
+    mt_comm_t over = e->zero ? e->lcomm : e->pp > 1 ? e->pplcomm : NULL;
+    if (over) {
+        double v[2] = {*total, nonfinite ? 1.0 : 0.0};
+        MT_CHECK(mt_coll_all_reduce(over, v, v, 2, MT_COLL_F64, MT_REDOP_SUM, NULL, NULL));
+        e->sent_other += 2.0 * sizeof(v) * (double)(mt_comm_size(over) - 1) / (double)mt_comm_size(over);
+        *total = v[0];
+        nonfinite = v[1] > 0.0;
+        mt_gpt2_cuda_set_nonfinite(e->g, nonfinite);
+    }
     float scale = mt_gpt2_cuda_loss_scale(e->g);
     if (nonfinite && e->prec == MT_PREC_FP16) {
         /* fp16 loss scaling: an overflow is expected now and then; the step skips it and halves the scale.
-         * The gradients are averaged, so every rank sees the same overflow and takes the same decision. */
+         * The gradients are averaged (ZeRO-1: the verdict is agreed above), so every rank sees the same
+         * overflow and takes the same decision. */
         MT_INFO(MT_LOG_TRAIN, "fp16: inf/NaN gradients at loss scale %g: the step is skipped, the scale halves",
                 (double)scale);
         *total = 0.0;
@@ -438,7 +772,24 @@ static mt_status_t ce_grad_sumsq(void *ctx, double *total) {
 
 static mt_status_t ce_step(void *ctx, float lr, float grad_scale) {
     cuda_engine_t *e = ctx;
-    return mt_gpt2_cuda_step_scaled(e->g, &e->optim, lr, grad_scale, NULL);
+    bool skipped = false;
+    MT_CHECK(mt_gpt2_cuda_step_scaled(e->g, &e->optim, lr, grad_scale, &skipped));
+    if (!e->zero || e->zero3 || skipped) { /* a skipped fp16 step changed no slice (and every rank skipped it);
+                                             * ZeRO-3 gathers at the next use */
+        return MT_OK;
+    }
+    /* ZeRO-1: every rank's updated slice of the compute copy to every rank, in place, on the comm stream
+     * after the update; the next forward (compute stream) waits for it on the device */
+    mt_dtype_t dt = mt_prec_storage(e->prec);
+    char *w = mt_gpt2_cuda_weights(e->g);
+    CU(cudaEventRecord(e->ready, e->cstream));
+    CU(cudaStreamWaitEvent(e->comm_stream, e->ready, 0));
+    MT_CHECK(mt_coll_all_gather(e->gcomm, w + (size_t)e->dp_rank * e->sh_len * mt_dtype_size(dt), w, e->sh_len,
+                                (mt_coll_dtype_t)dt, e->comm_stream, NULL));
+    e->sent_model += (double)e->sh_len * (double)mt_dtype_size(dt) * (double)(e->dp_size - 1);
+    CU(cudaEventRecord(e->comm_done, e->comm_stream));
+    CU(cudaStreamWaitEvent(e->cstream, e->comm_done, 0));
+    return mt_comm_get_async_error(e->gcomm);
 }
 
 static mt_status_t ce_reduce_loss(void *ctx, double *loss) {
@@ -446,51 +797,66 @@ static mt_status_t ce_reduce_loss(void *ctx, double *loss) {
     if (!e->lcomm) {
         return MT_OK;
     }
+    e->sent_other += 2.0 * sizeof(*loss) * dp_frac(e);
     return mt_coll_all_reduce(e->lcomm, loss, loss, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, NULL);
 }
 
-/* Every parameter and its AdamW moments, whole, staged in host memory: save copies the device state
- * there first (dp rank 0 writes; the replicas are equal), a load fills it and ce_ckpt_loaded uploads. */
+/* The step's bytes as counted at each call (dp_frac); nothing with dp = 1. */
+static void ce_comm_bytes(void *ctx, double *model, double *other) {
+    cuda_engine_t *e = ctx;
+    *model = e->sent_model;
+    *other = e->sent_other;
+}
+
+/* The parameters and their AdamW moments, staged in host memory: save copies the device state there first
+ * and lists what this rank writes (dp rank 0 its stage's, the replicas being equal; under ZeRO every rank
+ * the weights and moments of its slice), a load lists what the rank holds (every weight of its stage, the
+ * moments of its slice) and ce_ckpt_loaded uploads them. */
 static mt_status_t ce_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **pieces, int *n) {
     cuda_engine_t *e = ctx;
     *pieces = NULL;
     *n = 0;
-    if (save && e->dp_rank != 0) {
+    if (save && e->dp_rank != 0 && !e->zero) {
         return MT_OK;
     }
+    size_t lo = e->sh_lo, hi = e->sh_hi;
     if (!e->h_m) {
-        e->h_m = mt_calloc(e->numel * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
-        e->h_v = mt_calloc(e->numel * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
+        e->h_m = mt_calloc(MT_MAX(hi - lo, 1) * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
+        e->h_v = mt_calloc(MT_MAX(hi - lo, 1) * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
         if (!e->h_m || !e->h_v) {
-            return mt_error(MT_ERR_OOM, "checkpoint: no host memory to stage %zu optimizer values", 2 * e->numel);
+            return mt_error(MT_ERR_OOM, "checkpoint: no host memory to stage %zu optimizer values", 2 * (hi - lo));
         }
     }
     float *params = mt_model_params_flat(e->model);
     if (save) {
         MT_CHECK(mt_gpt2_cuda_get_state(e->g, params, e->h_m, e->h_v));
     }
-    int np = mt_model_n_params(e->model), k = 0;
-    mt_ckpt_piece_t *out = calloc((size_t)(3 * np), sizeof(*out));
-    if (!out) {
-        return mt_error(MT_ERR_OOM, "checkpoint: out of memory listing %d parameters", np);
-    }
-    for (int i = 0; i < np; i++) {
+    mt_plist_t l = {0};
+    mt_status_t st = MT_OK;
+    for (int i = 0; i < mt_model_n_params(e->model) && st == MT_OK; i++) {
         const mt_param_t *p = mt_model_param(e->model, i);
-        float *bufs[3] = {params + p->offset, e->h_m + p->offset, e->h_v + p->offset};
-        const char *kinds[3] = {"param", "adamw.m", "adamw.v"};
-        for (int b = 0; b < 3; b++) {
-            mt_ckpt_piece_t *pc = &out[k++];
-            snprintf(pc->tensor, sizeof(pc->tensor), "%s/%s", kinds[b], p->name);
-            pc->ndim = p->ndim;
-            for (int dd = 0; dd < p->ndim; dd++) {
-                pc->shape[dd] = p->global_shape[dd];
-                pc->hi[dd] = p->global_shape[dd];
-            }
-            pc->data = bufs[b];
+        size_t off = mt_gpt2_cuda_param_offset(e->g, i); /* in the trainer's layout (a stage's: its own) */
+        if (off == SIZE_MAX || (save && i == 0 && e->last && !e->first)) {
+            continue; /* not on this stage; the last stage's copy of the tied wte: the first stage writes it */
+        }
+        size_t a = MT_MAX(off, lo) - off, b = MT_MIN(off + p->numel, hi);
+        b = b > off ? b - off : 0; /* [a, b): the slice's part of p */
+        /* the weights (in the model's host layout): the slice's part on save, whole on a load */
+        size_t wa = save ? a : 0, wb = save ? b : p->numel;
+        st = mt_plist_push_flat(&l, "param", p, 1, 0, wa, wb, params + p->offset + wa);
+        if (st == MT_OK && a < b) {
+            st = mt_plist_push_flat(&l, "adamw.m", p, 1, 0, a, b, e->h_m + (off + a - lo));
+        }
+        if (st == MT_OK && a < b) {
+            st = mt_plist_push_flat(&l, "adamw.v", p, 1, 0, a, b, e->h_v + (off + a - lo));
         }
     }
-    *pieces = out;
-    *n = k;
+    if (st != MT_OK) {
+        free(l.v);
+        return st;
+    }
+    *pieces = l.v;
+    *n = l.n;
     return MT_OK;
 }
 
@@ -560,10 +926,12 @@ static const mt_job_engine_t cuda_engine = {
     .run_batch = ce_run_batch,
     .any_precision = true,
     .own_activations = true,
+    .pipelines = true,
     .step_energy = ce_step_energy,
     .peak_flops = ce_peak_flops,
     .loss_scaler = ce_loss_scaler,
     .device_mem = ce_device_mem,
+    .comm_bytes = ce_comm_bytes,
 };
 
 #else /* !MT_HAVE_CUDA */

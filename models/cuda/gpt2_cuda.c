@@ -31,6 +31,9 @@ struct mt_gpt2_cuda {
     mt_model_t m;
     mt_gpt2_cuda_params_t p;
     int L, C, NH, V, Vp, B, T, N, dt;
+    int lo, hi;       /* the pipeline stage's blocks [lo, hi) (the whole model: 0, L) */
+    bool first, last; /* the stage holds the embeddings (first), ln_f and the head (last); wte on either */
+    bool *held;       /* parameter i is on this stage */
     bool recompute; /* model.recompute = block: one layer_acts_t shared by every block, refilled in backward */
     size_t es, numel;
     cudaStream_t stream;
@@ -39,9 +42,30 @@ struct mt_gpt2_cuda {
                             * previous micro-batch's work before it enqueues the next forward */
     mt_cuda_ctx_t ctx;
     void *ws;
-    float *master, *grads, *adam_m, *adam_v;
-    void *wc; /* compute copy in the storage dtype (== master for f32 storage) */
-    size_t *offs;
+    float *grads, *adam_m, *adam_v; /* gradients (numel), AdamW moments of the slice (sh_hi - sh_lo) */
+    float *master;                  /* f32 master weights of the slice: master[i - sh_lo] (in wc for f32 storage) */
+    void *wc;                       /* compute copy in the storage dtype, sh_n * sh_len elements (NULL: zero3) */
+    bool zero3;                     /* ZeRO-3: weights gathered per block into wpool, wte/wpe/ln_f into wouter */
+    void *wpool;                    /* zero3: three block-sized weight slots, block l's weights in slot l % 3 */
+    void *wouter;                   /* zero3: wte, wpe, ln_f in the layout of gouter */
+    void *wslice;                   /* zero3: the slice of the compute copy (== master for f32 storage) */
+    int wslot[3];                   /* zero3: the block each slot holds (-1: none or stale) */
+    bool outer_stale;               /* zero3: wouter predates the last step */
+    cudaEvent_t wready[3];          /* zero3: recorded on the comm stream after a slot's gather */
+    cudaEvent_t wmark;              /* zero3: the compute stream's progress, for the comm stream to wait on */
+    mt_gpt2_cuda_weight_hook_t whook;
+    void *whook_arg;
+    int sh_n, sh_r;                 /* ZeRO-1/2: shards and this model's (1, 0: unsharded) */
+    size_t sh_lo, sh_hi, sh_len;    /* the slice this model updates, the slice length */
+    bool zero2;                     /* ZeRO-2: no whole gradient (grads NULL): backward writes the pool below */
+    float *gpool;                   /* zero2: two block-sized slots, block l's gradients in slot l % 2 */
+    float *gouter;                  /* zero2: wte, wpe [0, offs[BLOCK0]), then ln_f [offs[pf], numel) */
+    float *gshard;                  /* zero2: the slice's gradient, accumulated by the hook's consumer */
+    size_t blk_numel;               /* zero2: elements of one block's parameters */
+    cudaEvent_t slot_free[2];       /* zero2: recorded on the consumer stream after a slot's hook */
+    cudaEvent_t outer_free;         /* zero2: ... after the embedding's hook (the last use of gouter) */
+    cudaStream_t consumer;          /* the stream the hook's consumer reads the gradients on */
+    size_t *offs; /* each parameter's offset in the stage's flat layout (an absent one: zero length there) */
     bool *decay;
     int n_params;
     void *resid; /* (L+1) x (N,C): resid[l] is block l's input, resid[L] the final residual */
@@ -85,8 +109,41 @@ static void *carve(char **cursor, size_t bytes) {
     return p;
 }
 
-#define W(i) ((void *)((char *)g->wc + g->offs[i] * g->es))
-#define G(i) (g->grads + g->offs[i])
+#define CK(call) MT_CHECK(mt_cuda_status((call), #call))
+#define W(i) weight_ptr(g, i)
+
+/* Where parameter i's compute copy lives: the whole copy, or under ZeRO-3 its gathered slot. */
+static void *weight_ptr(mt_gpt2_cuda_t g, int i) {
+    if (!g->zero3) {
+        return (char *)g->wc + g->offs[i] * g->es;
+    }
+    int pf = BLOCK0 + g->L * NBP;
+    if (i < BLOCK0) {
+        return (char *)g->wouter + g->offs[i] * g->es;
+    }
+    if (i >= pf) {
+        return (char *)g->wouter + (g->offs[BLOCK0] + g->offs[i] - g->offs[pf]) * g->es;
+    }
+    int l = (i - BLOCK0) / NBP;
+    return (char *)g->wpool + ((size_t)(l % 3) * g->blk_numel + g->offs[i] - g->offs[BLOCK0 + l * NBP]) * g->es;
+}
+#define G(i) grad_ptr(g, i)
+
+/* Where parameter i's gradient lives: the whole gradient's flat layout, or under ZeRO-2 the pool. */
+static float *grad_ptr(mt_gpt2_cuda_t g, int i) {
+    if (!g->zero2) {
+        return g->grads + g->offs[i];
+    }
+    int pf = BLOCK0 + g->L * NBP;
+    if (i < BLOCK0) {
+        return g->gouter + g->offs[i];
+    }
+    if (i >= pf) {
+        return g->gouter + g->offs[BLOCK0] + (g->offs[i] - g->offs[pf]);
+    }
+    int l = (i - BLOCK0) / NBP;
+    return g->gpool + (size_t)(l % 2) * g->blk_numel + (g->offs[i] - g->offs[BLOCK0 + l * NBP]);
+}
 
 static size_t layer_bytes(mt_gpt2_cuda_t g) {
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es, r = 0;
@@ -111,6 +168,30 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
     if (!p || p->size != sizeof(*p) || (unsigned)p->prec >= MT_PREC_COUNT) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: parameters not initialised with MT_GPT2_CUDA_PARAMS_INIT");
     }
+    int hi = p->stage_hi < 0 ? c->n_layer : p->stage_hi;
+    /* a stage without blocks is the first (the embeddings) or the last (ln_f and the head) */
+    if (p->stage_lo < 0 || hi > c->n_layer || p->stage_lo > hi ||
+        (p->stage_lo == hi && p->stage_lo != 0 && hi != c->n_layer)) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "gpt2_cuda: stage blocks [%d, %d) of %d: expected 0 <= lo <= hi <= n_layer, lo < hi in a "
+                        "middle stage",
+                        p->stage_lo, hi, c->n_layer);
+    }
+    if ((p->stage_lo > 0 || hi < c->n_layer) && p->shard_count > 1) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: a pipeline stage (blocks [%d, %d)) is not sharded (ZeRO)",
+                        p->stage_lo, hi);
+    }
+    if (p->shard_weights && !p->shard_grads) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: shard_weights (ZeRO-3) needs shard_grads (ZeRO-2's pool)");
+    }
+    if (p->shard_grads && p->shard_count < 2) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: shard_grads (ZeRO-2) needs shard_count >= 2, not %d",
+                        p->shard_count);
+    }
+    if (p->shard_count < 1 || p->shard_index < 0 || p->shard_index >= p->shard_count) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: shard %d of %d: expected 0 <= shard_index < shard_count",
+                        p->shard_index, p->shard_count);
+    }
     if (p->B < 1 || p->T < 1 || p->T > c->seq_len) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: micro-batch %d x %d must have B >= 1 and 1 <= T <= seq_len %d",
                         p->B, p->T, c->seq_len);
@@ -123,6 +204,52 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
             return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: parameter %s has no data to upload",
                             mt_model_param(m, i)->name);
         }
+    }
+    return MT_OK;
+}
+
+/* Uploads whole f32 weights (numel floats, flat layout; NULL: each parameter's host data) into the compute
+ * copy and the master weights of the slice, on the compute stream (a pageable cudaMemcpy may return before
+ * its DMA lands, and the non-blocking stream would not wait for it), and zeroes the gradients. In bf16/fp16
+ * each parameter is staged in f32 in its own gradient storage (whole, or ZeRO-2's pool), so no extra
+ * device memory is needed. */
+static mt_status_t upload_weights(mt_gpt2_cuda_t g, const float *flat) {
+    bool f32 = g->dt == MT_CU_F32;
+    for (int i = 0; g->zero2 && i < 3; i++) { /* the pool's last consumer is done with it */
+        CK(cudaStreamWaitEvent(g->stream, i < 2 ? g->slot_free[i] : g->outer_free, 0));
+    }
+    int pf = BLOCK0 + g->L * NBP;
+    for (int i = 0; i < g->n_params; i++) {
+        const mt_param_t *pp = mt_model_param(g->m, i);
+        if (!g->held[i]) {
+            continue;
+        }
+        size_t off = g->offs[i], n = pp->numel; /* off: the stage's layout; pp->offset: the host's (the model's) */
+        float *stage = f32 && !g->zero3 ? (float *)g->wc + off : G(i);
+        CK(cudaMemcpyAsync(stage, flat ? flat + pp->offset : pp->data, n * 4, cudaMemcpyHostToDevice, g->stream));
+        size_t a = MT_MAX(off, g->sh_lo), b = MT_MIN(off + n, g->sh_hi);
+        if ((!f32 || g->zero3) && a < b) { /* the slice's master weights (and ZeRO-3's slice of the copy) */
+            CK(cudaMemcpyAsync(g->master + (a - g->sh_lo), stage + (a - off), (b - a) * 4, cudaMemcpyDeviceToDevice,
+                               g->stream));
+            if (g->zero3 && !f32) {
+                CK(mt_cuda_convert((char *)g->wslice + (a - g->sh_lo) * g->es, g->dt, stage + (a - off), MT_CU_F32,
+                                   b - a, 1.0f, g->stream));
+            }
+        }
+        if (!g->zero3 && !f32) {
+            CK(mt_cuda_convert((char *)g->wc + off * g->es, g->dt, stage, MT_CU_F32, n, 1.0f, g->stream));
+        } else if (g->zero3 && (i < BLOCK0 || i >= pf)) { /* wte, wpe, ln_f: whole on every rank */
+            CK(mt_cuda_convert(W(i), g->dt, stage, MT_CU_F32, n, 1.0f, g->stream));
+        }
+    }
+    for (int k = 0; k < 3; k++) { /* the slots are gathered again at their next use */
+        g->wslot[k] = -1;
+    }
+    g->outer_stale = false;
+    if (g->zero2) { /* the pool is cleared by each backward */
+        CK(cudaMemsetAsync(g->gshard, 0, (g->sh_hi - g->sh_lo) * 4, g->stream));
+    } else {
+        CK(cudaMemsetAsync(g->grads, 0, g->numel * 4, g->stream));
     }
     return MT_OK;
 }
@@ -145,8 +272,11 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     g->B = p->B, g->T = p->T, g->N = p->B * p->T;
     g->dt = (int)mt_prec_storage(p->prec);
     g->es = mt_dtype_size((mt_dtype_t)g->dt);
-    g->numel = mt_model_numel(m);
     g->n_params = mt_model_n_params(m);
+    g->lo = p->stage_lo;
+    g->hi = p->stage_hi < 0 ? g->L : p->stage_hi;
+    g->first = g->lo == 0;
+    g->last = g->hi == g->L;
     g->recompute = c->recompute == MT_RECOMPUTE_BLOCK;
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es;
     MT_CHECK_GOTO(mt_loss_scaler_init(&g->scaler, p->prec, p->init_scale, p->scale_window), st, fail);
@@ -157,51 +287,106 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     }
     g->offs = mt_calloc(g->n_params * sizeof(size_t), MT_MEM_OTHER, "gpt2_cuda offsets");
     g->decay = mt_calloc(g->n_params * sizeof(bool), MT_MEM_OTHER, "gpt2_cuda decay");
-    g->la = mt_calloc((size_t)(g->L > 0 ? g->L : 1) * sizeof(layer_acts_t), MT_MEM_OTHER, "gpt2_cuda layers");
-    if (!g->offs || !g->decay || !g->la) {
+    g->held = mt_calloc(g->n_params * sizeof(bool), MT_MEM_OTHER, "gpt2_cuda stage");
+    g->la = mt_calloc((size_t)MT_MAX(g->hi - g->lo, 1) * sizeof(layer_acts_t), MT_MEM_OTHER, "gpt2_cuda layers");
+    if (!g->offs || !g->decay || !g->held || !g->la) {
         st = mt_error(MT_ERR_OOM, "gpt2_cuda: no host memory");
         goto fail;
     }
-    /* parameters: f32 master (uploaded), compute copy, gradients, AdamW moments */
-    MT_CHECK_GOTO(dalloc(g, (void **)&g->master, g->numel * 4, MT_MEM_PARAMS, "gpt2_cuda master weights"), st, fail);
-    /* uploads on the compute stream: a pageable cudaMemcpy may return before its DMA lands, and the
-     * non-blocking stream would not wait for it */
+    /* the stage's parameters, in registration order: wte (first or last stage: the head reads it), wpe (first),
+     * its blocks, ln_f (last) */
+    int pf = BLOCK0 + g->L * NBP;
+    g->numel = 0;
     for (int i = 0; i < g->n_params; i++) {
         const mt_param_t *pp = mt_model_param(m, i);
-        g->offs[i] = pp->offset;
+        int blk = i >= BLOCK0 && i < pf ? (i - BLOCK0) / NBP : -1;
+        g->held[i] = i == 0 ? g->first || g->last : i == 1 ? g->first : i >= pf ? g->last : blk >= g->lo && blk < g->hi;
+        g->offs[i] = g->numel;
         g->decay[i] = pp->is_weight2d;
-        MT_CHECK_GOTO(mt_cuda_status(cudaMemcpyAsync(g->master + pp->offset, pp->data, pp->numel * 4,
-                                                     cudaMemcpyHostToDevice, g->stream),
-                                     "upload parameters"),
-                      st, fail);
+        g->numel += g->held[i] ? pp->numel : 0;
     }
-    if (g->dt == MT_CU_F32) {
-        g->wc = g->master;
+    /* ZeRO-1 slices: sh_len elements each (a multiple of 64, so every slice starts 256-byte aligned) */
+    g->sh_n = p->shard_count;
+    g->sh_r = p->shard_index;
+    g->sh_len = g->sh_n > 1 ? MT_DIV_UP(MT_DIV_UP(g->numel, (size_t)g->sh_n), 64) * 64 : g->numel;
+    g->sh_lo = MT_MIN((size_t)g->sh_r * g->sh_len, g->numel);
+    g->sh_hi = MT_MIN(g->sh_lo + g->sh_len, g->numel);
+    size_t slice = g->sh_hi - g->sh_lo, padded = g->sh_len * (size_t)g->sh_n;
+    /* parameters: compute copy (the f32 master weights themselves for f32 storage), the master weights of
+     * the slice (other storage), gradients, AdamW moments of the slice */
+    g->zero3 = p->shard_weights;
+    g->blk_numel = g->L > 0 ? g->offs[BLOCK0 + NBP] - g->offs[BLOCK0] : 0;
+    if (g->zero3) { /* the slice (master; a copy in the storage dtype), three block slots, wte/wpe/ln_f */
+        size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
+        MT_CHECK_GOTO(dalloc(g, (void **)&g->master, MT_MAX(slice, 1) * 4, MT_MEM_PARAMS, "gpt2_cuda master weights"),
+                      st, fail);
+        if (g->dt == MT_CU_F32) {
+            g->wslice = g->master;
+        } else {
+            MT_CHECK_GOTO(dalloc(g, &g->wslice, MT_MAX(slice, 1) * es, MT_MEM_PARAMS, "gpt2_cuda weight slice"), st,
+                          fail);
+        }
+        MT_CHECK_GOTO(dalloc(g, &g->wpool, MT_MAX(3 * g->blk_numel, 1) * es, MT_MEM_PARAMS, "gpt2_cuda weight slots"),
+                      st, fail);
+        MT_CHECK_GOTO(dalloc(g, &g->wouter, outer * es, MT_MEM_PARAMS, "gpt2_cuda embedding/ln_f weights"), st, fail);
+        for (int i = 0; i < 4; i++) {
+            cudaEvent_t *ev = i < 3 ? &g->wready[i] : &g->wmark;
+            MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "event"), st, fail);
+        }
     } else {
-        MT_CHECK_GOTO(dalloc(g, &g->wc, g->numel * es, MT_MEM_PARAMS, "gpt2_cuda compute weights"), st, fail);
-        MT_CHECK_GOTO(mt_cuda_status(mt_cuda_convert(g->wc, g->dt, g->master, MT_CU_F32, g->numel, 1.0f, g->stream),
-                                     "convert weights"),
+        MT_CHECK_GOTO(dalloc(g, &g->wc, padded * es, MT_MEM_PARAMS,
+                             g->dt == MT_CU_F32 ? "gpt2_cuda master weights" : "gpt2_cuda compute weights"),
                       st, fail);
+        MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->wc, 0, padded * es, g->stream), "memset"), st, fail);
+        if (g->dt == MT_CU_F32) {
+            g->master = (float *)g->wc + g->sh_lo;
+        } else {
+            MT_CHECK_GOTO(dalloc(g, (void **)&g->master, MT_MAX(slice, 1) * 4, MT_MEM_PARAMS,
+                                 "gpt2_cuda master weights"),
+                          st, fail);
+        }
     }
-    MT_CHECK_GOTO(dalloc(g, (void **)&g->grads, g->numel * 4, MT_MEM_GRADS, "gpt2_cuda grads"), st, fail);
-    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_m, g->numel * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam m"), st, fail);
-    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_v, g->numel * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam v"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->grads, 0, g->numel * 4, g->stream), "memset"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_m, 0, g->numel * 4, g->stream), "memset"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_v, 0, g->numel * 4, g->stream), "memset"), st, fail);
+    g->zero2 = p->shard_grads;
+    if (g->zero2) {
+        size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
+        MT_CHECK_GOTO(dalloc(g, (void **)&g->gpool, MT_MAX(2 * g->blk_numel, 1) * 4, MT_MEM_GRADS,
+                             "gpt2_cuda gradient slots"),
+                      st, fail);
+        MT_CHECK_GOTO(dalloc(g, (void **)&g->gouter, outer * 4, MT_MEM_GRADS, "gpt2_cuda embedding/ln_f gradients"), st,
+                      fail);
+        MT_CHECK_GOTO(dalloc(g, (void **)&g->gshard, MT_MAX(slice, 1) * 4, MT_MEM_GRADS, "gpt2_cuda gradient slice"),
+                      st, fail);
+        MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->gshard, 0, slice * 4, g->stream), "memset"), st, fail);
+        for (int i = 0; i < 3; i++) {
+            cudaEvent_t *ev = i < 2 ? &g->slot_free[i] : &g->outer_free;
+            MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "event"), st, fail);
+            MT_CHECK_GOTO(mt_cuda_status(cudaEventRecord(*ev, g->stream), "event"), st, fail);
+        }
+    } else {
+        MT_CHECK_GOTO(dalloc(g, (void **)&g->grads, g->numel * 4, MT_MEM_GRADS, "gpt2_cuda grads"), st, fail);
+    }
+    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_m, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam m"), st,
+                  fail);
+    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_v, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam v"), st,
+                  fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_m, 0, slice * 4, g->stream), "memset"), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_v, 0, slice * 4, g->stream), "memset"), st, fail);
+    MT_CHECK_GOTO(upload_weights(g, NULL), st, fail);
     /* activations: one allocation for everything backward reads */
     size_t lb = layer_bytes(g), head = 0;
-    size_t head_sizes[] = {N * C * es, N * 4, N * 4, N * (size_t)g->Vp * es, N * 4, N * 4, 256, 256};
+    size_t hx = g->last ? 1 : 0; /* ln_f's output and the logits on the last stage only */
+    size_t head_sizes[] = {hx * N * C * es, N * 4, N * 4, hx * N * (size_t)g->Vp * es, N * 4, N * 4, 256, 256};
     for (size_t i = 0; i < MT_ARRAY_LEN(head_sizes); i++) {
         head += MT_DIV_UP(head_sizes[i], 256) * 256;
     }
     size_t resid_bytes = MT_DIV_UP(N * C * es, 256) * 256;
-    /* recompute = block: the block inputs resid[0..L] stay, the internals of one block are shared */
-    int n_la = g->recompute ? MT_MIN(g->L, 1) : g->L;
-    g->act_bytes = (size_t)(g->L + 1) * resid_bytes + (size_t)n_la * lb + head;
+    /* the block inputs resid[lo..hi] (resid[hi]: the stage's output, or the final residual); recompute =
+     * block: they stay, the internals of one block are shared */
+    int nb = g->hi - g->lo, n_la = g->recompute ? MT_MIN(nb, 1) : nb;
+    g->act_bytes = (size_t)(nb + 1) * resid_bytes + (size_t)n_la * lb + head;
     char *cur = NULL;
     MT_CHECK_GOTO(dalloc(g, (void **)&cur, g->act_bytes, MT_MEM_ACTIVATIONS, "gpt2_cuda activations"), st, fail);
-    g->resid = carve(&cur, (size_t)(g->L + 1) * resid_bytes);
+    g->resid = carve(&cur, (size_t)(nb + 1) * resid_bytes);
     for (int l = 0; l < n_la; l++) {
         layer_acts_t *a = &g->la[l];
         a->ln1 = carve(&cur, N * C * es);
@@ -217,13 +402,13 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         a->ln2_rstd = carve(&cur, N * 4);
         a->lse = carve(&cur, (size_t)g->B * g->NH * g->T * 4);
     }
-    for (int l = n_la; l < g->L; l++) {
+    for (int l = n_la; l < nb; l++) {
         g->la[l] = g->la[0]; /* recompute = block: every block's view of the shared internals */
     }
-    g->lnf = carve(&cur, N * C * es);
+    g->lnf = carve(&cur, hx * N * C * es);
     g->lnf_mean = carve(&cur, N * 4);
     g->lnf_rstd = carve(&cur, N * 4);
-    g->logits = carve(&cur, N * (size_t)g->Vp * es);
+    g->logits = carve(&cur, hx * N * (size_t)g->Vp * es);
     g->losses = carve(&cur, N * 4);
     g->lse_ce = carve(&cur, N * 4);
     g->mean_loss = carve(&cur, 256);
@@ -284,6 +469,13 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
             cudaEventDestroy(g->copied[i]);
         }
     }
+    cudaEvent_t evs[] = {g->slot_free[0], g->slot_free[1], g->outer_free, g->wready[0], g->wready[1], g->wready[2],
+                         g->wmark};
+    for (size_t i = 0; i < MT_ARRAY_LEN(evs); i++) {
+        if (evs[i]) {
+            cudaEventDestroy(evs[i]);
+        }
+    }
     if (g->stream) {
         cudaStreamDestroy(g->stream);
     }
@@ -295,15 +487,18 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
     }
     mt_free(g->offs);
     mt_free(g->decay);
+    mt_free(g->held);
     mt_free(g->la);
     mt_free(g);
 }
 
 mt_status_t mt_gpt2_cuda_zero_grads(mt_gpt2_cuda_t g) {
+    if (g->zero2) { /* the pool is cleared by each backward */
+        return mt_cuda_status(cudaMemsetAsync(g->gshard, 0, (g->sh_hi - g->sh_lo) * 4, g->stream), "zero grads");
+    }
     return mt_cuda_status(cudaMemsetAsync(g->grads, 0, g->numel * 4, g->stream), "zero grads");
 }
 
-#define CK(call) MT_CHECK(mt_cuda_status((call), #call))
 
 /* Records the end of a launch of category cat (or, cat < 0, the start of a timed stretch). */
 static mt_status_t prof_mark(mt_gpt2_cuda_t g, int cat) {
@@ -365,17 +560,76 @@ static mt_status_t prof_collect(mt_gpt2_cuda_t g) {
     g->n_marks = 0;
     return MT_OK;
 }
-#define RES(l) ((void *)((char *)g->resid + (size_t)(l)*MT_DIV_UP((size_t)g->N * g->C * g->es, 256) * 256))
+/* Block l's input (l = hi: the stage's output, or the final residual) and internals, on the stage. */
+#define RES(l)                                                                                                         \
+    ((void *)((char *)g->resid + (size_t)((l) - g->lo) * MT_DIV_UP((size_t)g->N * g->C * g->es, 256) * 256))
+#define LA(l) (&g->la[(l) - g->lo])
+
+/* ZeRO-3: enqueues on the comm stream the gather of block l's weights into slot l % 3 unless the slot holds
+ * them, after everything enqueued on the compute stream so far (the slot's previous block is done). */
+static mt_status_t wfetch(mt_gpt2_cuda_t g, int l) {
+    if (l < 0 || l >= g->L || g->wslot[l % 3] == l) {
+        return MT_OK;
+    }
+    CK(cudaEventRecord(g->wmark, g->stream));
+    CK(cudaStreamWaitEvent(g->consumer, g->wmark, 0));
+    size_t b0 = g->offs[BLOCK0 + l * NBP];
+    MT_CHECK(g->whook(g->whook_arg, b0, b0 + g->blk_numel, W(BLOCK0 + l * NBP)));
+    CK(cudaEventRecord(g->wready[l % 3], g->consumer));
+    g->wslot[l % 3] = l;
+    return MT_OK;
+}
+
+/* ZeRO-3, before block l's launches going in direction d (+1 forward, -1 backward): block l's weights and
+ * block l + d's (the forward's fused residual + LayerNorm reads the next block's ln_1) gathered and waited
+ * for on the compute stream, block l + 2d's gather started (into the slot of block l - d, done with). */
+static mt_status_t wneed(mt_gpt2_cuda_t g, int l, int d) {
+    if (!g->zero3) {
+        return MT_OK;
+    }
+    MT_CHECK(wfetch(g, l));
+    MT_CHECK(wfetch(g, l + d));
+    for (int k = l; k != l + 2 * d; k += d) {
+        if (k >= 0 && k < g->L) {
+            CK(cudaStreamWaitEvent(g->stream, g->wready[k % 3], 0));
+        }
+    }
+    return wfetch(g, l + 2 * d);
+}
+
+/* ZeRO-3, at the start of a forward after a step: wte, wpe and ln_f gathered again, whole, and waited for. */
+static mt_status_t wouter_fresh(mt_gpt2_cuda_t g) {
+    if (!g->zero3 || !g->outer_stale) {
+        return MT_OK;
+    }
+    if (!g->whook || !g->consumer) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-3 keeps a slice of the weights: set a weight hook and "
+                                              "the comm stream before forward");
+    }
+    int pf = BLOCK0 + g->L * NBP;
+    CK(cudaEventRecord(g->wmark, g->stream));
+    CK(cudaStreamWaitEvent(g->consumer, g->wmark, 0));
+    MT_CHECK(g->whook(g->whook_arg, 0, g->offs[BLOCK0], W(0)));
+    MT_CHECK(g->whook(g->whook_arg, g->offs[pf], g->numel, W(pf)));
+    CK(cudaEventRecord(g->wmark, g->consumer));
+    CK(cudaStreamWaitEvent(g->stream, g->wmark, 0));
+    g->outer_stale = false;
+    return MT_OK;
+}
 
 mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const int32_t *targets) {
     int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt;
     void *s = g->stream;
+    if ((g->first && !tokens) || (g->last && !targets)) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the %s stage needs the %s", g->first ? "first" : "last",
+                        g->first && !tokens ? "tokens" : "targets");
+    }
     for (int i = 0; i < N; i++) {
-        if (tokens[i] < 0 || tokens[i] >= g->V) {
+        if (g->first && (tokens[i] < 0 || tokens[i] >= g->V)) {
             return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: token %d at position %d is outside [0, %d)", tokens[i], i,
                             g->V);
         }
-        if (targets[i] < -1 || targets[i] >= g->V) {
+        if (g->last && (targets[i] < -1 || targets[i] >= g->V)) {
             return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: target %d at position %d is outside [0, %d) and not -1",
                             targets[i], i, g->V);
         }
@@ -385,23 +639,35 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     g->slot ^= 1;
     int32_t *pin = g->pinned + (size_t)k * 2 * N;
     CK(cudaEventSynchronize(g->copied[k]));
-    memcpy(pin, tokens, (size_t)N * 4);
-    memcpy(pin + N, targets, (size_t)N * 4);
-    CK(cudaMemcpyAsync(g->tokens_d, pin, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
-    CK(cudaMemcpyAsync(g->targets_d, pin + N, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
-    CK(cudaEventRecord(g->copied[k], g->stream));
-    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
-    OP(PROF_EMBED, mt_cuda_embedding_forward(RES(0), g->tokens_d, W(0), W(1), B, T, C, dt, s));
-    int pf = BLOCK0 + L * NBP; /* ln_f */
-    if (L == 0) {
-        OP(PROF_LN_FWD,
-           mt_cuda_layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, RES(0), W(pf), W(pf + 1), N, C, dt, s));
+    if (g->first) {
+        memcpy(pin, tokens, (size_t)N * 4);
+        CK(cudaMemcpyAsync(g->tokens_d, pin, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
     }
-    for (int l = 0; l < L; l++) {
-        layer_acts_t *a = &g->la[l];
+    if (g->last) {
+        memcpy(pin + N, targets, (size_t)N * 4);
+        CK(cudaMemcpyAsync(g->targets_d, pin + N, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
+    }
+    CK(cudaEventRecord(g->copied[k], g->stream));
+    if (g->zero3 && (!g->whook || !g->consumer)) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-3 keeps a slice of the weights: set a weight hook and "
+                                              "the comm stream before forward");
+    }
+    MT_CHECK(wouter_fresh(g));
+    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    if (g->first) { /* later stages find their input in resid[lo] (mt_gpt2_cuda_stage_input) */
+        OP(PROF_EMBED, mt_cuda_embedding_forward(RES(0), g->tokens_d, W(0), W(1), B, T, C, dt, s));
+    }
+    int pf = BLOCK0 + L * NBP; /* ln_f */
+    if (g->lo == g->hi && g->last) { /* no block to fuse ln_f into */
+        OP(PROF_LN_FWD,
+           mt_cuda_layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, RES(L), W(pf), W(pf + 1), N, C, dt, s));
+    }
+    for (int l = g->lo; l < g->hi; l++) {
+        layer_acts_t *a = LA(l);
         int p = BLOCK0 + l * NBP;
-        if (l == 0) { /* later blocks get ln_1 from the previous block's fused residual + LayerNorm */
-            OP(PROF_LN_FWD, mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(0), W(p + LN1W),
+        MT_CHECK(wneed(g, l, +1));
+        if (l == g->lo) { /* later blocks get ln_1 from the previous block's fused residual + LayerNorm */
+            OP(PROF_LN_FWD, mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W),
                                                       W(p + LN1B), N, C, dt, s));
         }
         OP(PROF_MATMUL_FWD,
@@ -421,16 +687,21 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
         }
         OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->fch_gelu, W(p + FCPW), W(p + FCPB), N,
                                                    4 * C, C, dt, s));
-        if (l + 1 < L) {
-            layer_acts_t *nx = &g->la[l + 1];
+        if (l + 1 < g->hi) {
+            layer_acts_t *nx = LA(l + 1);
             int pn = p + NBP;
             OP(PROF_LN_FWD,
                mt_cuda_residual_layernorm_forward(RES(l + 1), nx->ln1, nx->ln1_mean, nx->ln1_rstd, g->tmp_c, a->r2,
                                                   W(pn + LN1W), W(pn + LN1B), N, C, dt, s));
-        } else {
+        } else if (g->last) {
             OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(RES(L), g->lnf, g->lnf_mean, g->lnf_rstd, g->tmp_c,
                                                                a->r2, W(pf), W(pf + 1), N, C, dt, s));
+        } else { /* the stage's output x_hi, for the next stage (unfused: its ln_1 is there) */
+            OP(PROF_OTHER, mt_cuda_residual_forward(RES(l + 1), g->tmp_c, a->r2, (size_t)N * C, dt, s));
         }
+    }
+    if (!g->last) {
+        return MT_OK;
     }
     /* logits (N, Vp): the V real columns; padded columns are never read */
     OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->logits, g->Vp, NULL, g->lnf, W(0), NULL, N, C, g->V, dt, s));
@@ -439,13 +710,22 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     return MT_OK;
 }
 
-/* The gradients of parameters [p0, p1) are complete in stream order: tells the hook their flat range. */
-static mt_status_t grads_done(mt_gpt2_cuda_t g, int p0, int p1) {
+/* The gradients of parameters [p0, p1) are complete in stream order: tells the hook their flat range and
+ * where they are; under ZeRO-2 then marks (on the consumer's stream) when the storage may be written again:
+ * ev, the slot's event or the embedding's. */
+static mt_status_t grads_done(mt_gpt2_cuda_t g, int p0, int p1, cudaEvent_t ev) {
     if (!g->hook) {
         return MT_OK;
     }
     size_t lo = g->offs[p0], hi = p1 < g->n_params ? g->offs[p1] : g->numel;
-    return g->hook(g->hook_arg, lo, hi);
+    if (lo == hi) { /* none of them on this stage */
+        return MT_OK;
+    }
+    MT_CHECK(g->hook(g->hook_arg, lo, hi, G(p0)));
+    if (g->zero2 && ev) {
+        CK(cudaEventRecord(ev, g->consumer));
+    }
+    return MT_OK;
 }
 
 /* recompute = block: refills the shared internals of block l from its input resid[l] with the forward's
@@ -454,7 +734,7 @@ static mt_status_t grads_done(mt_gpt2_cuda_t g, int p0, int p1) {
 static mt_status_t block_recompute(mt_gpt2_cuda_t g, int l) {
     int N = g->N, C = g->C, B = g->B, T = g->T, dt = g->dt;
     void *s = g->stream;
-    layer_acts_t *a = &g->la[l];
+    layer_acts_t *a = LA(l);
     int p = BLOCK0 + l * NBP;
     OP(PROF_LN_FWD,
        mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W), W(p + LN1B), N, C, dt, s));
@@ -483,22 +763,39 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     cudaStream_t cs = g->stream;
     int pf = BLOCK0 + L * NBP;
     float scale = loss_grad_scale * mt_loss_scaler_scale(&g->scaler);
+    if (g->zero2 && (!g->hook || !g->consumer)) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-2 keeps no whole gradient: set a gradient hook and "
+                                              "the comm stream before backward");
+    }
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
-    /* head: dlogits in place, dlnf = dlogits @ wte (and dwte += dlogits^T lnf), ln_f backward */
-    OP(PROF_CE, mt_cuda_softmax_ce_backward(g->logits, g->logits, g->lse_ce, g->targets_d, g->n_valid, N, g->V, g->Vp,
-                                            scale, dt, s));
-    OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
-    OP(PROF_MATMUL_BWD,
-       mt_cuda_matmul_backward(g->ctx, g->da, G(0), NULL, g->logits, g->Vp, g->lnf, W(0), N, C, g->V, dt, NULL, s));
-    OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, NC * es, cs));
-    OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->lnf_mean,
-                                               g->lnf_rstd, N, C, dt, g->ln_scratch, s));
-    MT_CHECK(grads_done(g, pf, g->n_params));
-    for (int l = L - 1; l >= 0; l--) {
-        layer_acts_t *a = &g->la[l];
+    if (g->zero2) { /* every pass starts from zero: the consumer accumulated the last one into its slice */
+        CK(cudaStreamWaitEvent(cs, g->outer_free, 0));
+        size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
+        OP(PROF_OTHER, cudaMemsetAsync(g->gouter, 0, outer * 4, cs));
+    }
+    /* head: dlogits in place, dlnf = dlogits @ wte (and dwte += dlogits^T lnf), ln_f backward; a stage before
+     * the last finds d x_hi in dresid (mt_gpt2_cuda_stage_grad) */
+    if (g->last) {
+        OP(PROF_CE, mt_cuda_softmax_ce_backward(g->logits, g->logits, g->lse_ce, g->targets_d, g->n_valid, N, g->V,
+                                                g->Vp, scale, dt, s));
+        OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->da, G(0), NULL, g->logits, g->Vp, g->lnf, W(0), N, C,
+                                                    g->V, dt, NULL, s));
+        OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, NC * es, cs));
+        OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->lnf_mean,
+                                                   g->lnf_rstd, N, C, dt, g->ln_scratch, s));
+        MT_CHECK(grads_done(g, pf, g->n_params, NULL));
+    }
+    for (int l = g->hi - 1; l >= g->lo; l--) {
+        layer_acts_t *a = LA(l);
         int p = BLOCK0 + l * NBP;
-        if (g->recompute && l + 1 < L) { /* the last block's internals are still those of the forward */
+        MT_CHECK(wneed(g, l, -1));
+        if (g->recompute && l + 1 < g->hi) { /* the last block's internals are still those of the forward */
             MT_CHECK(block_recompute(g, l));
+        }
+        if (g->zero2) { /* the slot's previous block has been consumed */
+            CK(cudaStreamWaitEvent(cs, g->slot_free[l % 2], 0));
+            OP(PROF_OTHER, cudaMemsetAsync(G(p), 0, g->blk_numel * 4, cs));
         }
         /* MLP branch: x_{l+1} = r2 + fcproj(gelu(fc(ln2(r2)))); dresid holds d x_{l+1} */
         OP(PROF_OTHER, cudaMemsetAsync(g->dfg, 0, 4 * NC * es, cs));
@@ -525,30 +822,43 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
                                                     W(p + QKVW), N, C, 3 * C, dt, g->col_scratch, s));
         OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(p + LN1W), G(p + LN1B), dln1, RES(l), W(p + LN1W),
                                                    a->ln1_mean, a->ln1_rstd, N, C, dt, g->ln_scratch, s));
-        MT_CHECK(grads_done(g, p, p + NBP));
+        MT_CHECK(grads_done(g, p, p + NBP, g->slot_free[l % 2]));
     }
-    OP(PROF_EMBED, mt_cuda_embedding_backward(G(0), G(1), g->dresid, g->tokens_d, B, T, C, dt, s));
-    return grads_done(g, 0, BLOCK0);
+    if (g->first) { /* a later stage leaves d x_lo in dresid for the previous one */
+        OP(PROF_EMBED, mt_cuda_embedding_backward(G(0), G(1), g->dresid, g->tokens_d, B, T, C, dt, s));
+    }
+    return grads_done(g, 0, BLOCK0, g->outer_free); /* wte and wpe; on the last stage only wte, from the head */
 }
 
-/* Fused AdamW over every parameter at step g->t: one launch per run of consecutive parameters with the same
- * weight-decay flag, each gradient times grad_scale (and *coef when given on the device; skip: a device
+/* Fused AdamW over every parameter of the slice at step g->t: one launch per run of consecutive parameters
+ * with the same weight-decay flag, each gradient times grad_scale (and *coef when given on the device; skip: a device
  * flag that, when set, makes the update change nothing), refreshing the low-precision compute copy. */
 static mt_status_t adamw_all(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,
                              const float *coef, const int *skip) {
     void *s = g->stream;
-    void *lowp = g->dt == MT_CU_F32 ? NULL : g->wc;
     for (int i = 0; i < g->n_params;) {
         int j = i + 1;
         while (j < g->n_params && g->decay[j] == g->decay[i]) {
             j++;
         }
-        size_t lo = g->offs[i], hi = j < g->n_params ? g->offs[j] : g->numel;
-        float wd = g->decay[i] ? op->weight_decay : 0.0f;
-        void *lp = lowp ? (char *)lowp + lo * g->es : NULL;
-        OP(PROF_OPT, mt_cuda_adamw(g->master + lo, g->grads + lo, g->adam_m + lo, g->adam_v + lo, hi - lo, lr,
-                                   op->beta1, op->beta2, op->eps, wd, g->t, grad_scale, coef, skip, lp, g->dt, s));
+        /* the run's part in this model's slice */
+        size_t lo = MT_MAX(g->offs[i], g->sh_lo), hi = MT_MIN(j < g->n_params ? g->offs[j] : g->numel, g->sh_hi);
+        if (lo < hi) {
+            float wd = g->decay[i] ? op->weight_decay : 0.0f;
+            size_t k = lo - g->sh_lo;
+            /* the low-precision copy of these elements: in the whole copy, or ZeRO-3's slice of it */
+            void *lp = g->dt == MT_CU_F32 ? NULL
+                       : g->zero3         ? (char *)g->wslice + k * g->es
+                                          : (char *)g->wc + lo * g->es;
+            const float *gr = g->zero2 ? g->gshard + k : g->grads + lo;
+            OP(PROF_OPT, mt_cuda_adamw(g->master + k, gr, g->adam_m + k, g->adam_v + k, hi - lo, lr,
+                                       op->beta1, op->beta2, op->eps, wd, g->t, grad_scale, coef, skip, lp, g->dt, s));
+        }
         i = j;
+    }
+    for (int k = 0; g->zero3 && k < 3; k++) { /* ZeRO-3: every gathered weight is now stale */
+        g->wslot[k] = -1;
+        g->outer_stale = true;
     }
     return MT_OK;
 }
@@ -559,6 +869,11 @@ mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, flo
     }
     if (g->stepped) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: call mt_gpt2_cuda_step_result after each step");
+    }
+    if (g->sh_n > 1) {
+        return mt_error(MT_ERR_INVALID_USAGE,
+                        "gpt2_cuda: a sharded model's gradient norm spans its ranks: use mt_gpt2_cuda_grad_stats and "
+                        "mt_gpt2_cuda_step_scaled");
     }
     void *s = g->stream;
     const int *skip = NULL;
@@ -604,14 +919,23 @@ mt_status_t mt_gpt2_cuda_loss(mt_gpt2_cuda_t g, float *loss) {
 }
 
 mt_status_t mt_gpt2_cuda_get_grads(mt_gpt2_cuda_t g, float *host) {
+    if (g->zero2) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-2 keeps no whole gradient to copy");
+    }
     CK(cudaStreamSynchronize(g->stream));
     CK(cudaMemcpy(host, g->grads, g->numel * 4, cudaMemcpyDeviceToHost));
     return MT_OK;
 }
 
 mt_status_t mt_gpt2_cuda_get_params(mt_gpt2_cuda_t g, float *host) {
+    if (g->zero3 || (g->sh_n > 1 && g->dt != MT_CU_F32)) {
+        return mt_error(MT_ERR_INVALID_USAGE,
+                        "gpt2_cuda: a sharded model in %s%s holds the master weights of its slice only: use "
+                        "mt_gpt2_cuda_get_state",
+                        mt_prec_name(g->p.prec), g->zero3 ? " under ZeRO-3" : "");
+    }
     CK(cudaStreamSynchronize(g->stream));
-    CK(cudaMemcpy(host, g->master, g->numel * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(host, g->dt == MT_CU_F32 ? (float *)g->wc : g->master, g->numel * 4, cudaMemcpyDeviceToHost));
     return MT_OK;
 }
 
@@ -632,6 +956,14 @@ float *mt_gpt2_cuda_grads(mt_gpt2_cuda_t g) {
     return g->grads;
 }
 
+float *mt_gpt2_cuda_grad_slice(mt_gpt2_cuda_t g) {
+    return g->gshard;
+}
+
+void mt_gpt2_cuda_set_comm_stream(mt_gpt2_cuda_t g, void *stream) {
+    g->consumer = (cudaStream_t)stream;
+}
+
 const float *mt_gpt2_cuda_loss_dev(mt_gpt2_cuda_t g) {
     return g->mean_loss;
 }
@@ -640,11 +972,23 @@ mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfi
     void *s = g->stream;
     int found = 0;
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    const float *gs = g->zero2 ? g->gshard : g->grads + g->sh_lo;
+    size_t n = g->sh_hi - g->sh_lo;
+    if (g->last && !g->first) { /* the tied wte's second copy: the first stage's counts (stages are unsharded) */
+        gs += g->offs[1];
+        n -= g->offs[1];
+    }
     if (g->scaler.dynamic) {
         OP(PROF_OTHER, cudaMemsetAsync(g->found_inf, 0, sizeof(int), g->stream));
-        OP(PROF_OPT, mt_cuda_check_finite(g->found_inf, g->grads, g->numel, MT_CU_F32, s));
+        if (n > 0) {
+            OP(PROF_OPT, mt_cuda_check_finite(g->found_inf, gs, n, MT_CU_F32, s));
+        }
     }
-    OP(PROF_OPT, mt_cuda_sumsq(g->sumsq, g->grads, g->numel, g->sumsq_scratch, s));
+    if (n > 0) {
+        OP(PROF_OPT, mt_cuda_sumsq(g->sumsq, gs, n, g->sumsq_scratch, s));
+    } else {
+        OP(PROF_OTHER, cudaMemsetAsync(g->sumsq, 0, sizeof(double), g->stream));
+    }
     CK(cudaStreamSynchronize(g->stream));
     double ss = 0;
     CK(cudaMemcpy(&ss, g->sumsq, sizeof(double), cudaMemcpyDeviceToHost));
@@ -656,6 +1000,49 @@ mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfi
     *sumsq = ss * inv * inv;
     *nonfinite = g->nonfinite;
     return MT_OK;
+}
+
+void mt_gpt2_cuda_set_nonfinite(mt_gpt2_cuda_t g, bool nonfinite) {
+    g->nonfinite = nonfinite;
+}
+
+void mt_gpt2_cuda_shard(mt_gpt2_cuda_t g, size_t *lo, size_t *hi, size_t *len) {
+    *lo = g->sh_lo;
+    *hi = g->sh_hi;
+    *len = g->sh_len;
+}
+
+void *mt_gpt2_cuda_weights(mt_gpt2_cuda_t g) {
+    return g->wc;
+}
+
+void *mt_gpt2_cuda_stage_input(mt_gpt2_cuda_t g) {
+    return RES(g->lo);
+}
+
+void *mt_gpt2_cuda_stage_output(mt_gpt2_cuda_t g) {
+    return RES(g->hi);
+}
+
+void *mt_gpt2_cuda_stage_grad(mt_gpt2_cuda_t g) {
+    return g->dresid;
+}
+
+size_t mt_gpt2_cuda_numel(mt_gpt2_cuda_t g) {
+    return g->numel;
+}
+
+size_t mt_gpt2_cuda_param_offset(mt_gpt2_cuda_t g, int i) {
+    return i >= 0 && i < g->n_params && g->held[i] ? g->offs[i] : SIZE_MAX;
+}
+
+void *mt_gpt2_cuda_weight_slice(mt_gpt2_cuda_t g) {
+    return g->wslice;
+}
+
+void mt_gpt2_cuda_set_weight_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_weight_hook_t fn, void *arg) {
+    g->whook = fn;
+    g->whook_arg = arg;
 }
 
 mt_status_t mt_gpt2_cuda_step_scaled(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,
@@ -690,10 +1077,19 @@ mt_loss_scaler_t *mt_gpt2_cuda_scaler(mt_gpt2_cuda_t g) {
 /* Copies on the compute stream, then waits: a pageable cudaMemcpy may return before its DMA lands, and
  * the non-blocking compute stream would not be ordered after it. */
 mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, float *v) {
-    float *src[3] = {g->master, g->adam_m, g->adam_v}, *dst[3] = {params, m, v};
-    for (int i = 0; i < 3; i++) {
+    size_t n = g->sh_hi - g->sh_lo;
+    float *src[2] = {g->adam_m, g->adam_v}, *dst[2] = {m, v};
+    for (int i = 0; i < 2; i++) {
         if (dst[i]) {
-            CK(cudaMemcpyAsync(dst[i], src[i], g->numel * 4, cudaMemcpyDeviceToHost, g->stream));
+            CK(cudaMemcpyAsync(dst[i], src[i], n * 4, cudaMemcpyDeviceToHost, g->stream));
+        }
+    }
+    for (int i = 0; params && i < g->n_params; i++) { /* each parameter's part of the slice, to its host place */
+        const mt_param_t *pp = mt_model_param(g->m, i);
+        size_t a = MT_MAX(g->offs[i], g->sh_lo), b = MT_MIN(g->offs[i] + (g->held[i] ? pp->numel : 0), g->sh_hi);
+        if (a < b) {
+            CK(cudaMemcpyAsync(params + pp->offset + (a - g->offs[i]), g->master + (a - g->sh_lo), (b - a) * 4,
+                               cudaMemcpyDeviceToHost, g->stream));
         }
     }
     CK(cudaStreamSynchronize(g->stream));
@@ -701,15 +1097,16 @@ mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, fl
 }
 
 mt_status_t mt_gpt2_cuda_set_state(mt_gpt2_cuda_t g, const float *params, const float *m, const float *v) {
-    float *dst[3] = {g->master, g->adam_m, g->adam_v};
-    const float *src[3] = {params, m, v};
-    for (int i = 0; i < 3; i++) {
-        if (src[i]) {
-            CK(cudaMemcpyAsync(dst[i], src[i], g->numel * 4, cudaMemcpyHostToDevice, g->stream));
-        }
+    size_t n = g->sh_hi - g->sh_lo;
+    if (params) {
+        MT_CHECK(upload_weights(g, params));
     }
-    if (params && g->dt != MT_CU_F32) {
-        CK(mt_cuda_convert(g->wc, g->dt, g->master, MT_CU_F32, g->numel, 1.0f, g->stream));
+    float *dst[2] = {g->adam_m, g->adam_v};
+    const float *src[2] = {m, v};
+    for (int i = 0; i < 2; i++) {
+        if (src[i]) {
+            CK(cudaMemcpyAsync(dst[i], src[i], n * 4, cudaMemcpyHostToDevice, g->stream));
+        }
     }
     CK(cudaStreamSynchronize(g->stream));
     return MT_OK;

@@ -23,12 +23,19 @@ typedef struct {
     float init_scale;     /* fp16: precision.init_scale */
     int64_t scale_window; /* fp16: precision.scale_window */
     bool fused_gelu;      /* the fc layer's GELU in the cuBLASLt epilogue (default true) */
+    int shard_count;      /* ZeRO-1 over shard_count ranks (1: unsharded): see mt_gpt2_cuda_shard */
+    int shard_index;      /* this rank's shard, 0 <= shard_index < shard_count */
+    bool shard_grads;     /* ZeRO-2 (shard_count >= 2): no whole gradient, see mt_gpt2_cuda_grad_slice */
+    bool shard_weights;   /* ZeRO-3 (with shard_grads): no whole weights, see mt_gpt2_cuda_set_weight_hook */
+    int stage_lo;         /* a pipeline stage: blocks [stage_lo, stage_hi) (see mt_gpt2_cuda_stage_input) */
+    int stage_hi;         /* -1: n_layer (with stage_lo 0: the whole model) */
 } mt_gpt2_cuda_params_t;
 
 #define MT_GPT2_CUDA_PARAMS_INIT                                                                                       \
     {                                                                                                                  \
         .size = sizeof(mt_gpt2_cuda_params_t), .prec = MT_PREC_FP32, .B = 4, .T = 64, .init_scale = 65536.0f,          \
-        .scale_window = 1000, .fused_gelu = true                                                                       \
+        .scale_window = 1000, .fused_gelu = true, .shard_count = 1, .shard_index = 0, .shard_grads = false,            \
+        .shard_weights = false, .stage_lo = 0, .stage_hi = -1                                                          \
     }
 
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
@@ -57,7 +64,8 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale);
 
 /* Optimizer step (enqueued, no host wait): global-norm clipping at max_norm (<= 0: off) on the unscaled
  * gradients, the fp16 overflow check (a step with inf/NaN gradients changes nothing), fused AdamW on the
- * master weights (weight decay on 2-D weights only, as the CPU optimizer) refreshing the compute copy. */
+ * master weights (weight decay on 2-D weights only, as the CPU optimizer) refreshing the compute copy.
+ * Unsharded models only (a sharded one's norm spans ranks: its engine uses mt_gpt2_cuda_step_scaled). */
 mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float max_norm);
 
 typedef struct {
@@ -74,7 +82,10 @@ mt_status_t mt_gpt2_cuda_step_result(mt_gpt2_cuda_t g, mt_gpt2_cuda_result_t *r)
 /* Waits and reads the loss of the last forward (no step needed). */
 mt_status_t mt_gpt2_cuda_loss(mt_gpt2_cuda_t g, float *loss);
 
-/* Copies the f32 gradients / master parameters (numel floats, flat layout) to host memory (waits). */
+/* Copies the f32 gradients (refused under ZeRO-2: MT_ERR_INVALID_USAGE) / master parameters (numel floats,
+ * flat layout) to host memory (waits). A sharded
+ * model in bf16/fp16 holds only its shard of the master weights: get_params is refused there
+ * (MT_ERR_INVALID_USAGE; mt_gpt2_cuda_get_state reads the shard). */
 mt_status_t mt_gpt2_cuda_get_grads(mt_gpt2_cuda_t g, float *host);
 mt_status_t mt_gpt2_cuda_get_params(mt_gpt2_cuda_t g, float *host);
 
@@ -107,21 +118,71 @@ void *mt_gpt2_cuda_stream(mt_gpt2_cuda_t g);
 
 /* Called during mt_gpt2_cuda_backward each time the gradients of a run of parameters are complete for that
  * backward, right after their last launch was enqueued on the compute stream (so an event recorded on it
- * then orders a consumer after them): elements [lo, hi) of the flat layout. The runs come in backward
- * order and tile the layout from the end: ln_f, block L-1, ..., block 0, then wte and wpe (wte's gradient
- * is complete only after the embedding's backward); each run's hi is the previous run's lo. A failing hook
- * stops the backward with its status. fn NULL: none. */
-typedef mt_status_t (*mt_gpt2_cuda_grad_hook_t)(void *arg, size_t lo, size_t hi);
+ * then orders a consumer after them): elements [lo, hi) of the flat layout, stored contiguously at grads.
+ * The runs come in backward order and tile the layout from the end: ln_f, block L-1, ..., block 0, then wte
+ * and wpe (wte's gradient is complete only after the embedding's backward); each run's hi is the previous
+ * run's lo. A failing hook stops the backward with its status. fn NULL: none.
+ * Without ZeRO-2, grads is mt_gpt2_cuda_grads() + lo and backward accumulates there over micro-batches.
+ * Under ZeRO-2 (params.shard_grads) it is a pool: each backward pass writes fresh gradients (not
+ * accumulated) into one of two block-sized slots (block l: slot l % 2) or the buffer of wte, wpe and ln_f,
+ * so the consumer must take every pass's runs (reduce them and add its slice to mt_gpt2_cuda_grad_slice),
+ * enqueuing its reads on the stream given to mt_gpt2_cuda_set_comm_stream, after which the trainer records
+ * an event there and waits for it before the slot is written again (two blocks later, or the next pass). */
+typedef mt_status_t (*mt_gpt2_cuda_grad_hook_t)(void *arg, size_t lo, size_t hi, float *grads);
 void mt_gpt2_cuda_set_grad_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_grad_hook_t fn, void *arg);
 
-/* The device f32 gradients (numel floats, flat layout) and the device f32 mean loss of the last forward,
- * for communication and copies ordered on the caller's streams. */
+/* ZeRO-2/3: the stream (cudaStream_t) the hooks enqueue their work on (required): the engine's comm stream. */
+void mt_gpt2_cuda_set_comm_stream(mt_gpt2_cuda_t g, void *stream);
+
+/* ZeRO-3 (params.shard_weights): the trainer keeps the compute copy of its slice only
+ * (mt_gpt2_cuda_weight_slice), plus wte, wpe and ln_f whole and three block-sized slots. Before a block's
+ * forward or backward it asks the hook to enqueue on the comm stream the gathering of the compute copy's
+ * elements [lo, hi) (a block; after a step also wte/wpe and ln_f) into dst, in the storage dtype, each
+ * rank's part coming from its slice; the trainer orders the comm stream after the slot's last reader and
+ * the compute stream after the gather with events, and gathers block l + 2 (forward; l - 2 backward) while
+ * block l computes. Gathered weights stay valid until the next step (micro-batches and evaluation reuse
+ * them). A failing hook stops the forward/backward with its status. */
+typedef mt_status_t (*mt_gpt2_cuda_weight_hook_t)(void *arg, size_t lo, size_t hi, void *dst);
+void mt_gpt2_cuda_set_weight_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_weight_hook_t fn, void *arg);
+
+/* ZeRO-3: the compute copy of the slice [lo, hi), hi - lo elements in the storage dtype (the f32 master
+ * weights themselves in fp32/tf32), which the step updates; NULL otherwise. */
+void *mt_gpt2_cuda_weight_slice(mt_gpt2_cuda_t g);
+
+/* ZeRO-2: the device f32 gradient of the slice [lo, hi) (mt_gpt2_cuda_shard), hi - lo floats: the consumer
+ * adds each pass's averaged gradient there; mt_gpt2_cuda_zero_grads clears it, grad_stats and the step
+ * read it. NULL without ZeRO-2. */
+float *mt_gpt2_cuda_grad_slice(mt_gpt2_cuda_t g);
+
+/* The device f32 gradients (numel floats, flat layout; NULL under ZeRO-2) and the device f32 mean loss of
+ * the last forward, for communication and copies ordered on the caller's streams. */
 float *mt_gpt2_cuda_grads(mt_gpt2_cuda_t g);
 const float *mt_gpt2_cuda_loss_dev(mt_gpt2_cuda_t g);
 
-/* Enqueues the sum of squares of the gradients (and, with fp16 loss scaling, the inf/NaN check), waits,
- * and returns the sum of squares of the UNSCALED gradients and whether any gradient is inf/NaN. */
+/* Enqueues the sum of squares of the gradients this model updates (all of them; a sharded model's shard
+ * [lo, hi) only; the last pipeline stage's without its copy of wte, which the first stage's counts) and,
+ * with fp16 loss scaling, their inf/NaN check, waits, and returns the sum of squares of the UNSCALED
+ * gradients and whether any of them is inf/NaN. */
 mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfinite);
+
+/* Replaces the inf/NaN verdict of the last mt_gpt2_cuda_grad_stats by one the ranks agreed on (a sharded
+ * model sees only its shard; every shard must skip the same fp16 steps). */
+void mt_gpt2_cuda_set_nonfinite(mt_gpt2_cuda_t g, bool nonfinite);
+
+/* ZeRO-1 (params shard_count > 1): the flat layout is cut into shard_count slices of *len elements (a
+ * multiple of 64; the last ones may reach past numel), and this model keeps the f32 master weights (in
+ * bf16/fp16; in fp32/tf32 they are the compute copy, which stays whole) and AdamW's moments of its slice
+ * [*lo, *hi) = [shard_index * len, ...) clipped to numel only; its step updates that slice of the master
+ * weights and of the compute copy. The gradients (ZeRO-1; ZeRO-2 keeps the slice's, see the hook) and the
+ * compute copy stay whole: the engine reduces each rank's slice of the gradients to it before the step,
+ * and all-gathers the compute copy after it (in place: mt_gpt2_cuda_weights holds shard_count * len
+ * elements). Unsharded: 0, numel, numel. */
+void mt_gpt2_cuda_shard(mt_gpt2_cuda_t g, size_t *lo, size_t *hi, size_t *len);
+
+/* The device compute copy of the weights in the storage dtype of precision.compute (f32, bf16 or f16),
+ * shard_count * len elements of the flat layout (padding after numel), for the engine's all-gather; NULL
+ * under ZeRO-3. */
+void *mt_gpt2_cuda_weights(mt_gpt2_cuda_t g);
 
 /* Optimizer step with a multiplier chosen on the host (the training loop's clipping coefficient; the fp16
  * unscaling is added here): fused AdamW, enqueued, no host wait. With fp16 loss scaling, a step whose last
@@ -137,13 +198,36 @@ float mt_gpt2_cuda_loss_scale(mt_gpt2_cuda_t g);
  * a checkpoint saves and restores its scale and clean-step count (set them between steps only). */
 mt_loss_scaler_t *mt_gpt2_cuda_scaler(mt_gpt2_cuda_t g);
 
-/* Checkpoint state: copies the f32 master parameters and AdamW's m and v (numel floats each, flat layout;
- * any may be NULL) to host memory (waits), or from it (set: uploads and refreshes the compute copy; waits).
- * AdamW's step count: get / set. */
+/* Checkpoint state (any pointer may be NULL; waits). get: the f32 master weights of the model's slice [lo, hi)
+ * (mt_gpt2_cuda_shard; everything when unsharded) into params[lo .. hi) of a numel-float array, and AdamW's m
+ * and v of the slice into hi - lo floats each. set: params whole (numel floats: the compute copy is
+ * whole; the master weights take their slice; the gradients are zeroed), m and v of the slice (hi - lo floats
+ * each). AdamW's step
+ * count: get / set. */
 mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, float *v);
 mt_status_t mt_gpt2_cuda_set_state(mt_gpt2_cuda_t g, const float *params, const float *m, const float *v);
 int64_t mt_gpt2_cuda_get_step(mt_gpt2_cuda_t g);
 void mt_gpt2_cuda_set_step(mt_gpt2_cuda_t g, int64_t t);
+
+/* ---- pipeline stages (params.stage_lo, stage_hi; not sharded) ----
+ * A stage holds the parameters it computes with: blocks [lo, hi), wte and wpe on the first stage (lo = 0),
+ * ln_f on the last (hi = n_layer), and wte on the last too (the tied head reads it; the two copies' gradients
+ * are the engine's to sum). Its flat layout (gradients, hook ranges, AdamW state, get_grads/get_params) is
+ * the model's with the absent parameters left out, in the same order; mt_gpt2_cuda_get_state / set_state
+ * still take the model's host layout. forward: the first stage embeds the tokens, a later stage reads its
+ * input x_lo from mt_gpt2_cuda_stage_input (N x C in the storage dtype, written by the caller in the compute
+ * stream's order) and tokens may be NULL; a stage before the last leaves x_hi (the residual stream before the
+ * next block's ln_1) at mt_gpt2_cuda_stage_output and targets may be NULL; only the last computes the loss.
+ * backward: a stage before the last reads d x_hi from mt_gpt2_cuda_stage_grad (written by the caller), a
+ * stage after the first leaves d x_lo there. A stage computes exactly what the whole model does on its
+ * blocks: the same kernels, the unfused ln_1 at its first block normalising the same stored residual. */
+void *mt_gpt2_cuda_stage_input(mt_gpt2_cuda_t g);
+void *mt_gpt2_cuda_stage_output(mt_gpt2_cuda_t g);
+void *mt_gpt2_cuda_stage_grad(mt_gpt2_cuda_t g);
+
+/* Parameter i's offset in g's flat layout, SIZE_MAX when it is not on g's stage; the layout's length. */
+size_t mt_gpt2_cuda_param_offset(mt_gpt2_cuda_t g, int i);
+size_t mt_gpt2_cuda_numel(mt_gpt2_cuda_t g);
 
 /* Device bytes of g by role, for reports. */
 size_t mt_gpt2_cuda_activation_bytes(mt_gpt2_cuda_t g);

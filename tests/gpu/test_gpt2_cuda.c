@@ -6,6 +6,18 @@
  * step; every mode's loss falls. fp16 from an initial scale of 2^24 skips its first steps and still trains.
  * model.recompute = "block" (fp32, bf16): the same tolerances against the CPU model with recomputation, the
  * same loss and gradients as the GPU without it, and the activation bytes down by one block's internals.
+ * Sharding (ZeRO, one process standing for one rank of three): bad shard parameters are refused; the slice
+ * [lo, hi) has a 64-multiple length covering the layout in three; in bf16 get_state returns the uploaded
+ * weights of the slice exactly and set_state round-trips them, get_params and the device-clipping step are
+ * refused; under ZeRO-2 backward without a hook is refused, and the runs the hook sees (read on its consumer
+ * stream) tile the layout from the end and hold the unsharded model's gradients (exactly under the emulator,
+ * to 1e-5 of the largest on a device), in a second backward too (the pool is cleared per pass); ZeRO-3 is
+ * refused without ZeRO-2's pool or a weight hook, and with weights "gathered" from the unsharded model's
+ * copy gives its loss and gradients, gathering each block once.
+ * Pipeline stages (fp32, bf16, fp32 with recompute = block): a 3-block model run as three stages with the
+ * activations and their gradients handed over gives the whole model's loss and gradients (exactly under the
+ * emulator but for wte's summation order, 1e-5 of the largest on a device); bad stage bounds and a sharded
+ * stage are refused.
  * Exits 77 printing "skipped: no CUDA device" without a device.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
@@ -16,17 +28,21 @@
 #include "models/cuda/mt_cuda.h"
 #include "testutil.h"
 
+#ifndef MT_CUDA_EMULATED
+#define MT_CUDA_EMULATED 0
+#endif
+
 #if MT_CUDA_EMULATED
 enum { B = 2, T = 32, STEPS = 6 }; /* the CPU emulator runs every block thread in turn: fewer steps */
 #else
 enum { B = 2, T = 32, STEPS = 10 };
 #endif
 
-static mt_model_t build_rc(mt_recompute_t rc) {
+static mt_model_t build_layers(mt_recompute_t rc, int n_layer) {
     mt_model_config_t c = MT_MODEL_CONFIG_INIT;
     c.recompute = rc;
     c.kind = MT_MODEL_GPT2;
-    c.n_layer = 2;
+    c.n_layer = n_layer;
     c.n_head = 2;
     c.n_embd = 64;
     c.seq_len = T;
@@ -38,6 +54,10 @@ static mt_model_t build_rc(mt_recompute_t rc) {
     CHECK_OK(mt_model_alloc_grads(m));
     mt_model_init_weights(m);
     return m;
+}
+
+static mt_model_t build_rc(mt_recompute_t rc) {
+    return build_layers(rc, 2);
 }
 
 static mt_model_t build(void) {
@@ -279,6 +299,290 @@ static void compare_recompute(mt_prec_t prec) {
     mt_model_free(mn);
 }
 
+typedef struct {
+    float *got;    /* numel floats: each run's gradients copied to their flat place */
+    size_t next;   /* the next run's expected hi */
+    int runs, bad; /* runs seen; runs that did not tile the layout from the end */
+    void *stream;
+} runs_t;
+
+static mt_status_t take_run(void *arg, size_t lo, size_t hi, float *grads) {
+    runs_t *r = arg;
+    r->bad += hi != r->next || lo >= hi;
+    r->next = lo;
+    r->runs++;
+    CHECK(cudaStreamSynchronize((cudaStream_t)r->stream) == cudaSuccess, "sync the consumer stream");
+    CHECK(cudaMemcpy(r->got + lo, grads, (hi - lo) * 4, cudaMemcpyDeviceToHost) == cudaSuccess, "copy a run");
+    return MT_OK;
+}
+
+typedef struct {
+    const char *src; /* the unsharded model's whole compute copy */
+    size_t es;
+    void *stream;
+    int calls;
+} gather_t;
+
+/* A weight hook for one process: "gathers" from the unsharded model's copy, on the comm stream. */
+static mt_status_t copy_weights(void *arg, size_t lo, size_t hi, void *dst) {
+    gather_t *c = arg;
+    c->calls++;
+    return cudaMemcpyAsync(dst, c->src + lo * c->es, (hi - lo) * c->es, cudaMemcpyDeviceToDevice,
+                           (cudaStream_t)c->stream) == cudaSuccess
+               ? MT_OK
+               : mt_error(MT_ERR_CUDA, "weight gather copy failed");
+}
+
+/* ZeRO-3 (shard 1 of 3): refused without ZeRO-2's pool or without a weight hook; with a hook that copies from
+ * the unsharded model g0, one forward/backward gives g0's loss and gradients (the runs), gathering each of the
+ * L <= 3 blocks once (the slots still hold them for backward) and nothing else (wte/wpe/ln_f were uploaded). */
+static void zero3_contract(mt_model_t m, const mt_gpt2_cuda_params_t *base, mt_gpt2_cuda_t g0, const int32_t *tok,
+                           const int32_t *tgt, const float *want, float loss0) {
+    mt_gpt2_cuda_params_t p = *base;
+    const char *pn = mt_prec_name(p.prec);
+    size_t n = mt_model_numel(m);
+    int L = mt_model_config(m)->n_layer;
+    mt_gpt2_cuda_t g = NULL;
+    p.shard_count = 3;
+    p.shard_index = 1;
+    p.shard_weights = true;
+    p.shard_grads = false;
+    CHECK(mt_gpt2_cuda_init(m, &p, &g) == MT_ERR_INVALID_ARG, "%s: ZeRO-3 without ZeRO-2's pool accepted", pn);
+    p.shard_grads = true;
+    CHECK_OK(mt_gpt2_cuda_init(m, &p, &g));
+    if (!g) {
+        return;
+    }
+    CHECK(mt_gpt2_cuda_weights(g) == NULL && mt_gpt2_cuda_weight_slice(g) != NULL, "%s: ZeRO-3 weight buffers", pn);
+    CHECK(mt_gpt2_cuda_forward(g, tok, tgt) == MT_ERR_INVALID_USAGE, "%s: ZeRO-3 forward without a hook accepted",
+          pn);
+    gather_t c = {.src = mt_gpt2_cuda_weights(g0), .es = mt_dtype_size(mt_prec_storage(p.prec)),
+                  .stream = mt_gpt2_cuda_stream(g)};
+    runs_t r = {.got = calloc(n, 4), .next = n, .stream = c.stream};
+    mt_gpt2_cuda_set_weight_hook(g, copy_weights, &c);
+    mt_gpt2_cuda_set_comm_stream(g, c.stream);
+    mt_gpt2_cuda_set_grad_hook(g, take_run, &r);
+    float loss = 0;
+    CHECK_OK(mt_gpt2_cuda_forward(g, tok, tgt));
+    CHECK_OK(mt_gpt2_cuda_backward(g, 1.0f));
+    CHECK_OK(mt_gpt2_cuda_loss(g, &loss));
+    double err = 0, top = 0;
+    for (size_t i = 0; i < n; i++) {
+        err = fmax(err, fabs((double)r.got[i] - (double)want[i]));
+        top = fmax(top, fabs((double)want[i]));
+    }
+    double ltol = MT_CUDA_EMULATED ? 0.0 : 1e-6 * loss0, gtol = MT_CUDA_EMULATED ? 0.0 : 1e-5 * top;
+    CHECK(fabs(loss - loss0) <= ltol && r.bad == 0 && r.next == 0 && err <= gtol && L <= 3 && c.calls == L,
+          "%s ZeRO-3: loss %.9g (unsharded %.9g), gradients off by %g (largest %g), %d weight gathers for %d blocks",
+          pn, loss, loss0, err, top, c.calls, L);
+    mt_gpt2_cuda_free(g);
+    free(r.got);
+}
+
+static void shard_contract(mt_prec_t prec) {
+    mt_model_t m = build();
+    size_t n = mt_model_numel(m);
+    int32_t tok[B * T], tgt[B * T];
+    data(tok, tgt);
+    mt_gpt2_cuda_params_t p = MT_GPT2_CUDA_PARAMS_INIT;
+    p.prec = prec;
+    p.B = B;
+    p.T = T;
+    p.init_scale = 1024.0f;
+    mt_gpt2_cuda_t g = NULL;
+    const char *pn = mt_prec_name(prec);
+    /* the unsharded gradients of one backward */
+    float *want = malloc(n * 4), *params = malloc(n * 4), *mv = calloc(n, 4), loss0 = 0;
+    mt_gpt2_cuda_t g0 = NULL;
+    CHECK_OK(mt_gpt2_cuda_init(m, &p, &g0));
+    CHECK_OK(mt_gpt2_cuda_zero_grads(g0));
+    CHECK_OK(mt_gpt2_cuda_forward(g0, tok, tgt));
+    CHECK_OK(mt_gpt2_cuda_backward(g0, 1.0f));
+    CHECK_OK(mt_gpt2_cuda_get_grads(g0, want));
+    CHECK_OK(mt_gpt2_cuda_loss(g0, &loss0));
+    p.shard_count = 3;
+    p.shard_index = 3;
+    CHECK(mt_gpt2_cuda_init(m, &p, &g) == MT_ERR_INVALID_ARG, "%s: shard 3 of 3 accepted", pn);
+    p.shard_count = 1;
+    p.shard_index = 0;
+    p.shard_grads = true;
+    CHECK(mt_gpt2_cuda_init(m, &p, &g) == MT_ERR_INVALID_ARG, "%s: ZeRO-2 over one shard accepted", pn);
+    p.shard_count = 3;
+    p.shard_index = 1;
+    CHECK_OK(mt_gpt2_cuda_init(m, &p, &g));
+    size_t lo = 0, hi = 0, len = 0;
+    mt_gpt2_cuda_shard(g, &lo, &hi, &len);
+    CHECK(len % 64 == 0 && 3 * len >= n && 2 * len < n + 3 * 64 && lo == len && hi == MT_MIN(2 * len, n),
+          "%s: slice [%zu, %zu) of length %zu over %zu elements", pn, lo, hi, len, n);
+    CHECK(mt_gpt2_cuda_get_grads(g, want + n / 2) == MT_ERR_INVALID_USAGE, "%s: ZeRO-2 get_grads accepted", pn);
+    CHECK(mt_gpt2_cuda_forward(g, tok, tgt) == MT_OK && mt_gpt2_cuda_backward(g, 1.0f) == MT_ERR_INVALID_USAGE,
+          "%s: ZeRO-2 backward without a hook accepted", pn);
+    runs_t r = {.got = calloc(n, 4), .next = n, .stream = mt_gpt2_cuda_stream(g)};
+    mt_gpt2_cuda_set_grad_hook(g, take_run, &r);
+    mt_gpt2_cuda_set_comm_stream(g, r.stream);
+    for (int pass = 0; pass < 2; pass++) { /* the second pass must not see the first's gradients */
+        r.next = n;
+        r.runs = r.bad = 0;
+        CHECK_OK(mt_gpt2_cuda_forward(g, tok, tgt));
+        CHECK_OK(mt_gpt2_cuda_backward(g, 1.0f));
+        CHECK(r.bad == 0 && r.next == 0 && r.runs == 2 + 2, "%s pass %d: %d runs, %d out of order, ending at %zu", pn,
+              pass, r.runs, r.bad, r.next);
+        double err = 0, top = 0;
+        for (size_t i = 0; i < n; i++) {
+            err = fmax(err, fabs((double)r.got[i] - (double)want[i]));
+            top = fmax(top, fabs((double)want[i]));
+        }
+        /* the same kernels on the same inputs: equal, except that on a device dwte's float atomics add in a
+         * run-dependent order */
+        CHECK(err <= (MT_CUDA_EMULATED ? 0.0 : 1e-5 * top), "%s pass %d: the pooled runs differ from the whole "
+              "gradients by %g (largest %g)", pn, pass, err, top);
+    }
+    /* the master weights of the slice: uploaded, read back, set and read back */
+    CHECK_OK(mt_gpt2_cuda_get_state(g, params, mv, NULL));
+    float *host = mt_model_params_flat(m);
+    int diff = 0;
+    for (size_t i = lo; i < hi; i++) {
+        diff += params[i] != host[i] || mv[i - lo] != 0.0f;
+    }
+    CHECK(diff == 0, "%s: %d elements of the slice's master weights / moments differ from the upload", pn, diff);
+    for (size_t i = 0; i < n; i++) {
+        params[i] = host[i] * 0.5f;
+    }
+    CHECK_OK(mt_gpt2_cuda_set_state(g, params, NULL, NULL));
+    float *back = calloc(n, 4);
+    CHECK_OK(mt_gpt2_cuda_get_state(g, back, NULL, NULL));
+    diff = 0;
+    for (size_t i = lo; i < hi; i++) {
+        diff += back[i] != params[i];
+    }
+    CHECK(diff == 0, "%s: %d elements of the slice did not round-trip through set_state", pn, diff);
+    if (prec != MT_PREC_FP32 && prec != MT_PREC_TF32) {
+        CHECK(mt_gpt2_cuda_get_params(g, back) == MT_ERR_INVALID_USAGE, "%s: sharded get_params accepted", pn);
+    }
+    mt_optim_params_t op = MT_OPTIM_PARAMS_INIT;
+    op.kind = MT_OPTIM_ADAMW;
+    CHECK(mt_gpt2_cuda_step(g, &op, 1e-3f, 1.0f) == MT_ERR_INVALID_USAGE, "%s: sharded device-clip step accepted",
+          pn);
+    mt_gpt2_cuda_free(g);
+    zero3_contract(m, &p, g0, tok, tgt, want, loss0);
+    mt_gpt2_cuda_free(g0);
+    free(back);
+    free(r.got);
+    free(want);
+    free(params);
+    free(mv);
+    mt_model_free(m);
+}
+
+/* Copies n bytes between two trainers' device buffers, after src's stream and before dst's (waits). */
+static void hand_over(mt_gpt2_cuda_t from, const void *src, mt_gpt2_cuda_t to, void *dst, size_t n) {
+    CHECK(cudaStreamSynchronize((cudaStream_t)mt_gpt2_cuda_stream(from)) == cudaSuccess &&
+              cudaStreamSynchronize((cudaStream_t)mt_gpt2_cuda_stream(to)) == cudaSuccess &&
+              cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice) == cudaSuccess,
+          "hand over %zu bytes", n);
+}
+
+/* Pipeline stages: a 3-block model as three stages (first [0, 1), middle [1, 2), last [2, 3)), activations
+ * and their gradients handed from stage to stage, against the whole model on the device: the same loss and
+ * the same gradient of every parameter — exactly under the emulator (the same kernels on the same stored
+ * values), to 1e-5 of the largest on a device; wte's, the first stage's plus the last's, to 1e-6 of the
+ * largest (the head's and the embedding's parts summed in another order); each stage holds only its
+ * parameters; bad stage bounds, ZeRO on a stage and a missing tokens/targets array are refused. */
+static void stage_contract(mt_prec_t prec, mt_recompute_t rc) {
+    mt_model_t m = build_layers(rc, 3);
+    size_t n = mt_model_numel(m);
+    int np = mt_model_n_params(m);
+    int32_t tok[B * T], tgt[B * T];
+    data(tok, tgt);
+    mt_gpt2_cuda_params_t p = MT_GPT2_CUDA_PARAMS_INIT;
+    p.prec = prec;
+    p.B = B;
+    p.T = T;
+    p.init_scale = 1024.0f;
+    const char *pn = mt_prec_name(prec);
+    mt_gpt2_cuda_t whole = NULL, st[3] = {NULL, NULL, NULL}, bad = NULL;
+    float *want = malloc(n * 4), *got = calloc(n, 4), *sg = malloc(n * 4), loss0 = 0, loss = 0;
+    CHECK_OK(mt_gpt2_cuda_init(m, &p, &whole));
+    CHECK_OK(mt_gpt2_cuda_zero_grads(whole));
+    CHECK_OK(mt_gpt2_cuda_forward(whole, tok, tgt));
+    CHECK_OK(mt_gpt2_cuda_backward(whole, 1.0f));
+    CHECK_OK(mt_gpt2_cuda_get_grads(whole, want));
+    CHECK_OK(mt_gpt2_cuda_loss(whole, &loss0));
+    p.stage_lo = 2;
+    p.stage_hi = 2;
+    CHECK(mt_gpt2_cuda_init(m, &p, &bad) == MT_ERR_INVALID_ARG, "%s: an empty stage accepted", pn);
+    p.stage_hi = 4;
+    CHECK(mt_gpt2_cuda_init(m, &p, &bad) == MT_ERR_INVALID_ARG, "%s: a stage past the last block accepted", pn);
+    p.stage_lo = 0;
+    p.stage_hi = 1;
+    p.shard_count = 2;
+    CHECK(mt_gpt2_cuda_init(m, &p, &bad) == MT_ERR_INVALID_ARG, "%s: a sharded stage accepted", pn);
+    p.shard_count = 1;
+    for (int k = 0; k < 3; k++) {
+        p.stage_lo = k;
+        p.stage_hi = k + 1;
+        CHECK_OK(mt_gpt2_cuda_init(m, &p, &st[k]));
+        if (!st[k]) {
+            goto done;
+        }
+        CHECK_OK(mt_gpt2_cuda_zero_grads(st[k]));
+    }
+    CHECK(mt_gpt2_cuda_forward(st[0], NULL, tgt) == MT_ERR_INVALID_USAGE &&
+              mt_gpt2_cuda_forward(st[2], tok, NULL) == MT_ERR_INVALID_USAGE,
+          "%s: a stage without its tokens / targets accepted", pn);
+    size_t act = (size_t)B * T * mt_model_config(m)->n_embd * mt_dtype_size(mt_prec_storage(prec));
+    CHECK_OK(mt_gpt2_cuda_forward(st[0], tok, NULL));
+    hand_over(st[0], mt_gpt2_cuda_stage_output(st[0]), st[1], mt_gpt2_cuda_stage_input(st[1]), act);
+    CHECK_OK(mt_gpt2_cuda_forward(st[1], NULL, NULL));
+    hand_over(st[1], mt_gpt2_cuda_stage_output(st[1]), st[2], mt_gpt2_cuda_stage_input(st[2]), act);
+    CHECK_OK(mt_gpt2_cuda_forward(st[2], NULL, tgt));
+    CHECK_OK(mt_gpt2_cuda_loss(st[2], &loss));
+    CHECK_OK(mt_gpt2_cuda_backward(st[2], 1.0f));
+    hand_over(st[2], mt_gpt2_cuda_stage_grad(st[2]), st[1], mt_gpt2_cuda_stage_grad(st[1]), act);
+    CHECK_OK(mt_gpt2_cuda_backward(st[1], 1.0f));
+    hand_over(st[1], mt_gpt2_cuda_stage_grad(st[1]), st[0], mt_gpt2_cuda_stage_grad(st[0]), act);
+    CHECK_OK(mt_gpt2_cuda_backward(st[0], 1.0f));
+    /* every parameter's gradient from the stages holding it, summed (only wte is on two) */
+    size_t held_total = 0;
+    for (int k = 0; k < 3; k++) {
+        CHECK_OK(mt_gpt2_cuda_get_grads(st[k], sg));
+        for (int i = 0; i < np; i++) {
+            const mt_param_t *pp = mt_model_param(m, i);
+            size_t o = mt_gpt2_cuda_param_offset(st[k], i);
+            for (size_t e = 0; o != SIZE_MAX && e < pp->numel; e++) {
+                got[pp->offset + e] += sg[o + e];
+            }
+            held_total += o != SIZE_MAX ? pp->numel : 0;
+        }
+    }
+    /* wte (at offset 0) sums the head's and the embedding's parts in another order than the whole model */
+    size_t wte = mt_model_param(m, 0)->numel;
+    double err = 0, err_wte = 0, top = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (i < wte) {
+            err_wte = fmax(err_wte, d);
+        } else {
+            err = fmax(err, d);
+        }
+        top = fmax(top, fabs((double)want[i]));
+    }
+    double ltol = MT_CUDA_EMULATED ? 0.0 : 1e-6 * loss0, gtol = MT_CUDA_EMULATED ? 0.0 : 1e-5 * top;
+    CHECK(fabs(loss - loss0) <= ltol && err <= gtol && err_wte <= MT_MAX(gtol, 1e-6 * top) && held_total == n + wte,
+          "%s%s stages: loss %.9g (whole %.9g), gradients off by %g, wte by %g (largest %g), %zu parameters held "
+          "(model %zu + wte %zu)",
+          pn, rc == MT_RECOMPUTE_BLOCK ? " recompute" : "", loss, loss0, err, err_wte, top, held_total, n, wte);
+done:
+    for (int k = 0; k < 3; k++) {
+        mt_gpt2_cuda_free(st[k]);
+    }
+    mt_gpt2_cuda_free(whole);
+    free(want);
+    free(got);
+    free(sg);
+    mt_model_free(m);
+}
+
 int main(void) {
     if (mt_cuda_device_count() == 0) {
         printf("skipped: no CUDA device\n");
@@ -289,6 +593,11 @@ int main(void) {
     }
     compare_recompute(MT_PREC_FP32);
     compare_recompute(MT_PREC_BF16);
+    shard_contract(MT_PREC_FP32);
+    shard_contract(MT_PREC_BF16);
+    stage_contract(MT_PREC_FP32, MT_RECOMPUTE_NONE);
+    stage_contract(MT_PREC_BF16, MT_RECOMPUTE_NONE);
+    stage_contract(MT_PREC_FP32, MT_RECOMPUTE_BLOCK);
     float cpu_losses[STEPS];
     cpu_train(cpu_losses);
     int skipped = 0;

@@ -19,6 +19,15 @@
  *     (MESHTRAIN_GPU_PEAK_N = 2048 keeps it short), under the emulator given by MESHTRAIN_PEAK_GFLOPS_PER_GPU
  *     (the engine measures nothing there: an emulated rate means nothing); mt_cuda_gemm_peak itself runs
  *     on both (a small product under the emulator), returns a positive rate and gives its memory back;
+ *   - ZeRO-1, -2 and -3 (parallel.engine = "zero"; slices of the optimizer state, from stage 2 of the
+ *     gradients, at stage 3 of the weights, per dp rank; buckets reduced to their owners, the compute copy
+ *     all-gathered, or under ZeRO-3 gathered block by block) give the losses of the DDP run in fp32 and bf16,
+ *     and in fp16 from 2^24 the same skipped steps; each rank holds 1/dp of AdamW's moments (device
+ *     optimizer bytes summed over the ranks equal DDP's per rank, to the allocator's rounding); with 16
+ *     blocks on 2 ranks ZeRO-2's and ZeRO-3's gradient bytes and ZeRO-3's weight bytes are below 0.8 of
+ *     DDP's (slots, wte/wpe/ln_f and half the layout, against the whole layout); a ZeRO checkpoint resumed
+ *     under the same stage gives the uninterrupted run's losses, resumed on the CPU DDP engine the CPU run's
+ *     (1e-3); a DDP checkpoint resumed under ZeRO the DDP run's;
  *   - fp16 with precision.scale_window = 3 from loss scales 2^20 and 2^21 (a doubling after step 3, then an
  *     overflow; an overflow at step 1, then a doubling after step 4), interrupted after step 3 and resumed,
  *     continues with the loss scale and clean-step count its manifest's "precision" section saved: the same
@@ -35,6 +44,7 @@
 
 #include "launch/job.h"
 #include "launch/job_json.h"
+#include "runtime/mesh.h"
 #include "models/cuda/gemm_peak.h"
 #include "models/cuda/mt_cuda.h"
 #include "runtime/cuda_alloc.h"
@@ -51,6 +61,10 @@ enum { STEPS = 5 };
 /* Runs that compute the same function: exact under the emulator; on a device dwte's float atomics add in
  * a run-dependent order, which AdamW can magnify in near-zero gradients over the steps. */
 #define SAME_TOL (MT_CUDA_EMULATED ? 1e-6 : 1e-4)
+/* ZeRO-2/3 against DDP in bf16: they add each micro-batch's average to the slice where DDP averages the
+ * accumulated sum, a different f32 rounding, which a bf16 weight can turn into a different bf16 value
+ * (measured under the emulator: 2.7e-5 at step 4; fp32 and fp16 stay within SAME_TOL). */
+#define ZERO2_BF16_TOL 1e-4
 
 static const char *base[] = {
     "--model.kind=gpt2",       "--model.n_layer=2",      "--model.n_head=2",          "--model.n_embd=32",
@@ -60,16 +74,19 @@ static const char *base[] = {
     "--runtime.watchdog_s=120",
 };
 
-/* Runs the job with base + extra on the world; device "cuda" takes the GPU engine, else the CPU engine the
- * world size calls for. */
-static mt_status_t run(const char *device, int n_extra, const char *const *extra, mt_job_result_t *res) {
+/* Runs the job with base + extra on the world, as pp pipeline stages over a tp 1 x dp x pp mesh when pp > 1;
+ * device "cuda" takes the GPU engine, else the CPU engine the layout calls for. */
+static mt_status_t run_pp(const char *device, int pp, int n_extra, const char *const *extra, mt_job_result_t *res) {
     const mt_world_t *w = mt_rt_world();
     char *args[64], gb[64], dev[64];
     int n = 0;
     for (size_t i = 0; i < MT_ARRAY_LEN(base); i++) {
         args[n++] = (char *)base[i];
     }
-    snprintf(gb, sizeof(gb), "--train.global_batch=%d", 4 * w->size);
+    char ppa[64];
+    snprintf(gb, sizeof(gb), "--train.global_batch=%d", 4 * (w->size / pp));
+    snprintf(ppa, sizeof(ppa), "--parallel.pp=%d", pp);
+    args[n++] = ppa;
     snprintf(dev, sizeof(dev), "--runtime.device=%s", device);
     args[n++] = gb;
     args[n++] = dev;
@@ -91,15 +108,31 @@ static mt_status_t run(const char *device, int n_extra, const char *const *extra
     mt_job_opts_t opts = MT_JOB_OPTS_INIT;
     opts.progress = w->rank == 0 ? stdout : NULL;
     opts.prefetch = false;
+    mt_mesh_t *mesh = NULL;
+    if (pp > 1) {
+        CHECK_OK(mt_mesh_create(w->size, 1, pp, w->size / pp, "tp-dp-pp", &mesh));
+        int coords[MT_AXIS_N];
+        mt_mesh_coords(mesh, w->rank, coords);
+        opts.mesh = mesh;
+        opts.dp_rank = coords[MT_AXIS_DP];
+        opts.dp_size = w->size / pp;
+    }
     if (!strcmp(device, "cuda")) {
         opts.engine = mt_job_engine_cuda();
+    } else if (pp > 1) {
+        opts.engine = mt_job_engine_model_parallel(pp);
     } else if (w->size > 1) {
         opts.engine = mt_job_engine_parallel();
     }
     opts.stop_after = stop_after;
     st = mt_job_run(cfg, &opts, res);
     mt_config_free(cfg);
+    mt_mesh_free(mesh);
     return st;
+}
+
+static mt_status_t run(const char *device, int n_extra, const char *const *extra, mt_job_result_t *res) {
+    return run_pp(device, 1, n_extra, extra, res);
 }
 
 /* Every step's loss of a within tol (relative) of b's. */
@@ -208,6 +241,242 @@ static void check_device_mem(const char *metrics, const mt_job_result_t *r) {
           (long long)ds.peak[MT_MEM_PARAMS], (long long)ds.peak[MT_MEM_GRADS], (long long)ds.peak[MT_MEM_OPTIMIZER],
           (long long)ds.peak[MT_MEM_ACTIVATIONS]);
     mt_json_free(o);
+}
+
+/* ZeRO stage 1 or 2 on the GPU engine against the DDP runs (ddp fp32, bf bf16, f16o fp16 from 2^24) and the
+ * CPU run. */
+static void zero_stage(const char *dir, int stage, const mt_job_result_t *ddp, const mt_job_result_t *bf,
+                       const mt_job_result_t *f16o, const mt_job_result_t *cpu) {
+    const mt_world_t *w = mt_rt_world();
+    mt_job_result_t z, zb, zh, zpart, zres, zcpu, dpart, dres;
+    char st_arg[64], what[64];
+    snprintf(st_arg, sizeof(st_arg), "--parallel.zero_stage=%d", stage);
+    const char *zf[] = {"--parallel.engine=zero", st_arg, "--parallel.bucket_mb=0.001"};
+    CHECK_OK(run_cuda(3, zf, &z));
+    snprintf(what, sizeof(what), "zero-%d vs ddp, fp32", stage);
+    same_losses(what, &z, ddp, SAME_TOL);
+    /* the moments are split over the ranks: their sum is one replica's (each buffer rounded to 512 bytes) */
+    int64_t mine = z.mem_peak[MT_MEM_OPTIMIZER], sum = 0, whole = ddp->mem_peak[MT_MEM_OPTIMIZER];
+    MPI_Allreduce(&mine, &sum, 1, MPI_INT64_T, MPI_SUM, w->comm);
+    CHECK(llabs(sum - whole) <= 2 * 512 * (w->size + 1) && (w->size == 1 || mine < whole * 3 / 4),
+          "zero-%d device optimizer bytes: this rank %lld, all ranks %lld, a ddp replica %lld", stage, (long long)mine,
+          (long long)sum, (long long)whole);
+    if (w->rank == 0) {
+        printf("zero-%d over %d ranks: device optimizer state %lld B per rank (ddp %lld B), gradients %lld B (ddp "
+               "%lld B)\n",
+               stage, w->size, (long long)mine, (long long)whole, (long long)z.mem_peak[MT_MEM_GRADS],
+               (long long)ddp->mem_peak[MT_MEM_GRADS]);
+    }
+    const char *zbf[] = {zf[0], zf[1], zf[2], "--precision.compute=bf16"};
+    CHECK_OK(run_cuda(4, zbf, &zb));
+    snprintf(what, sizeof(what), "zero-%d vs ddp, bf16", stage);
+    same_losses(what, &zb, bf, stage >= 2 ? MT_MAX(SAME_TOL, ZERO2_BF16_TOL) : SAME_TOL);
+    const char *zh16[] = {zf[0], zf[1], zf[2], "--precision.compute=fp16", "--precision.init_scale=16777216"};
+    CHECK_OK(run_cuda(5, zh16, &zh));
+    snprintf(what, sizeof(what), "zero-%d vs ddp, fp16 from 2^24", stage);
+    same_losses(what, &zh, f16o, SAME_TOL);
+    for (int64_t s = 0; s < zh.n_steps && s < f16o->n_steps; s++) {
+        CHECK((zh.grad_norm[s] == 0.0) == (f16o->grad_norm[s] == 0.0), "zero-%d fp16 step %lld: norm %g, ddp %g",
+              stage, (long long)s + 1, zh.grad_norm[s], f16o->grad_norm[s]);
+    }
+    CHECK(zh.n_overflow == f16o->n_overflow && zh.loss_scale == f16o->loss_scale,
+          "zero-%d fp16: %lld overflows, final scale %g; ddp %lld, %g", stage, (long long)zh.n_overflow,
+          (double)zh.loss_scale, (long long)f16o->n_overflow, (double)f16o->loss_scale);
+    /* checkpoints: ZeRO -> ZeRO, ZeRO -> CPU DDP, GPU DDP -> ZeRO */
+    char zarg[300], darg[300];
+    snprintf(zarg, sizeof(zarg), "--checkpoint.dir=%s/zckpt%d", dir, stage);
+    snprintf(darg, sizeof(darg), "--checkpoint.dir=%s/dckpt%d", dir, stage);
+    const char *zstop[] = {zf[0], zf[1], zf[2], zarg, "--checkpoint.every=3", "--stop-after=3"};
+    CHECK_OK(run_cuda(6, zstop, &zpart));
+    const char *zr[] = {zf[0], zf[1], zf[2], zarg, "--checkpoint.every=3"};
+    CHECK_OK(run_cuda(5, zr, &zres));
+    char zstep3[320];
+    snprintf(zstep3, sizeof(zstep3), "--checkpoint.resume=%s/zckpt%d/step-00000003", dir, stage);
+    const char *zc[] = {zstep3, "--parallel.engine=ddp"};
+    CHECK_OK(run("cpu", 2, zc, &zcpu));
+    const char *dstop[] = {"--parallel.engine=ddp", "--parallel.bucket_mb=0.001", darg, "--checkpoint.every=3",
+                           "--stop-after=3"};
+    CHECK_OK(run_cuda(5, dstop, &dpart));
+    const char *dr[] = {zf[0], zf[1], zf[2], darg};
+    CHECK_OK(run_cuda(4, dr, &dres));
+    const struct {
+        const char *what;
+        const mt_job_result_t *r, *ref;
+        double tol;
+    } res[] = {{"zero checkpoint resumed under the same stage", &zres, ddp, SAME_TOL},
+               {"zero checkpoint resumed on the cpu", &zcpu, cpu, 1e-3},
+               {"ddp checkpoint resumed under zero", &dres, ddp, SAME_TOL}};
+    for (size_t i = 0; i < MT_ARRAY_LEN(res); i++) {
+        const mt_job_result_t *r = res[i].r, *ref = res[i].ref;
+        CHECK(r->first_step == 3 && r->n_steps == STEPS, "zero-%d: %s: resumed after step %lld, ran to %lld", stage,
+              res[i].what, (long long)r->first_step, (long long)r->n_steps);
+        for (int64_t s = 3; s < STEPS && s < r->n_steps; s++) {
+            double d = fabs(r->loss[s] - ref->loss[s]) / ref->loss[s];
+            CHECK(d <= res[i].tol, "zero-%d: %s, step %lld: %.9g vs %.9g", stage, res[i].what, (long long)s + 1,
+                  r->loss[s], ref->loss[s]);
+        }
+    }
+    mt_job_result_t *all[] = {&z, &zb, &zh, &zpart, &zres, &zcpu, &dpart, &dres};
+    for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) {
+        mt_job_result_free(all[i]);
+    }
+}
+
+/* comm_bytes {model, other} of a metrics file's last step (false: absent or unreadable). */
+static bool step_bytes(const char *path, double *model, double *other) {
+    mt_json_t *o = last_line(path);
+    const mt_json_t *cb = o ? mt_json_get(o, "comm_bytes") : NULL;
+    bool ok = cb && mt_json_get_num(cb, "model", model) && mt_json_get_num(cb, "other", other);
+    mt_json_free(o);
+    return ok;
+}
+
+/* The bytes each dp engine of the GPU sends in a step (2 ranks, 2 micro-batches, fp32, the second step),
+ * against the formulas of parallel/comm.c: with f = (N-1)/N and n the parameters (from the CPU DDP run's
+ * all-reduce, 2 * 4n * f), GPU DDP sends what CPU DDP does; ZeRO-1 4n * f (reduces) + 4 len (N-1) (the
+ * all-gather of the padded slices); ZeRO-2 reduces every micro-batch, 2 * 4n * f + 4 len (N-1); ZeRO-3
+ * 2 * 4n * f + 4n * f (each weight gathered once: the slots outlive the micro-batches); other: the loss
+ * all-reduce, 2 * 8 f, plus under ZeRO the norm and inf flag, 2 * 16 f. */
+static void zero_comm_bytes(const char *dir) {
+    const mt_world_t *w = mt_rt_world();
+    if (w->size != 2) {
+        return;
+    }
+    char paths[5][300], args[5][320];
+    const char *dev[5] = {"cpu", "cuda", "cuda", "cuda", "cuda"};
+    static const char *const engines[5][2] = {{"--parallel.engine=ddp", "--parallel.zero_stage=1"},
+                                              {"--parallel.engine=ddp", "--parallel.zero_stage=1"},
+                                              {"--parallel.engine=zero", "--parallel.zero_stage=1"},
+                                              {"--parallel.engine=zero", "--parallel.zero_stage=2"},
+                                              {"--parallel.engine=zero", "--parallel.zero_stage=3"}};
+    double model[5] = {0}, other[5] = {0};
+    for (int i = 0; i < 5; i++) {
+        snprintf(paths[i], sizeof(paths[i]), "%s/bytes%d.jsonl", dir, i);
+        snprintf(args[i], sizeof(args[i]), "--metrics.jsonl=%s", paths[i]);
+        const char *a[] = {engines[i][0], engines[i][1], args[i], "--train.steps=2"};
+        mt_job_result_t r;
+        CHECK_OK(run(dev[i], 4, a, &r));
+        mt_job_result_free(&r);
+        CHECK(step_bytes(paths[i], &model[i], &other[i]), "%s: no comm_bytes", paths[i]);
+    }
+    double f = 0.5, n = model[0] / (2.0 * 4.0 * f);
+    double len = (double)(MT_DIV_UP(MT_DIV_UP((size_t)n, 2), 64) * 64);
+    double want[5] = {model[0], model[0], 4 * n * f + 4 * len, 2 * 4 * n * f + 4 * len, 2 * 4 * n * f + 4 * n * f};
+    for (int i = 1; i < 5; i++) {
+        double want_other = 2 * 8 * f + (i >= 2 ? 2 * 16 * f : 0.0);
+        CHECK(model[i] == want[i] && other[i] == want_other,
+              "comm_bytes of %s %s on the GPU: model %.0f (want %.0f), other %.0f (want %.0f)", engines[i][0],
+              engines[i][1], model[i], want[i], other[i], want_other);
+    }
+    if (w->rank == 0) {
+        printf("comm_bytes per step, 2 ranks, %.0f parameters: cpu ddp %.0f, gpu ddp %.0f, zero-1 %.0f, zero-2 %.0f, "
+               "zero-3 %.0f\n",
+               n, model[0], model[1], model[2], model[3], model[4]);
+    }
+}
+
+/* Pipeline parallelism on the GPU engine (2 ranks as 2 stages, 4 blocks; the CPU pipeline is the reference,
+ * itself tested equal to the single process): the GPipe and 1F1B schedules give the CPU pipeline's losses
+ * and gradient norms (1e-3; the norm counts the tied wte once) and each other's (SAME_TOL: the same
+ * operations in another order); a pipeline checkpoint resumes on the GPU pipeline (SAME_TOL) and on the
+ * CPU pipeline (1e-3); each stage holds only its parameters (device parameter bytes below 0.75 of the whole
+ * model's on one GPU); ZeRO with a pipeline is refused naming the keys. */
+static void pipeline(const char *dir) {
+    const mt_world_t *w = mt_rt_world();
+    if (w->size != 2) {
+        return;
+    }
+    mt_job_result_t cpu, g1, gg, part, res, rcpu, z, whole;
+    const char *l4[] = {"--model.n_layer=4", "--parallel.schedule=1f1b"};
+    CHECK_OK(run("cuda", 1, l4, &whole)); /* dp 2: the whole model on each GPU */
+    const char *l4g[] = {"--model.n_layer=4", "--parallel.schedule=gpipe"};
+    CHECK_OK(run_pp("cpu", 2, 2, l4, &cpu));
+    CHECK_OK(run_pp("cuda", 2, 2, l4, &g1));
+    CHECK_OK(run_pp("cuda", 2, 2, l4g, &gg));
+    same_losses("pp 2, 1f1b: gpu vs cpu", &g1, &cpu, 1e-3);
+    same_losses("pp 2: gpipe vs 1f1b on the gpu", &gg, &g1, SAME_TOL);
+    for (int64_t s = 0; s < STEPS && s < g1.n_steps && s < cpu.n_steps; s++) {
+        double d = fabs(g1.grad_norm[s] - cpu.grad_norm[s]) / cpu.grad_norm[s];
+        CHECK(d <= 1e-3, "pp 2 step %lld: gradient norm %.9g, cpu pipeline %.9g", (long long)s + 1, g1.grad_norm[s],
+              cpu.grad_norm[s]);
+    }
+    CHECK(g1.mem_peak[MT_MEM_PARAMS] > 0 && g1.mem_peak[MT_MEM_PARAMS] * 4 < whole.mem_peak[MT_MEM_PARAMS] * 3,
+          "pp 2: device parameter bytes %lld per stage, the whole model %lld", (long long)g1.mem_peak[MT_MEM_PARAMS],
+          (long long)whole.mem_peak[MT_MEM_PARAMS]);
+    char carg[300], step3[320];
+    snprintf(carg, sizeof(carg), "--checkpoint.dir=%s/ppckpt", dir);
+    snprintf(step3, sizeof(step3), "--checkpoint.resume=%s/ppckpt/step-00000003", dir);
+    const char *stop[] = {l4[0], l4[1], carg, "--checkpoint.every=3", "--stop-after=3"};
+    CHECK_OK(run_pp("cuda", 2, 5, stop, &part));
+    const char *oncpu[] = {l4[0], l4[1], step3};
+    CHECK_OK(run_pp("cpu", 2, 3, oncpu, &rcpu));
+    const char *again[] = {l4[0], l4[1], carg};
+    CHECK_OK(run_pp("cuda", 2, 3, again, &res));
+    const struct {
+        const char *what;
+        const mt_job_result_t *r, *ref;
+        double tol;
+    } cases[] = {{"pp 2 checkpoint resumed on the gpu pipeline", &res, &g1, SAME_TOL},
+                 {"pp 2 gpu checkpoint resumed on the cpu pipeline", &rcpu, &cpu, 1e-3}};
+    for (size_t i = 0; i < MT_ARRAY_LEN(cases); i++) {
+        const mt_job_result_t *r = cases[i].r, *ref = cases[i].ref;
+        CHECK(r->first_step == 3 && r->n_steps == STEPS, "%s: resumed after step %lld, ran to %lld", cases[i].what,
+              (long long)r->first_step, (long long)r->n_steps);
+        for (int64_t s = 3; s < STEPS && s < r->n_steps; s++) {
+            double d = fabs(r->loss[s] - ref->loss[s]) / ref->loss[s];
+            CHECK(d <= cases[i].tol, "%s, step %lld: %.9g vs %.9g", cases[i].what, (long long)s + 1, r->loss[s],
+                  ref->loss[s]);
+        }
+    }
+    const char *zp[] = {l4[0], "--parallel.engine=zero"};
+    CHECK(run_pp("cuda", 2, 2, zp, &z) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "parallel.pp = 2 with "
+                                                                                             "parallel.engine"),
+          "zero under pp on the gpu: %s", mt_last_error_msg());
+    if (w->rank == 0) {
+        printf("pp 2 on the gpu: losses %.6f .. %.6f (cpu pipeline %.6f .. %.6f), device parameters %lld B per stage\n",
+               g1.loss[0], g1.loss[STEPS - 1], cpu.loss[0], cpu.loss[STEPS - 1], (long long)g1.mem_peak[MT_MEM_PARAMS]);
+    }
+    mt_job_result_t *all[] = {&cpu, &g1, &gg, &part, &res, &rcpu, &z, &whole};
+    for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) {
+        mt_job_result_free(all[i]);
+    }
+}
+
+/* Device memory with 16 blocks on 2 ranks, two steps (with the same losses): ZeRO-2's gradients (two block
+ * slots, wte/wpe/ln_f and its slice of the layout) and ZeRO-3's weights (three block slots, wte/wpe/ln_f and
+ * its slice) against DDP's whole layout; ZeRO-3's gradients are ZeRO-2's. */
+static void zero_memory(void) {
+    const mt_world_t *w = mt_rt_world();
+    if (w->size != 2) {
+        return;
+    }
+    mt_job_result_t d, z2, z3;
+    const char *dd[] = {"--model.n_layer=16", "--train.steps=2"};
+    const char *a2[] = {dd[0], dd[1], "--parallel.engine=zero", "--parallel.zero_stage=2"};
+    const char *a3[] = {dd[0], dd[1], "--parallel.engine=zero", "--parallel.zero_stage=3"};
+    CHECK_OK(run_cuda(2, dd, &d));
+    CHECK_OK(run_cuda(4, a2, &z2));
+    CHECK_OK(run_cuda(4, a3, &z3));
+    int64_t gd = d.mem_peak[MT_MEM_GRADS], g2 = z2.mem_peak[MT_MEM_GRADS], g3 = z3.mem_peak[MT_MEM_GRADS];
+    int64_t pd = d.mem_peak[MT_MEM_PARAMS], p2 = z2.mem_peak[MT_MEM_PARAMS], p3 = z3.mem_peak[MT_MEM_PARAMS];
+    CHECK(g2 > 0 && (double)g2 < 0.8 * (double)gd && g3 == g2, "16 blocks, 2 ranks: gradients ddp %lld B, zero-2 "
+          "%lld B, zero-3 %lld B", (long long)gd, (long long)g2, (long long)g3);
+    CHECK(p3 > 0 && (double)p3 < 0.8 * (double)pd && p2 == pd, "16 blocks, 2 ranks: weights ddp %lld B, zero-2 "
+          "%lld B, zero-3 %lld B", (long long)pd, (long long)p2, (long long)p3);
+    for (int64_t s = 0; s < 2; s++) { /* the slots cycle over 16 blocks, forward and backward */
+        double e2 = fabs(z2.loss[s] - d.loss[s]) / d.loss[s], e3 = fabs(z3.loss[s] - d.loss[s]) / d.loss[s];
+        CHECK(z2.n_steps == 2 && z3.n_steps == 2 && e2 <= SAME_TOL && e3 <= SAME_TOL,
+              "16 blocks, step %lld: loss ddp %.9g, zero-2 %.9g, zero-3 %.9g", (long long)s + 1, d.loss[s],
+              z2.loss[s], z3.loss[s]);
+    }
+    if (w->rank == 0) {
+        printf("16 blocks, 2 ranks, fp32, per rank: gradients ddp %lld B, zero-2 %lld B, zero-3 %lld B; weights ddp "
+               "%lld B, zero-3 %lld B\n",
+               (long long)gd, (long long)g2, (long long)g3, (long long)pd, (long long)p3);
+    }
+    mt_job_result_free(&d);
+    mt_job_result_free(&z2);
+    mt_job_result_free(&z3);
 }
 
 /* fp16 with precision.scale_window = 3 from init (a --precision.init_scale= argument): the run interrupted
@@ -353,6 +622,12 @@ int main(int argc, char **argv) {
     CHECK(h16o.n_steps == STEPS && zero_norm >= 1 && zero_norm < STEPS && isfinite(h16o.loss[STEPS - 1]),
           "fp16 from 2^24: %d of %lld steps skipped (norm 0), last loss %g", zero_norm, (long long)h16o.n_steps,
           h16o.n_steps == STEPS ? h16o.loss[STEPS - 1] : NAN);
+    for (int zs = 1; zs <= 3; zs++) {
+        zero_stage(dir, zs, &gpu, &bf, &h16o, &cpu);
+    }
+    zero_memory();
+    zero_comm_bytes(dir);
+    pipeline(dir);
     /* fp16 resumed: the loss scale and its clean-step count come back from the checkpoint. Under the
      * emulator, from 2^20 steps 1-3 are clean, the scale doubles and step 4 overflows (a resume at the
      * initial scale would not skip it); from 2^21 step 1 overflows, steps 2-4 are clean and the scale
