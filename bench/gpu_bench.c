@@ -185,7 +185,8 @@ static int cmd_train(const opts_t *o) {
         }
         printf("time per step by kernel (%lld profiled steps, event after every launch):\n", (long long)ps);
         for (int c = 0; c < MT_GPT2_PROF_COUNT; c++) {
-            printf("  %-14s %9.3f ms  %5.1f%%\n", mt_gpt2_prof_name((mt_gpt2_prof_t)c), ps > 0 ? pms[c] / (double)ps : 0,
+            printf("  %-14s %9.3f ms  %5.1f%%\n", mt_gpt2_prof_name((mt_gpt2_prof_t)c),
+                   ps > 0 ? pms[c] / (double)ps : 0,
                    tot > 0 ? 100.0 * pms[c] / tot : 0.0);
         }
         printf("RESULT prof prec=%s", mt_prec_name(o->prec));

@@ -535,7 +535,8 @@ static mt_status_t train(job_t *j, mt_job_result_t *r) {
         bool force_overflow = j->scaler.dynamic && s + 1 == mt_param_test_overflow_step() &&
                               (mt_param_test_overflow_rank() < 0 || mt_param_test_overflow_rank() == j->rank);
         if (force_overflow) {
-            MT_WARN("test knob: loss scale x 2^24 on rank %d at step %lld (an fp16 overflow)", j->rank, (long long)s + 1);
+            MT_WARN("test knob: loss scale x 2^24 on rank %d at step %lld (an fp16 overflow)", j->rank,
+                    (long long)s + 1);
         }
         mt_model_set_loss_scale(j->model, force_overflow ? scale * 16777216.0f : scale);
         MT_CHECK(run_batch(j, b, true, &loss, &rec));

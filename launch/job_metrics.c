@@ -364,7 +364,8 @@ static void write_json(FILE *f, const job_metrics_t *m, const job_t *j, const mt
             "\"mem_bytes\": {\"params\": %lld, \"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, "
             "\"comm\": %lld, \"other\": %lld, \"peak\": %lld}",
             (long long)r->step, loss, (double)r->lr, norm, (double)r->loss_scale, r->skipped ? "true" : "false",
-            m->tokens, r->step_s * 1e3, tps, mfu_of(m, j, tps), r->data_s * 1e3, r->fwd_s * 1e3, r->bwd_s * 1e3, r->comm_s * 1e3, r->opt_s * 1e3,
+            m->tokens, r->step_s * 1e3, tps, mfu_of(m, j, tps), r->data_s * 1e3, r->fwd_s * 1e3, r->bwd_s * 1e3,
+            r->comm_s * 1e3, r->opt_s * 1e3,
             (long long)mem[MT_MEM_PARAMS], (long long)mem[MT_MEM_GRADS], (long long)mem[MT_MEM_OPTIMIZER],
             (long long)mem[MT_MEM_ACTIVATIONS], (long long)mem[MT_MEM_COMM], (long long)mem[MT_MEM_OTHER],
             (long long)peak);

@@ -190,7 +190,8 @@ static mt_status_t push_local_box(mt_plist_t *l, const char *kind, const mt_para
     int d = p->tp_dim;
     int64_t parts = MT_MAX(p->tp_parts, 1), pl = p->shape[d] / parts;
     for (int64_t x = lo[d]; x < hi[d];) {
-        int64_t k = x / pl, end = MT_MIN(hi[d], (k + 1) * pl), g = k * pl * tp_size + (int64_t)tp_rank * pl + x - k * pl;
+        int64_t k = x / pl, end = MT_MIN(hi[d], (k + 1) * pl);
+        int64_t g = k * pl * tp_size + (int64_t)tp_rank * pl + x - k * pl;
         int64_t glo[2] = {lo[0], lo[1]}, ghi[2] = {hi[0], hi[1]};
         glo[d] = g;
         ghi[d] = g + (end - x);

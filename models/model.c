@@ -425,11 +425,7 @@ static bool reads_param(const mt_param_t *p, int module) {
     return p->module == module || p->tied_module == module;
 }
 
-/* The scratch of the wrapper, sized once for the module that reads the most parameter floats. */
-static mt_status_t lp_ensure(mt_model_t m) {
-    if (m->lp_saved) {
-        return MT_OK;
-    }
+size_t mt_model_lowp_floats(mt_model_t m) {
     size_t most = 0;
     for (int k = 0; k < m->n_modules; k++) {
         size_t f = 0;
@@ -438,8 +434,17 @@ static mt_status_t lp_ensure(mt_model_t m) {
         }
         most = MT_MAX(most, f);
     }
-    m->lp_w = mt_alloc(MT_MAX(most, 1) * sizeof(float), MT_MEM_PARAMS, "model rounded weights");
-    m->lp_g = mt_alloc(MT_MAX(most, 1) * sizeof(float), MT_MEM_GRADS, "model rounded gradients");
+    return MT_MAX(most, 1);
+}
+
+/* The scratch of the wrapper, sized once for the module that reads the most parameter floats. */
+static mt_status_t lp_ensure(mt_model_t m) {
+    if (m->lp_saved) {
+        return MT_OK;
+    }
+    size_t most = mt_model_lowp_floats(m);
+    m->lp_w = mt_alloc(most * sizeof(float), MT_MEM_PARAMS, "model rounded weights");
+    m->lp_g = mt_alloc(most * sizeof(float), MT_MEM_GRADS, "model rounded gradients");
     m->lp_saved = calloc(2 * (size_t)MT_MAX(m->n_params, 1), sizeof(float *));
     if (!m->lp_w || !m->lp_g || !m->lp_saved) {
         mt_free(m->lp_w);

@@ -179,6 +179,13 @@ void mt_model_get_hooks(mt_model_t m, mt_model_hooks_t *out);
 mt_status_t mt_model_set_compute(mt_model_t m, int dt);
 int mt_model_compute(mt_model_t m);
 
+/* Floats in each of the two scratch buffers mt_model_set_compute's wrapper allocates (once, at the first
+ * forward or backward with a dtype other than MT_F32): the most parameter floats any one module of the
+ * whole model reads (its own and tied parameters, in this rank's tensor-parallel shapes), at least 1;
+ * independent of the micro-batch, since activations and passed gradients are rounded in place. A plan
+ * accounts mt_alloc_accounted(floats * 4) under MT_MEM_PARAMS and again under MT_MEM_GRADS. Pure. */
+size_t mt_model_lowp_floats(mt_model_t m);
+
 /* Multiplies the loss gradient of every backward through the head by scale (fp16 dynamic loss scaling;
  * the parameter gradients then carry the factor and the caller unscales them). Default 1. */
 void mt_model_set_loss_scale(mt_model_t m, float scale);

@@ -3,7 +3,8 @@
  * the optimizer's state come from the functions that size those allocations: mt_model_init's parameter
  * registry, mt_model_act_mem, mt_optim_state_buffers and mt_alloc_accounted; the data-parallel engines'
  * storage from mt_engine_plan_mem (parallel/bucket.c); the pipeline's stage split, activations in flight and
- * message buffers from parallel/pipeline.h (mt_pipeline_split, mt_pipeline_max_in_flight, mt_model_act_floats).
+ * message buffers from parallel/pipeline.h (mt_pipeline_split, mt_pipeline_max_in_flight, mt_model_act_floats);
+ * bf16/fp16's CPU emulation scratch from mt_model_lowp_floats.
  * SPDX-License-Identifier: MIT */
 #include <stdlib.h>
 #include <string.h>
@@ -68,9 +69,9 @@ static bool stage_needs(const mt_param_t *p, int lo, int hi) {
 }
 
 /* A data-parallel engine over the stage's parameters (the whole model with tp = pp = 1; as the training loop
- * and parallel3d.c create it) on dp ranks, dp rank 0: parallel/engine.h's own sizing (mt_engine_plan_mem: the layout and buffers of bucket.c,
- * the optimizer's pieces, the pools at their bound), with the parameters the training loop passes
- * (parallel/job_engine.c). */
+ * and parallel3d.c create it) on dp ranks, dp rank 0: parallel/engine.h's own sizing (mt_engine_plan_mem:
+ * the layout and buffers of bucket.c, the optimizer's pieces, the pools at their bound), with the parameters
+ * the training loop passes (parallel/job_engine.c). */
 static mt_status_t engine_mem(const mt_plan_job_t *job, mt_model_t m, const int *bounds, int stage,
                               const mt_plan_layout_t *l, int64_t mem[MT_MEM_NCAT]) {
     mt_engine_params_t ep = MT_ENGINE_PARAMS_INIT;
@@ -205,6 +206,13 @@ mt_status_t plan_stage_mem_model(const mt_plan_job_t *job, mt_model_t m, const i
         mem[MT_MEM_COMM] += l->dp > 1 ? acc(numel * sizeof(float)) : 0;
     } else {
         MT_CHECK(engine_mem(job, m, bounds, s, l, mem));
+    }
+    if (mt_prec_storage(job->prec) != MT_F32) {
+        /* bf16/fp16 emulated on the CPU (mt_model_set_compute): the wrapper's rounded weight copy and gradient
+         * staging, each the most parameter floats one module of the whole model reads (any stage) */
+        int64_t lp = acc(mt_model_lowp_floats(m) * sizeof(float));
+        mem[MT_MEM_PARAMS] += lp;
+        mem[MT_MEM_GRADS] += lp;
     }
     int64_t shm = 0; /* the node-local segments of the job's host communicators */
     MT_CHECK(mt_plan_stage_shm_bytes(job, l, s, MT_PLAN_PATH_TRAIN, &shm));

@@ -876,7 +876,8 @@ void mt_config_print_schema(FILE *out) {
         }
         case MT_CFG_BOOL: snprintf(range, sizeof(range), "bool"); break;
         case MT_CFG_STRING:
-            snprintf(range, sizeof(range), "%s%s", s[i].choices ? "one of " : "string", s[i].choices ? s[i].choices : "");
+            snprintf(range, sizeof(range), "%s%s", s[i].choices ? "one of " : "string",
+                     s[i].choices ? s[i].choices : "");
             break;
         }
         fprintf(out, "  %-32s %-30s default %-12s %s\n", s[i].key, range, s[i].dflt, s[i].help);

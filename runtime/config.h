@@ -35,8 +35,9 @@ const mt_cfg_schema_t *mt_config_schema(size_t *n);
 typedef struct mt_config mt_config_t;
 
 /* The command line of a config-taking command split in three: the config file (an argument ending in
- * ".toml", or given with --config PATH / --config=PATH; NULL if none; two is an error), the `--section.key=value` overrides (any `--x.y=...`), and
- * the rest (argv[0] first, for the command's own getopt_long). Pointers borrow from argv. */
+ * ".toml", or given with --config PATH / --config=PATH; NULL if none; two is an error), the
+ * `--section.key=value` overrides (any `--x.y=...`), and the rest (argv[0] first, for the command's own
+ * getopt_long). Pointers borrow from argv. */
 typedef struct {
     const char *path;
     int n_overrides;
@@ -51,7 +52,8 @@ void mt_config_cli_free(mt_config_cli_t *cli);
  * cross-key rules (batch arithmetic, tp x pp x dp = world_size with dp = 0 derived). Local: no MPI.
  * Every problem found is appended to errors (one line each, naming file:line, key and the valid
  * range, with a did-you-mean for misspelt keys); returns MT_ERR_INVALID_ARG if there was any, and
- * *out = NULL. path == MT_CONFIG_EMBEDDED loads the embedded default job. world_size <= 0 skips the world-size rules. */
+ * *out = NULL. path == MT_CONFIG_EMBEDDED loads the embedded default job. world_size <= 0 skips the
+ * world-size rules. */
 mt_status_t mt_config_load(const char *path, int n_overrides, char *const *overrides, int world_size,
                            mt_config_t **out, FILE *errors);
 

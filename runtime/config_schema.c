@@ -64,7 +64,8 @@ static const mt_cfg_schema_t schema[] = {
     I("parallel.microbatches", "0", 0, BIG, "pipeline micro-batches; 0 = derived, else must agree"),
     S("parallel.stage_layers", "", NULL, "blocks per pipeline stage, e.g. \"3,3,2,2\"; empty = balanced"),
     B("parallel.sequence_parallel", "false", "split LayerNorm/residual regions along the sequence over tp"),
-    S("parallel.dp_reduce", "auto", "auto|engine|allreduce", "tp/pp jobs: dp gradients by parallel.engine, one all-reduce, or auto"),
+    S("parallel.dp_reduce", "auto", "auto|engine|allreduce",
+      "tp/pp jobs: dp gradients by parallel.engine, one all-reduce, or auto"),
     /* [precision] */
     S("precision.compute", "fp32", "fp32|tf32|bf16|fp16", "compute precision (CPU: tf32 = fp32, bf16/fp16 emulated)"),
     F("precision.init_scale", "65536", 1, 1e38, "fp16: initial loss scale"),

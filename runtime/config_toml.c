@@ -106,7 +106,8 @@ static char *scan_string(scan_t *s) {
                         free(out);
                         return NULL;
                     }
-                    cp = cp * 16 + (uint32_t)(isdigit((unsigned char)h) ? h - '0' : (tolower((unsigned char)h) - 'a' + 10));
+                    int digit = isdigit((unsigned char)h) ? h - '0' : tolower((unsigned char)h) - 'a' + 10;
+                    cp = cp * 16 + (uint32_t)digit;
                 }
                 if (!put_utf8(&o, cp)) {
                     s->err = "unicode escape is not a valid code point";
@@ -137,7 +138,8 @@ static bool number_token(const char *start, size_t n, char *buf, size_t cap) {
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         if (start[i] == '_') {
-            if (i == 0 || i + 1 == n || !isxdigit((unsigned char)start[i - 1]) || !isxdigit((unsigned char)start[i + 1])) {
+            if (i == 0 || i + 1 == n || !isxdigit((unsigned char)start[i - 1]) ||
+                !isxdigit((unsigned char)start[i + 1])) {
                 return false;
             }
             continue;

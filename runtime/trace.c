@@ -284,7 +284,9 @@ mt_status_t mt_trace_write(MPI_Comm comm, const char *path) {
                 fprintf(f, "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d (",
                         first ? "" : ",\n", r, r);
                 json_str(f, hosts[r]);
-                fprintf(f, ")\"}},\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"args\":{\"sort_index\":%d}}",
+                fprintf(f,
+                        ")\"}},\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,"
+                        "\"args\":{\"sort_index\":%d}}",
                         r, r);
                 first = false;
                 if (lens[r] > 0) {

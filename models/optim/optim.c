@@ -29,7 +29,8 @@ struct mt_optim {
 mt_status_t mt_optim_init(const mt_optim_params_t *params, mt_optim_t *out) {
     *out = NULL;
     if (!params || params->size != sizeof(mt_optim_params_t)) {
-        return mt_error(MT_ERR_INVALID_ARG, "mt_optim_init: params missing or .size not set (use MT_OPTIM_PARAMS_INIT)");
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "mt_optim_init: params missing or .size not set (use MT_OPTIM_PARAMS_INIT)");
     }
     const mt_optim_params_t *p = params;
     if (p->kind != MT_OPTIM_ADAMW && p->kind != MT_OPTIM_SGD) {

@@ -128,8 +128,9 @@ int main(int argc, char **argv) {
         MPI_Allgather(&w->node_id, 1, MPI_INT, nodes, 1, MPI_INT, w->comm);
         for (int i = 0; i < w->size; i++) {
             int same_node = nodes[i] == w->node_id, same_host = !strcmp(hosts + (size_t)i * HOST_LEN, host);
-            CHECK(same_node == same_host, "ranks %d (node %d, %s) and %d (node %d, %s): node ids and hostnames disagree",
-                  w->rank, w->node_id, host, i, nodes[i], hosts + (size_t)i * HOST_LEN);
+            CHECK(same_node == same_host,
+                  "ranks %d (node %d, %s) and %d (node %d, %s): node ids and hostnames disagree", w->rank, w->node_id,
+                  host, i, nodes[i], hosts + (size_t)i * HOST_LEN);
         }
     }
     free(hosts);

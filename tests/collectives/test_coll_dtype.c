@@ -1,6 +1,7 @@
-/* Element types: names and parsing, single elements through double, f16/bf16 <-> f32 conversions (exact round trips, round to nearest
- * even on ties, NaN/inf/subnormals), and the MPI backend's user-defined f16/bf16 reductions checked
- * element by element against f32 arithmetic rounded once, at odd lengths and unaligned offsets.
+/* Element types: names and parsing, single elements through double, f16/bf16 <-> f32 conversions (exact
+ * round trips, round to nearest even on ties, NaN/inf/subnormals), and the MPI backend's user-defined
+ * f16/bf16 reductions checked element by element against f32 arithmetic rounded once, at odd lengths and
+ * unaligned offsets.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
 #include <stdlib.h>

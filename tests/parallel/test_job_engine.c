@@ -1,6 +1,7 @@
-/* The engines driven by the training loop (mt_job_run through mt_job_engine_parallel, the adapter meshtrain train uses): every engine and
- * ZeRO stage gives the same per-step loss and gradient norm as DDP on the same config (SGD, 1e-5
- * relative; DDP itself is checked against the serial run in test_equiv), and the loss goes down.
+/* The engines driven by the training loop (mt_job_run through mt_job_engine_parallel, the adapter meshtrain
+ * train uses): every engine and ZeRO stage gives the same per-step loss and gradient norm as DDP on the same
+ * config (SGD, 1e-5 relative; DDP itself is checked against the serial run in test_equiv), and the loss goes
+ * down.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
 #include <stdio.h>

@@ -1,9 +1,9 @@
 /* The planner's memory against the allocator for tensor- and pipeline-parallel layouts: parallel3d.c runs
  * real steps of a small GPT-2 on 4 ranks (tp x pp x dp with the all-reduce path and the engines, both
- * schedules, sequence parallelism), and every rank compares its allocator's peak bytes per category with
- * mt_plan_stage_mem for its pipeline stage. Parameters, gradients, optimizer state and activations must
- * agree to the byte on the ranks the plan sizes (tp rank 0, dp rank 0 of each stage); communication
- * buffers and every rank's total within 10%.
+ * schedules, sequence parallelism, bf16/fp16 emulated), and every rank compares its allocator's peak bytes
+ * per category with mt_plan_stage_mem for its pipeline stage. Parameters, gradients, optimizer state and
+ * activations must agree to the byte on the ranks the plan sizes (tp rank 0, dp rank 0 of each stage);
+ * communication buffers and every rank's total within 10%.
  * SPDX-License-Identifier: MIT */
 #include <sched.h>
 #include <stdio.h>
@@ -21,14 +21,18 @@ typedef struct {
     mt_plan_sched_t sched;
     bool sp;
     mt_plan_engine_t engine;
+    const char *prec; /* precision.compute (NULL: fp32) */
 } case_t;
 
 static void run_case(const case_t *c, int rank, int world) {
     char ov_mb[64];
     snprintf(ov_mb, sizeof(ov_mb), "--train.micro_batch=%d", c->micro_batch);
+    char ov_prec[64];
+    snprintf(ov_prec, sizeof(ov_prec), "--precision.compute=%s", c->prec ? c->prec : "fp32");
     char *ov[] = {"--model.n_layer=4",    "--model.n_head=4",        "--model.n_embd=64",
                   "--model.seq_len=32",   "--model.vocab_size=200",  "--train.global_batch=16",
-                  "--train.grad_accum=0", "--optimizer.grad_clip=0", ov_mb};
+                  "--train.grad_accum=0", "--optimizer.grad_clip=0", ov_mb,
+                  ov_prec};
     mt_config_t *cfg = NULL;
     CHECK_OK(mt_config_load(NULL, (int)MT_ARRAY_LEN(ov), ov, 0, &cfg, rank == 0 ? stderr : NULL));
     if (!cfg) {
@@ -72,7 +76,8 @@ static void run_case(const case_t *c, int rank, int world) {
     mt_par3d_t p3 = NULL;
     CHECK_OK(mt_par3d_init(MPI_COMM_WORLD, &job.model, &p, &p3));
     int coords[MT_AXIS_N] = {0, 0, 0};
-    if (p3) {
+    if (p3) { /* the compute dtype as launch/job.c sets it on the model the 3-D engine drives */
+        CHECK_OK(mt_model_set_compute(mt_par3d_model(p3), (int)mt_prec_storage(job.prec)));
         mt_par3d_coords(p3, coords);
         int row0 = 0, rows = 0;
         mt_par3d_rows(p3, &row0, &rows);
@@ -126,17 +131,20 @@ int main(int argc, char **argv) {
     }
     const mt_world_t *w = mt_rt_world();
     static const case_t cases[] = {
-        {"tp2 dp2", 2, 1, 2, 4, MT_PLAN_1F1B, false, MT_PLAN_ALLREDUCE},
-        {"tp2 dp2 sp", 2, 1, 2, 2, MT_PLAN_1F1B, true, MT_PLAN_ALLREDUCE},
-        {"pp2 dp2 1f1b", 1, 2, 2, 2, MT_PLAN_1F1B, false, MT_PLAN_ALLREDUCE},
-        {"pp2 dp2 gpipe", 1, 2, 2, 2, MT_PLAN_GPIPE, false, MT_PLAN_ALLREDUCE},
-        {"tp2 pp2 1f1b", 2, 2, 1, 4, MT_PLAN_1F1B, false, MT_PLAN_ALLREDUCE},
-        {"pp4 1f1b", 1, 4, 1, 2, MT_PLAN_1F1B, false, MT_PLAN_ALLREDUCE},
-        {"pp2 dp2 ddp", 1, 2, 2, 2, MT_PLAN_1F1B, false, MT_PLAN_DDP},
-        {"pp2 dp2 zero-1", 1, 2, 2, 4, MT_PLAN_1F1B, false, MT_PLAN_ZERO1},
-        {"pp2 dp2 zero-2", 1, 2, 2, 2, MT_PLAN_1F1B, false, MT_PLAN_ZERO2},
-        {"pp2 dp2 zero-3", 1, 2, 2, 2, MT_PLAN_GPIPE, false, MT_PLAN_ZERO3},
-        {"tp2 dp2 ddp", 2, 1, 2, 4, MT_PLAN_1F1B, false, MT_PLAN_DDP},
+        {"tp2 dp2", 2, 1, 2, 4, MT_PLAN_1F1B, false, MT_PLAN_ALLREDUCE, NULL},
+        {"tp2 dp2 sp", 2, 1, 2, 2, MT_PLAN_1F1B, true, MT_PLAN_ALLREDUCE, NULL},
+        {"pp2 dp2 1f1b", 1, 2, 2, 2, MT_PLAN_1F1B, false, MT_PLAN_ALLREDUCE, NULL},
+        {"pp2 dp2 gpipe", 1, 2, 2, 2, MT_PLAN_GPIPE, false, MT_PLAN_ALLREDUCE, NULL},
+        {"tp2 pp2 1f1b", 2, 2, 1, 4, MT_PLAN_1F1B, false, MT_PLAN_ALLREDUCE, NULL},
+        {"pp4 1f1b", 1, 4, 1, 2, MT_PLAN_1F1B, false, MT_PLAN_ALLREDUCE, NULL},
+        {"pp2 dp2 ddp", 1, 2, 2, 2, MT_PLAN_1F1B, false, MT_PLAN_DDP, NULL},
+        {"pp2 dp2 zero-1", 1, 2, 2, 4, MT_PLAN_1F1B, false, MT_PLAN_ZERO1, NULL},
+        {"pp2 dp2 zero-2", 1, 2, 2, 2, MT_PLAN_1F1B, false, MT_PLAN_ZERO2, NULL},
+        {"pp2 dp2 zero-3", 1, 2, 2, 2, MT_PLAN_GPIPE, false, MT_PLAN_ZERO3, NULL},
+        {"tp2 dp2 ddp", 2, 1, 2, 4, MT_PLAN_1F1B, false, MT_PLAN_DDP, NULL},
+        /* bf16/fp16 emulation: its scratch is sized over the whole model's tp-rank shapes, on every stage */
+        {"tp2 dp2 sp bf16", 2, 1, 2, 2, MT_PLAN_1F1B, true, MT_PLAN_ALLREDUCE, "bf16"},
+        {"pp2 dp2 zero-3 fp16", 1, 2, 2, 2, MT_PLAN_GPIPE, false, MT_PLAN_ZERO3, "fp16"},
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(cases); i++) {
         if (cases[i].tp * cases[i].pp * cases[i].dp == w->size) {

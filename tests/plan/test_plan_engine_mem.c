@@ -1,9 +1,10 @@
 /* The planner's memory against the allocator on several ranks: data-parallel engines (DDP, ZeRO-1/2/3 of
  * parallel/engine.h) driving real forward/backward/optimizer steps of a small GPT-2 over the world, and
- * mt_plan_stage_mem's prediction for that layout. Parameters, gradients, optimizer state and activations
- * must agree to the byte on dp rank 0 (the rank the plan sizes). ZeRO-2/3's communication pools are planned
- * at the bound the engine keeps to (how many buffers are in flight at once depends on timing), so they may
- * be planned higher than a run holds; the other engines hold none, and their total is within 10% on every rank.
+ * mt_plan_stage_mem's prediction for that layout (fp32, and bf16/fp16 emulated). Parameters, gradients, optimizer
+ * state and activations must agree to the byte on dp rank 0 (the rank the plan sizes). ZeRO-2/3's communication
+ * pools are planned at the bound the engine keeps to (how many buffers are in flight at once depends on timing), so
+ * they may be planned higher than a run holds; the other engines hold none, and their total is within 10% on every
+ * rank.
  * SPDX-License-Identifier: MIT */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,11 +23,13 @@ typedef struct {
     mt_plan_engine_t engine;
     int micro_batch;
     mt_plan_rc_t rc;
+    const char *prec; /* precision.compute (NULL: fp32) */
 } case_t;
 
 static void run_case(const case_t *c, mt_comm_t comm, int rank, int size) {
-    char ov_mb[64], ov_rc[64], ov_attn[64];
+    char ov_mb[64], ov_rc[64], ov_attn[64], ov_prec[64];
     snprintf(ov_mb, sizeof(ov_mb), "--train.micro_batch=%d", c->micro_batch);
+    snprintf(ov_prec, sizeof(ov_prec), "--precision.compute=%s", c->prec ? c->prec : "fp32");
     snprintf(ov_rc, sizeof(ov_rc), "--model.recompute=%s",
              c->rc == MT_PLAN_RC_BLOCK || c->rc == MT_PLAN_RC_BLOCK_ATTN ? "block" : "none");
     snprintf(ov_attn, sizeof(ov_attn), "--model.attn_recompute=%s",
@@ -42,7 +45,8 @@ static void run_case(const case_t *c, mt_comm_t comm, int rank, int size) {
                   "--parallel.bucket_mb=0.05",
                   ov_mb,
                   ov_rc,
-                  ov_attn};
+                  ov_attn,
+                  ov_prec};
     mt_config_t *cfg = NULL;
     CHECK_OK(mt_config_load(NULL, (int)MT_ARRAY_LEN(ov), ov, size, &cfg, rank == 0 ? stderr : NULL));
     if (!cfg) {
@@ -76,6 +80,7 @@ static void run_case(const case_t *c, mt_comm_t comm, int rank, int size) {
     mt_engine_t e = NULL;
     mt_acts_t acts = NULL;
     CHECK_OK(mt_model_init(&job.model, &model));
+    CHECK_OK(mt_model_set_compute(model, (int)mt_prec_storage(job.prec))); /* as launch/job.c sets it */
     mt_engine_params_t ep = MT_ENGINE_PARAMS_INIT;
     ep.kind = c->engine == MT_PLAN_DDP ? MT_ENGINE_DDP : MT_ENGINE_ZERO;
     ep.zero_stage = c->engine == MT_PLAN_DDP ? 1 : (int)c->engine;
@@ -146,14 +151,17 @@ int main(int argc, char **argv) {
     mt_comm_t comm = NULL;
     CHECK_OK(mt_comm_init(w->comm, &cp, &comm));
     static const case_t cases[] = {
-        {"ddp b4", MT_PLAN_DDP, 4, MT_PLAN_RC_NONE},
-        {"ddp b1 attn-recompute", MT_PLAN_DDP, 1, MT_PLAN_RC_ATTN},
-        {"zero-1 b2", MT_PLAN_ZERO1, 2, MT_PLAN_RC_NONE},
-        {"zero-2 b2", MT_PLAN_ZERO2, 2, MT_PLAN_RC_NONE},
-        {"zero-3 b4", MT_PLAN_ZERO3, 4, MT_PLAN_RC_NONE},
-        {"zero-3 b2 block-recompute", MT_PLAN_ZERO3, 2, MT_PLAN_RC_BLOCK},
-        {"zero-2 b8", MT_PLAN_ZERO2, 8, MT_PLAN_RC_NONE},
-        {"zero-1 b1 attn-recompute", MT_PLAN_ZERO1, 1, MT_PLAN_RC_ATTN},
+        {"ddp b4", MT_PLAN_DDP, 4, MT_PLAN_RC_NONE, NULL},
+        {"ddp b1 attn-recompute", MT_PLAN_DDP, 1, MT_PLAN_RC_ATTN, NULL},
+        {"zero-1 b2", MT_PLAN_ZERO1, 2, MT_PLAN_RC_NONE, NULL},
+        {"zero-2 b2", MT_PLAN_ZERO2, 2, MT_PLAN_RC_NONE, NULL},
+        {"zero-3 b4", MT_PLAN_ZERO3, 4, MT_PLAN_RC_NONE, NULL},
+        {"zero-3 b2 block-recompute", MT_PLAN_ZERO3, 2, MT_PLAN_RC_BLOCK, NULL},
+        {"zero-2 b8", MT_PLAN_ZERO2, 8, MT_PLAN_RC_NONE, NULL},
+        {"zero-1 b1 attn-recompute", MT_PLAN_ZERO1, 1, MT_PLAN_RC_ATTN, NULL},
+        /* bf16/fp16 emulation: its scratch holds a module's whole (for ZeRO-3 gathered) parameters */
+        {"ddp b2 bf16", MT_PLAN_DDP, 2, MT_PLAN_RC_NONE, "bf16"},
+        {"zero-3 b2 fp16", MT_PLAN_ZERO3, 2, MT_PLAN_RC_NONE, "fp16"},
     };
     for (size_t i = 0; comm && i < MT_ARRAY_LEN(cases); i++) {
         if (16 % (w->size * cases[i].micro_batch) == 0) {

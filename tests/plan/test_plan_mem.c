@@ -1,7 +1,7 @@
-/* The planner's memory against the allocator: for layouts of a small GPT-2 (micro-batch sizes, activation
- * and attention recomputation, an MLP, AdamW and SGD with momentum) run real training steps and compare the
- * allocator's peak bytes per category with mt_plan_stage_mem's prediction for that layout. The categories
- * the planner sizes must agree to the byte; the total within 10% (the data loader's buffers, "other", are
+/* The planner's memory against the allocator: for layouts of a small GPT-2 (micro-batch sizes, activation and
+ * attention recomputation, an MLP, AdamW and SGD with momentum, bf16/fp16 compute) run real training steps and
+ * compare the allocator's peak bytes per category with mt_plan_stage_mem's prediction for that layout. The
+ * categories the planner sizes must agree to the byte; the total within 10% (the data loader's buffers, "other", are
  * not planned).
  * SPDX-License-Identifier: MIT */
 #include <stdio.h>
@@ -107,6 +107,12 @@ int main(int argc, char **argv) {
         {"gpt2 b4 padded vocab 256", 4, MT_PLAN_RC_NONE, {"--model.padded_vocab=256"}},
         {"mlp b2", 2, MT_PLAN_RC_NONE, {"--model.kind=mlp"}},
         {"mlp b4 block-recompute", 4, MT_PLAN_RC_BLOCK, {"--model.kind=mlp"}},
+        /* the CPU emulation of bf16/fp16: the wrapper's rounded weights (params) and gradient staging (grads) */
+        {"gpt2 b2 bf16", 2, MT_PLAN_RC_NONE, {"--precision.compute=bf16"}},
+        {"gpt2 b4 fp16 attn-recompute", 4, MT_PLAN_RC_ATTN, {"--precision.compute=fp16"}},
+        /* the tied head (wte + ln_f) reads the most: 1024 x 64 > a block's 50k floats */
+        {"gpt2 b2 bf16 vocab 1024", 2, MT_PLAN_RC_NONE, {"--precision.compute=bf16", "--model.padded_vocab=1024"}},
+        {"mlp b2 fp16", 2, MT_PLAN_RC_NONE, {"--model.kind=mlp", "--precision.compute=fp16"}},
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(cases); i++) {
         run_case(&cases[i]);

@@ -134,7 +134,8 @@ static void test_values(void) {
 static void test_overrides(void) {
     char err[4096];
     mt_config_t *cfg = NULL;
-    char *over[] = {"--train.steps=7", "--optimizer.kind=sgd", "--parallel.order=\"pp-dp-tp\"", "--model.recompute=block"};
+    char *over[] = {"--train.steps=7", "--optimizer.kind=sgd", "--parallel.order=\"pp-dp-tp\"",
+                    "--model.recompute=block"};
     mt_status_t st = load_text("[train]\nsteps = 3\n", 4, over, 0, &cfg, err, sizeof(err));
     CHECK(st == MT_OK, "overrides: %s", err);
     if (cfg) {
@@ -188,20 +189,26 @@ static void test_errors(void) {
     EXPECT_ERROR("[optimizer]\nlr = nan\n", 0, "optimizer.lr = nan is out of range");
     EXPECT_ERROR("[optimizer]\nlr = true\n", 0, "optimizer.lr must be a number");
     EXPECT_ERROR("[checkpoint]\non_signal = 1\n", 0, "checkpoint.on_signal must be a boolean");
-    EXPECT_ERROR("[optimizer]\nkind = \"adam\"\n", 0, "optimizer.kind = \"adam\" is not valid: choose one of adamw|sgd");
+    EXPECT_ERROR("[optimizer]\nkind = \"adam\"\n", 0,
+                 "optimizer.kind = \"adam\" is not valid: choose one of adamw|sgd");
     /* Cross-key rules. */
     EXPECT_ERROR("[parallel]\ntp = 2\npp = 2\ndp = 2\n", 4, "2 x 2 x 2 = 8, but the job has 4 ranks");
-    EXPECT_ERROR("[parallel]\ntp = 3\nmodel.n_head = 3\n", 4, "world size 4 is not divisible by parallel.tp x parallel.pp = 3 x 1");
-    EXPECT_ERROR("[train]\nglobal_batch = 10\n", 4, "train.global_batch = 10 is not divisible by train.grad_accum x dp = 1 x 4");
+    EXPECT_ERROR("[parallel]\ntp = 3\nmodel.n_head = 3\n", 4,
+                 "world size 4 is not divisible by parallel.tp x parallel.pp = 3 x 1");
+    EXPECT_ERROR("[train]\nglobal_batch = 10\n", 4,
+                 "train.global_batch = 10 is not divisible by train.grad_accum x dp = 1 x 4");
     EXPECT_ERROR("[train]\nglobal_batch = 16\nmicro_batch = 3\n", 2, "not divisible by train.micro_batch x dp = 3 x 2");
-    EXPECT_ERROR("[train]\nglobal_batch = 16\nmicro_batch = 2\ngrad_accum = 2\n", 2, "= 2 x 2 x 2 = 8: make them agree");
+    EXPECT_ERROR("[train]\nglobal_batch = 16\nmicro_batch = 2\ngrad_accum = 2\n", 2,
+                 "= 2 x 2 x 2 = 8: make them agree");
     EXPECT_ERROR("[train]\nglobal_batch = 16\nmicro_batch = 2\n[parallel]\nmicrobatches = 3\n", 2,
                  "parallel.microbatches = 3 but the step has 4 micro-batches");
     EXPECT_ERROR("[model]\nn_embd = 100\nn_head = 3\n", 0, "model.n_embd = 100 is not divisible by model.n_head = 3");
-    EXPECT_ERROR("[model]\nn_head = 6\nn_embd = 96\n[parallel]\ntp = 4\n", 4, "model.n_head = 6 is not divisible by parallel.tp = 4");
+    EXPECT_ERROR("[model]\nn_head = 6\nn_embd = 96\n[parallel]\ntp = 4\n", 4,
+                 "model.n_head = 6 is not divisible by parallel.tp = 4");
     EXPECT_ERROR("[model]\nvocab_size = 300\npadded_vocab = 256\n", 0, "model.padded_vocab = 256 is smaller");
     EXPECT_ERROR("[parallel]\norder = \"tp-dp-dp\"\n", 0, "parallel.order = \"tp-dp-dp\" is not valid");
-    EXPECT_ERROR("[parallel]\npp = 2\nstage_layers = \"1,2\"\n[model]\nn_layer = 4\n", 2, "adding up to model.n_layer = 4");
+    EXPECT_ERROR("[parallel]\npp = 2\nstage_layers = \"1,2\"\n[model]\nn_layer = 4\n", 2,
+                 "adding up to model.n_layer = 4");
     EXPECT_ERROR("[profile]\nsteps = \"5-2\"\n", 0, "profile.steps = \"5-2\"");
     /* Everything at once: three independent problems, three lines. */
     char err[4096];

@@ -152,8 +152,8 @@ static void test_grad_accum(const char *opt, double tol) {
     } else {
         CHECK(0, "%s: runs incomplete", opt);
     }
-    printf("grad accumulation (%s): max relative loss/gradient-norm difference over 10 steps %.3g (tolerance %.1g)\n", opt, worst,
-           tol);
+    printf("grad accumulation (%s): max relative loss/gradient-norm difference over 10 steps %.3g (tolerance %.1g)\n",
+           opt, worst, tol);
     mt_job_result_free(&a);
     mt_job_result_free(&b);
     mt_job_result_free(&c);
