@@ -677,7 +677,8 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     }
     if (e->pp > 1) {
         MT_INFO(MT_LOG_INIT, "cuda engine: pipeline stage %d of %d (%s, blocks [%d, %d), %zu parameters), %d input "
-                "slots", e->stage, e->pp, mt_pp_schedule_name(e->sched), gp.stage_lo, gp.stage_hi, e->numel, e->n_slots);
+                "slots", e->stage, e->pp, mt_pp_schedule_name(e->sched), gp.stage_lo, gp.stage_hi, e->numel,
+                e->n_slots);
     }
     MT_INFO(MT_LOG_INIT, "cuda engine: device %d, %s, dp %d (%s), buckets of %zu floats", d, prec, e->dp_size,
             e->zero3     ? "zero-3: each block's weights gathered before use, gradients reduced to their owners"

@@ -448,7 +448,8 @@ static void test_attention_tc(void) {
         CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 64, bwd) == 1 && mt_cuda_attention_tc_path(MT_CU_F16, 16, bwd) == 1,
               "bf16 hs=64 and f16 hs=16 are eligible (backward %d)", bwd);
         CHECK(mt_cuda_attention_tc_path(MT_CU_F32, 64, bwd) == 0, "f32 attention is not on the tensor-core path");
-        CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 100, bwd) == 0 && mt_cuda_attention_tc_path(MT_CU_BF16, 24, bwd) == 0,
+        CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 100, bwd) == 0 &&
+                  mt_cuda_attention_tc_path(MT_CU_BF16, 24, bwd) == 0,
               "head sizes not a multiple of 16 are not on the tensor-core path");
     }
     CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 128, 0) == 1 && mt_cuda_attention_tc_path(MT_CU_BF16, 128, 1) == 0,
