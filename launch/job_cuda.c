@@ -493,7 +493,10 @@ static mt_status_t pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool back
             }
             continue;
         }
-        /* backward k: its activations again if another forward came between, d x_hi from the next stage */
+        /* backward k: d x_hi from the next stage (posted first, with the last op's send: the neighbour need not
+         * wait for a re-materialisation; forward leaves the gradient buffer alone), its activations again if
+         * another forward came between */
+        MT_CHECK(pp_exchange(e, &pend, grad, e->last ? -1 : e->stage + 1));
         if (e->resident != k) {
             if (!e->first) {
                 CU(cudaMemcpyAsync(in, slot, bytes, cudaMemcpyDeviceToDevice, e->cstream));
@@ -501,7 +504,6 @@ static mt_status_t pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool back
             MT_CHECK(mt_gpt2_cuda_forward(e->g, tok, tgt));
             e->resident = k;
         }
-        MT_CHECK(pp_exchange(e, &pend, grad, e->last ? -1 : e->stage + 1));
         e->comm_now = e->gcomm && i == last_b; /* the step's last backward: the gradients are final */
         e->pend_lo = e->pend_hi = e->numel;
         mt_status_t st = mt_gpt2_cuda_backward(e->g, 1.0f / (float)e->ga);
@@ -589,8 +591,16 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
             goto fail;
         }
     }
-    /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one) */
+    /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one);
+     * NCCL cannot put two ranks of a communicator on one GPU */
     st = mt_cuda_status(cudaSetDevice(mt_rt_world()->local_rank % ndev), "cudaSetDevice");
+    if (st == MT_OK && !MT_CUDA_EMULATED && (e->dp_size > 1 || e->pp > 1) && mt_rt_world()->local_size > ndev) {
+        st = mt_error(MT_ERR_INVALID_ARG,
+                      "runtime.device = \"cuda\": %d ranks on host %s share %d GPU%s, and NCCL needs one GPU per rank: "
+                      "start one rank per GPU (mpirun --map-by ppr:%d:node, srun --ntasks-per-node=%d), or set "
+                      "runtime.device = \"cpu\"",
+                      mt_rt_world()->local_size, mt_rt_world()->hostname, ndev, ndev == 1 ? "" : "s", ndev, ndev);
+    }
     if (e->dp_size > 1 || e->pp > 1) {
         /* The dp communicators are created collectively over info->comm: every rank must get there, so the
          * ranks agree on the device choice first and allocate only afterwards (a rank failing alone before a

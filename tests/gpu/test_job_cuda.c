@@ -375,7 +375,9 @@ static void zero_comm_bytes(const char *dir) {
     }
 }
 
-/* Pipeline parallelism on the GPU engine (2 ranks as 2 stages, 4 blocks; the CPU pipeline is the reference,
+/* Pipeline parallelism on the GPU engine (the ranks as that many stages, 4 blocks: 2 stages of 2 ranks in the
+ * whole program, 4 stages in `test_job_cuda pipeline` on 4 ranks, where 1F1B has fewer micro-batches than
+ * stages and the end stages hold no block or one; the CPU pipeline is the reference,
  * itself tested equal to the single process): the GPipe and 1F1B schedules give the CPU pipeline's losses
  * and gradient norms (1e-3; the norm counts the tied wte once) and each other's (SAME_TOL: the same
  * operations in another order), and evaluation (forward only) the CPU pipeline's validation losses; a
@@ -384,7 +386,8 @@ static void zero_comm_bytes(const char *dir) {
  * model's on one GPU); ZeRO with a pipeline is refused naming the keys. */
 static void pipeline(const char *dir) {
     const mt_world_t *w = mt_rt_world();
-    if (w->size != 2) {
+    int pp = w->size;
+    if (pp < 2) {
         return;
     }
     mt_job_result_t cpu, g1, gg, part, res, rcpu, z, whole;
@@ -392,8 +395,8 @@ static void pipeline(const char *dir) {
     CHECK_OK(run("cuda", 1, l4, &whole)); /* dp 2: the whole model on each GPU */
     const char *l4g[] = {"--model.n_layer=4", "--parallel.schedule=gpipe"};
     const char *l4e[] = {"--model.n_layer=4", "--parallel.schedule=1f1b", "--train.eval_every=2"};
-    CHECK_OK(run_pp("cpu", 2, 3, l4e, &cpu));
-    CHECK_OK(run_pp("cuda", 2, 3, l4e, &g1));
+    CHECK_OK(run_pp("cpu", pp, 3, l4e, &cpu));
+    CHECK_OK(run_pp("cuda", pp, 3, l4e, &g1));
     /* evaluation runs the pipeline's forward only: the CPU pipeline's validation losses */
     CHECK(g1.n_evals == cpu.n_evals && g1.n_evals >= 2, "pp 2: %lld evaluations, cpu pipeline %lld",
           (long long)g1.n_evals, (long long)cpu.n_evals);
@@ -402,7 +405,7 @@ static void pipeline(const char *dir) {
         CHECK(d <= 1e-3, "pp 2 evaluation %lld: %.9g, cpu pipeline %.9g", (long long)v + 1, g1.val_loss[v],
               cpu.val_loss[v]);
     }
-    CHECK_OK(run_pp("cuda", 2, 2, l4g, &gg));
+    CHECK_OK(run_pp("cuda", pp, 2, l4g, &gg));
     same_losses("pp 2, 1f1b: gpu vs cpu", &g1, &cpu, 1e-3);
     same_losses("pp 2: gpipe vs 1f1b on the gpu", &gg, &g1, SAME_TOL);
     for (int64_t s = 0; s < STEPS && s < g1.n_steps && s < cpu.n_steps; s++) {
@@ -417,11 +420,11 @@ static void pipeline(const char *dir) {
     snprintf(carg, sizeof(carg), "--checkpoint.dir=%s/ppckpt", dir);
     snprintf(step3, sizeof(step3), "--checkpoint.resume=%s/ppckpt/step-00000003", dir);
     const char *stop[] = {l4[0], l4[1], carg, "--checkpoint.every=3", "--stop-after=3"};
-    CHECK_OK(run_pp("cuda", 2, 5, stop, &part));
+    CHECK_OK(run_pp("cuda", pp, 5, stop, &part));
     const char *oncpu[] = {l4[0], l4[1], step3};
-    CHECK_OK(run_pp("cpu", 2, 3, oncpu, &rcpu));
+    CHECK_OK(run_pp("cpu", pp, 3, oncpu, &rcpu));
     const char *again[] = {l4[0], l4[1], carg};
-    CHECK_OK(run_pp("cuda", 2, 3, again, &res));
+    CHECK_OK(run_pp("cuda", pp, 3, again, &res));
     const struct {
         const char *what;
         const mt_job_result_t *r, *ref;
@@ -439,12 +442,15 @@ static void pipeline(const char *dir) {
         }
     }
     const char *zp[] = {l4[0], "--parallel.engine=zero"};
-    CHECK(run_pp("cuda", 2, 2, zp, &z) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "parallel.pp = 2 with "
-                                                                                             "parallel.engine"),
+    char zmsg[64];
+    snprintf(zmsg, sizeof(zmsg), "parallel.pp = %d with parallel.engine", pp);
+    CHECK(run_pp("cuda", pp, 2, zp, &z) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), zmsg),
           "zero under pp on the gpu: %s", mt_last_error_msg());
     if (w->rank == 0) {
-        printf("pp 2 on the gpu: losses %.6f .. %.6f (cpu pipeline %.6f .. %.6f), device parameters %lld B per stage\n",
-               g1.loss[0], g1.loss[STEPS - 1], cpu.loss[0], cpu.loss[STEPS - 1], (long long)g1.mem_peak[MT_MEM_PARAMS]);
+        printf("pp %d on the gpu: losses %.6f .. %.6f (cpu pipeline %.6f .. %.6f), device parameters %lld B on stage "
+               "0\n",
+               pp, g1.loss[0], g1.loss[STEPS - 1], cpu.loss[0], cpu.loss[STEPS - 1],
+               (long long)g1.mem_peak[MT_MEM_PARAMS]);
     }
     mt_job_result_t *all[] = {&cpu, &g1, &gg, &part, &res, &rcpu, &z, &whole};
     for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) {
@@ -586,6 +592,10 @@ int main(int argc, char **argv) {
     snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
     snprintf(metrics_arg, sizeof(metrics_arg), "--metrics.jsonl=%s", metrics);
     snprintf(ckpt_arg, sizeof(ckpt_arg), "--checkpoint.dir=%s", ckpt);
+    if (argc > 1 && !strcmp(argv[1], "pipeline")) { /* the pipeline alone, the world as its stages */
+        pipeline(dir);
+        goto cleanup;
+    }
 
     /* fp32 against the CPU; dp = 2 with many buckets */
     mt_job_result_t cpu, gpu, one, rc, bf, part, resumed;
@@ -676,6 +686,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) {
         mt_job_result_free(all[i]);
     }
+cleanup:
     MPI_Barrier(w->comm);
     if (w->rank == 0) {
         char cmd[300];
