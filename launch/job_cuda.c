@@ -8,11 +8,10 @@
  * pooled slot, every micro-batch's runs are reduced to their owners at once and added to the owner's
  * slice. ZeRO-3 also shards the weights: each block's are broadcast from their owners into a slot before
  * its forward and backward (the next ones while a block computes), wte/wpe/ln_f once per step. With pp > 1
- * each rank trains one pipeline stage (GPipe or 1F1B, activations by NCCL send/recv, each micro-batch's
- * stage forward run again before its backward unless its activations are still there). The loop's
- * clipping, NaN agreement, metrics and checkpoints work unchanged: the engine syncs twice per step (the
- * loss after backward, the gradient norm after the reductions). Built without CUDA, the engine only
- * refuses, naming what to use instead.
+ * each rank trains one pipeline stage (GPipe or 1F1B, activations by NCCL send/recv, each micro-batch in
+ * flight in its own activation set of the trainer). The loop's clipping, NaN agreement, metrics and
+ * checkpoints work unchanged: the engine syncs twice per step (the loss after backward, the gradient norm
+ * after the reductions). Built without CUDA, the engine only refuses, naming what to use instead.
  * SPDX-License-Identifier: MIT */
 #include "mt_build_config.h"
 
@@ -161,20 +160,18 @@ typedef struct {
     float *h_m, *h_v;         /* host staging of AdamW's moments for checkpoints (allocated on first use) */
     mt_nvml_t nvml;           /* NULL: no energy figures */
     uint64_t mj_last;
-    int pp, stage;            /* pipeline stages and this rank's (pp = 1: the whole model) */
-    bool first, last;         /* the stage embeds the tokens / computes the loss */
-    mt_pp_schedule_t sched;   /* parallel.schedule */
-    mt_comm_t ppcomm;         /* pp > 1: activations and their gradients, stage to stage (device memory: NCCL) */
-    mt_comm_t pplcomm;        /* pp > 1: host scalars over the pipeline (the loss, the norm) */
-    mt_comm_t embcomm;        /* pp > 1, first and last stage: the tied wte's gradient (== ppcomm when pp = 2) */
-    char *inslots;            /* stages after the first: each micro-batch in flight's input, n_slots of them */
-    void *sendbuf;            /* what the pending send sends: a copy, since the next op's forward (or its
-                               * re-materialisation) rewrites the trainer's output before the send is posted */
-    int n_slots;
-    int resident;             /* the micro-batch whose activations the trainer holds (-1: none) */
-    size_t act_elems;         /* B x T x C: one activation message */
-    double peak;              /* this GPU's dense peak in precision.compute, FLOP/s (0: unknown, no MFU) */
-    char peak_src[200];       /* where peak comes from */
+    int pp, stage;          /* pipeline stages and this rank's (pp = 1: the whole model) */
+    bool first, last;       /* the stage embeds the tokens / computes the loss */
+    mt_pp_schedule_t sched; /* parallel.schedule */
+    mt_comm_t ppcomm;       /* pp > 1: activations and their gradients, stage to stage (device memory: NCCL) */
+    mt_comm_t pplcomm;      /* pp > 1: host scalars over the pipeline (the loss, the norm) */
+    mt_comm_t embcomm;      /* pp > 1, first and last stage: the tied wte's gradient (== ppcomm when pp = 2) */
+    void *sendbuf;          /* what the pending send sends: a copy, since the next op rewrites the trainer's
+                             * output or gradient buffer before the send is posted */
+    int n_slots;            /* the trainer's activation sets: the most micro-batches in flight on the stage */
+    size_t act_elems;       /* B x T x C: one activation message */
+    double peak;            /* this GPU's dense peak in precision.compute, FLOP/s (0: unknown, no MFU) */
+    char peak_src[200];     /* where peak comes from */
 } cuda_engine_t;
 
 /* The MFU denominator (docs/metrics.md): the GPU's rate on an N^3 cuBLASLt product in precision.compute,
@@ -208,7 +205,8 @@ static void measure_peak(cuda_engine_t *e, int dev) {
     mt_dev_empty_cache();
     if (st != MT_OK || !(f > 0)) {
         MT_WARN("cuda engine: measuring the GPU's %s peak failed (%s): no MFU; set MESHTRAIN_PEAK_GFLOPS_PER_GPU "
-                "to give it", mt_prec_name(e->prec), st != MT_OK ? mt_last_error_msg() : "no time measured");
+                "to give it",
+                mt_prec_name(e->prec), st != MT_OK ? mt_last_error_msg() : "no time measured");
         snprintf(e->peak_src, sizeof(e->peak_src), "of the GPU unknown (its measurement failed)");
         return;
     }
@@ -238,9 +236,6 @@ static void ce_free(void *ctx) {
     }
     mt_comm_free(e->ppcomm);
     mt_comm_free(e->pplcomm);
-    if (e->inslots) {
-        mt_dev_free(e->inslots);
-    }
     if (e->sendbuf) {
         mt_dev_free(e->sendbuf);
     }
@@ -283,8 +278,7 @@ static mt_status_t launch_bucket(cuda_engine_t *e, size_t lo, size_t hi, float *
     CU(cudaEventRecord(e->ready, e->cstream));
     CU(cudaStreamWaitEvent(e->comm_stream, e->ready, 0));
     if (!e->zero) {
-        MT_CHECK(mt_coll_all_reduce(e->gcomm, grads, grads, hi - lo, MT_COLL_F32, MT_REDOP_AVG, e->comm_stream,
-                                    NULL));
+        MT_CHECK(mt_coll_all_reduce(e->gcomm, grads, grads, hi - lo, MT_COLL_F32, MT_REDOP_AVG, e->comm_stream, NULL));
         e->sent_model += 2.0 * (double)(hi - lo) * 4.0 * dp_frac(e);
     } else {
         e->sent_model += (double)(hi - lo) * 4.0 * dp_frac(e); /* the reduces to the owners */
@@ -450,10 +444,8 @@ static mt_status_t pp_exchange(cuda_engine_t *e, pp_send_t *pend, void *rbuf, in
 }
 
 /* The pipeline's forward (and backward) of one step's batch b on this stage, by the schedule: activations
- * and their gradients through NCCL send/recv on the compute stream, each micro-batch's input kept in a slot
- * and its forward run again before its backward unless the trainer still holds its activations (the
- * GPipe paper's re-materialisation: a stage keeps one micro-batch's activations). *loss: the last stage's
- * mean loss, broadcast to every stage. */
+ * and their gradients through NCCL send/recv on the compute stream, each micro-batch in flight in its own
+ * activation set of the trainer. *loss: the last stage's mean loss, broadcast to every stage. */
 static mt_status_t pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool backward, double *loss) {
     size_t n = (size_t)(e->mb * e->T), es = mt_dtype_size(mt_prec_storage(e->prec)), bytes = e->act_elems * es;
     int m = (int)e->ga, ops[4 * 1024];
@@ -468,22 +460,19 @@ static mt_status_t pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool back
     for (int i = 0; i < n_ops; i++) {
         last_b = ops[i] < 0 ? i : last_b;
     }
-    void *in = mt_gpt2_cuda_stage_input(e->g), *out = mt_gpt2_cuda_stage_output(e->g);
     void *grad = mt_gpt2_cuda_stage_grad(e->g);
     pp_send_t pend = {NULL, -1};
-    e->resident = -1; /* activations of another batch (the last step's, an evaluation's) are not this one's */
     for (int i = 0; i < n_ops; i++) {
         int k = (ops[i] > 0 ? ops[i] : -ops[i]) - 1;
         const int32_t *tok = e->first ? b->inputs + (size_t)k * n : NULL;
         const int32_t *tgt = e->last ? b->targets + (size_t)k * n : NULL;
-        char *slot = e->first ? NULL : e->inslots + (size_t)(k % e->n_slots) * bytes;
-        if (ops[i] > 0) { /* forward k: its input from the previous stage, kept; its output to the next */
-            MT_CHECK(pp_exchange(e, &pend, slot, e->first ? -1 : e->stage - 1));
-            if (!e->first) {
-                CU(cudaMemcpyAsync(in, slot, bytes, cudaMemcpyDeviceToDevice, e->cstream));
-            }
+        /* micro-batch k's activations live in set k mod n_slots from its forward to its backward: the
+         * schedule never has more micro-batches in flight */
+        MT_CHECK(mt_gpt2_cuda_use_acts(e->g, k % e->n_slots));
+        if (ops[i] > 0) { /* forward k: its input from the previous stage into the set, its output to the next */
+            MT_CHECK(pp_exchange(e, &pend, mt_gpt2_cuda_stage_input(e->g), e->first ? -1 : e->stage - 1));
             MT_CHECK(mt_gpt2_cuda_forward(e->g, tok, tgt));
-            e->resident = k;
+            void *out = mt_gpt2_cuda_stage_output(e->g);
             if (e->last) {
                 CU(cudaMemcpyAsync(e->loss_dev + k, mt_gpt2_cuda_loss_dev(e->g), 4, cudaMemcpyDeviceToDevice,
                                    e->cstream));
@@ -493,23 +482,13 @@ static mt_status_t pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool back
             }
             continue;
         }
-        /* backward k: d x_hi from the next stage (posted first, with the last op's send: the neighbour need not
-         * wait for a re-materialisation; forward leaves the gradient buffer alone), its activations again if
-         * another forward came between */
+        /* backward k: d x_hi from the next stage, with the last op's send */
         MT_CHECK(pp_exchange(e, &pend, grad, e->last ? -1 : e->stage + 1));
-        if (e->resident != k) {
-            if (!e->first) {
-                CU(cudaMemcpyAsync(in, slot, bytes, cudaMemcpyDeviceToDevice, e->cstream));
-            }
-            MT_CHECK(mt_gpt2_cuda_forward(e->g, tok, tgt));
-            e->resident = k;
-        }
         e->comm_now = e->gcomm && i == last_b; /* the step's last backward: the gradients are final */
         e->pend_lo = e->pend_hi = e->numel;
         mt_status_t st = mt_gpt2_cuda_backward(e->g, 1.0f / (float)e->ga);
         e->comm_now = false;
         MT_CHECK(st);
-        e->resident = -1; /* backward consumed the activations (the logits hold their gradient) */
         if (!e->first) {
             CU(cudaMemcpyAsync(e->sendbuf, grad, bytes, cudaMemcpyDeviceToDevice, e->cstream));
             pend = (pp_send_t){e->sendbuf, e->stage - 1};
@@ -565,8 +544,8 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->bucket_elems = (size_t)MT_MAX(1.0, mt_config_float(cfg, "parallel.bucket_mb") * 1048576.0 / 4.0);
     /* the pipeline: this rank's stage (the mesh's pp coordinate) and its blocks, from the CPU engines' split */
     e->pp = info->mesh ? mt_mesh_axis_size(info->mesh, MT_AXIS_PP) : 1;
-    e->resident = -1;
     e->first = e->last = true;
+    e->n_slots = 1;
     if (e->pp > 1) {
         int me = 0, coords[MT_AXIS_N], L = mt_model_config(e->model)->n_layer;
         MPI_Comm_rank(info->comm, &me);
@@ -586,6 +565,9 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
             gp.stage_lo = MT_MAX(bounds[e->stage], 1) - 1;
             gp.stage_hi = MT_MIN(bounds[e->stage + 1], L + 1) - 1;
         }
+        /* an activation set per micro-batch in flight: GPipe all of them, 1F1B min(pp - stage, m) */
+        e->n_slots = mt_pipeline_max_in_flight(e->sched, e->pp, e->stage, (int)e->ga);
+        gp.act_sets = e->n_slots;
         free(bounds);
         if (st != MT_OK) {
             goto fail;
@@ -640,22 +622,14 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     mt_gpt2_cuda_shard(e->g, &e->sh_lo, &e->sh_hi, &e->sh_len);
     e->numel = mt_gpt2_cuda_numel(e->g); /* the stage's parameters */
     e->cstream = (cudaStream_t)mt_gpt2_cuda_stream(e->g);
-    MT_CHECK_GOTO(mt_dev_malloc((void **)&e->loss_dev, (size_t)e->ga * 4, MT_MEM_OTHER, "cuda engine losses",
-                                e->cstream),
-                  st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&e->loss_host, (size_t)e->ga * 4), "pinned losses"), st,
-                  fail);
+    MT_CHECK_GOTO(
+        mt_dev_malloc((void **)&e->loss_dev, (size_t)e->ga * 4, MT_MEM_OTHER, "cuda engine losses", e->cstream), st,
+        fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&e->loss_host, (size_t)e->ga * 4), "pinned losses"), st, fail);
     e->act_elems = (size_t)(e->mb * e->T) * (size_t)mt_model_config(e->model)->n_embd;
     size_t act_bytes = e->act_elems * mt_dtype_size(mt_prec_storage(e->prec));
-    if (e->pp > 1 && !e->first) { /* the inputs of the micro-batches in flight, for their backward */
-        e->n_slots = mt_pipeline_max_in_flight(e->sched, e->pp, e->stage, (int)e->ga);
-        MT_CHECK_GOTO(mt_dev_malloc((void **)&e->inslots, (size_t)e->n_slots * act_bytes, MT_MEM_ACTIVATIONS,
-                                    "pipeline stage inputs", e->cstream),
-                      st, fail);
-    }
     if (e->pp > 1) {
-        MT_CHECK_GOTO(mt_dev_malloc(&e->sendbuf, act_bytes, MT_MEM_COMM, "pipeline send buffer", e->cstream), st,
-                      fail);
+        MT_CHECK_GOTO(mt_dev_malloc(&e->sendbuf, act_bytes, MT_MEM_COMM, "pipeline send buffer", e->cstream), st, fail);
     }
     if (e->dp_size > 1) {
         /* the comm stream at the device's greatest priority, so queued compute kernels do not starve the
@@ -663,9 +637,9 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         int least = 0, greatest = 0;
         MT_CHECK_GOTO(mt_cuda_status(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities"), st,
                       fail);
-        MT_CHECK_GOTO(mt_cuda_status(cudaStreamCreateWithPriority(&e->comm_stream, cudaStreamNonBlocking, greatest),
-                                     "stream"),
-                      st, fail);
+        MT_CHECK_GOTO(
+            mt_cuda_status(cudaStreamCreateWithPriority(&e->comm_stream, cudaStreamNonBlocking, greatest), "stream"),
+            st, fail);
         MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&e->ready, cudaEventDisableTiming), "event"), st, fail);
         MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&e->comm_done, cudaEventDisableTiming), "event"), st,
                       fail);
@@ -686,9 +660,10 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         MT_INFO(MT_LOG_INIT, "cuda engine: no NVML energy counter: step metrics carry no energy_j");
     }
     if (e->pp > 1) {
-        MT_INFO(MT_LOG_INIT, "cuda engine: pipeline stage %d of %d (%s, blocks [%d, %d), %zu parameters), %d input "
-                "slots", e->stage, e->pp, mt_pp_schedule_name(e->sched), gp.stage_lo, gp.stage_hi, e->numel,
-                e->n_slots);
+        MT_INFO(MT_LOG_INIT,
+                "cuda engine: pipeline stage %d of %d (%s, blocks [%d, %d), %zu parameters), %d "
+                "activation sets",
+                e->stage, e->pp, mt_pp_schedule_name(e->sched), gp.stage_lo, gp.stage_hi, e->numel, e->n_slots);
     }
     MT_INFO(MT_LOG_INIT, "cuda engine: device %d, %s, dp %d (%s), buckets of %zu floats", d, prec, e->dp_size,
             e->zero3     ? "zero-3: each block's weights gathered before use, gradients reduced to their owners"
@@ -787,7 +762,7 @@ static mt_status_t ce_step(void *ctx, float lr, float grad_scale) {
     bool skipped = false;
     MT_CHECK(mt_gpt2_cuda_step_scaled(e->g, &e->optim, lr, grad_scale, &skipped));
     if (!e->zero || e->zero3 || skipped) { /* a skipped fp16 step changed no slice (and every rank skipped it);
-                                             * ZeRO-3 gathers at the next use */
+                                            * ZeRO-3 gathers at the next use */
         return MT_OK;
     }
     /* ZeRO-1: every rank's updated slice of the compute copy to every rank, in place, on the comm stream
@@ -957,8 +932,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
                     mt_config_str(info->cfg, "runtime.device"));
 }
 
-static void ce_free(void *ctx) {
-}
+static void ce_free(void *ctx) {}
 
 static const mt_job_engine_t cuda_engine = {
     .name = "cuda",

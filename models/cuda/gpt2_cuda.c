@@ -27,6 +27,17 @@ typedef struct {
     float *lse;                                         /* (B,NH,T) */
 } layer_acts_t;
 
+/* Everything one micro-batch's backward reads that its forward wrote: the block inputs, the internals of each
+ * block (shared by the sets under recompute = block), the head's activations, the tokens and targets. */
+typedef struct {
+    void *resid;      /* (nb+1) x (N,C): resid[l - lo] is block l's input, the last the stage's output */
+    layer_acts_t *la; /* nb blocks */
+    void *lnf, *logits;
+    float *lnf_mean, *lnf_rstd, *losses, *lse_ce, *mean_loss;
+    int *n_valid;
+    int32_t *tokens_d, *targets_d;
+} acts_t;
+
 struct mt_gpt2_cuda {
     mt_model_t m;
     mt_gpt2_cuda_params_t p;
@@ -34,7 +45,7 @@ struct mt_gpt2_cuda {
     int lo, hi;       /* the pipeline stage's blocks [lo, hi) (the whole model: 0, L) */
     bool first, last; /* the stage holds the embeddings (first), ln_f and the head (last); wte on either */
     bool *held;       /* parameter i is on this stage */
-    bool recompute; /* model.recompute = block: one layer_acts_t shared by every block, refilled in backward */
+    bool recompute;   /* model.recompute = block: one layer_acts_t shared by every block, refilled in backward */
     size_t es, numel;
     cudaStream_t stream;
     cudaEvent_t copied[2]; /* the token copy out of pinned slot i finished */
@@ -55,31 +66,31 @@ struct mt_gpt2_cuda {
     cudaEvent_t wmark;              /* zero3: the compute stream's progress, for the comm stream to wait on */
     mt_gpt2_cuda_weight_hook_t whook;
     void *whook_arg;
-    int sh_n, sh_r;                 /* ZeRO-1/2: shards and this model's (1, 0: unsharded) */
-    size_t sh_lo, sh_hi, sh_len;    /* the slice this model updates, the slice length */
-    bool zero2;                     /* ZeRO-2: no whole gradient (grads NULL): backward writes the pool below */
-    float *gpool;                   /* zero2: two block-sized slots, block l's gradients in slot l % 2 */
-    float *gouter;                  /* zero2: wte, wpe [0, offs[BLOCK0]), then ln_f [offs[pf], numel) */
-    float *gshard;                  /* zero2: the slice's gradient, accumulated by the hook's consumer */
-    size_t blk_numel;               /* zero2: elements of one block's parameters */
-    cudaEvent_t slot_free[2];       /* zero2: recorded on the consumer stream after a slot's hook */
-    cudaEvent_t outer_free;         /* zero2: ... after the embedding's hook (the last use of gouter) */
-    cudaStream_t consumer;          /* the stream the hook's consumer reads the gradients on */
+    int sh_n, sh_r;              /* ZeRO-1/2: shards and this model's (1, 0: unsharded) */
+    size_t sh_lo, sh_hi, sh_len; /* the slice this model updates, the slice length */
+    bool zero2;                  /* ZeRO-2: no whole gradient (grads NULL): backward writes the pool below */
+    float *gpool;                /* zero2: two block-sized slots, block l's gradients in slot l % 2 */
+    float *gouter;               /* zero2: wte, wpe [0, offs[BLOCK0]), then ln_f [offs[pf], numel) */
+    float *gshard;               /* zero2: the slice's gradient, accumulated by the hook's consumer */
+    size_t blk_numel;            /* zero2: elements of one block's parameters */
+    cudaEvent_t slot_free[2];    /* zero2: recorded on the consumer stream after a slot's hook */
+    cudaEvent_t outer_free;      /* zero2: ... after the embedding's hook (the last use of gouter) */
+    cudaStream_t consumer;       /* the stream the hook's consumer reads the gradients on */
     size_t *offs; /* each parameter's offset in the stage's flat layout (an absent one: zero length there) */
     bool *decay;
     int n_params;
-    void *resid; /* (L+1) x (N,C): resid[l] is block l's input, resid[L] the final residual */
-    layer_acts_t *la;
-    void *lnf, *logits;
-    float *lnf_mean, *lnf_rstd, *losses, *lse_ce, *mean_loss;
-    int *n_valid;
+    acts_t *sets; /* params.act_sets of them: micro-batches in flight (a pipeline stage's) */
+    int n_sets;
+    acts_t *A;            /* the set forward and backward use (mt_gpt2_cuda_use_acts) */
+    acts_t *last_fwd;     /* the set of the last forward, until a backward (recompute: whose internals are there) */
+    layer_acts_t *la_all; /* every set's block views */
     void *tmp_c, *dresid, *da, *dfg, *dfc; /* (N,C) (N,C) (N,C) (N,4C) (N,4C) */
     float *col_scratch, *ln_scratch, *attn_scratch, *coef, *norm;
     double *sumsq, *sumsq_scratch;
     int *found_inf;
-    int32_t *tokens_d, *targets_d, *pinned;
+    int32_t *pinned;
     mt_loss_scaler_t scaler;
-    int64_t t;    /* AdamW steps taken */
+    int64_t t;      /* AdamW steps taken */
     bool nonfinite; /* the last mt_gpt2_cuda_grad_stats found inf/NaN */
     mt_gpt2_cuda_grad_hook_t hook;
     void *hook_arg;
@@ -180,6 +191,9 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
     if ((p->stage_lo > 0 || hi < c->n_layer) && p->shard_count > 1) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: a pipeline stage (blocks [%d, %d)) is not sharded (ZeRO)",
                         p->stage_lo, hi);
+    }
+    if (p->act_sets < 1 || p->act_sets > 4096) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: act_sets = %d: expected 1 to 4096", p->act_sets);
     }
     if (p->shard_weights && !p->shard_grads) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: shard_weights (ZeRO-3) needs shard_grads (ZeRO-2's pool)");
@@ -288,8 +302,11 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     g->offs = mt_calloc(g->n_params * sizeof(size_t), MT_MEM_OTHER, "gpt2_cuda offsets");
     g->decay = mt_calloc(g->n_params * sizeof(bool), MT_MEM_OTHER, "gpt2_cuda decay");
     g->held = mt_calloc(g->n_params * sizeof(bool), MT_MEM_OTHER, "gpt2_cuda stage");
-    g->la = mt_calloc((size_t)MT_MAX(g->hi - g->lo, 1) * sizeof(layer_acts_t), MT_MEM_OTHER, "gpt2_cuda layers");
-    if (!g->offs || !g->decay || !g->held || !g->la) {
+    g->n_sets = p->act_sets;
+    g->sets = mt_calloc((size_t)g->n_sets * sizeof(acts_t), MT_MEM_OTHER, "gpt2_cuda activation sets");
+    g->la_all = mt_calloc((size_t)g->n_sets * (size_t)MT_MAX(g->hi - g->lo, 1) * sizeof(layer_acts_t), MT_MEM_OTHER,
+                          "gpt2_cuda layers");
+    if (!g->offs || !g->decay || !g->held || !g->sets || !g->la_all) {
         st = mt_error(MT_ERR_OOM, "gpt2_cuda: no host memory");
         goto fail;
     }
@@ -341,17 +358,17 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         if (g->dt == MT_CU_F32) {
             g->master = (float *)g->wc + g->sh_lo;
         } else {
-            MT_CHECK_GOTO(dalloc(g, (void **)&g->master, MT_MAX(slice, 1) * 4, MT_MEM_PARAMS,
-                                 "gpt2_cuda master weights"),
-                          st, fail);
+            MT_CHECK_GOTO(
+                dalloc(g, (void **)&g->master, MT_MAX(slice, 1) * 4, MT_MEM_PARAMS, "gpt2_cuda master weights"), st,
+                fail);
         }
     }
     g->zero2 = p->shard_grads;
     if (g->zero2) {
         size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
-        MT_CHECK_GOTO(dalloc(g, (void **)&g->gpool, MT_MAX(2 * g->blk_numel, 1) * 4, MT_MEM_GRADS,
-                             "gpt2_cuda gradient slots"),
-                      st, fail);
+        MT_CHECK_GOTO(
+            dalloc(g, (void **)&g->gpool, MT_MAX(2 * g->blk_numel, 1) * 4, MT_MEM_GRADS, "gpt2_cuda gradient slots"),
+            st, fail);
         MT_CHECK_GOTO(dalloc(g, (void **)&g->gouter, outer * 4, MT_MEM_GRADS, "gpt2_cuda embedding/ln_f gradients"), st,
                       fail);
         MT_CHECK_GOTO(dalloc(g, (void **)&g->gshard, MT_MAX(slice, 1) * 4, MT_MEM_GRADS, "gpt2_cuda gradient slice"),
@@ -365,30 +382,44 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     } else {
         MT_CHECK_GOTO(dalloc(g, (void **)&g->grads, g->numel * 4, MT_MEM_GRADS, "gpt2_cuda grads"), st, fail);
     }
-    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_m, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam m"), st,
-                  fail);
-    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_v, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam v"), st,
-                  fail);
+    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_m, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam m"), st, fail);
+    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_v, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam v"), st, fail);
     MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_m, 0, slice * 4, g->stream), "memset"), st, fail);
     MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_v, 0, slice * 4, g->stream), "memset"), st, fail);
     MT_CHECK_GOTO(upload_weights(g, NULL), st, fail);
-    /* activations: one allocation for everything backward reads */
+    /* activations: one allocation for everything backward reads, per set */
     size_t lb = layer_bytes(g), head = 0;
     size_t hx = g->last ? 1 : 0; /* ln_f's output and the logits on the last stage only */
-    size_t head_sizes[] = {hx * N * C * es, N * 4, N * 4, hx * N * (size_t)g->Vp * es, N * 4, N * 4, 256, 256};
+    size_t head_sizes[] = {hx * N * C * es, N * 4, N * 4, hx * N * (size_t)g->Vp * es, N * 4, N * 4, 256, 256,
+                           N * 4,           N * 4};
     for (size_t i = 0; i < MT_ARRAY_LEN(head_sizes); i++) {
         head += MT_DIV_UP(head_sizes[i], 256) * 256;
     }
     size_t resid_bytes = MT_DIV_UP(N * C * es, 256) * 256;
     /* the block inputs resid[lo..hi] (resid[hi]: the stage's output, or the final residual); recompute =
-     * block: they stay, the internals of one block are shared */
-    int nb = g->hi - g->lo, n_la = g->recompute ? MT_MIN(nb, 1) : nb;
-    g->act_bytes = (size_t)(nb + 1) * resid_bytes + (size_t)n_la * lb + head;
+     * block: they stay, the internals of one block are shared (by every set too) */
+    int nb = g->hi - g->lo, n_la = g->recompute ? MT_MIN(nb, 1) : nb, K = g->n_sets;
+    int n_int = g->recompute ? n_la : K * n_la; /* blocks of internals allocated */
+    g->act_bytes = (size_t)K * ((size_t)(nb + 1) * resid_bytes + head) + (size_t)n_int * lb;
     char *cur = NULL;
     MT_CHECK_GOTO(dalloc(g, (void **)&cur, g->act_bytes, MT_MEM_ACTIVATIONS, "gpt2_cuda activations"), st, fail);
-    g->resid = carve(&cur, (size_t)(nb + 1) * resid_bytes);
-    for (int l = 0; l < n_la; l++) {
-        layer_acts_t *a = &g->la[l];
+    for (int k = 0; k < K; k++) {
+        acts_t *A = &g->sets[k];
+        A->la = g->la_all + (size_t)k * (size_t)MT_MAX(nb, 1);
+        A->resid = carve(&cur, (size_t)(nb + 1) * resid_bytes);
+        A->lnf = carve(&cur, hx * N * C * es);
+        A->lnf_mean = carve(&cur, N * 4);
+        A->lnf_rstd = carve(&cur, N * 4);
+        A->logits = carve(&cur, hx * N * (size_t)g->Vp * es);
+        A->losses = carve(&cur, N * 4);
+        A->lse_ce = carve(&cur, N * 4);
+        A->mean_loss = carve(&cur, 256);
+        A->n_valid = carve(&cur, 256);
+        A->tokens_d = carve(&cur, N * 4);
+        A->targets_d = carve(&cur, N * 4);
+    }
+    for (int i = 0; i < n_int; i++) { /* set i / n_la's block i % n_la (recompute: the one shared set) */
+        layer_acts_t *a = &g->sets[i / n_la].la[i % n_la];
         a->ln1 = carve(&cur, N * C * es);
         a->qkv = carve(&cur, 3 * N * C * es);
         a->atty = carve(&cur, N * C * es);
@@ -402,23 +433,21 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         a->ln2_rstd = carve(&cur, N * 4);
         a->lse = carve(&cur, (size_t)g->B * g->NH * g->T * 4);
     }
-    for (int l = n_la; l < nb; l++) {
-        g->la[l] = g->la[0]; /* recompute = block: every block's view of the shared internals */
+    for (int k = 0; k < K; k++) { /* recompute = block: every block's view of the shared internals */
+        for (int l = n_la; l < nb; l++) {
+            g->sets[k].la[l] = g->sets[0].la[0];
+        }
+        for (int l = 0; g->recompute && k > 0 && l < n_la; l++) {
+            g->sets[k].la[l] = g->sets[0].la[l];
+        }
     }
-    g->lnf = carve(&cur, hx * N * C * es);
-    g->lnf_mean = carve(&cur, N * 4);
-    g->lnf_rstd = carve(&cur, N * 4);
-    g->logits = carve(&cur, hx * N * (size_t)g->Vp * es);
-    g->losses = carve(&cur, N * 4);
-    g->lse_ce = carve(&cur, N * 4);
-    g->mean_loss = carve(&cur, 256);
-    g->n_valid = carve(&cur, 256);
+    g->A = g->last_fwd = &g->sets[0];
     /* scratch shared by the layers (forward temporaries, backward gradients, reductions) */
     size_t cs = mt_cuda_colsum_scratch_floats(4 * g->C), ls = mt_cuda_layernorm_scratch_floats(g->C);
     size_t as = mt_cuda_attention_scratch_floats(g->B, g->T, g->NH), ss = mt_cuda_sumsq_scratch_doubles();
     size_t scratch = 3 * MT_DIV_UP(N * C * es, 256) * 256 + 2 * MT_DIV_UP(4 * N * C * es, 256) * 256 +
                      MT_DIV_UP(cs * 4, 256) * 256 + MT_DIV_UP(ls * 4, 256) * 256 + MT_DIV_UP(as * 4, 256) * 256 +
-                     MT_DIV_UP(ss * 8, 256) * 256 + 6 * 256 + 2 * MT_DIV_UP(N * 4, 256) * 256;
+                     MT_DIV_UP(ss * 8, 256) * 256 + 6 * 256;
     MT_CHECK_GOTO(dalloc(g, (void **)&cur, scratch, MT_MEM_OTHER, "gpt2_cuda scratch"), st, fail);
     g->tmp_c = carve(&cur, N * C * es);
     g->dresid = carve(&cur, N * C * es);
@@ -433,8 +462,6 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     g->coef = carve(&cur, 256);
     g->norm = carve(&cur, 256);
     g->found_inf = carve(&cur, 256);
-    g->tokens_d = carve(&cur, N * 4);
-    g->targets_d = carve(&cur, N * 4);
     MT_CHECK_GOTO(dalloc(g, &g->ws, 32 << 20, MT_MEM_OTHER, "cuBLASLt workspace"), st, fail);
     MT_CHECK_GOTO(mt_cuda_status(mt_cuda_ctx_create(&g->ctx, g->ws, 32 << 20, p->prec == MT_PREC_TF32), "cuBLASLt"), st,
                   fail);
@@ -469,8 +496,8 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
             cudaEventDestroy(g->copied[i]);
         }
     }
-    cudaEvent_t evs[] = {g->slot_free[0], g->slot_free[1], g->outer_free, g->wready[0], g->wready[1], g->wready[2],
-                         g->wmark};
+    cudaEvent_t evs[] = {g->slot_free[0], g->slot_free[1], g->outer_free, g->wready[0],
+                         g->wready[1],    g->wready[2],    g->wmark};
     for (size_t i = 0; i < MT_ARRAY_LEN(evs); i++) {
         if (evs[i]) {
             cudaEventDestroy(evs[i]);
@@ -488,7 +515,8 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
     mt_free(g->offs);
     mt_free(g->decay);
     mt_free(g->held);
-    mt_free(g->la);
+    mt_free(g->sets);
+    mt_free(g->la_all);
     mt_free(g);
 }
 
@@ -498,7 +526,6 @@ mt_status_t mt_gpt2_cuda_zero_grads(mt_gpt2_cuda_t g) {
     }
     return mt_cuda_status(cudaMemsetAsync(g->grads, 0, g->numel * 4, g->stream), "zero grads");
 }
-
 
 /* Records the end of a launch of category cat (or, cat < 0, the start of a timed stretch). */
 static mt_status_t prof_mark(mt_gpt2_cuda_t g, int cat) {
@@ -561,9 +588,8 @@ static mt_status_t prof_collect(mt_gpt2_cuda_t g) {
     return MT_OK;
 }
 /* Block l's input (l = hi: the stage's output, or the final residual) and internals, on the stage. */
-#define RES(l)                                                                                                         \
-    ((void *)((char *)g->resid + (size_t)((l) - g->lo) * MT_DIV_UP((size_t)g->N * g->C * g->es, 256) * 256))
-#define LA(l) (&g->la[(l) - g->lo])
+#define RES(l) ((void *)((char *)g->A->resid + (size_t)((l)-g->lo) * MT_DIV_UP((size_t)g->N * g->C * g->es, 256) * 256))
+#define LA(l) (&g->A->la[(l)-g->lo])
 
 /* ZeRO-3: enqueues on the comm stream the gather of block l's weights into slot l % 3 unless the slot holds
  * them, after everything enqueued on the compute stream so far (the slot's previous block is done). */
@@ -641,11 +667,11 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     CK(cudaEventSynchronize(g->copied[k]));
     if (g->first) {
         memcpy(pin, tokens, (size_t)N * 4);
-        CK(cudaMemcpyAsync(g->tokens_d, pin, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
+        CK(cudaMemcpyAsync(g->A->tokens_d, pin, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
     }
     if (g->last) {
         memcpy(pin + N, targets, (size_t)N * 4);
-        CK(cudaMemcpyAsync(g->targets_d, pin + N, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
+        CK(cudaMemcpyAsync(g->A->targets_d, pin + N, (size_t)N * 4, cudaMemcpyHostToDevice, g->stream));
     }
     CK(cudaEventRecord(g->copied[k], g->stream));
     if (g->zero3 && (!g->whook || !g->consumer)) {
@@ -653,14 +679,15 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
                                               "the comm stream before forward");
     }
     MT_CHECK(wouter_fresh(g));
+    g->last_fwd = g->A;
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
     if (g->first) { /* later stages find their input in resid[lo] (mt_gpt2_cuda_stage_input) */
-        OP(PROF_EMBED, mt_cuda_embedding_forward(RES(0), g->tokens_d, W(0), W(1), B, T, C, dt, s));
+        OP(PROF_EMBED, mt_cuda_embedding_forward(RES(0), g->A->tokens_d, W(0), W(1), B, T, C, dt, s));
     }
-    int pf = BLOCK0 + L * NBP; /* ln_f */
+    int pf = BLOCK0 + L * NBP;       /* ln_f */
     if (g->lo == g->hi && g->last) { /* no block to fuse ln_f into */
         OP(PROF_LN_FWD,
-           mt_cuda_layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, RES(L), W(pf), W(pf + 1), N, C, dt, s));
+           mt_cuda_layernorm_forward(g->A->lnf, g->A->lnf_mean, g->A->lnf_rstd, RES(L), W(pf), W(pf + 1), N, C, dt, s));
     }
     for (int l = g->lo; l < g->hi; l++) {
         layer_acts_t *a = LA(l);
@@ -694,8 +721,8 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
                mt_cuda_residual_layernorm_forward(RES(l + 1), nx->ln1, nx->ln1_mean, nx->ln1_rstd, g->tmp_c, a->r2,
                                                   W(pn + LN1W), W(pn + LN1B), N, C, dt, s));
         } else if (g->last) {
-            OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(RES(L), g->lnf, g->lnf_mean, g->lnf_rstd, g->tmp_c,
-                                                               a->r2, W(pf), W(pf + 1), N, C, dt, s));
+            OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(RES(L), g->A->lnf, g->A->lnf_mean, g->A->lnf_rstd,
+                                                               g->tmp_c, a->r2, W(pf), W(pf + 1), N, C, dt, s));
         } else { /* the stage's output x_hi, for the next stage (unfused: its ln_1 is there) */
             OP(PROF_OTHER, mt_cuda_residual_forward(RES(l + 1), g->tmp_c, a->r2, (size_t)N * C, dt, s));
         }
@@ -704,9 +731,10 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
         return MT_OK;
     }
     /* logits (N, Vp): the V real columns; padded columns are never read */
-    OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->logits, g->Vp, NULL, g->lnf, W(0), NULL, N, C, g->V, dt, s));
-    OP(PROF_CE, mt_cuda_softmax_ce_forward(g->losses, g->lse_ce, g->mean_loss, g->n_valid, g->logits, g->targets_d, N,
-                                           g->V, g->Vp, dt, s));
+    OP(PROF_MATMUL_FWD,
+       mt_cuda_matmul_forward(g->ctx, g->A->logits, g->Vp, NULL, g->A->lnf, W(0), NULL, N, C, g->V, dt, s));
+    OP(PROF_CE, mt_cuda_softmax_ce_forward(g->A->losses, g->A->lse_ce, g->A->mean_loss, g->A->n_valid, g->A->logits,
+                                           g->A->targets_d, N, g->V, g->Vp, dt, s));
     return MT_OK;
 }
 
@@ -768,6 +796,10 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
                                               "the comm stream before backward");
     }
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    /* recompute = block: the shared internals hold the last block's forward values only if the last forward
+     * was this set's and no backward has refilled them since */
+    bool fresh = g->last_fwd == g->A;
+    g->last_fwd = NULL;
     if (g->zero2) { /* every pass starts from zero: the consumer accumulated the last one into its slice */
         CK(cudaStreamWaitEvent(cs, g->outer_free, 0));
         size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
@@ -776,21 +808,21 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     /* head: dlogits in place, dlnf = dlogits @ wte (and dwte += dlogits^T lnf), ln_f backward; a stage before
      * the last finds d x_hi in dresid (mt_gpt2_cuda_stage_grad) */
     if (g->last) {
-        OP(PROF_CE, mt_cuda_softmax_ce_backward(g->logits, g->logits, g->lse_ce, g->targets_d, g->n_valid, N, g->V,
-                                                g->Vp, scale, dt, s));
+        OP(PROF_CE, mt_cuda_softmax_ce_backward(g->A->logits, g->A->logits, g->A->lse_ce, g->A->targets_d,
+                                                g->A->n_valid, N, g->V, g->Vp, scale, dt, s));
         OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->da, G(0), NULL, g->logits, g->Vp, g->lnf, W(0), N, C,
-                                                    g->V, dt, NULL, s));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->da, G(0), NULL, g->A->logits, g->Vp, g->A->lnf, W(0), N,
+                                                    C, g->V, dt, NULL, s));
         OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, NC * es, cs));
-        OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->lnf_mean,
-                                                   g->lnf_rstd, N, C, dt, g->ln_scratch, s));
+        OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->A->lnf_mean,
+                                                   g->A->lnf_rstd, N, C, dt, g->ln_scratch, s));
         MT_CHECK(grads_done(g, pf, g->n_params, NULL));
     }
     for (int l = g->hi - 1; l >= g->lo; l--) {
         layer_acts_t *a = LA(l);
         int p = BLOCK0 + l * NBP;
         MT_CHECK(wneed(g, l, -1));
-        if (g->recompute && l + 1 < g->hi) { /* the last block's internals are still those of the forward */
+        if (g->recompute && (l + 1 < g->hi || !fresh)) {
             MT_CHECK(block_recompute(g, l));
         }
         if (g->zero2) { /* the slot's previous block has been consumed */
@@ -825,7 +857,7 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         MT_CHECK(grads_done(g, p, p + NBP, g->slot_free[l % 2]));
     }
     if (g->first) { /* a later stage leaves d x_lo in dresid for the previous one */
-        OP(PROF_EMBED, mt_cuda_embedding_backward(G(0), G(1), g->dresid, g->tokens_d, B, T, C, dt, s));
+        OP(PROF_EMBED, mt_cuda_embedding_backward(G(0), G(1), g->dresid, g->A->tokens_d, B, T, C, dt, s));
     }
     return grads_done(g, 0, BLOCK0, g->outer_free); /* wte and wpe; on the last stage only wte, from the head */
 }
@@ -851,8 +883,8 @@ static mt_status_t adamw_all(mt_gpt2_cuda_t g, const mt_optim_params_t *op, floa
                        : g->zero3         ? (char *)g->wslice + k * g->es
                                           : (char *)g->wc + lo * g->es;
             const float *gr = g->zero2 ? g->gshard + k : g->grads + lo;
-            OP(PROF_OPT, mt_cuda_adamw(g->master + k, gr, g->adam_m + k, g->adam_v + k, hi - lo, lr,
-                                       op->beta1, op->beta2, op->eps, wd, g->t, grad_scale, coef, skip, lp, g->dt, s));
+            OP(PROF_OPT, mt_cuda_adamw(g->master + k, gr, g->adam_m + k, g->adam_v + k, hi - lo, lr, op->beta1,
+                                       op->beta2, op->eps, wd, g->t, grad_scale, coef, skip, lp, g->dt, s));
         }
         i = j;
     }
@@ -895,7 +927,7 @@ mt_status_t mt_gpt2_cuda_step_result(mt_gpt2_cuda_t g, mt_gpt2_cuda_result_t *r)
     CK(cudaStreamSynchronize(g->stream));
     MT_CHECK(prof_collect(g));
     int found = 0;
-    CK(cudaMemcpy(&r->loss, g->mean_loss, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&r->loss, g->A->mean_loss, 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(&r->grad_norm, g->norm, 4, cudaMemcpyDeviceToHost));
     if (g->scaler.dynamic) {
         CK(cudaMemcpy(&found, g->found_inf, 4, cudaMemcpyDeviceToHost));
@@ -914,7 +946,7 @@ mt_status_t mt_gpt2_cuda_step_result(mt_gpt2_cuda_t g, mt_gpt2_cuda_result_t *r)
 
 mt_status_t mt_gpt2_cuda_loss(mt_gpt2_cuda_t g, float *loss) {
     CK(cudaStreamSynchronize(g->stream));
-    CK(cudaMemcpy(loss, g->mean_loss, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(loss, g->A->mean_loss, 4, cudaMemcpyDeviceToHost));
     return MT_OK;
 }
 
@@ -965,7 +997,7 @@ void mt_gpt2_cuda_set_comm_stream(mt_gpt2_cuda_t g, void *stream) {
 }
 
 const float *mt_gpt2_cuda_loss_dev(mt_gpt2_cuda_t g) {
-    return g->mean_loss;
+    return g->A->mean_loss;
 }
 
 mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfinite) {
@@ -1026,6 +1058,14 @@ void *mt_gpt2_cuda_stage_output(mt_gpt2_cuda_t g) {
 
 void *mt_gpt2_cuda_stage_grad(mt_gpt2_cuda_t g) {
     return g->dresid;
+}
+
+mt_status_t mt_gpt2_cuda_use_acts(mt_gpt2_cuda_t g, int k) {
+    if (k < 0 || k >= g->n_sets) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: activation set %d of %d", k, g->n_sets);
+    }
+    g->A = &g->sets[k];
+    return MT_OK;
 }
 
 size_t mt_gpt2_cuda_numel(mt_gpt2_cuda_t g) {

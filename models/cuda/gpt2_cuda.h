@@ -29,13 +29,14 @@ typedef struct {
     bool shard_weights;   /* ZeRO-3 (with shard_grads): no whole weights, see mt_gpt2_cuda_set_weight_hook */
     int stage_lo;         /* a pipeline stage: blocks [stage_lo, stage_hi) (see mt_gpt2_cuda_stage_input) */
     int stage_hi;         /* -1: n_layer (with stage_lo 0: the whole model) */
+    int act_sets;         /* micro-batches whose activations are kept at once (mt_gpt2_cuda_use_acts) */
 } mt_gpt2_cuda_params_t;
 
 #define MT_GPT2_CUDA_PARAMS_INIT                                                                                       \
     {                                                                                                                  \
         .size = sizeof(mt_gpt2_cuda_params_t), .prec = MT_PREC_FP32, .B = 4, .T = 64, .init_scale = 65536.0f,          \
         .scale_window = 1000, .fused_gelu = true, .shard_count = 1, .shard_index = 0, .shard_grads = false,            \
-        .shard_weights = false, .stage_lo = 0, .stage_hi = -1                                                          \
+        .shard_weights = false, .stage_lo = 0, .stage_hi = -1, .act_sets = 1                                           \
     }
 
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
@@ -224,6 +225,13 @@ void mt_gpt2_cuda_set_step(mt_gpt2_cuda_t g, int64_t t);
 void *mt_gpt2_cuda_stage_input(mt_gpt2_cuda_t g);
 void *mt_gpt2_cuda_stage_output(mt_gpt2_cuda_t g);
 void *mt_gpt2_cuda_stage_grad(mt_gpt2_cuda_t g);
+
+/* Selects activation set k (0 <= k < params.act_sets; 0 at init) for the following forwards and backwards:
+ * a pipeline keeps each micro-batch in flight in its own set, so its backward finds its forward's
+ * activations (and the stage input/output buffers are the set's). Under model.recompute = "block" the sets
+ * share one block's internals (each keeps its block inputs), refilled by every block's backward unless the
+ * set is the last forward's. MT_ERR_INVALID_ARG for k out of range. */
+mt_status_t mt_gpt2_cuda_use_acts(mt_gpt2_cuda_t g, int k);
 
 /* Parameter i's offset in g's flat layout, SIZE_MAX when it is not on g's stage; the layout's length. */
 size_t mt_gpt2_cuda_param_offset(mt_gpt2_cuda_t g, int i);

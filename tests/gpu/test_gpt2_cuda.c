@@ -280,8 +280,7 @@ static void compare_recompute(mt_prec_t prec) {
     }
     /* recomputation keeps one block's internals instead of n_layer's */
     const mt_model_config_t *c = mt_model_config(mr);
-    CHECK(c->n_layer == 2 && act_r < act_n, "%s activations: %zu bytes with recompute, %zu without", pn, act_r,
-          act_n);
+    CHECK(c->n_layer == 2 && act_r < act_n, "%s activations: %zu bytes with recompute, %zu without", pn, act_r, act_n);
     CHECK(dev_r >= (int64_t)act_r && dev_r < (int64_t)act_r + 4096 && dev_n >= (int64_t)act_n &&
               dev_n < (int64_t)act_n + 4096,
           "%s device ACTIVATIONS %lld / %lld bytes for %zu / %zu", pn, (long long)dev_r, (long long)dev_n, act_r,
@@ -367,9 +366,9 @@ static void zero3_contract(mt_model_t m, const mt_gpt2_cuda_params_t *base, mt_g
         return;
     }
     CHECK(mt_gpt2_cuda_weights(g) == NULL && mt_gpt2_cuda_weight_slice(g) != NULL, "%s: ZeRO-3 weight buffers", pn);
-    CHECK(mt_gpt2_cuda_forward(g, tok, tgt) == MT_ERR_INVALID_USAGE, "%s: ZeRO-3 forward without a hook accepted",
-          pn);
-    gather_t c = {.src = mt_gpt2_cuda_weights(g0), .es = mt_dtype_size(mt_prec_storage(p.prec)),
+    CHECK(mt_gpt2_cuda_forward(g, tok, tgt) == MT_ERR_INVALID_USAGE, "%s: ZeRO-3 forward without a hook accepted", pn);
+    gather_t c = {.src = mt_gpt2_cuda_weights(g0),
+                  .es = mt_dtype_size(mt_prec_storage(p.prec)),
                   .stream = mt_gpt2_cuda_stream(g)};
     runs_t r = {.got = calloc(n, 4), .next = n, .stream = c.stream};
     mt_gpt2_cuda_set_weight_hook(g, copy_weights, &c);
@@ -439,8 +438,10 @@ static void shard_contract(mt_prec_t prec) {
         double top = 0, err = max_diff(r.got, want, 0, n, &top);
         /* the same kernels on the same inputs: equal, except that on a device dwte's float atomics add in a
          * run-dependent order */
-        CHECK(err <= (MT_CUDA_EMULATED ? 0.0 : 1e-5 * top), "%s pass %d: the pooled runs differ from the whole "
-              "gradients by %g (largest %g)", pn, pass, err, top);
+        CHECK(err <= (MT_CUDA_EMULATED ? 0.0 : 1e-5 * top),
+              "%s pass %d: the pooled runs differ from the whole "
+              "gradients by %g (largest %g)",
+              pn, pass, err, top);
     }
     /* the master weights of the slice: uploaded, read back, set and read back */
     CHECK_OK(mt_gpt2_cuda_get_state(g, params, mv, NULL));
@@ -466,8 +467,7 @@ static void shard_contract(mt_prec_t prec) {
     }
     mt_optim_params_t op = MT_OPTIM_PARAMS_INIT;
     op.kind = MT_OPTIM_ADAMW;
-    CHECK(mt_gpt2_cuda_step(g, &op, 1e-3f, 1.0f) == MT_ERR_INVALID_USAGE, "%s: sharded device-clip step accepted",
-          pn);
+    CHECK(mt_gpt2_cuda_step(g, &op, 1e-3f, 1.0f) == MT_ERR_INVALID_USAGE, "%s: sharded device-clip step accepted", pn);
     mt_gpt2_cuda_free(g);
     zero3_contract(m, &p, g0, tok, tgt, want, loss0);
     mt_gpt2_cuda_free(g0);

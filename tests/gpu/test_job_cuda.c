@@ -44,10 +44,10 @@
 
 #include "launch/job.h"
 #include "launch/job_json.h"
-#include "runtime/mesh.h"
 #include "models/cuda/gemm_peak.h"
 #include "models/cuda/mt_cuda.h"
 #include "runtime/cuda_alloc.h"
+#include "runtime/mesh.h"
 #include "runtime/nvml.h"
 #include "runtime/rt.h"
 #include "testutil.h"
@@ -67,10 +67,22 @@ enum { STEPS = 5 };
 #define ZERO2_BF16_TOL 1e-4
 
 static const char *base[] = {
-    "--model.kind=gpt2",       "--model.n_layer=2",      "--model.n_head=2",          "--model.n_embd=32",
-    "--model.seq_len=16",      "--model.vocab_size=32",  "--data.kind=synthetic",     "--train.micro_batch=2",
-    "--train.grad_accum=2",    "--train.log_every=1",    "--optimizer.kind=adamw",    "--optimizer.lr=1e-2",
-    "--optimizer.warmup_steps=2", "--optimizer.weight_decay=0.1", "--parallel.tp=1", "--train.steps=5",
+    "--model.kind=gpt2",
+    "--model.n_layer=2",
+    "--model.n_head=2",
+    "--model.n_embd=32",
+    "--model.seq_len=16",
+    "--model.vocab_size=32",
+    "--data.kind=synthetic",
+    "--train.micro_batch=2",
+    "--train.grad_accum=2",
+    "--train.log_every=1",
+    "--optimizer.kind=adamw",
+    "--optimizer.lr=1e-2",
+    "--optimizer.warmup_steps=2",
+    "--optimizer.weight_decay=0.1",
+    "--parallel.tp=1",
+    "--train.steps=5",
     "--runtime.watchdog_s=120",
 };
 
@@ -217,8 +229,8 @@ static void check_device_mem(const char *metrics, const mt_job_result_t *r) {
     CHECK(space && !strcmp(space, "device"), "mem_space = %s, want device", space ? space : "(absent)");
     const mt_json_t *mb = mt_json_get(o, "mem_bytes");
     static const char *keys[] = {"params", "grads", "optimizer", "activations", "comm", "other"};
-    static const mt_mem_cat_t cats[] = {MT_MEM_PARAMS, MT_MEM_GRADS,  MT_MEM_OPTIMIZER,
-                                        MT_MEM_ACTIVATIONS, MT_MEM_COMM, MT_MEM_OTHER};
+    static const mt_mem_cat_t cats[] = {MT_MEM_PARAMS,      MT_MEM_GRADS, MT_MEM_OPTIMIZER,
+                                        MT_MEM_ACTIVATIONS, MT_MEM_COMM,  MT_MEM_OTHER};
     for (int k = 0; k < 6; k++) {
         int64_t v = -1;
         CHECK(mb && mt_json_get_int(mb, keys[k], &v) && v == ds.peak[cats[k]],
@@ -276,8 +288,8 @@ static void zero_stage(const char *dir, int stage, const mt_job_result_t *ddp, c
     snprintf(what, sizeof(what), "zero-%d vs ddp, fp16 from 2^24", stage);
     same_losses(what, &zh, f16o, SAME_TOL);
     for (int64_t s = 0; s < zh.n_steps && s < f16o->n_steps; s++) {
-        CHECK((zh.grad_norm[s] == 0.0) == (f16o->grad_norm[s] == 0.0), "zero-%d fp16 step %lld: norm %g, ddp %g",
-              stage, (long long)s + 1, zh.grad_norm[s], f16o->grad_norm[s]);
+        CHECK((zh.grad_norm[s] == 0.0) == (f16o->grad_norm[s] == 0.0), "zero-%d fp16 step %lld: norm %g, ddp %g", stage,
+              (long long)s + 1, zh.grad_norm[s], f16o->grad_norm[s]);
     }
     CHECK(zh.n_overflow == f16o->n_overflow && zh.loss_scale == f16o->loss_scale,
           "zero-%d fp16: %lld overflows, final scale %g; ddp %lld, %g", stage, (long long)zh.n_overflow,
@@ -380,7 +392,8 @@ static void zero_comm_bytes(const char *dir) {
  * stages and the end stages hold no block or one; the CPU pipeline is the reference,
  * itself tested equal to the single process): the GPipe and 1F1B schedules give the CPU pipeline's losses
  * and gradient norms (1e-3; the norm counts the tied wte once) and each other's (SAME_TOL: the same
- * operations in another order), and evaluation (forward only) the CPU pipeline's validation losses; a
+ * operations in another order), model.recompute = "block" (the activation sets sharing one block's internals)
+ * 1F1B's, and evaluation (forward only) the CPU pipeline's validation losses; a
  * pipeline checkpoint resumes on the GPU pipeline (SAME_TOL) and on the
  * CPU pipeline (1e-3); each stage holds only its parameters (device parameter bytes below 0.75 of the whole
  * model's on one GPU); ZeRO with a pipeline is refused naming the keys. */
@@ -407,7 +420,13 @@ static void pipeline(const char *dir) {
     }
     CHECK_OK(run_pp("cuda", pp, 2, l4g, &gg));
     same_losses("pp 2, 1f1b: gpu vs cpu", &g1, &cpu, 1e-3);
-    same_losses("pp 2: gpipe vs 1f1b on the gpu", &gg, &g1, SAME_TOL);
+    same_losses("pipeline: gpipe vs 1f1b on the gpu", &gg, &g1, SAME_TOL);
+    /* recompute = block: the activation sets share one block's internals */
+    mt_job_result_t rcb;
+    const char *l4r[] = {"--model.n_layer=4", "--parallel.schedule=1f1b", "--model.recompute=block"};
+    CHECK_OK(run_pp("cuda", pp, 3, l4r, &rcb));
+    same_losses("pipeline: recompute = block vs none on the gpu", &rcb, &g1, SAME_TOL);
+    mt_job_result_free(&rcb);
     for (int64_t s = 0; s < STEPS && s < g1.n_steps && s < cpu.n_steps; s++) {
         double d = fabs(g1.grad_norm[s] - cpu.grad_norm[s]) / cpu.grad_norm[s];
         CHECK(d <= 1e-3, "pp 2 step %lld: gradient norm %.9g, cpu pipeline %.9g", (long long)s + 1, g1.grad_norm[s],
@@ -475,15 +494,19 @@ static void zero_memory(void) {
     CHECK_OK(run_cuda(4, a3, &z3));
     int64_t gd = d.mem_peak[MT_MEM_GRADS], g2 = z2.mem_peak[MT_MEM_GRADS], g3 = z3.mem_peak[MT_MEM_GRADS];
     int64_t pd = d.mem_peak[MT_MEM_PARAMS], p2 = z2.mem_peak[MT_MEM_PARAMS], p3 = z3.mem_peak[MT_MEM_PARAMS];
-    CHECK(g2 > 0 && (double)g2 < 0.8 * (double)gd && g3 == g2, "16 blocks, 2 ranks: gradients ddp %lld B, zero-2 "
-          "%lld B, zero-3 %lld B", (long long)gd, (long long)g2, (long long)g3);
-    CHECK(p3 > 0 && (double)p3 < 0.8 * (double)pd && p2 == pd, "16 blocks, 2 ranks: weights ddp %lld B, zero-2 "
-          "%lld B, zero-3 %lld B", (long long)pd, (long long)p2, (long long)p3);
+    CHECK(g2 > 0 && (double)g2 < 0.8 * (double)gd && g3 == g2,
+          "16 blocks, 2 ranks: gradients ddp %lld B, zero-2 "
+          "%lld B, zero-3 %lld B",
+          (long long)gd, (long long)g2, (long long)g3);
+    CHECK(p3 > 0 && (double)p3 < 0.8 * (double)pd && p2 == pd,
+          "16 blocks, 2 ranks: weights ddp %lld B, zero-2 "
+          "%lld B, zero-3 %lld B",
+          (long long)pd, (long long)p2, (long long)p3);
     for (int64_t s = 0; s < 2; s++) { /* the slots cycle over 16 blocks, forward and backward */
         double e2 = fabs(z2.loss[s] - d.loss[s]) / d.loss[s], e3 = fabs(z3.loss[s] - d.loss[s]) / d.loss[s];
         CHECK(z2.n_steps == 2 && z3.n_steps == 2 && e2 <= SAME_TOL && e3 <= SAME_TOL,
-              "16 blocks, step %lld: loss ddp %.9g, zero-2 %.9g, zero-3 %.9g", (long long)s + 1, d.loss[s],
-              z2.loss[s], z3.loss[s]);
+              "16 blocks, step %lld: loss ddp %.9g, zero-2 %.9g, zero-3 %.9g", (long long)s + 1, d.loss[s], z2.loss[s],
+              z3.loss[s]);
     }
     if (w->rank == 0) {
         printf("16 blocks, 2 ranks, fp32, per rank: gradients ddp %lld B, zero-2 %lld B, zero-3 %lld B; weights ddp "
@@ -679,8 +702,8 @@ int main(int argc, char **argv) {
           (long long)on_cpu.first_step, (long long)on_cpu.n_steps);
     for (int64_t s = 3; s < STEPS && s < on_cpu.n_steps; s++) {
         double d = fabs(on_cpu.loss[s] - cpu.loss[s]) / cpu.loss[s];
-        CHECK(d <= 1e-3, "gpu checkpoint resumed on the cpu, step %lld: %.9g vs %.9g", (long long)s + 1,
-              on_cpu.loss[s], cpu.loss[s]);
+        CHECK(d <= 1e-3, "gpu checkpoint resumed on the cpu, step %lld: %.9g vs %.9g", (long long)s + 1, on_cpu.loss[s],
+              cpu.loss[s]);
     }
     mt_job_result_t *all[] = {&cpu, &gpu, &one, &rc, &bf, &part, &resumed, &part2, &on_cpu};
     for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) {
