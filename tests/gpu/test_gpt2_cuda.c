@@ -17,7 +17,8 @@
  * Pipeline stages (fp32, bf16, fp32 with recompute = block): a 3-block model run as three stages with the
  * activations and their gradients handed over gives the whole model's loss and gradients (exactly under the
  * emulator but for wte's summation order, 1e-5 of the largest on a device); bad stage bounds and a sharded
- * stage are refused.
+ * stage are refused. Activation sets (with and without recompute): two micro-batches forwarded before
+ * their backwards accumulate what forward + backward of each in turn does.
  * Exits 77 printing "skipped: no CUDA device" without a device.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
@@ -580,6 +581,55 @@ done:
     mt_model_free(m);
 }
 
+/* Activation sets: two micro-batches forwarded into sets 0 and 1, then both backwards (the pipeline's order),
+ * accumulate the gradients and losses of forward + backward of each in turn with one set — exactly under the
+ * emulator, 1e-5 of the largest on a device; with recompute = block the sets share the internals, so set 0's
+ * backward must refill its last block. A set out of range is refused. */
+static void sets_contract(mt_recompute_t rc) {
+    mt_model_t m = build_rc(rc);
+    size_t n = mt_model_numel(m);
+    int32_t tok[2][B * T], tgt[2][B * T];
+    data(tok[0], tgt[0]);
+    for (int i = 0; i < B * T; i++) { /* a second micro-batch */
+        tok[1][i] = (tok[0][i] * 7 + 3) % 100;
+        tgt[1][i] = tgt[0][i] < 0 ? -1 : (tgt[0][i] * 5 + 1) % 100;
+    }
+    mt_gpt2_cuda_params_t p = MT_GPT2_CUDA_PARAMS_INIT;
+    p.B = B;
+    p.T = T;
+    mt_gpt2_cuda_t one = NULL, two = NULL;
+    float *want = malloc(n * 4), *got = malloc(n * 4), lw[2] = {0}, lg[2] = {0};
+    CHECK_OK(mt_gpt2_cuda_init(m, &p, &one));
+    p.act_sets = 2;
+    CHECK_OK(mt_gpt2_cuda_init(m, &p, &two));
+    CHECK(mt_gpt2_cuda_use_acts(two, 2) == MT_ERR_INVALID_ARG, "activation set 2 of 2 accepted");
+    CHECK_OK(mt_gpt2_cuda_zero_grads(one));
+    CHECK_OK(mt_gpt2_cuda_zero_grads(two));
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(mt_gpt2_cuda_forward(one, tok[k], tgt[k]));
+        CHECK_OK(mt_gpt2_cuda_loss(one, &lw[k]));
+        CHECK_OK(mt_gpt2_cuda_backward(one, 0.5f));
+        CHECK_OK(mt_gpt2_cuda_use_acts(two, k));
+        CHECK_OK(mt_gpt2_cuda_forward(two, tok[k], tgt[k]));
+        CHECK_OK(mt_gpt2_cuda_loss(two, &lg[k]));
+    }
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(mt_gpt2_cuda_use_acts(two, k));
+        CHECK_OK(mt_gpt2_cuda_backward(two, 0.5f));
+    }
+    CHECK_OK(mt_gpt2_cuda_get_grads(one, want));
+    CHECK_OK(mt_gpt2_cuda_get_grads(two, got));
+    double top = 0, err = max_diff(got, want, 0, n, &top);
+    CHECK(lw[0] == lg[0] && lw[1] == lg[1] && err <= (MT_CUDA_EMULATED ? 0.0 : 1e-5 * top),
+          "%s activation sets: losses %.9g %.9g (one set %.9g %.9g), gradients off by %g (largest %g)",
+          rc == MT_RECOMPUTE_BLOCK ? "recompute" : "plain", lg[0], lg[1], lw[0], lw[1], err, top);
+    mt_gpt2_cuda_free(one);
+    mt_gpt2_cuda_free(two);
+    free(want);
+    free(got);
+    mt_model_free(m);
+}
+
 int main(void) {
     if (mt_cuda_device_count() == 0) {
         printf("skipped: no CUDA device\n");
@@ -595,6 +645,8 @@ int main(void) {
     stage_contract(MT_PREC_FP32, MT_RECOMPUTE_NONE);
     stage_contract(MT_PREC_BF16, MT_RECOMPUTE_NONE);
     stage_contract(MT_PREC_FP32, MT_RECOMPUTE_BLOCK);
+    sets_contract(MT_RECOMPUTE_NONE);
+    sets_contract(MT_RECOMPUTE_BLOCK);
     float cpu_losses[STEPS];
     cpu_train(cpu_losses);
     int skipped = 0;
