@@ -370,13 +370,13 @@ static __global__ void attention_plain_forward_kernel(T *out, float *att, float 
 template <int HSM> struct tc_cfg {
     static constexpr int WARPS = 4;
     static constexpr int THREADS = WARPS * 32;
-    static constexpr int BQ = WARPS * 16;             /* query rows per block */
-    static constexpr int BK = HSM <= 64 ? 64 : 32;    /* keys per shared-memory tile */
-    static constexpr int LDK = HSM + 8;               /* padded row of the Q/K/V tiles (storage elements) */
-    static constexpr int OW = HSM < 64 ? HSM : 64;    /* output columns per P V chunk */
-    static constexpr int SW = BK > OW ? BK : OW;      /* columns of the f32 scratch tile */
-    static constexpr int LDS = SW + 4;                /* its padded row (floats; wmma needs a multiple of 4) */
-    static constexpr int LDP = BK + 8;                /* padded row of the P tile (storage elements) */
+    static constexpr int BQ = WARPS * 16;          /* query rows per block */
+    static constexpr int BK = HSM <= 64 ? 64 : 32; /* keys per shared-memory tile */
+    static constexpr int LDK = HSM + 8;            /* padded row of the Q/K/V tiles (storage elements) */
+    static constexpr int OW = HSM < 64 ? HSM : 64; /* output columns per P V chunk */
+    static constexpr int SW = BK > OW ? BK : OW;   /* columns of the f32 scratch tile */
+    static constexpr int LDS = SW + 4;             /* its padded row (floats; wmma needs a multiple of 4) */
+    static constexpr int LDP = BK + 8;             /* padded row of the P tile (storage elements) */
     static_assert(2 * BK >= BQ, "the Q tile is staged in the K/V buffer");
     static_assert((BK & (BK - 1)) == 0 && (OW & (OW - 1)) == 0, "lane column rotation needs powers of two");
 };
@@ -389,8 +389,7 @@ struct __align__(16) tc_vec8 { /* 8 storage elements of 2 bytes, one 16-byte acc
  * dst (n x HSM, row stride LDK), zero past hs and past T. vec: 16-byte accesses (hs, C multiples of 8 and
  * the tensor 16-byte aligned, checked by the launcher). */
 template <typename T, int HSM>
-__device__ __forceinline__ void tc_load_rows(T *dst, const T *src, int r0, int n, int T_, size_t C3, int hs,
-                                             bool vec) {
+__device__ __forceinline__ void tc_load_rows(T *dst, const T *src, int r0, int n, int T_, size_t C3, int hs, bool vec) {
     typedef tc_cfg<HSM> cfg;
     if (vec) {
         for (int idx = threadIdx.x; idx < n * (HSM / 8); idx += blockDim.x) {
@@ -415,13 +414,13 @@ template <int W> __device__ __forceinline__ int tc_col(int j, int half, int r) {
     return (2 * j + half + 2 * (r >> 3)) & (W - 1);
 }
 
-/* The warp's scores S = Q K^T: its 16 query rows (qf, HSM / 16 fragments) against the BK key rows of Ks (row
- * stride LDK), f32 accumulation, stored to Sw (16 x BK, row stride LDS floats). Forward and dQ. */
+/* The warp's 16 x BK product A X^T: its 16 rows of A (qf, HSM / 16 fragments) against the BK rows of X (Ks, row
+ * stride LDK), f32 accumulation, stored to Sw (row stride LDS floats): the scores Q K^T (forward, dQ), K Q^T
+ * (dK/dV), dO V^T (dQ) and V dO^T (dK/dV). */
 template <typename T, int HSM, int BK, int LDK, int LDS>
-__device__ __forceinline__ void tc_scores(float *Sw,
-                                          const nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T,
-                                                                       nvcuda::wmma::row_major> *qf,
-                                          const T *Ks) {
+__device__ __forceinline__ void
+tc_scores(float *Sw, const nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, nvcuda::wmma::row_major> *qf,
+          const T *Ks) {
     using namespace nvcuda;
 #pragma unroll
     for (int n = 0; n < BK / 16; n++) {
@@ -444,7 +443,6 @@ static __global__ void __launch_bounds__(tc_cfg<HSM>::THREADS)
     using namespace nvcuda;
     typedef tc_cfg<HSM> cfg;
     typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> frag_a;
-    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> frag_bt; /* K^T from K rows */
     typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> frag_b;
     typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
     __shared__ __align__(128) T KVs[2 * cfg::BK * cfg::LDK];
@@ -507,7 +505,7 @@ static __global__ void __launch_bounds__(tc_cfg<HSM>::THREADS)
         l = l * corr + ls;
         m = mn;
         __syncwarp(); /* P written and S read by every lane before P V reuses Sw */
-        /* O = O corr + P V, OW output columns at a time */
+                      /* O = O corr + P V, OW output columns at a time */
 #pragma unroll
         for (int c0 = 0; c0 < HSM; c0 += cfg::OW) {
             frag_c of[cfg::OW / 16];
@@ -584,11 +582,39 @@ template <int HSM> struct tcb_cfg {
     static constexpr int LDT = 2 * LDS;                   /* the same row as storage elements */
 };
 
+/* acc (16 x HSM) += A X for the backward's products (dV += P^T dO, dK += dS^T Q, dQ += dS K): the lane's NJ
+ * values p of row r of A (f32) are stored to the warp's tile Pw in the storage dtype (row stride LDT, the
+ * columns tc_col gives), then A (16 x BT) times X (BT rows of HSM, row stride LDK, shared memory). Ends with
+ * a warp barrier: A is loaded before the caller rewrites the tile. */
+template <typename T, int HSM, int BT, int LDT, int LDK, int NJ>
+__device__ __forceinline__ void
+tcb_acc(nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> (&acc)[HSM / 16], T *Pw,
+        const float (&p)[NJ], int r, int half, const T *X) {
+    using namespace nvcuda;
+#pragma unroll
+    for (int jj = 0; jj < NJ; jj++) {
+        Pw[r * LDT + tc_col<BT>(jj, half, r)] = from_f32<T>(p[jj]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int kk = 0; kk < BT / 16; kk++) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+        wmma::load_matrix_sync(a, Pw + kk * 16, LDT);
+#pragma unroll
+        for (int n = 0; n < HSM / 16; n++) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> xb;
+            wmma::load_matrix_sync(xb, X + kk * 16 * LDK + n * 16, LDK);
+            wmma::mma_sync(acc[n], a, xb, acc[n]);
+        }
+    }
+    __syncwarp();
+}
+
 /* dst[(w0 + rr) * ld + d] += acc (16 x HSM) for rows < T and d < hs, through the warp's f32 tile Sw. */
 template <typename T, int HSM>
-__device__ __forceinline__ void tcb_add_rows(T *dst, nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16,
-                                                                           float> (&acc)[HSM / 16],
-                                             float *Sw, int w0, int T_, size_t ld, int hs, int lane) {
+__device__ __forceinline__ void
+tcb_add_rows(T *dst, nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> (&acc)[HSM / 16], float *Sw,
+             int w0, int T_, size_t ld, int hs, int lane) {
     typedef tcb_cfg<HSM> cfg;
 #pragma unroll
     for (int n = 0; n < HSM / 16; n++) {
@@ -616,8 +642,6 @@ static __global__ void __launch_bounds__(tcb_cfg<HSM>::THREADS, 3)
     using namespace nvcuda;
     typedef tcb_cfg<HSM> cfg;
     typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> frag_a;
-    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> frag_bt;
-    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> frag_b;
     typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
     __shared__ __align__(128) T Qs[cfg::BT * cfg::LDK], dOs[cfg::BT * cfg::LDK];
     __shared__ __align__(128) float Ss[cfg::WARPS * 16 * cfg::LDS];
@@ -659,18 +683,7 @@ static __global__ void __launch_bounds__(tcb_cfg<HSM>::THREADS, 3)
             continue; /* every key of this warp is after the tile's queries; warp-uniform */
         }
         /* S^T = K Q^T (16 keys x BT queries) */
-#pragma unroll
-        for (int n = 0; n < cfg::BT / 16; n++) {
-            frag_c sf;
-            wmma::fill_fragment(sf, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < HSM / 16; kk++) {
-                frag_bt qb;
-                wmma::load_matrix_sync(qb, Qs + n * 16 * cfg::LDK + kk * 16, cfg::LDK);
-                wmma::mma_sync(sf, kf[kk], qb, sf);
-            }
-            wmma::store_matrix_sync(Sw + n * 16, sf, cfg::LDS, wmma::mem_row_major);
-        }
+        tc_scores<T, HSM, cfg::BT, cfg::LDK, cfg::LDS>(Sw, kf, Qs);
         __syncwarp();
         constexpr int NJ = cfg::BT / 2;
         float p[NJ];
@@ -680,37 +693,10 @@ static __global__ void __launch_bounds__(tcb_cfg<HSM>::THREADS, 3)
             p[jj] = (j <= i && i < T_ && j < T_) ? exp2f(Sw[r * cfg::LDS + c] * scale2 - Ls[c]) : 0.0f;
         }
         __syncwarp(); /* every lane has read its scores before P overwrites the tile */
-#pragma unroll
-        for (int jj = 0; jj < NJ; jj++) {
-            Pw[r * cfg::LDT + tc_col<cfg::BT>(jj, half, r)] = from_f32<T>(p[jj]);
-        }
-        __syncwarp();
-        /* dV += P^T dO */
-#pragma unroll
-        for (int kk = 0; kk < cfg::BT / 16; kk++) {
-            frag_a pa;
-            wmma::load_matrix_sync(pa, Pw + kk * 16, cfg::LDT);
-#pragma unroll
-            for (int n = 0; n < HSM / 16; n++) {
-                frag_b ob;
-                wmma::load_matrix_sync(ob, dOs + kk * 16 * cfg::LDK + n * 16, cfg::LDK);
-                wmma::mma_sync(dv[n], pa, ob, dv[n]);
-            }
-        }
-        __syncwarp(); /* P is loaded before dP^T overwrites the tile */
+        /* dV += P^T dO; P is loaded before dP^T overwrites the tile */
+        tcb_acc<T, HSM, cfg::BT, cfg::LDT, cfg::LDK, NJ>(dv, Pw, p, r, half, dOs);
         /* dP^T = V dO^T */
-#pragma unroll
-        for (int n = 0; n < cfg::BT / 16; n++) {
-            frag_c sf;
-            wmma::fill_fragment(sf, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < HSM / 16; kk++) {
-                frag_bt ob;
-                wmma::load_matrix_sync(ob, dOs + n * 16 * cfg::LDK + kk * 16, cfg::LDK);
-                wmma::mma_sync(sf, vf[kk], ob, sf);
-            }
-            wmma::store_matrix_sync(Sw + n * 16, sf, cfg::LDS, wmma::mem_row_major);
-        }
+        tc_scores<T, HSM, cfg::BT, cfg::LDK, cfg::LDS>(Sw, vf, dOs);
         __syncwarp();
 #pragma unroll
         for (int jj = 0; jj < NJ; jj++) {
@@ -718,24 +704,8 @@ static __global__ void __launch_bounds__(tcb_cfg<HSM>::THREADS, 3)
             p[jj] = p[jj] * (Sw[r * cfg::LDS + c] - Ds[c]) * scale;
         }
         __syncwarp();
-#pragma unroll
-        for (int jj = 0; jj < NJ; jj++) {
-            Pw[r * cfg::LDT + tc_col<cfg::BT>(jj, half, r)] = from_f32<T>(p[jj]);
-        }
-        __syncwarp();
-        /* dK += dS^T Q */
-#pragma unroll
-        for (int kk = 0; kk < cfg::BT / 16; kk++) {
-            frag_a sa;
-            wmma::load_matrix_sync(sa, Pw + kk * 16, cfg::LDT);
-#pragma unroll
-            for (int n = 0; n < HSM / 16; n++) {
-                frag_b qb;
-                wmma::load_matrix_sync(qb, Qs + kk * 16 * cfg::LDK + n * 16, cfg::LDK);
-                wmma::mma_sync(dk[n], sa, qb, dk[n]);
-            }
-        }
-        __syncwarp(); /* dS is loaded before the next tile's scores overwrite it */
+        /* dK += dS^T Q; dS is loaded before the next tile's scores overwrite it */
+        tcb_acc<T, HSM, cfg::BT, cfg::LDT, cfg::LDK, NJ>(dk, Pw, p, r, half, Qs);
     }
     T *db = dqkv + (size_t)b * T_ * C3 + (size_t)h * hs;
     tcb_add_rows<T, HSM>(db + C, dk, Sw, w0, T_, C3, hs, lane);
@@ -752,8 +722,6 @@ static __global__ void __launch_bounds__(tcb_cfg<HSM>::THREADS)
     using namespace nvcuda;
     typedef tcb_cfg<HSM> cfg;
     typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> frag_a;
-    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> frag_bt;
-    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> frag_b;
     typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
     __shared__ __align__(128) T Ks[cfg::BT * cfg::LDK], Vs[cfg::BT * cfg::LDK];
     __shared__ __align__(128) float Ss[cfg::WARPS * 16 * cfg::LDS];
@@ -801,42 +769,15 @@ static __global__ void __launch_bounds__(tcb_cfg<HSM>::THREADS)
         }
         __syncwarp(); /* the scores are read before dP overwrites the tile */
         /* dP = dO V^T */
-#pragma unroll
-        for (int n = 0; n < cfg::BT / 16; n++) {
-            frag_c sf;
-            wmma::fill_fragment(sf, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < HSM / 16; kk++) {
-                frag_bt vb;
-                wmma::load_matrix_sync(vb, Vs + n * 16 * cfg::LDK + kk * 16, cfg::LDK);
-                wmma::mma_sync(sf, of[kk], vb, sf);
-            }
-            wmma::store_matrix_sync(Sw + n * 16, sf, cfg::LDS, wmma::mem_row_major);
-        }
+        tc_scores<T, HSM, cfg::BT, cfg::LDK, cfg::LDS>(Sw, of, Vs);
         __syncwarp();
 #pragma unroll
         for (int jj = 0; jj < NJ; jj++) {
             p[jj] = p[jj] * (Sw[r * cfg::LDS + tc_col<cfg::BT>(jj, half, r)] - Di) * scale;
         }
         __syncwarp();
-#pragma unroll
-        for (int jj = 0; jj < NJ; jj++) {
-            Pw[r * cfg::LDT + tc_col<cfg::BT>(jj, half, r)] = from_f32<T>(p[jj]);
-        }
-        __syncwarp();
-        /* dQ += dS K */
-#pragma unroll
-        for (int kk = 0; kk < cfg::BT / 16; kk++) {
-            frag_a sa;
-            wmma::load_matrix_sync(sa, Pw + kk * 16, cfg::LDT);
-#pragma unroll
-            for (int n = 0; n < HSM / 16; n++) {
-                frag_b kb;
-                wmma::load_matrix_sync(kb, Ks + kk * 16 * cfg::LDK + n * 16, cfg::LDK);
-                wmma::mma_sync(dq[n], sa, kb, dq[n]);
-            }
-        }
-        __syncwarp(); /* dS is loaded before the next tile's scores overwrite it */
+        /* dQ += dS K; dS is loaded before the next tile's scores overwrite it */
+        tcb_acc<T, HSM, cfg::BT, cfg::LDT, cfg::LDK, NJ>(dq, Pw, p, r, half, Ks);
     }
     tcb_add_rows<T, HSM>(dqkv + (size_t)b * T_ * C3 + (size_t)h * hs, dq, Sw, w0, T_, C3, hs, lane);
 }
@@ -902,10 +843,10 @@ static void attention_backward_tc(E *dqkv, const E *dout, const E *qkv, const fl
         constexpr int HSM = decltype(hsm)::value;
         typedef tcb_cfg<HSM> cfg;
         dim3 g((unsigned)((T + cfg::ROWS - 1) / cfg::ROWS), (unsigned)NH, (unsigned)B);
-        attention_backward_dkv_tc_kernel<E, HSM><<<g, cfg::THREADS, 0, s>>>(dqkv, qkv, dout, lse, Dv, T, C, NH, hs,
-                                                                            scale, vec);
-        attention_backward_dq_tc_kernel<E, HSM><<<g, cfg::THREADS, 0, s>>>(dqkv, qkv, dout, lse, Dv, T, C, NH, hs,
-                                                                           scale, vec);
+        attention_backward_dkv_tc_kernel<E, HSM>
+            <<<g, cfg::THREADS, 0, s>>>(dqkv, qkv, dout, lse, Dv, T, C, NH, hs, scale, vec);
+        attention_backward_dq_tc_kernel<E, HSM>
+            <<<g, cfg::THREADS, 0, s>>>(dqkv, qkv, dout, lse, Dv, T, C, NH, hs, scale, vec);
     };
     if (hs <= 32) {
         launch(std::integral_constant<int, 32>());

@@ -65,6 +65,16 @@ static mt_model_t build(void) {
     return build_rc(MT_RECOMPUTE_NONE);
 }
 
+/* The trainer's parameters for a B x T micro-batch in prec (fp16 from loss scale init_scale). */
+static mt_gpt2_cuda_params_t params_for(mt_prec_t prec, float init_scale) {
+    mt_gpt2_cuda_params_t p = MT_GPT2_CUDA_PARAMS_INIT;
+    p.prec = prec;
+    p.B = B;
+    p.T = T;
+    p.init_scale = init_scale;
+    return p;
+}
+
 static void data(int32_t *tok, int32_t *tgt) {
     unsigned s = 99;
     for (int i = 0; i < B * T; i++) {
@@ -85,11 +95,7 @@ static void compare_grads(mt_prec_t prec) {
     float cpu_loss = 0, gpu_loss = 0;
     mt_model_zero_grads(m);
     CHECK_OK(mt_model_step(m, a, tok, tgt, true, &cpu_loss));
-    mt_gpt2_cuda_params_t p = MT_GPT2_CUDA_PARAMS_INIT;
-    p.prec = prec;
-    p.B = B;
-    p.T = T;
-    p.init_scale = 1024.0f;
+    mt_gpt2_cuda_params_t p = params_for(prec, 1024.0f);
     mt_gpt2_cuda_t g;
     CHECK_OK(mt_gpt2_cuda_init(m, &p, &g));
     CHECK_OK(mt_gpt2_cuda_zero_grads(g));
@@ -130,11 +136,7 @@ static void train(mt_prec_t prec, float init_scale, const float *cpu_losses, int
     mt_model_t m = build();
     int32_t tok[B * T], tgt[B * T];
     data(tok, tgt);
-    mt_gpt2_cuda_params_t p = MT_GPT2_CUDA_PARAMS_INIT;
-    p.prec = prec;
-    p.B = B;
-    p.T = T;
-    p.init_scale = init_scale;
+    mt_gpt2_cuda_params_t p = params_for(prec, init_scale);
     mt_gpt2_cuda_t g;
     CHECK_OK(mt_gpt2_cuda_init(m, &p, &g));
     mt_optim_params_t op = MT_OPTIM_PARAMS_INIT;
@@ -211,11 +213,7 @@ static int64_t dev_act_bytes(void) {
  * (the trainer's figure and the allocator's ACTIVATIONS category while it lives). */
 static void gpu_grads(mt_model_t m, mt_prec_t prec, const int32_t *tok, const int32_t *tgt, float *loss, float *grads,
                       size_t *act, int64_t *act_dev) {
-    mt_gpt2_cuda_params_t p = MT_GPT2_CUDA_PARAMS_INIT;
-    p.prec = prec;
-    p.B = B;
-    p.T = T;
-    p.init_scale = 1024.0f;
+    mt_gpt2_cuda_params_t p = params_for(prec, 1024.0f);
     int64_t before = dev_act_bytes();
     mt_gpt2_cuda_t g;
     CHECK_OK(mt_gpt2_cuda_init(m, &p, &g));
@@ -312,6 +310,18 @@ static double max_diff(const float *got, const float *want, size_t lo, size_t hi
     return err;
 }
 
+/* The unsharded whole model of m with parameters p: one forward/backward of tok/tgt, its gradients into grads
+ * and its loss; the trainer is returned in *out (the caller frees it). */
+static void whole_model(mt_model_t m, const mt_gpt2_cuda_params_t *p, const int32_t *tok, const int32_t *tgt,
+                        float *grads, float *loss, mt_gpt2_cuda_t *out) {
+    CHECK_OK(mt_gpt2_cuda_init(m, p, out));
+    CHECK_OK(mt_gpt2_cuda_zero_grads(*out));
+    CHECK_OK(mt_gpt2_cuda_forward(*out, tok, tgt));
+    CHECK_OK(mt_gpt2_cuda_backward(*out, 1.0f));
+    CHECK_OK(mt_gpt2_cuda_get_grads(*out, grads));
+    CHECK_OK(mt_gpt2_cuda_loss(*out, loss));
+}
+
 typedef struct {
     float *got;    /* numel floats: each run's gradients copied to their flat place */
     size_t next;   /* the next run's expected hi */
@@ -393,22 +403,13 @@ static void shard_contract(mt_prec_t prec) {
     size_t n = mt_model_numel(m);
     int32_t tok[B * T], tgt[B * T];
     data(tok, tgt);
-    mt_gpt2_cuda_params_t p = MT_GPT2_CUDA_PARAMS_INIT;
-    p.prec = prec;
-    p.B = B;
-    p.T = T;
-    p.init_scale = 1024.0f;
+    mt_gpt2_cuda_params_t p = params_for(prec, 1024.0f);
     mt_gpt2_cuda_t g = NULL;
     const char *pn = mt_prec_name(prec);
     /* the unsharded gradients of one backward */
     float *want = malloc(n * 4), *params = malloc(n * 4), *mv = calloc(n, 4), loss0 = 0;
     mt_gpt2_cuda_t g0 = NULL;
-    CHECK_OK(mt_gpt2_cuda_init(m, &p, &g0));
-    CHECK_OK(mt_gpt2_cuda_zero_grads(g0));
-    CHECK_OK(mt_gpt2_cuda_forward(g0, tok, tgt));
-    CHECK_OK(mt_gpt2_cuda_backward(g0, 1.0f));
-    CHECK_OK(mt_gpt2_cuda_get_grads(g0, want));
-    CHECK_OK(mt_gpt2_cuda_loss(g0, &loss0));
+    whole_model(m, &p, tok, tgt, want, &loss0, &g0);
     p.shard_count = 3;
     p.shard_index = 3;
     CHECK(mt_gpt2_cuda_init(m, &p, &g) == MT_ERR_INVALID_ARG, "%s: shard 3 of 3 accepted", pn);
@@ -500,20 +501,11 @@ static void stage_contract(mt_prec_t prec, mt_recompute_t rc) {
     int np = mt_model_n_params(m);
     int32_t tok[B * T], tgt[B * T];
     data(tok, tgt);
-    mt_gpt2_cuda_params_t p = MT_GPT2_CUDA_PARAMS_INIT;
-    p.prec = prec;
-    p.B = B;
-    p.T = T;
-    p.init_scale = 1024.0f;
+    mt_gpt2_cuda_params_t p = params_for(prec, 1024.0f);
     const char *pn = mt_prec_name(prec);
     mt_gpt2_cuda_t whole = NULL, st[3] = {NULL, NULL, NULL}, bad = NULL;
     float *want = malloc(n * 4), *got = calloc(n, 4), *sg = malloc(n * 4), loss0 = 0, loss = 0;
-    CHECK_OK(mt_gpt2_cuda_init(m, &p, &whole));
-    CHECK_OK(mt_gpt2_cuda_zero_grads(whole));
-    CHECK_OK(mt_gpt2_cuda_forward(whole, tok, tgt));
-    CHECK_OK(mt_gpt2_cuda_backward(whole, 1.0f));
-    CHECK_OK(mt_gpt2_cuda_get_grads(whole, want));
-    CHECK_OK(mt_gpt2_cuda_loss(whole, &loss0));
+    whole_model(m, &p, tok, tgt, want, &loss0, &whole);
     p.stage_lo = 2;
     p.stage_hi = 2;
     CHECK(mt_gpt2_cuda_init(m, &p, &bad) == MT_ERR_INVALID_ARG, "%s: an empty stage accepted", pn);
@@ -594,9 +586,7 @@ static void sets_contract(mt_recompute_t rc) {
         tok[1][i] = (tok[0][i] * 7 + 3) % 100;
         tgt[1][i] = tgt[0][i] < 0 ? -1 : (tgt[0][i] * 5 + 1) % 100;
     }
-    mt_gpt2_cuda_params_t p = MT_GPT2_CUDA_PARAMS_INIT;
-    p.B = B;
-    p.T = T;
+    mt_gpt2_cuda_params_t p = params_for(MT_PREC_FP32, 1.0f);
     mt_gpt2_cuda_t one = NULL, two = NULL;
     float *want = malloc(n * 4), *got = malloc(n * 4), lw[2] = {0}, lg[2] = {0};
     CHECK_OK(mt_gpt2_cuda_init(m, &p, &one));
