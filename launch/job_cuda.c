@@ -340,50 +340,48 @@ static mt_status_t on_weights(void *arg, size_t lo, size_t hi, void *dst) {
     return MT_OK;
 }
 
-/* The dp communicators (gradients on the device, losses), collectively over info->comm. */
-static mt_status_t dp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
-    mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
-    cp.name = "dp-grads";
-    /* the emulator's device memory is host memory: its gradients travel through the MPI backend */
+/* The communicators of this rank's group along axis (the whole info->comm without a mesh): *dev for
+ * gradients or activations (device memory: NCCL; host memory under the emulator, whose device memory is host
+ * memory) and *host for scalars, checked to give this rank index `rank` of `size` (what names the index in the
+ * error). Collective over the group. */
+static mt_status_t axis_comms(const mt_job_info_t *info, mt_axis_t axis, const char *dev_name, const char *host_name,
+                              int size, int rank, const char *what, mt_comm_t *dev, mt_comm_t *host) {
+    mt_comm_params_t cp = MT_COMM_PARAMS_INIT, lp = MT_COMM_PARAMS_INIT;
+    cp.name = dev_name;
     cp.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
-    mt_comm_params_t lp = MT_COMM_PARAMS_INIT;
-    lp.name = "dp-loss";
+    lp.name = host_name;
     if (info->mesh) {
-        MT_CHECK(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_DP), &cp, &e->gcomm));
-        MT_CHECK(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_DP), &lp, &e->lcomm));
+        MT_CHECK(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(axis), &cp, dev));
+        MT_CHECK(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(axis), &lp, host));
     } else {
-        MT_CHECK(mt_comm_init(info->comm, &cp, &e->gcomm));
-        MT_CHECK(mt_comm_init(info->comm, &lp, &e->lcomm));
+        MT_CHECK(mt_comm_init(info->comm, &cp, dev));
+        MT_CHECK(mt_comm_init(info->comm, &lp, host));
     }
-    if (mt_comm_size(e->gcomm) != e->dp_size || mt_comm_rank(e->gcomm) != e->dp_rank) {
-        return mt_error(MT_ERR_INTERNAL, "cuda engine: dp communicator rank %d of %d, the job expects %d of %d",
-                        mt_comm_rank(e->gcomm), mt_comm_size(e->gcomm), e->dp_rank, e->dp_size);
+    if (mt_comm_size(*dev) != size || mt_comm_rank(*dev) != rank) {
+        return mt_error(MT_ERR_INTERNAL, "cuda engine: %s communicator rank %d of %d, the job expects %s %d of %d",
+                        dev_name, mt_comm_rank(*dev), mt_comm_size(*dev), what, rank, size);
     }
     return MT_OK;
+}
+
+/* The dp communicators (gradients on the device, losses), collectively over info->comm. */
+static mt_status_t dp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
+    return axis_comms(info, MT_AXIS_DP, "dp-grads", "dp-loss", e->dp_size, e->dp_rank, "dp rank", &e->gcomm, &e->lcomm);
 }
 
 /* The pipeline's communicators, collectively over info->comm: activations (device), scalars (host), and on
  * the first and last stage the tied wte's gradient. */
 static mt_status_t pp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
-    mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
-    cp.name = "pp-acts";
-    cp.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
-    mt_comm_params_t lp = MT_COMM_PARAMS_INIT;
-    lp.name = "pp-scalars";
-    MT_CHECK(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_PP), &cp, &e->ppcomm));
-    MT_CHECK(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_PP), &lp, &e->pplcomm));
-    if (mt_comm_size(e->ppcomm) != e->pp || mt_comm_rank(e->ppcomm) != e->stage) {
-        return mt_error(MT_ERR_INTERNAL, "cuda engine: pp communicator rank %d of %d, the mesh says stage %d of %d",
-                        mt_comm_rank(e->ppcomm), mt_comm_size(e->ppcomm), e->stage, e->pp);
-    }
+    MT_CHECK(axis_comms(info, MT_AXIS_PP, "pp-acts", "pp-scalars", e->pp, e->stage, "stage", &e->ppcomm, &e->pplcomm));
     if (e->pp == 2) {
         e->embcomm = e->ppcomm;
     } else if (e->first || e->last) {
         int me = 0, ranks[2];
         MPI_Comm_rank(info->comm, &me);
         mt_mesh_embedding_group(info->mesh, me, ranks);
-        mt_comm_params_t ep = cp;
+        mt_comm_params_t ep = MT_COMM_PARAMS_INIT;
         ep.name = "pp-tied-wte";
+        ep.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
         MT_CHECK(mt_comm_init_ranks(info->comm, ranks, 2, &ep, &e->embcomm));
     }
     return MT_OK;
