@@ -5,8 +5,10 @@
 # plain version, the NCCL collective benchmark on the GPU and peak device memory, then prints a short table. Full logs go to the directory given as the argument.
 #   usage: bench/gpu_check.sh LOGDIR
 #   environment: MT_GPU_CHECK_BUILD (build directory, default build-gpu-check), MT_GPU_CHECK_B (micro-batch,
-#   default 16), MT_GPU_CHECK_STEPS (timed steps per mode, default 10), MT_DEPS_PREFIX (a prefix holding
-#   MPI, hwloc and OpenBLAS when the machine lacks them; see docs/gpu.md)
+#   default 16), MT_GPU_CHECK_STEPS (timed steps per mode, default 10), MT_GPU_CHECK_EXTRA_B (more bf16
+#   micro-batches, e.g. "32 64"), MT_DEPS_PREFIX (a prefix holding
+#   MPI, hwloc and OpenBLAS when the machine lacks them; see docs/gpu.md), MT_GPU_CHECK_PREBUILT=1 (use the
+#   build bench/gpu_pack.sh made on another machine; no compiler needed), MT_GPU_DEPS (its mtdeps.tar.xz)
 # SPDX-License-Identifier: MIT
 set -u
 if [ $# -ne 1 ]; then
@@ -52,35 +54,77 @@ fi
 nvidia-smi -q >"$LOG/nvidia-smi-q.log" 2>&1
 say "device: $(head -1 "$LOG/nvidia-smi-L.log")"
 
-# ---- build (sm_90 only: the checked chip; Release) -------------------------------------------------
-GEN=()
-command -v ninja >/dev/null && GEN=(-G Ninja)
-CMAKE_EXTRA=()
-if [ -n "${MT_DEPS_PREFIX:-}" ]; then
-    PC="$MT_DEPS_PREFIX/lib/pkgconfig:$MT_DEPS_PREFIX/lib/x86_64-linux-gnu/pkgconfig"
-    export PKG_CONFIG_PATH="$PC:${PKG_CONFIG_PATH:-}"
-    export LD_LIBRARY_PATH="$MT_DEPS_PREFIX/lib:$MT_DEPS_PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-    export PATH="$MT_DEPS_PREFIX/bin:$PATH"
-    CMAKE_EXTRA=(-DCMAKE_PREFIX_PATH="$MT_DEPS_PREFIX" -DMPI_HOME="$MT_DEPS_PREFIX")
-fi
-if ! run configure 120 cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DMT_WERROR=OFF "${CMAKE_EXTRA[@]}"; then
-    say "configure failed: meshtrain needs MPI, hwloc and OpenBLAS besides CUDA (see $LOG/configure.log;"
-    say "set MT_DEPS_PREFIX to a prefix holding them, docs/gpu.md 'Running gpu_check')"
-    exit 1
-fi
-if ! grep -q "CUDA=1" "$LOG/configure.log"; then
-    say "configure did not enable CUDA (see $LOG/configure.log)"
-    exit 1
-fi
+# ---- build (sm_90 only: the checked chip; Release), or the build bench/gpu_pack.sh made elsewhere ---------
 TARGETS=(test_cuda_alloc test_gpu_ops test_cuda_alloc_device test_nvml test_gpt2_cuda test_job_cuda test_tensor_cuda gpu_bench meshtrain)
-# the other gpu-labelled tests of the tree (the NCCL backend's), when this build has them
-if cmake --build "$BUILD" --target help 2>/dev/null | grep -q test_coll_nccl; then
-    TARGETS+=(test_coll_nccl)
-fi
-if ! run build 240 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"; then
-    say "build failed (see $LOG/build.log)"
-    exit 1
+if [ -n "${MT_GPU_CHECK_PREBUILT:-}" ]; then
+    # the packed run-time libraries (Open MPI relocated, hwloc, OpenBLAS...), when given
+    if [ -n "${MT_GPU_DEPS:-}" ]; then
+        DEPS_DIR=$(mktemp -d /tmp/mtdeps.XXXXXX)
+        if ! tar -C "$DEPS_DIR" -xJf "$MT_GPU_DEPS"; then
+            say "cannot unpack MT_GPU_DEPS=$MT_GPU_DEPS (made by bench/gpu_pack.sh)"
+            exit 1
+        fi
+        # shellcheck disable=SC1091
+        source "$DEPS_DIR/mtdeps/env.sh"
+        say "packed run-time libraries from $MT_GPU_DEPS in $DEPS_DIR/mtdeps"
+    fi
+    # the CUDA libraries the build links but the pack leaves out (cuBLAS, cuBLASLt, NCCL): the GPU machine's own,
+    # wherever its CUDA toolkit or its Python packages keep them
+    missing() { ldd "$BUILD/meshtrain" "$BUILD/bench/gpu_bench" 2>&1 | awk '/not found/ { print $1 }' | sort -u; }
+    for lib in $(missing); do
+        found=$(find /usr/local/cuda*/ /usr/lib /opt -name "$lib" \( -type f -o -type l \) 2>/dev/null | head -1)
+        if [ -n "$found" ]; then
+            LD_LIBRARY_PATH="$(dirname "$found"):${LD_LIBRARY_PATH:-}"
+            export LD_LIBRARY_PATH
+            say "$lib: using $found"
+        fi
+    done
+    MISSING=$(missing | tr '\n' ' ')
+    if [ -n "$MISSING" ] || [ ! -x "$BUILD/meshtrain" ]; then
+        say "prebuilt binaries in $BUILD cannot run here: missing ${MISSING:-the binaries (run bench/gpu_pack.sh)}"
+        exit 1
+    fi
+    # multi-rank tests name the mpiexec of the machine that built them: use the packed one where that is absent
+    MPIEXEC_BUILT=$(sed -n 's/^MPIEXEC_EXECUTABLE:[A-Z]*=//p' "$BUILD/CMakeCache.txt")
+    if [ -n "${MT_PACKED_MPIEXEC:-}" ] && [ -n "$MPIEXEC_BUILT" ] && [ ! -x "$MPIEXEC_BUILT" ]; then
+        # from a kept copy of each file as the build wrote it, so that a later run with another unpack directory
+        # rewrites the original path again
+        find "$BUILD" -name CTestTestfile.cmake | while read -r f; do
+            [ -f "$f.built" ] || cp "$f" "$f.built"
+            sed "s#\"$MPIEXEC_BUILT\"#\"$MT_PACKED_MPIEXEC\"#g" "$f.built" >"$f"
+        done
+        say "multi-rank tests use $MT_PACKED_MPIEXEC ($MPIEXEC_BUILT is not on this machine)"
+    fi
+    echo "prebuilt by bench/gpu_pack.sh" >"$LOG/build.log"
+else
+    GEN=()
+    command -v ninja >/dev/null && GEN=(-G Ninja)
+    CMAKE_EXTRA=()
+    if [ -n "${MT_DEPS_PREFIX:-}" ]; then
+        PC="$MT_DEPS_PREFIX/lib/pkgconfig:$MT_DEPS_PREFIX/lib/x86_64-linux-gnu/pkgconfig"
+        export PKG_CONFIG_PATH="$PC:${PKG_CONFIG_PATH:-}"
+        export LD_LIBRARY_PATH="$MT_DEPS_PREFIX/lib:$MT_DEPS_PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+        export PATH="$MT_DEPS_PREFIX/bin:$PATH"
+        CMAKE_EXTRA=(-DCMAKE_PREFIX_PATH="$MT_DEPS_PREFIX" -DMPI_HOME="$MT_DEPS_PREFIX")
+    fi
+    if ! run configure 120 cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DMT_WERROR=OFF "${CMAKE_EXTRA[@]}"; then
+        say "configure failed: meshtrain needs MPI, hwloc and OpenBLAS besides CUDA (see $LOG/configure.log;"
+        say "set MT_DEPS_PREFIX to a prefix holding them, docs/gpu.md 'Running gpu_check')"
+        exit 1
+    fi
+    if ! grep -q "CUDA=1" "$LOG/configure.log"; then
+        say "configure did not enable CUDA (see $LOG/configure.log)"
+        exit 1
+    fi
+    # the other gpu-labelled tests of the tree (the NCCL backend's), when this build has them
+    if cmake --build "$BUILD" --target help 2>/dev/null | grep -q test_coll_nccl; then
+        TARGETS+=(test_coll_nccl)
+    fi
+    if ! run build 240 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"; then
+        say "build failed (see $LOG/build.log)"
+        exit 1
+    fi
 fi
 
 # ---- GPU tests --------------------------------------------------------------------------------------
@@ -108,6 +152,10 @@ PEAK_BF16=${PEAK_BF16:-0}
 # ---- GPT-2 124M training per precision --------------------------------------------------------------
 for p in bf16 fp16 tf32 fp32; do
     run "train-$p" 60 "$BENCH" train -p "$p" -B "$B" -T 1024 -n "$STEPS" --peak "$PEAK_BF16"
+done
+# bf16 at other micro-batches (MT_GPU_CHECK_EXTRA_B="32 64"): how MFU grows as the batch fills the device
+for b in ${MT_GPU_CHECK_EXTRA_B:-}; do
+    run "train-bf16-B$b" 60 "$BENCH" train -p bf16 -B "$b" -T 1024 -n "$STEPS" --peak "$PEAK_BF16"
 done
 
 # ---- the same model through `meshtrain train` on the GPU (its training loop, data, clipping, metrics) ------
@@ -157,7 +205,19 @@ field() { # field FILE KEY: value of KEY=... on the RESULT line of FILE
             printf "%-6s %10s   (see %s)\n" "$p" "FAILED" "$f"
         fi
     done
-    echo "(GPT-2 124M, B=$B, T=1024; MFU against the bf16 peak above; J/step 0 = NVML not available)"
+    for b in ${MT_GPU_CHECK_EXTRA_B:-}; do
+        f="$LOG/train-bf16-B$b.log"
+        if grep -q '^RESULT train' "$f" 2>/dev/null; then
+            mfu=$(field "$f" mfu)
+            printf "%-6s %10s %10s %7.1f%% %10s %10s %12s\n" "B=$b" "$(field "$f" tok_s)" "$(field "$f" ms_step)" \
+                "$(awk -v m="$mfu" 'BEGIN { print m * 100 }')" "$(field "$f" peak_gib)" "$(field "$f" energy_j)" \
+                "$(field "$f" tokens_per_j)"
+        else
+            printf "%-6s %10s   (see %s)\n" "B=$b" "FAILED" "$f"
+        fi
+    done
+    echo "(GPT-2 124M, B=$B (B=n rows: bf16 at that micro-batch), T=1024; MFU against the bf16 peak above;"
+    echo " J/step 0 = NVML not available)"
     # meshtrain train: the steady-state rate and MFU of its summary (against the bf16 peak the engine measured
     # at its start, the same 8192^3 product as gpu_bench peak), and MFU as gpu_bench's bf16 (same FLOPs per
     # token, this run's peak); J/step the mean energy_j of the steady steps (absent without NVML)
@@ -185,11 +245,17 @@ field() { # field FILE KEY: value of KEY=... on the RESULT line of FILE
     fi
     echo
     if grep -q '^RESULT attn' "$LOG/attn.log" 2>/dev/null; then
-        path() { [ "$(field "$LOG/attn.log" "$1")" = 1 ] && echo "tensor cores" || echo "CUDA cores"; }
+        path() {
+            if [ "$(field "$LOG/attn.log" "mma_${1#tc_}")" = 1 ]; then
+                echo "mma.sync"
+            elif [ "$(field "$LOG/attn.log" "$1")" = 1 ]; then echo "WMMA"; else echo "CUDA cores"; fi
+        }
         echo "attention bf16 B=8 T=1024 C=768 H=12 (ms):"
         printf "  %-46s %10s %10s\n" kernel forward backward
         printf "  %-46s %10s %10s\n" "flash: fwd $(path tc_fwd), bwd $(path tc_bwd)" \
             "$(field "$LOG/attn.log" flash_fwd_ms)" "$(field "$LOG/attn.log" flash_bwd_ms)"
+        printf "  %-46s %10s %10s\n" "flash on WMMA tensor cores (ATTN_TC=2)" "$(field "$LOG/attn.log" wmma_fwd_ms)" \
+            "$(field "$LOG/attn.log" wmma_bwd_ms)"
         printf "  %-46s %10s %10s\n" "flash on CUDA cores (ATTN_TC=0)" "$(field "$LOG/attn.log" simt_fwd_ms)" \
             "$(field "$LOG/attn.log" simt_bwd_ms)"
         printf "  %-46s %10s %10s\n" "plain (stores T x T)" "$(field "$LOG/attn.log" plain_fwd_ms)" "-"
