@@ -133,6 +133,14 @@ extern "C" void mt_cuda_ctx_destroy(mt_cuda_ctx_t ctx) {
     }
 }
 
+/* Where a product's output width OC is split: cuBLASLt's heuristic picks a kernel several times slower when
+ * the output width is not a multiple of 16 (measured on an H200 for the GPT-2 vocabulary, 50257 columns:
+ * 13.4 ms against 1.9 ms at 50304; docs/PERFORMANCE.md), so such products run as an aligned part of
+ * OC rounded down to 128 columns and a narrow remainder. Returns OC when no split is needed. */
+static int aligned_part(int OC) {
+    return OC > 256 && OC % 16 != 0 ? OC / 128 * 128 : OC;
+}
+
 /* D (m,n; ldd) = alpha op(A) op(B) + beta D, column-major, with an optional epilogue. */
 static cudaError_t lt_matmul(mt_cuda_ctx_t ctx, bool transa, bool transb, int m, int n, int k, const void *A, int lda,
                              const void *B, int ldb, void *D, int ldd, int ab_dt, int d_dt, float beta,
@@ -266,7 +274,14 @@ extern "C" cudaError_t mt_cuda_matmul_forward(mt_cuda_ctx_t ctx, void *out, int 
         return mt_cuda_gelu_forward(out, gelu_pre, (size_t)N * OC, dt, stream);
     }
     cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    cudaError_t e = lt_matmul(ctx, true, false, OC, N, C, w, C, inp, C, out, ldo, dt, dt, 0.0f, epi, bias, NULL, 0, s);
+    size_t es = dt == MT_CU_F32 ? 4 : 2;
+    int oa = aligned_part(OC);
+    cudaError_t e = lt_matmul(ctx, true, false, oa, N, C, w, C, inp, C, out, ldo, dt, dt, 0.0f, epi, bias, NULL, 0, s);
+    if (e == cudaSuccess && oa < OC) { /* the remaining columns: rows oa.. of w, columns oa.. of out */
+        e = lt_matmul(ctx, true, false, OC - oa, N, C, (const char *)w + (size_t)oa * C * es, C, inp, C,
+                      (char *)out + (size_t)oa * es, ldo, dt, dt, 0.0f, epi,
+                      bias ? (const char *)bias + (size_t)oa * es : NULL, NULL, 0, s);
+    }
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
@@ -293,16 +308,27 @@ extern "C" cudaError_t mt_cuda_matmul_backward(mt_cuda_ctx_t ctx, void *dinp, fl
     MT_CU_CHECK_SHAPE((!dinp || w) && (!dw || inp) && (!dbias || scratch));
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e;
-    if (dinp) { /* dinp^T (C,N) += w as (C,OC) @ dout^T (OC,N) */
-        e = lt_matmul(ctx, false, false, C, N, OC, w, C, dout, ldo, dinp, C, dt, dt, 1.0f, CUBLASLT_EPILOGUE_DEFAULT,
+    size_t es = dt == MT_CU_F32 ? 4 : 2;
+    int oa = aligned_part(OC); /* OC split as in the forward: [0, oa) and [oa, OC) */
+    const char *w_r = (const char *)w + (size_t)oa * C * es, *dout_r = (const char *)dout + (size_t)oa * es;
+    if (dinp) { /* dinp^T (C,N) += w as (C,OC) @ dout^T (OC,N), the inner dimension OC in two parts */
+        e = lt_matmul(ctx, false, false, C, N, oa, w, C, dout, ldo, dinp, C, dt, dt, 1.0f, CUBLASLT_EPILOGUE_DEFAULT,
                       NULL, NULL, 0, s);
+        if (e == cudaSuccess && oa < OC) {
+            e = lt_matmul(ctx, false, false, C, N, OC - oa, w_r, C, dout_r, ldo, dinp, C, dt, dt, 1.0f,
+                          CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, s);
+        }
         if (e != cudaSuccess) {
             return e;
         }
     }
-    if (dw) { /* dw^T (C,OC) += inp^T (C,N) @ op_T(dout^T as (OC,N)) */
-        e = lt_matmul(ctx, false, true, C, OC, N, inp, C, dout, ldo, dw, C, dt, MT_CU_F32, 1.0f,
+    if (dw) { /* dw^T (C,OC) += inp^T (C,N) @ op_T(dout^T as (OC,N)), columns [0, oa) and [oa, OC) */
+        e = lt_matmul(ctx, false, true, C, oa, N, inp, C, dout, ldo, dw, C, dt, MT_CU_F32, 1.0f,
                       CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, s);
+        if (e == cudaSuccess && oa < OC) {
+            e = lt_matmul(ctx, false, true, C, OC - oa, N, inp, C, dout_r, ldo, dw + (size_t)oa * C, C, dt, MT_CU_F32,
+                          1.0f, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, s);
+        }
         if (e != cudaSuccess) {
             return e;
         }

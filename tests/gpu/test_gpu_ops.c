@@ -121,12 +121,15 @@ static const char *lbl(const char *op, int dt, const char *what) {
 /* ---------------------------------------------------------------------------------------------- */
 
 static void test_matmul(void) {
-    enum { N = 67, C = 96, OC = 80, LDO = 88 };
     void *ws = NULL;
     CHECK_OK(mt_dev_malloc(&ws, 32 << 20, MT_MEM_OTHER, "cublaslt-ws", NULL));
-    for (int mode = 0; mode < 4; mode++) { /* f32, tf32, bf16, f16 */
-        int dt = mode == 0 || mode == 1 ? MT_CU_F32 : dts[mode - 1];
-        bool tf32 = mode == 1;
+    /* shape 1: an output width that matmul.cu splits (not a multiple of 16, over 256: columns 0-255 and 256-299
+     * in two products), as the GPT-2 vocabulary's 50257 is */
+    for (int mode = 0; mode < 8; mode++) { /* f32, tf32, bf16, f16 at each shape */
+        int shape = mode / 4;
+        int N = shape ? 37 : 67, C = shape ? 64 : 96, OC = shape ? 300 : 80, LDO = shape ? 304 : 88;
+        int dt = mode % 4 < 2 ? MT_CU_F32 : dts[mode % 4 - 1];
+        bool tf32 = mode % 4 == 1;
         double tol = tf32 ? 1e-2 : tol_dt(dt, false);
         const char *name = tf32 ? "tf32" : dt_name(dt);
         mt_cuda_ctx_t ctx;
@@ -135,10 +138,17 @@ static void test_matmul(void) {
         float *out = calloc((size_t)N * LDO, 4);
         mt_matmul_forward(out, LDO, inp, w, b, N, C, OC);
         void *dinp = dup_dt(inp, (size_t)N * C, dt), *dw = dup_dt(w, (size_t)OC * C, dt), *db = dup_dt(b, OC, dt);
-        void *dout = dup_dt(out, (size_t)N * LDO, dt); /* padding columns must stay untouched */
+        /* the output poisoned in its OC columns (each must be written) and zero, as out's, in the padding columns
+         * (which must stay untouched): the check covers all LDO columns */
+        float *poison = hcopy(out, (size_t)N * LDO);
+        for (size_t i = 0; i < (size_t)N * LDO; i++) {
+            poison[i] = (int)(i % LDO) < OC ? 777.0f : poison[i];
+        }
+        void *dout = dup_dt(poison, (size_t)N * LDO, dt);
+        free(poison);
         CHECK_OK(mt_cuda_status(mt_cuda_matmul_forward(ctx, dout, LDO, NULL, dinp, dw, db, N, C, OC, dt, NULL), "fwd"));
         float *g = down(dout, (size_t)N * LDO, dt);
-        double e = rel_err(g, out, N, OC, LDO);
+        double e = rel_err(g, out, N, LDO, LDO);
         CHECK(e <= tol, "matmul %s forward: %.3e > %.1e", name, e, tol);
         /* no bias, and the fused GELU epilogue (ldo = OC) */
         float *pre = calloc((size_t)N * OC, 4), *act = calloc((size_t)N * OC, 4);
