@@ -7,7 +7,15 @@
 
 #define LN_EPS 1e-5f
 
-enum { LN_ROWS_PER_BLOCK = 8, LN_THREADS = 32 * LN_ROWS_PER_BLOCK, LN_SPLIT = 64, LN_COLS = 32, LN_ROWS = 8 };
+enum {
+    LN_ROWS_PER_BLOCK = 8,
+    LN_THREADS = 32 * LN_ROWS_PER_BLOCK,
+    LN_SPLIT = 64,
+    LN_COLS = 32,
+    LN_ROWS = 8,
+    LN_FUSED_BLOCKS = 256, /* blocks (row groups) of the fused backward: its dw/db partials */
+    LN_FUSED_MAX_C = 1024  /* widest row the fused backward keeps in registers */
+};
 
 /* ======================================== kernels ======================================== */
 
@@ -107,6 +115,110 @@ static __global__ void layernorm_backward_dwdb_partial_kernel(float *partial, co
     }
 }
 
+/* 16 bytes of T: the unit of the fused backward's loads and stores. */
+template <typename T> struct vec16 {
+    static constexpr int n = 16 / (int)sizeof(T);
+    union {
+        uint4 u;
+        T e[n];
+    };
+};
+
+/* The whole backward in one pass for rows up to LN_FUSED_MAX_C wide (C a multiple of 16 bytes): one warp per
+ * row, the row's dout and input held in registers (VPL 16-byte vectors per lane), dx written once, and the
+ * warp's dw/db contributions kept in registers across the rows it handles (rows warp, warp + 8 gridDim.x,
+ * ...); the block's eight warps are summed in shared memory in warp order into partial[blockIdx.x][c] (dw) and
+ * partial[gridDim.x + blockIdx.x][c] (db). The row -> block assignment depends only on N and the grid, so the
+ * sums are the same on every device and run. Measured on an H200 at GPT-2 124M shapes (docs/PERFORMANCE.md):
+ * the two-kernel version took 0.40 + 0.05 ms per LayerNorm. */
+template <typename T, int VPL>
+static __global__ void __launch_bounds__(LN_THREADS)
+    layernorm_backward_fused_kernel(T *dinp, float *partial, const T *dout, const T *inp, const T *w, const float *mean,
+                                    const float *rstd, int N, int C) {
+    constexpr int V = vec16<T>::n;
+    __shared__ float sh[LN_ROWS_PER_BLOCK][LN_FUSED_MAX_C];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nv = C / V;
+    float aw[VPL][V], ab[VPL][V];
+#pragma unroll
+    for (int j = 0; j < VPL; j++) {
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            aw[j][k] = 0.0f, ab[j][k] = 0.0f;
+        }
+    }
+    for (int row = blockIdx.x * LN_ROWS_PER_BLOCK + warp; row < N; row += gridDim.x * LN_ROWS_PER_BLOCK) {
+        size_t off = (size_t)row * C;
+        const uint4 *dy4 = (const uint4 *)(dout + off), *x4 = (const uint4 *)(inp + off);
+        vec16<T> dy[VPL], x[VPL];
+#pragma unroll
+        for (int j = 0; j < VPL; j++) {
+            int v = lane + 32 * j;
+            if (v < nv) {
+                dy[j].u = dy4[v];
+                x[j].u = x4[v];
+            }
+        }
+        float m = mean[row], r = rstd[row], sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+        for (int j = 0; j < VPL; j++) {
+            int v = lane + 32 * j;
+            if (v < nv) {
+                vec16<T> wv;
+                wv.u = ((const uint4 *)w)[v];
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    float d = to_f32(dy[j].e[k]), xh = (to_f32(x[j].e[k]) - m) * r, g = d * to_f32(wv.e[k]);
+                    sg += g;
+                    sgx += g * xh;
+                    aw[j][k] += d * xh;
+                    ab[j][k] += d;
+                }
+            }
+        }
+        sg = warp_sum(sg) / C;
+        sgx = warp_sum(sgx) / C;
+        uint4 *dx4 = (uint4 *)(dinp + off);
+#pragma unroll
+        for (int j = 0; j < VPL; j++) {
+            int v = lane + 32 * j;
+            if (v < nv) {
+                vec16<T> wv, acc;
+                wv.u = ((const uint4 *)w)[v];
+                acc.u = dx4[v];
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    float xh = (to_f32(x[j].e[k]) - m) * r;
+                    float d = r * (to_f32(dy[j].e[k]) * to_f32(wv.e[k]) - sg - xh * sgx);
+                    acc.e[k] = from_f32<T>(to_f32(acc.e[k]) + d);
+                }
+                dx4[v] = acc.u;
+            }
+        }
+    }
+    /* dw then db: each warp's sums into its row of sh, then the columns summed over the warps in order */
+    for (int pass = 0; pass < 2; pass++) {
+#pragma unroll
+        for (int j = 0; j < VPL; j++) {
+            int v = lane + 32 * j;
+            if (v < nv) {
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    sh[warp][v * V + k] = pass ? ab[j][k] : aw[j][k];
+                }
+            }
+        }
+        __syncthreads();
+        for (int c = threadIdx.x; c < C; c += LN_THREADS) {
+            float a = 0.0f;
+            for (int k = 0; k < LN_ROWS_PER_BLOCK; k++) {
+                a += sh[k][c];
+            }
+            partial[(size_t)(pass * gridDim.x + blockIdx.x) * C + c] = a;
+        }
+        __syncthreads();
+    }
+}
+
 /* Stage 2: dw[c] += sum_y partial[y][c]; db[c] += sum_y partial[S + y][c], y in order. */
 static __global__ void layernorm_backward_dwdb_final_kernel(float *dw, float *db, const float *partial, int C, int S) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -153,7 +265,23 @@ extern "C" cudaError_t mt_cuda_residual_layernorm_forward(void *res, void *out, 
 }
 
 extern "C" size_t mt_cuda_layernorm_scratch_floats(int C) {
-    return 2 * (size_t)LN_SPLIT * (size_t)C;
+    return 2 * (size_t)(LN_FUSED_BLOCKS > LN_SPLIT ? LN_FUSED_BLOCKS : LN_SPLIT) * (size_t)C;
+}
+
+/* Vectors per lane for the fused backward (0: it does not apply: C not a multiple of 16 bytes, wider than
+ * LN_FUSED_MAX_C, or a pointer not 16-byte aligned). */
+static int fused_vpl(int C, size_t es, const void *const *ptrs, int n_ptrs) {
+    size_t v = 16 / es;
+    if ((size_t)C % v != 0 || C > LN_FUSED_MAX_C) {
+        return 0;
+    }
+    for (int i = 0; i < n_ptrs; i++) {
+        if ((uintptr_t)ptrs[i] % 16 != 0) {
+            return 0;
+        }
+    }
+    size_t per_lane = ((size_t)C / v + 31) / 32;
+    return per_lane <= 4 ? (int)per_lane : per_lane <= 6 ? 6 : 8;
 }
 
 extern "C" cudaError_t mt_cuda_layernorm_backward(void *dinp, float *dw, float *db, const void *dout, const void *inp,
@@ -162,6 +290,34 @@ extern "C" cudaError_t mt_cuda_layernorm_backward(void *dinp, float *dw, float *
     MT_CU_CHECK_SHAPE(N > 0 && C > 0 && dout && inp && w && mean && rstd);
     MT_CU_CHECK_SHAPE(scratch || (!dw && !db));
     cudaStream_t s = (cudaStream_t)stream;
+    size_t es = dt == MT_CU_F32 ? 4 : 2;
+    const void *ptrs[] = {dinp, dout, inp, w};
+    int vpl = dinp && (dw || db) ? fused_vpl(C, es, ptrs, 4) : 0;
+    if (vpl) { /* one pass: dx, and the dw/db partials of LN_FUSED_BLOCKS row groups; then their fixed-order sum */
+        int blocks = (N + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK;
+        blocks = blocks < LN_FUSED_BLOCKS ? blocks : LN_FUSED_BLOCKS;
+#define LN_FUSED_LAUNCH(VPL_)                                                                                          \
+    layernorm_backward_fused_kernel<T, VPL_><<<blocks, LN_THREADS, 0, s>>>(                                            \
+        (T *)dinp, scratch, (const T *)dout, (const T *)inp, (const T *)w, mean, rstd, N, C)
+        MT_CU_DISPATCH(dt, T, {
+            if (vpl == 1) {
+                LN_FUSED_LAUNCH(1);
+            } else if (vpl == 2) {
+                LN_FUSED_LAUNCH(2);
+            } else if (vpl == 3) {
+                LN_FUSED_LAUNCH(3);
+            } else if (vpl == 4) {
+                LN_FUSED_LAUNCH(4);
+            } else if (vpl == 6) {
+                LN_FUSED_LAUNCH(6);
+            } else {
+                LN_FUSED_LAUNCH(8);
+            }
+        });
+#undef LN_FUSED_LAUNCH
+        layernorm_backward_dwdb_final_kernel<<<(unsigned)((C + 255) / 256), 256, 0, s>>>(dw, db, scratch, C, blocks);
+        return cudaGetLastError();
+    }
     if (dinp) {
         unsigned g = (unsigned)((N + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK);
         MT_CU_DISPATCH(dt, T,

@@ -8,8 +8,8 @@
 #ifndef MT_EMU_CUDA_RUNTIME_H
 #define MT_EMU_CUDA_RUNTIME_H
 
-#include <math.h>
 #include <functional>
+#include <math.h>
 
 #include "cuda_runtime_api.h"
 
@@ -20,6 +20,11 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
+
+/* 16-byte vector (the kernels' 128-bit loads and stores) */
+struct __align__(16) uint4 {
+    unsigned x, y, z, w;
+};
 
 struct dim3 {
     unsigned x, y, z;
@@ -32,19 +37,25 @@ int __syncthreads_or(int pred);
 /* Waits for the lanes of mask (those that exist in the block) of the caller's warp. */
 void __syncwarp(unsigned mask = 0xffffffffu);
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask, int width = 32);
+/* the value v of lane src_lane (of the caller's width-wide segment) */
+unsigned __shfl_sync(unsigned mask, unsigned v, int src_lane, int width = 32);
 float atomicAdd(float *p, float v);
 int atomicOr(int *p, int v);
 #define __expf(x) expf(x)
-static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-static inline int min(int a, int b) { return a < b ? a : b; }
-static inline int max(int a, int b) { return a > b ? a : b; }
+static inline float rsqrtf(float x) {
+    return 1.0f / sqrtf(x);
+}
+static inline int min(int a, int b) {
+    return a < b ? a : b;
+}
+static inline int max(int a, int b) {
+    return a > b ? a : b;
+}
 using std::isfinite;
 
 void mt_emu_run(dim3 grid, dim3 block, const std::function<void()> &body);
 
-template <typename X> struct mt_emu_same {
-    typedef X type;
-};
+template <typename X> struct mt_emu_same { typedef X type; };
 /* The arguments are converted to the kernel's parameter types at the call (non-deduced), as a launch does. */
 template <typename... P>
 void mt_emu_launch(dim3 grid, dim3 block, void (*kernel)(P...), typename mt_emu_same<P>::type... args) {
