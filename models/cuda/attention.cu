@@ -804,20 +804,29 @@ static void attn_check(const void *qkv, int B, int T, int C, int NH) {
 }
 
 static std::atomic<int> attn_tc_force(-1);
-static std::atomic<unsigned long> attn_tc_count[2];
+static std::atomic<unsigned long> attn_tc_count[2], attn_mma_count[2];
 
 extern "C" void mt_cuda_attention_set_tc(int mode) {
-    attn_tc_force.store(mode < 0 ? -1 : mode != 0);
+    attn_tc_force.store(mode < 0 ? -1 : mode == 2 ? 2 : mode != 0);
+}
+
+/* 0 CUDA cores, 1 tensor cores (the mma.sync kernels where they apply, else WMMA), 2 tensor cores, WMMA only */
+static int attn_mode(void) {
+    int force = attn_tc_force.load();
+    return force >= 0 ? force : mt_cuda_attn_tc_param();
 }
 
 extern "C" int mt_cuda_attention_tc_path(int dt, int hs, int backward) {
-    int force = attn_tc_force.load();
-    bool on = force >= 0 ? force != 0 : mt_cuda_attn_tc_param() != 0;
-    return on && (dt == MT_CU_BF16 || dt == MT_CU_F16) && hs > 0 && hs % 16 == 0 && hs <= (backward ? 64 : 128);
+    return attn_mode() != 0 && (dt == MT_CU_BF16 || dt == MT_CU_F16) && hs > 0 && hs % 16 == 0 &&
+           hs <= (backward ? 64 : 128);
 }
 
 extern "C" unsigned long mt_cuda_attention_tc_launches(int backward) {
     return attn_tc_count[backward ? 1 : 0].load();
+}
+
+extern "C" unsigned long mt_cuda_attention_mma_launches(int backward) {
+    return attn_mma_count[backward ? 1 : 0].load();
 }
 
 template <typename E>
@@ -863,6 +872,14 @@ extern "C" cudaError_t mt_cuda_attention_forward(void *out, float *lse, const vo
     int hs = C / NH;
     float scale2 = LOG2E / sqrtf((float)hs);
     cudaStream_t s = (cudaStream_t)stream;
+    const void *mma_ptrs[] = {out, qkv};
+    if (mt_cuda_attention_tc_path(dt, hs, 0) && attn_mode() == 1 &&
+        mt_cuda_attn_mma_eligible(dt, hs, 0, C, mma_ptrs, 2)) {
+        mt_cuda_attn_mma_forward(out, lse, qkv, B, T, C, NH, dt, s);
+        attn_tc_count[0].fetch_add(1);
+        attn_mma_count[0].fetch_add(1);
+        return cudaGetLastError();
+    }
     if (mt_cuda_attention_tc_path(dt, hs, 0)) {
         if (dt == MT_CU_BF16) {
             attention_forward_tc<bf16_t>((bf16_t *)out, lse, (const bf16_t *)qkv, B, T, C, NH, s);
@@ -895,6 +912,14 @@ extern "C" cudaError_t mt_cuda_attention_backward(void *dqkv, const void *dout, 
     MT_CU_DISPATCH(dt, E,
                    attention_backward_d_kernel<E>
                    <<<mt_cu_blocks(rows, 256), 256, 0, s>>>(scratch, (const E *)dout, (const E *)out, B, T, C, NH, hs));
+    const void *mma_ptrs[] = {dqkv, dout, qkv};
+    if (mt_cuda_attention_tc_path(dt, hs, 1) && attn_mode() == 1 &&
+        mt_cuda_attn_mma_eligible(dt, hs, 1, C, mma_ptrs, 3)) {
+        mt_cuda_attn_mma_backward(dqkv, dout, qkv, lse, scratch, B, T, C, NH, dt, s);
+        attn_tc_count[1].fetch_add(1);
+        attn_mma_count[1].fetch_add(1);
+        return cudaGetLastError();
+    }
     if (mt_cuda_attention_tc_path(dt, hs, 1)) {
         if (dt == MT_CU_BF16) {
             attention_backward_tc<bf16_t>((bf16_t *)dqkv, (const bf16_t *)dout, (const bf16_t *)qkv, lse, scratch, B, T,

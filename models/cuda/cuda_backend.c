@@ -16,11 +16,12 @@ mt_status_t mt_cuda_status(cudaError_t e, const char *what) {
                     cudaGetErrorString(e), detail[0] ? "; " : "", detail);
 }
 
-/* MESHTRAIN_ATTN_TC: 0 keeps the bf16/f16 attention forward on CUDA cores (to compare against the tensor-core
- * kernel); read here because MT_PARAM is C11 and the .cu files are C++. */
+/* MESHTRAIN_ATTN_TC: 0 keeps the bf16/f16 attention on CUDA cores, 2 on the WMMA tensor-core kernels only (to
+ * compare the kernels); read here because MT_PARAM is C11 and the .cu files are C++. */
 MT_PARAM(attn_tc, "ATTN_TC", 1)
 int mt_cuda_attn_tc_param(void) {
-    return mt_param_attn_tc() != 0;
+    int v = (int)mt_param_attn_tc();
+    return v == 0 || v == 2 ? v : 1;
 }
 
 void mt_cuda_assert_fail(const char *file, int line, const char *cond) {

@@ -109,6 +109,15 @@ __device__ __forceinline__ float gelu_grad_f(float x) {
     return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * MT_GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+/* attention_mma.cu: the mma.sync attention kernels (bf16/f16). eligible: dtype, head size (32, 64, 128 forward;
+ * 32, 64 backward), C a multiple of 8 and the tensors (ptrs) 16-byte aligned. The forward and backward have
+ * the contracts of mt_cuda_attention_forward/backward (Dv: D_i = dO_i . O_i, computed by the caller). */
+bool mt_cuda_attn_mma_eligible(int dt, int hs, int backward, int C, const void *const *ptrs, int n_ptrs);
+void mt_cuda_attn_mma_forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH, int dt,
+                              cudaStream_t s);
+void mt_cuda_attn_mma_backward(void *dqkv, const void *dout, const void *qkv, const float *lse, const float *Dv, int B,
+                               int T, int C, int NH, int dt, cudaStream_t s);
+
 static inline unsigned mt_cu_blocks(size_t n, int threads, unsigned cap = 65535u * 16u) {
     size_t b = (n + (size_t)threads - 1) / (size_t)threads;
     if (b < 1) {

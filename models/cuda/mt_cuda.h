@@ -146,6 +146,10 @@ cudaError_t mt_cuda_attention_backward(void *dqkv, const void *dout, const void 
 int mt_cuda_attention_tc_path(int dt, int hs, int backward);
 void mt_cuda_attention_set_tc(int mode);
 unsigned long mt_cuda_attention_tc_launches(int backward);
+/* Of the tensor-core launches, those that ran the mma.sync kernels (attention_mma.cu: head sizes 32, 64 and 128
+ * forward, 32 and 64 backward, C a multiple of 8, 16-byte aligned tensors), which the tensor-core path prefers;
+ * mode 2 of mt_cuda_attention_set_tc (MESHTRAIN_ATTN_TC=2) keeps the WMMA kernels. */
+unsigned long mt_cuda_attention_mma_launches(int backward);
 int mt_cuda_attn_tc_param(void);
 /* The plain version for comparison (tests, bench/): stores the probabilities att (B,NH,T,T, f32), one
  * thread per query row. Same out and lse. */

@@ -404,44 +404,57 @@ static void attn_tc_case(int B, int T, int C, int NH, int dt, bool misalign) {
     CHECK_OK(mt_dev_malloc(&d_out, nout * 2, MT_MEM_ACTIVATIONS, "t", NULL));
     CHECK_OK(mt_dev_malloc(&d_lse, nl * 4, MT_MEM_ACTIVATIONS, "t", NULL));
     CHECK_OK(mt_dev_malloc(&d_scr, mt_cuda_attention_scratch_floats(B, T, NH) * 4, MT_MEM_OTHER, "t", NULL));
-    float *g[2], *gl[2], *gd[2];
-    const char *path[2] = {"cuda-core", "tensor-core"};
-    for (int tc = 1; tc >= 0; tc--) {
-        mt_cuda_attention_set_tc(tc);
-        int tc_bwd = tc && hs <= 64;
+    /* mode 1: the tensor-core path (the mma.sync kernels where they apply, which is every aligned case here but
+     * the backward at head size 128), 2: its WMMA kernels, 0: CUDA cores */
+    float *g[3], *gl[3], *gd[3];
+    const char *path[3] = {"cuda-core", "tensor-core", "tensor-core wmma"};
+    static const int modes[3] = {1, 2, 0};
+    for (int mi = 0; mi < 3; mi++) {
+        int mode = modes[mi], tc = mode != 0;
+        mt_cuda_attention_set_tc(mode);
+        int tc_bwd = tc && hs <= 64, mma_f = mode == 1 && !misalign, mma_b = mma_f && tc_bwd;
         CHECK(mt_cuda_attention_tc_path(dt, hs, 0) == tc && mt_cuda_attention_tc_path(dt, hs, 1) == tc_bwd,
-              "%s hs=%d: forced %d selects forward %d, backward %d", dt_name(dt), hs, tc, tc, tc_bwd);
+              "%s hs=%d: forced %d selects forward %d, backward %d", dt_name(dt), hs, mode, tc, tc_bwd);
         unsigned long nf = mt_cuda_attention_tc_launches(0), nb = mt_cuda_attention_tc_launches(1);
+        unsigned long mf = mt_cuda_attention_mma_launches(0), mb = mt_cuda_attention_mma_launches(1);
         CHECK_OK(mt_cuda_status(mt_cuda_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, dt, NULL), "attn"));
-        CHECK(mt_cuda_attention_tc_launches(0) == nf + (unsigned long)tc, "%s hs=%d: the %s forward ran", dt_name(dt),
-              hs, path[tc]);
-        g[tc] = down(d_out, nout, dt);
-        gl[tc] = down(d_lse, nl, MT_CU_F32);
-        snprintf(what, sizeof(what), "%s out hs=%d T=%d%s", path[tc], hs, T, misalign ? " misaligned" : "");
-        EXPECT_CLOSE(lbl("attention", dt, what), g[tc], out, nout, tol);
-        snprintf(what, sizeof(what), "%s lse hs=%d T=%d", path[tc], hs, T);
-        EXPECT_CLOSE(lbl("attention", dt, what), gl[tc], lse, nl, tol_lse);
+        CHECK(mt_cuda_attention_tc_launches(0) == nf + (unsigned long)tc &&
+                  mt_cuda_attention_mma_launches(0) == mf + (unsigned long)mma_f,
+              "%s hs=%d mode %d: the %s forward ran (mma.sync: %d)", dt_name(dt), hs, mode, path[mode], mma_f);
+        g[mode] = down(d_out, nout, dt);
+        gl[mode] = down(d_lse, nl, MT_CU_F32);
+        snprintf(what, sizeof(what), "%s%s out hs=%d T=%d%s", path[mode], mma_f ? " mma" : "", hs, T,
+                 misalign ? " misaligned" : "");
+        EXPECT_CLOSE(lbl("attention", dt, what), g[mode], out, nout, tol);
+        snprintf(what, sizeof(what), "%s lse hs=%d T=%d", path[mode], hs, T);
+        EXPECT_CLOSE(lbl("attention", dt, what), gl[mode], lse, nl, tol_lse);
         /* backward (+=, into a pre-filled gradient) from this forward's out and lse */
         void *d_dq = dup_dt(dq0, nqkv, dt);
         CHECK_OK(mt_cuda_status(
             mt_cuda_attention_backward(d_dq, d_dy, d_qkv, d_out, d_lse, B, T, C, NH, dt, d_scr, NULL), "attn bwd"));
-        CHECK(mt_cuda_attention_tc_launches(1) == nb + (unsigned long)tc_bwd, "%s hs=%d: the %s backward ran",
-              dt_name(dt), hs, path[tc_bwd]);
-        gd[tc] = down(d_dq, nqkv, dt);
-        snprintf(what, sizeof(what), "%s dqkv hs=%d T=%d%s", path[tc_bwd], hs, T, misalign ? " misaligned" : "");
-        EXPECT_CLOSE(lbl("attention", dt, what), gd[tc], dq, nqkv, tol_bwd);
+        CHECK(mt_cuda_attention_tc_launches(1) == nb + (unsigned long)tc_bwd &&
+                  mt_cuda_attention_mma_launches(1) == mb + (unsigned long)mma_b,
+              "%s hs=%d mode %d: the %s backward ran (mma.sync: %d)", dt_name(dt), hs, mode, path[tc_bwd ? mode : 0],
+              mma_b);
+        gd[mode] = down(d_dq, nqkv, dt);
+        snprintf(what, sizeof(what), "%s%s dqkv hs=%d T=%d%s", path[tc_bwd ? mode : 0], mma_b ? " mma" : "", hs, T,
+                 misalign ? " misaligned" : "");
+        EXPECT_CLOSE(lbl("attention", dt, what), gd[mode], dq, nqkv, tol_bwd);
         mt_dev_free(d_dq);
     }
-    snprintf(what, sizeof(what), "tensor-core vs cuda-core out hs=%d", hs);
-    EXPECT_CLOSE(lbl("attention", dt, what), g[1], g[0], nout, tol);
-    snprintf(what, sizeof(what), "tensor-core vs cuda-core dqkv hs=%d", hs);
-    EXPECT_CLOSE(lbl("attention", dt, what), gd[1], gd[0], nqkv, tol_bwd);
+    for (int mode = 1; mode < 3; mode++) {
+        snprintf(what, sizeof(what), "%s vs cuda-core out hs=%d", path[mode], hs);
+        EXPECT_CLOSE(lbl("attention", dt, what), g[mode], g[0], nout, tol);
+        snprintf(what, sizeof(what), "%s vs cuda-core dqkv hs=%d", path[mode], hs);
+        EXPECT_CLOSE(lbl("attention", dt, what), gd[mode], gd[0], nqkv, tol_bwd);
+    }
     mt_cuda_attention_set_tc(-1);
     void *dev[] = {d_buf, d_out, d_lse, d_dy, d_scr};
     for (size_t i = 0; i < MT_ARRAY_LEN(dev); i++) {
         mt_dev_free(dev[i]);
     }
-    float *host[] = {scratch, qkv, qkv1, out, lse, att, dy, dq0, dq, g[0], g[1], gl[0], gl[1], gd[0], gd[1]};
+    float *host[] = {scratch, qkv,  qkv1, out,   lse,   att,   dy,    dq0,   dq,
+                     g[0],    g[1], g[2], gl[0], gl[1], gl[2], gd[0], gd[1], gd[2]};
     for (size_t i = 0; i < MT_ARRAY_LEN(host); i++) {
         free(host[i]);
     }
@@ -659,10 +672,16 @@ int main(int argc, char **argv) {
     static const struct {
         const char *name;
         void (*fn)(void);
-    } fams[] = {{"matmul", test_matmul},       {"layernorm", test_layernorm}, {"elementwise", test_elementwise},
-                {"embedding", test_embedding}, {"attention", test_attention}, {"attention_tc", test_attention_tc},
-                {"attention_knob", test_attention_knob}, {"softmax_ce", test_softmax_ce},
-                {"adamw", test_adamw},         {"reduce", test_reduce}};
+    } fams[] = {{"matmul", test_matmul},
+                {"layernorm", test_layernorm},
+                {"elementwise", test_elementwise},
+                {"embedding", test_embedding},
+                {"attention", test_attention},
+                {"attention_tc", test_attention_tc},
+                {"attention_knob", test_attention_knob},
+                {"softmax_ce", test_softmax_ce},
+                {"adamw", test_adamw},
+                {"reduce", test_reduce}};
     const char *only = argc > 1 ? argv[1] : NULL;
     bool ran = false;
     for (size_t i = 0; i < MT_ARRAY_LEN(fams); i++) {

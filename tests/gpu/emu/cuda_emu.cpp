@@ -227,6 +227,7 @@ struct launch_t {
     int n;
     std::vector<fiber_t> f;
     std::vector<float> slots;
+    std::vector<unsigned> uslots;
     ucontext_t sched;
     void *sched_sp;
     int cur;
@@ -372,6 +373,16 @@ float __shfl_xor_sync(unsigned mask, float v, int lane_mask, int width) {
     return r;
 }
 
+unsigned __shfl_sync(unsigned mask, unsigned v, int src_lane, int width) {
+    int t = L->cur, lane = t & 31, warp = t >> 5;
+    int src = (lane & ~(width - 1)) | (src_lane & (width - 1));
+    L->uslots[t] = v;
+    wait_as(F_GROUP, mask);
+    unsigned r = L->uslots[warp * 32 + src];
+    wait_as(F_GROUP, mask);
+    return r;
+}
+
 float atomicAdd(float *p, float v) {
     float old = *p;
     *p = old + v;
@@ -410,6 +421,7 @@ void mt_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) {
     }
     self.f.resize((size_t)self.n);
     self.slots.assign((size_t)((self.n + 31) / 32 * 32), 0.0f);
+    self.uslots.assign((size_t)((self.n + 31) / 32 * 32), 0u);
     self.body = &body;
     self.block = block;
     blockDim = block;
