@@ -115,15 +115,6 @@ static __global__ void layernorm_backward_dwdb_partial_kernel(float *partial, co
     }
 }
 
-/* 16 bytes of T: the unit of the fused backward's loads and stores. */
-template <typename T> struct vec16 {
-    static constexpr int n = 16 / (int)sizeof(T);
-    union {
-        uint4 u;
-        T e[n];
-    };
-};
-
 /* The whole backward in one pass for rows up to LN_FUSED_MAX_C wide (C a multiple of 16 bytes): one warp per
  * row, the row's dout and input held in registers (VPL 16-byte vectors per lane), dx written once, and the
  * warp's dw/db contributions kept in registers across the rows it handles (rows warp, warp + 8 gridDim.x,

@@ -80,6 +80,48 @@ static __global__ void colsum_partial_kernel(float *partial, const T *src, int l
     }
 }
 
+/* Stage 1 in 16-byte vectors (OC and ld multiples of the vector, src aligned): thread tx of block x covers the
+ * V columns from (x * 32 + tx) V, rows as above; the 8 row lanes summed in order through shared memory.
+ * Measured on an H200 (bf16, 16384 rows): the 2-byte version reached a quarter of the copy bandwidth. */
+template <typename T>
+static __global__ void colsum_partial_vec_kernel(float *partial, const T *src, int ld, int N, int OC) {
+    constexpr int V = vec16<T>::n;
+    __shared__ float sh[CS_ROWS][CS_COLS * V + 1];
+    int tx = threadIdx.x % CS_COLS, ty = threadIdx.x / CS_COLS;
+    int c0 = (blockIdx.x * CS_COLS + tx) * V;
+    float a[V];
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        a[k] = 0.0f;
+    }
+    if (c0 < OC) {
+#pragma unroll 4
+        for (int n = blockIdx.y * CS_ROWS + ty; n < N; n += gridDim.y * CS_ROWS) {
+            vec16<T> v;
+            v.u = *reinterpret_cast<const uint4 *>(src + (size_t)n * ld + c0);
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                a[k] += to_f32(v.e[k]);
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        sh[ty][tx * V + k] = a[k];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < CS_COLS * V; c += blockDim.x) {
+        int col = blockIdx.x * CS_COLS * V + c;
+        if (col < OC) {
+            float s = 0.0f;
+            for (int k = 0; k < CS_ROWS; k++) {
+                s += sh[k][c];
+            }
+            partial[(size_t)blockIdx.y * OC + col] = s;
+        }
+    }
+}
+
 /* Stage 2: dst[c] += sum_y partial[y][c] in order. */
 static __global__ void colsum_final_kernel(float *dst, const float *partial, int OC, int S) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -294,9 +336,16 @@ extern "C" cudaError_t mt_cuda_colsum(float *dst, const void *src, int ld, int N
     MT_CU_CHECK_SHAPE(dst && src && scratch && N > 0 && OC > 0 && ld >= OC);
     cudaStream_t s = (cudaStream_t)stream;
     int split = (N + CS_ROWS - 1) / CS_ROWS < CS_SPLIT ? (N + CS_ROWS - 1) / CS_ROWS : CS_SPLIT;
-    dim3 g1((unsigned)((OC + CS_COLS - 1) / CS_COLS), (unsigned)split);
-    MT_CU_DISPATCH(dt, T,
-                   colsum_partial_kernel<T><<<g1, CS_COLS * CS_ROWS, 0, s>>>(scratch, (const T *)src, ld, N, OC));
+    int per = dt == MT_CU_F32 ? 4 : 8;
+    if (OC % per == 0 && ld % per == 0 && (uintptr_t)src % 16 == 0) {
+        dim3 gv((unsigned)((OC + CS_COLS * per - 1) / (CS_COLS * per)), (unsigned)split);
+        MT_CU_DISPATCH(
+            dt, T, colsum_partial_vec_kernel<T><<<gv, CS_COLS * CS_ROWS, 0, s>>>(scratch, (const T *)src, ld, N, OC));
+    } else {
+        dim3 g1((unsigned)((OC + CS_COLS - 1) / CS_COLS), (unsigned)split);
+        MT_CU_DISPATCH(dt, T,
+                       colsum_partial_kernel<T><<<g1, CS_COLS * CS_ROWS, 0, s>>>(scratch, (const T *)src, ld, N, OC));
+    }
     colsum_final_kernel<<<(unsigned)((OC + 255) / 256), 256, 0, s>>>(dst, scratch, OC, split);
     return cudaGetLastError();
 }

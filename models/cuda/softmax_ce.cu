@@ -20,14 +20,39 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
 }
 
 /* lse = max + log sum_v exp(l_v - max);  loss = lse - l_target (0 for an ignored row). */
-template <typename T>
+template <typename T, bool VEC>
 static __global__ void softmax_ce_forward_kernel(float *losses, float *lse, const T *logits, const int32_t *targets,
                                                  int V, int Vp) {
     __shared__ float sm[32], ss[32];
     int row = blockIdx.x;
     const T *l = logits + (size_t)row * Vp;
     float m = -INFINITY, s = 0.0f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    int v0 = 0;
+    if (VEC) { /* 16-byte vectors over the first V rounded down (the launcher checked alignment and Vp) */
+        constexpr int P = vec16<T>::n;
+        const uint4 *l4 = reinterpret_cast<const uint4 *>(l);
+        for (int i = threadIdx.x; i < V / P; i += blockDim.x) {
+            vec16<T> x;
+            x.u = l4[i];
+            float mx = m;
+#pragma unroll
+            for (int k = 0; k < P; k++) {
+                mx = fmaxf(mx, to_f32(x.e[k]));
+            }
+            if (mx == -INFINITY) {
+                continue;
+            }
+            float a = s * __expf(m - mx);
+#pragma unroll
+            for (int k = 0; k < P; k++) {
+                a += __expf(to_f32(x.e[k]) - mx);
+            }
+            s = a;
+            m = mx;
+        }
+        v0 = V / P * P;
+    }
+    for (int v = v0 + threadIdx.x; v < V; v += blockDim.x) {
         float x = to_f32(l[v]);
         if (x > m) {
             s = s * __expf(m - x) + 1.0f;
@@ -96,7 +121,7 @@ static __global__ void softmax_ce_mean_kernel(float *mean_loss, int *n_valid, co
 }
 
 /* dl_v = k (exp(l_v - lse) - [v == target]), k = scale / max(1, n_valid); 0 on ignored rows and v >= V. */
-template <typename T>
+template <typename T, bool VEC>
 static __global__ void softmax_ce_backward_kernel(T *dlogits, const T *logits, const float *lse, const int32_t *targets,
                                                   const int *n_valid, int V, int Vp, float scale) {
     int row = blockIdx.x;
@@ -109,12 +134,29 @@ static __global__ void softmax_ce_backward_kernel(T *dlogits, const T *logits, c
         k = scale / (float)(nv > 1 ? nv : 1);
     }
     float z = lse[row];
-    for (int v = threadIdx.x; v < Vp; v += blockDim.x) {
-        float g = 0.0f;
-        if (t >= 0 && v < V) {
-            g = k * (__expf(to_f32(l[v]) - z) - (v == t ? 1.0f : 0.0f));
+    if (VEC) { /* the whole padded row in 16-byte vectors (Vp a multiple of the vector, rows aligned) */
+        constexpr int P = vec16<T>::n;
+        const uint4 *l4 = reinterpret_cast<const uint4 *>(l);
+        uint4 *d4 = reinterpret_cast<uint4 *>(d);
+        for (int i = threadIdx.x; i < Vp / P; i += blockDim.x) {
+            vec16<T> x;
+            x.u = l4[i];
+#pragma unroll
+            for (int q = 0; q < P; q++) {
+                int v = i * P + q;
+                float g = t >= 0 && v < V ? k * (__expf(to_f32(x.e[q]) - z) - (v == t ? 1.0f : 0.0f)) : 0.0f;
+                x.e[q] = from_f32<T>(g);
+            }
+            d4[i] = x.u; /* in place: read, then written by the same thread */
         }
-        d[v] = from_f32<T>(g); /* in place: each element read once, then written by the same thread */
+    } else {
+        for (int v = threadIdx.x; v < Vp; v += blockDim.x) {
+            float g = 0.0f;
+            if (t >= 0 && v < V) {
+                g = k * (__expf(to_f32(l[v]) - z) - (v == t ? 1.0f : 0.0f));
+            }
+            d[v] = from_f32<T>(g); /* in place: each element read once, then written by the same thread */
+        }
     }
 }
 
@@ -125,9 +167,17 @@ extern "C" cudaError_t mt_cuda_softmax_ce_forward(float *losses, float *lse, flo
                                                   int dt, void *stream) {
     MT_CU_CHECK_SHAPE(N > 0 && V > 0 && Vp >= V && losses && lse && mean_loss && n_valid && logits && targets);
     cudaStream_t s = (cudaStream_t)stream;
-    MT_CU_DISPATCH(dt, T,
-                   softmax_ce_forward_kernel<T>
-                   <<<(unsigned)N, CE_THREADS, 0, s>>>(losses, lse, (const T *)logits, targets, V, Vp));
+    const void *ptrs[] = {logits};
+    bool vec = Vp % (dt == MT_CU_F32 ? 4 : 8) == 0 && mt_cu_aligned16(ptrs, 1);
+    MT_CU_DISPATCH(dt, T, {
+        if (vec) {
+            softmax_ce_forward_kernel<T, true>
+                <<<(unsigned)N, CE_THREADS, 0, s>>>(losses, lse, (const T *)logits, targets, V, Vp);
+        } else {
+            softmax_ce_forward_kernel<T, false>
+                <<<(unsigned)N, CE_THREADS, 0, s>>>(losses, lse, (const T *)logits, targets, V, Vp);
+        }
+    });
     softmax_ce_mean_kernel<<<1, 256, 0, s>>>(mean_loss, n_valid, losses, targets, N);
     return cudaGetLastError();
 }
@@ -137,8 +187,16 @@ extern "C" cudaError_t mt_cuda_softmax_ce_backward(void *dlogits, const void *lo
                                                    float scale, int dt, void *stream) {
     MT_CU_CHECK_SHAPE(N > 0 && V > 0 && Vp >= V && dlogits && logits && lse && targets);
     cudaStream_t s = (cudaStream_t)stream;
-    MT_CU_DISPATCH(dt, T,
-                   softmax_ce_backward_kernel<T><<<(unsigned)N, CE_THREADS, 0, s>>>(
-                       (T *)dlogits, (const T *)logits, lse, targets, n_valid, V, Vp, scale));
+    const void *ptrs[] = {logits, dlogits};
+    bool vec = Vp % (dt == MT_CU_F32 ? 4 : 8) == 0 && mt_cu_aligned16(ptrs, 2);
+    MT_CU_DISPATCH(dt, T, {
+        if (vec) {
+            softmax_ce_backward_kernel<T, true><<<(unsigned)N, CE_THREADS, 0, s>>>((T *)dlogits, (const T *)logits, lse,
+                                                                                   targets, n_valid, V, Vp, scale);
+        } else {
+            softmax_ce_backward_kernel<T, false><<<(unsigned)N, CE_THREADS, 0, s>>>(
+                (T *)dlogits, (const T *)logits, lse, targets, n_valid, V, Vp, scale);
+        }
+    });
     return cudaGetLastError();
 }

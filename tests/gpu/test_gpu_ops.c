@@ -515,15 +515,18 @@ static void test_attention_knob(void) {
 }
 
 static void test_softmax_ce(void) {
-    enum { N = 13, V = 1000, VP = 1024 };
+    /* V = 1001: the 16-byte path (padded width 1024) with a forward tail of V mod 8 columns; padded width 1003:
+     * the element path */
+    enum { N = 13, V = 1001 };
     int32_t tgt[N];
     for (int i = 0; i < N; i++) {
         tgt[i] = (int32_t)(((unsigned)(i * 7919 + 11)) % V);
     }
     tgt[3] = tgt[9] = -1;
+    tgt[5] = V - 1; /* the last real column, in the forward's tail */
     int32_t *dtgt = dup_bytes(tgt, sizeof(tgt));
-    for (int k = 0; k < 3; k++) {
-        int dt = dts[k];
+    for (int kk = 0; kk < 6; kk++) {
+        int dt = dts[kk % 3], VP = kk < 3 ? 1024 : 1003;
         float *logits = hrand((size_t)N * VP, 6, dt), *losses = malloc(N * 4), *lse = malloc(N * 4), mean = 0;
         int nv = mt_softmax_ce_forward(losses, lse, &mean, logits, tgt, N, V, VP);
         void *d_logits = dup_dt(logits, (size_t)N * VP, dt), *d_losses = NULL, *d_lse = NULL, *d_mean = NULL,
@@ -611,7 +614,36 @@ static void test_adamw(void) {
     free(p), free(m), free(v), free(gp), free(gm), free(gv), free(gl), free(gp2);
 }
 
+/* Column sums (the bias gradient) over more rows than the kernel's 64 x 8 row lanes, so each thread sums
+ * several rows: 16-byte path (width and row stride multiples of the vector) and element path (width 42). */
+static void test_colsum(void) {
+    enum { N = 1100 };
+    for (int kk = 0; kk < 6; kk++) {
+        int dt = dts[kk % 3], OC = kk < 3 ? 40 : 42, LD = kk < 3 ? 48 : 42;
+        float *x = hrand((size_t)N * LD, 1, dt), *ref = hrand(OC, 1, MT_CU_F32);
+        void *dx = dup_dt(x, (size_t)N * LD, dt), *dref = dup_dt(ref, OC, MT_CU_F32), *scr = NULL;
+        CHECK_OK(mt_dev_malloc(&scr, mt_cuda_colsum_scratch_floats(OC) * 4, MT_MEM_OTHER, "t", NULL));
+        for (int c = 0; c < OC; c++) {
+            double a = ref[c];
+            for (int n = 0; n < N; n++) {
+                a += x[(size_t)n * LD + c];
+            }
+            ref[c] = (float)a;
+        }
+        CHECK_OK(mt_cuda_status(mt_cuda_colsum(dref, dx, LD, N, OC, dt, scr, NULL), "colsum"));
+        float *g = down(dref, OC, MT_CU_F32);
+        snprintf(label, sizeof(label), "colsum %s width %d (+=)", dt_name(dt), OC);
+        EXPECT_CLOSE(label, g, ref, OC, 1e-5);
+        void *dev[] = {dx, dref, scr};
+        for (size_t i = 0; i < MT_ARRAY_LEN(dev); i++) {
+            mt_dev_free(dev[i]);
+        }
+        free(x), free(ref), free(g);
+    }
+}
+
 static void test_reduce(void) {
+    test_colsum();
     enum { N = 300001 };
     float *x = hrand(N, 3, MT_CU_F32);
     void *dx = dup_dt(x, N, MT_CU_F32), *dsum = NULL, *dscr = NULL, *dflag = NULL, *dcoef = NULL, *dnorm = NULL;
