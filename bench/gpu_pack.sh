@@ -86,7 +86,7 @@ export PMIX_INSTALL_PREFIX=\$MT_PACKED$OMPI_PREFIX
 ${PMIX_PLUGIN_DIR:+export PMIX_MCA_mca_base_component_path=\$MT_PACKED$PMIX_PLUGIN_DIR}
 export LD_LIBRARY_PATH=\$MT_PACKED/lib:\$MT_PACKED$OMPI_LIBDIR\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 export PATH=\$MT_PACKED$OMPI_PREFIX/bin:\$PATH
-export OMPI_MCA_mca_base_component_show_load_errors=0
+export OMPI_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_pcompress_base_silence_warning=1
 export MT_PACKED_MPIEXEC=\$MT_PACKED$OMPI_PREFIX/bin/orterun
 EOF
 mkdir -p "$OUTDIR"

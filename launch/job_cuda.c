@@ -159,7 +159,7 @@ typedef struct {
     float *loss_host;         /* pinned ga floats */
     float *h_m, *h_v;         /* host staging of AdamW's moments for checkpoints (allocated on first use) */
     mt_nvml_t nvml;           /* NULL: no energy figures */
-    uint64_t mj_last;
+    mt_energy_steps_t energy; /* per-step energy from the counter (runtime/nvml.h) */
     int pp, stage;          /* pipeline stages and this rank's (pp = 1: the whole model) */
     bool first, last;       /* the stage embeds the tokens / computes the loss */
     mt_pp_schedule_t sched; /* parallel.schedule */
@@ -650,9 +650,12 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     int d = 0;
     if (!MT_CUDA_EMULATED && cudaGetDevice(&d) == cudaSuccess &&
         cudaDeviceGetPCIBusId(bus, (int)sizeof(bus), d) == cudaSuccess && mt_nvml_open(bus, 0, &e->nvml) == MT_OK &&
-        mt_nvml_energy_mj(e->nvml, &e->mj_last) != MT_OK) {
+        mt_nvml_energy_mj(e->nvml, &e->energy.mj_change) != MT_OK) {
         mt_nvml_close(e->nvml);
         e->nvml = NULL;
+    }
+    if (e->nvml) {
+        mt_energy_steps_init(&e->energy, e->energy.mj_change);
     }
     if (!e->nvml) {
         MT_INFO(MT_LOG_INIT, "cuda engine: no NVML energy counter: step metrics carry no energy_j");
@@ -883,9 +886,7 @@ static bool ce_step_energy(void *ctx, double *joules) {
     if (!e->nvml || mt_nvml_energy_mj(e->nvml, &mj) != MT_OK) {
         return false;
     }
-    *joules = (double)(mj - e->mj_last) / 1000.0;
-    e->mj_last = mj;
-    return true;
+    return mt_energy_steps_update(&e->energy, mj, joules);
 }
 
 /* The peak measure_peak found at the start (the loop sums it over the ranks). */

@@ -154,6 +154,27 @@ void mt_nvml_close(mt_nvml_t h) {
     mt_free(h);
 }
 
+void mt_energy_steps_init(mt_energy_steps_t *s, uint64_t mj) {
+    *s = (mt_energy_steps_t){.mj_change = mj};
+}
+
+bool mt_energy_steps_update(mt_energy_steps_t *s, uint64_t mj, double *joules) {
+    s->steps++;
+    if (mj < s->mj_change) { /* the counter was reset: count from the new reading */
+        s->mj_change = mj;
+        s->steps = 0;
+    } else if (mj > s->mj_change) {
+        s->per_step_j = (double)(mj - s->mj_change) * 1e-3 / s->steps;
+        s->mj_change = mj;
+        s->steps = 0;
+        s->have = true;
+    }
+    if (s->have) {
+        *joules = s->per_step_j;
+    }
+    return s->have;
+}
+
 mt_status_t mt_nvml_meter_begin(mt_nvml_meter_t *m, mt_nvml_t h) {
     m->h = h;
     m->t0 = mt_now();

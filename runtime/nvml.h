@@ -43,6 +43,21 @@ typedef struct {
 mt_status_t mt_nvml_meter_begin(mt_nvml_meter_t *m, mt_nvml_t h);
 mt_status_t mt_nvml_meter_end(mt_nvml_meter_t *m, double *joules, double *watts);
 
+/* Per-step energy from a counter that updates more coarsely than a step. Seen on an H200 (driver 580, steps of
+ * 40 ms): successive reads of the total-energy counter were often equal, so differences per step alternated
+ * between 0 and about twice the step's energy. Here each change of the counter is spread evenly over the steps
+ * since its previous change, and a step ending before the next change reports that last per-step figure.
+ * Before the first change there is no figure (update returns false: the step carries no energy). Pure
+ * arithmetic on the readings (tests/runtime/test_energy_steps.c). */
+typedef struct {
+    uint64_t mj_change; /* the counter at its last change */
+    int steps;          /* steps ended since then */
+    double per_step_j;
+    bool have;
+} mt_energy_steps_t;
+void mt_energy_steps_init(mt_energy_steps_t *s, uint64_t mj);
+bool mt_energy_steps_update(mt_energy_steps_t *s, uint64_t mj, double *joules);
+
 #ifdef __cplusplus
 }
 #endif
