@@ -60,6 +60,75 @@ static __global__ void layernorm_forward_kernel(T *res, T *out, float *mean, flo
     }
 }
 
+/* The same with the row in registers and 16-byte accesses (C a multiple of 16 bytes, up to LN_FUSED_MAX_C,
+ * aligned tensors): one read of the input (or of a and b_in, and one write of res) and one write of out. Measured
+ * on an H200 at GPT-2 124M shapes, the element-wise version reached 39% of the copy bandwidth. */
+template <typename T, bool FUSED, int VPL>
+static __global__ void __launch_bounds__(LN_THREADS)
+    layernorm_forward_vec_kernel(T *res, T *out, float *mean, float *rstd, const T *a, const T *b_in, const T *w,
+                                 const T *b, int N, int C) {
+    constexpr int V = vec16<T>::n;
+    int row = blockIdx.x * LN_ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31, nv = C / V;
+    if (row >= N) {
+        return;
+    }
+    size_t off = (size_t)row * C;
+    vec16<T> x[VPL];
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPL; j++) {
+        int v = lane + 32 * j;
+        if (v < nv) {
+            if (FUSED) {
+                vec16<T> p, q;
+                p.u = reinterpret_cast<const uint4 *>(a + off)[v];
+                q.u = reinterpret_cast<const uint4 *>(b_in + off)[v];
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    x[j].e[k] = from_f32<T>(to_f32(p.e[k]) + to_f32(q.e[k]));
+                }
+                reinterpret_cast<uint4 *>(res + off)[v] = x[j].u;
+            } else {
+                x[j].u = reinterpret_cast<const uint4 *>(a + off)[v];
+            }
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                s += to_f32(x[j].e[k]);
+            }
+        }
+    }
+    float m = warp_sum(s) / C, var = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPL; j++) {
+        if (lane + 32 * j < nv) {
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float d = to_f32(x[j].e[k]) - m;
+                var += d * d;
+            }
+        }
+    }
+    float r = rsqrtf(warp_sum(var) / C + LN_EPS);
+#pragma unroll
+    for (int j = 0; j < VPL; j++) {
+        int v = lane + 32 * j;
+        if (v < nv) {
+            vec16<T> wv, bv, o;
+            wv.u = reinterpret_cast<const uint4 *>(w)[v];
+            bv.u = reinterpret_cast<const uint4 *>(b)[v];
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                o.e[k] = from_f32<T>((to_f32(x[j].e[k]) - m) * r * to_f32(wv.e[k]) + to_f32(bv.e[k]));
+            }
+            reinterpret_cast<uint4 *>(out + off)[v] = o.u;
+        }
+    }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
 /* With xhat = (x - mean) rstd and g = dout w:  dx += rstd (g - mean(g) - xhat mean(g xhat)). */
 template <typename T>
 static __global__ void layernorm_backward_dx_kernel(T *dinp, const T *dout, const T *inp, const T *w, const float *mean,
@@ -231,34 +300,6 @@ static __global__ void layernorm_backward_dwdb_final_kernel(float *dw, float *db
 
 /* ======================================== launchers ======================================== */
 
-extern "C" cudaError_t mt_cuda_layernorm_forward(void *out, float *mean, float *rstd, const void *inp, const void *w,
-                                                 const void *b, int N, int C, int dt, void *stream) {
-    MT_CU_CHECK_SHAPE(N > 0 && C > 0 && out && mean && rstd && inp && w && b);
-    unsigned g = (unsigned)((N + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK);
-    cudaStream_t s = (cudaStream_t)stream;
-    MT_CU_DISPATCH(dt, T,
-                   layernorm_forward_kernel<T, false><<<g, LN_THREADS, 0, s>>>(
-                       NULL, (T *)out, mean, rstd, (const T *)inp, NULL, (const T *)w, (const T *)b, N, C));
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t mt_cuda_residual_layernorm_forward(void *res, void *out, float *mean, float *rstd, const void *a,
-                                                          const void *b_in, const void *w, const void *b, int N, int C,
-                                                          int dt, void *stream) {
-    MT_CU_CHECK_SHAPE(N > 0 && C > 0 && res && out && mean && rstd && a && b_in && w && b);
-    unsigned g = (unsigned)((N + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK);
-    cudaStream_t s = (cudaStream_t)stream;
-    MT_CU_DISPATCH(dt, T,
-                   layernorm_forward_kernel<T, true>
-                   <<<g, LN_THREADS, 0, s>>>((T *)res, (T *)out, mean, rstd, (const T *)a, (const T *)b_in,
-                                             (const T *)w, (const T *)b, N, C));
-    return cudaGetLastError();
-}
-
-extern "C" size_t mt_cuda_layernorm_scratch_floats(int C) {
-    return 2 * (size_t)(LN_FUSED_BLOCKS > LN_SPLIT ? LN_FUSED_BLOCKS : LN_SPLIT) * (size_t)C;
-}
-
 /* Vectors per lane for the fused backward (0: it does not apply: C not a multiple of 16 bytes, wider than
  * LN_FUSED_MAX_C, or a pointer not 16-byte aligned). */
 static int fused_vpl(int C, size_t es, const void *const *ptrs, int n_ptrs) {
@@ -273,6 +314,72 @@ static int fused_vpl(int C, size_t es, const void *const *ptrs, int n_ptrs) {
     }
     size_t per_lane = ((size_t)C / v + 31) / 32;
     return per_lane <= 4 ? (int)per_lane : per_lane <= 6 ? 6 : 8;
+}
+
+/* the forward on the vectorised kernel with VPL vectors per lane */
+template <typename T, bool FUSED>
+static void ln_forward_vec(int vpl, unsigned g, cudaStream_t s, T *res, T *out, float *mean, float *rstd, const T *a,
+                           const T *b_in, const T *w, const T *b, int N, int C) {
+#define LN_FWD_VEC(VPL_)                                                                                               \
+    layernorm_forward_vec_kernel<T, FUSED, VPL_><<<g, LN_THREADS, 0, s>>>(res, out, mean, rstd, a, b_in, w, b, N, C)
+    if (vpl == 1) {
+        LN_FWD_VEC(1);
+    } else if (vpl == 2) {
+        LN_FWD_VEC(2);
+    } else if (vpl == 3) {
+        LN_FWD_VEC(3);
+    } else if (vpl == 4) {
+        LN_FWD_VEC(4);
+    } else if (vpl == 6) {
+        LN_FWD_VEC(6);
+    } else {
+        LN_FWD_VEC(8);
+    }
+#undef LN_FWD_VEC
+}
+
+extern "C" cudaError_t mt_cuda_layernorm_forward(void *out, float *mean, float *rstd, const void *inp, const void *w,
+                                                 const void *b, int N, int C, int dt, void *stream) {
+    MT_CU_CHECK_SHAPE(N > 0 && C > 0 && out && mean && rstd && inp && w && b);
+    unsigned g = (unsigned)((N + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK);
+    cudaStream_t s = (cudaStream_t)stream;
+    const void *ptrs[] = {out, inp, w, b};
+    int vpl = fused_vpl(C, dt == MT_CU_F32 ? 4 : 2, ptrs, 4);
+    if (vpl) {
+        MT_CU_DISPATCH(dt, T,
+                       ln_forward_vec<T, false>(vpl, g, s, NULL, (T *)out, mean, rstd, (const T *)inp, NULL,
+                                                (const T *)w, (const T *)b, N, C));
+        return cudaGetLastError();
+    }
+    MT_CU_DISPATCH(dt, T,
+                   layernorm_forward_kernel<T, false><<<g, LN_THREADS, 0, s>>>(
+                       NULL, (T *)out, mean, rstd, (const T *)inp, NULL, (const T *)w, (const T *)b, N, C));
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t mt_cuda_residual_layernorm_forward(void *res, void *out, float *mean, float *rstd, const void *a,
+                                                          const void *b_in, const void *w, const void *b, int N, int C,
+                                                          int dt, void *stream) {
+    MT_CU_CHECK_SHAPE(N > 0 && C > 0 && res && out && mean && rstd && a && b_in && w && b);
+    unsigned g = (unsigned)((N + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK);
+    cudaStream_t s = (cudaStream_t)stream;
+    const void *ptrs[] = {res, out, a, b_in, w, b};
+    int vpl = fused_vpl(C, dt == MT_CU_F32 ? 4 : 2, ptrs, 6);
+    if (vpl) {
+        MT_CU_DISPATCH(dt, T,
+                       ln_forward_vec<T, true>(vpl, g, s, (T *)res, (T *)out, mean, rstd, (const T *)a, (const T *)b_in,
+                                               (const T *)w, (const T *)b, N, C));
+        return cudaGetLastError();
+    }
+    MT_CU_DISPATCH(dt, T,
+                   layernorm_forward_kernel<T, true>
+                   <<<g, LN_THREADS, 0, s>>>((T *)res, (T *)out, mean, rstd, (const T *)a, (const T *)b_in,
+                                             (const T *)w, (const T *)b, N, C));
+    return cudaGetLastError();
+}
+
+extern "C" size_t mt_cuda_layernorm_scratch_floats(int C) {
+    return 2 * (size_t)(LN_FUSED_BLOCKS > LN_SPLIT ? LN_FUSED_BLOCKS : LN_SPLIT) * (size_t)C;
 }
 
 extern "C" cudaError_t mt_cuda_layernorm_backward(void *dinp, float *dw, float *db, const void *dout, const void *inp,
