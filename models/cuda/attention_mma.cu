@@ -105,6 +105,42 @@ __device__ __forceinline__ void load_tile(T *dst, const T *src, int r0, int T_, 
     }
 }
 
+/* Asynchronous 16-byte copies global -> shared (cp.async, sm_80+), src_bytes 0 = zero fill; a group is committed
+ * per tile and waited for before the barrier that publishes it. The emulator copies at once. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
+#if defined(__CUDA_ARCH__)
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
+#else
+    uint4 v = {0u, 0u, 0u, 0u};
+    if (src_bytes) {
+        v = *reinterpret_cast<const uint4 *>(src);
+    }
+    *reinterpret_cast<uint4 *>(dst) = v;
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+/* waits until at most N committed groups are still in flight */
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+/* load_tile through cp.async (rows past T zero-filled from a valid address) */
+template <typename T, int HS>
+__device__ __forceinline__ void load_tile_async(T *dst, const T *src, int r0, int T_, size_t ld) {
+    constexpr int LD = HS + 8, VPR = HS / 8;
+    for (int idx = threadIdx.x; idx < kTile * VPR; idx += kThreads) {
+        int r = idx / VPR, c = (idx % VPR) * 8, row = r0 + r;
+        cp_async16(dst + r * LD + c, src + (size_t)min(row, T_ - 1) * ld + c, row < T_ ? 16 : 0);
+    }
+}
+
 /* the A fragments (16 rows from row0 of a tile, HS columns) */
 template <typename T, int HS>
 __device__ __forceinline__ void load_a(uint32_t (&f)[HS / 16][4], const T *tile, int row0, int g, int t) {
@@ -175,20 +211,25 @@ __device__ __forceinline__ void add_rows(T *dst, const float (&acc)[HS / 8][4], 
     }
 }
 
+/* STAGES = 2: the next K/V tile is copied (cp.async) while the warps compute on the current one; 1 where two
+ * would pass the 48 KiB of static shared memory (head size 128). */
+template <int HS> struct mma_stages { static constexpr int value = HS <= 64 ? 2 : 1; };
+
 template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_mma_forward_kernel(T *out, float *lse, const T *qkv, int T_, int C, int NH, float scale2) {
-    constexpr int LD = HS + 8, NT = kTile / 8;
-    __shared__ __align__(16) T Ks[kTile * LD], Vs[kTile * LD];
+    constexpr int LD = HS + 8, NT = kTile / 8, S = mma_stages<HS>::value;
+    __shared__ __align__(16) T Ks[S][kTile * LD], Vs[S][kTile * LD];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int qb = (int)(gridDim.x - 1 - blockIdx.x); /* the longest (last) query blocks start first */
     int b = blockIdx.z, h = blockIdx.y, q0 = qb * kRows, w0 = q0 + warp * 16;
     size_t C3 = 3 * (size_t)C;
     const T *base = qkv + (size_t)b * T_ * C3 + (size_t)h * HS;
-    load_tile<T, HS>(Ks, base, q0, T_, C3); /* Q, staged through the K buffer */
+    load_tile<T, HS>(Ks[0], base, q0, T_, C3); /* Q, staged through the K buffer */
     __syncthreads();
     uint32_t qa[HS / 16][4];
-    load_a<T, HS>(qa, Ks, warp * 16, g, t);
+    load_a<T, HS>(qa, Ks[0], warp * 16, g, t);
+    __syncthreads(); /* Q is in registers before the first tile overwrites the buffer */
     float o[HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int ot = 0; ot < HS / 8; ot++) {
@@ -196,52 +237,66 @@ __global__ void __launch_bounds__(kThreads)
     }
     int row[2] = {w0 + g, w0 + g + 8};
     int kend = min(T_, q0 + kRows);
-    for (int k0 = 0; k0 < kend; k0 += kTile) {
-        __syncthreads(); /* the previous tiles (or the Q staging) are no longer read */
-        load_tile<T, HS>(Ks, base + C, k0, T_, C3);
-        load_tile<T, HS>(Vs, base + 2 * (size_t)C, k0, T_, C3);
-        __syncthreads();
-        if (w0 + 15 < k0) {
-            continue; /* every row of this warp is before the tile (causal); warp-uniform */
+    load_tile_async<T, HS>(Ks[0], base + C, 0, T_, C3);
+    load_tile_async<T, HS>(Vs[0], base + 2 * (size_t)C, 0, T_, C3);
+    cp_async_commit();
+    for (int k0 = 0, it = 0; k0 < kend; k0 += kTile, it++) {
+        int cur = S == 2 ? it & 1 : 0;
+        if (S == 2 && k0 + kTile < kend) { /* the next tile, into the other buffer, while this one is used */
+            load_tile_async<T, HS>(Ks[cur ^ 1], base + C, k0 + kTile, T_, C3);
+            load_tile_async<T, HS>(Vs[cur ^ 1], base + 2 * (size_t)C, k0 + kTile, T_, C3);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
-        float s[NT][4];
-        scores<T, HS>(s, qa, Ks, g, t);
-        /* online softmax in base 2; keys after the row or past T masked. Each row's values are spread over the
-         * 4 lanes of its group: maxima reduced over them, sums kept per lane until the end */
-        float mx[2] = {-INFINITY, -INFINITY};
+        __syncthreads();     /* this tile has landed for every thread */
+        if (w0 + 15 >= k0) { /* else every row of this warp is before the tile (causal); warp-uniform */
+            float s[NT][4];
+            scores<T, HS>(s, qa, Ks[cur], g, t);
+            /* online softmax in base 2; keys after the row or past T masked. Each row's values are spread over
+             * the 4 lanes of its group: maxima reduced over them, sums kept per lane until the end */
+            float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
+            for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = k0 + nt * 8 + 2 * t + (e & 1), r = e >> 1;
-                s[nt][e] = (key <= row[r] && key < T_) ? s[nt][e] * scale2 : -INFINITY;
-                mx[r] = fmaxf(mx[r], s[nt][e]);
+                for (int e = 0; e < 4; e++) {
+                    int key = k0 + nt * 8 + 2 * t + (e & 1), r = e >> 1;
+                    s[nt][e] = (key <= row[r] && key < T_) ? s[nt][e] * scale2 : -INFINITY;
+                    mx[r] = fmaxf(mx[r], s[nt][e]);
+                }
             }
-        }
-        float corr[2];
+            float corr[2];
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            float mn = fmaxf(m[r], mx[r]); /* finite: the first tile holds key 0 <= row for every row */
-            corr[r] = exp2f(m[r] - mn);
-            m[r] = mn;
-            l[r] *= corr[r];
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = to_f32(from_f32<T>(exp2f(s[nt][e] - m[e >> 1]))); /* as the product will see it */
-                s[nt][e] = p;
-                l[e >> 1] += p;
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                float mn = fmaxf(m[r], mx[r]); /* finite: the first tile holds key 0 <= row for every row */
+                corr[r] = exp2f(m[r] - mn);
+                m[r] = mn;
+                l[r] *= corr[r];
             }
-        }
 #pragma unroll
-        for (int ot = 0; ot < HS / 8; ot++) {
-            o[ot][0] *= corr[0], o[ot][1] *= corr[0], o[ot][2] *= corr[1], o[ot][3] *= corr[1];
+            for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = to_f32(from_f32<T>(exp2f(s[nt][e] - m[e >> 1]))); /* as the product will see it */
+                    s[nt][e] = p;
+                    l[e >> 1] += p;
+                }
+            }
+#pragma unroll
+            for (int ot = 0; ot < HS / 8; ot++) {
+                o[ot][0] *= corr[0], o[ot][1] *= corr[0], o[ot][2] *= corr[1], o[ot][3] *= corr[1];
+            }
+            accumulate<T, HS>(o, s, Vs[cur], g, t); /* O += P V */
         }
-        accumulate<T, HS>(o, s, Vs, g, t); /* O += P V */
+        __syncthreads(); /* every warp is done with this buffer before it is refilled */
+        if (S == 1 && k0 + kTile < kend) {
+            load_tile_async<T, HS>(Ks[0], base + C, k0 + kTile, T_, C3);
+            load_tile_async<T, HS>(Vs[0], base + 2 * (size_t)C, k0 + kTile, T_, C3);
+            cp_async_commit();
+        }
     }
     T *ob = out + (size_t)b * T_ * C + (size_t)h * HS;
 #pragma unroll
@@ -270,8 +325,8 @@ template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads) attn_mma_dkv_kernel(T *dqkv, const T *qkv, const T *dout, const float *lse,
                                                                 const float *Dv, int T_, int C, int NH, float scale) {
     constexpr int LD = HS + 8, NT = kTile / 8;
-    __shared__ __align__(16) T Ks[kTile * LD], Vs[kTile * LD], Qs[kTile * LD], dOs[kTile * LD];
-    __shared__ float Ls[kTile], Ds[kTile];
+    __shared__ __align__(16) T Qs[2][kTile * LD], dOs[2][kTile * LD]; /* double-buffered query tiles */
+    __shared__ float Ls[2][kTile], Ds[2][kTile];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * kRows, w0 = k0 + warp * 16; /* first blocks: most work */
     size_t C3 = 3 * (size_t)C;
@@ -279,8 +334,14 @@ __global__ void __launch_bounds__(kThreads) attn_mma_dkv_kernel(T *dqkv, const T
     const T *dob = dout + (size_t)b * T_ * C + (size_t)h * HS;
     const float *lrow = lse + ((size_t)b * NH + h) * T_, *drow = Dv + ((size_t)b * NH + h) * T_;
     float scale2 = scale * kLog2e;
-    load_tile<T, HS>(Ks, base + C, k0, T_, C3);
-    load_tile<T, HS>(Vs, base + 2 * (size_t)C, k0, T_, C3);
+    /* the block's K and V rows, staged through the query buffers into A fragments kept for the whole kernel */
+    load_tile<T, HS>(Qs[0], base + C, k0, T_, C3);
+    load_tile<T, HS>(dOs[0], base + 2 * (size_t)C, k0, T_, C3);
+    __syncthreads();
+    uint32_t ka[HS / 16][4], va[HS / 16][4];
+    load_a<T, HS>(ka, Qs[0], warp * 16, g, t);
+    load_a<T, HS>(va, dOs[0], warp * 16, g, t);
+    __syncthreads(); /* K, V are in registers before the first query tile overwrites the buffers */
     float dk[HS / 8][4], dv[HS / 8][4];
 #pragma unroll
     for (int ot = 0; ot < HS / 8; ot++) {
@@ -288,42 +349,51 @@ __global__ void __launch_bounds__(kThreads) attn_mma_dkv_kernel(T *dqkv, const T
         dv[ot][0] = dv[ot][1] = dv[ot][2] = dv[ot][3] = 0.0f;
     }
     int key[2] = {w0 + g, w0 + g + 8};
-    for (int i0 = k0; i0 < T_; i0 += kTile) {
-        __syncthreads(); /* the previous tile is no longer read */
-        load_tile<T, HS>(Qs, base, i0, T_, C3);
-        load_tile<T, HS>(dOs, dob, i0, T_, (size_t)C);
+    /* a query tile: Q and dO by cp.async, lse (base 2) and D by plain loads */
+    auto fetch = [&](int buf, int i0) {
+        load_tile_async<T, HS>(Qs[buf], base, i0, T_, C3);
+        load_tile_async<T, HS>(dOs[buf], dob, i0, T_, (size_t)C);
+        cp_async_commit();
         for (int c = threadIdx.x; c < kTile; c += kThreads) {
-            Ls[c] = i0 + c < T_ ? lrow[i0 + c] * kLog2e : 0.0f;
-            Ds[c] = i0 + c < T_ ? drow[i0 + c] : 0.0f;
+            Ls[buf][c] = i0 + c < T_ ? lrow[i0 + c] * kLog2e : 0.0f;
+            Ds[buf][c] = i0 + c < T_ ? drow[i0 + c] : 0.0f;
         }
-        __syncthreads();
-        if (w0 > i0 + kTile - 1) {
-            continue; /* every key of this warp is after the tile's queries; warp-uniform */
+    };
+    fetch(0, k0);
+    for (int i0 = k0, it = 0; i0 < T_; i0 += kTile, it++) {
+        int cur = it & 1;
+        if (i0 + kTile < T_) { /* the next query tile, into the other buffers, while this one is used */
+            fetch(cur ^ 1, i0 + kTile);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
-        uint32_t fa[HS / 16][4];
-        float s[NT][4], dp[NT][4];
-        load_a<T, HS>(fa, Ks, warp * 16, g, t);
-        scores<T, HS>(s, fa, Qs, g, t); /* S^T = K Q^T: rows keys, columns queries */
+        __syncthreads();            /* this tile has landed for every thread */
+        if (w0 <= i0 + kTile - 1) { /* else every key of this warp is after the tile's queries; warp-uniform */
+            const T *Q = Qs[cur], *dO = dOs[cur];
+            float s[NT][4], dp[NT][4];
+            scores<T, HS>(s, ka, Q, g, t); /* S^T = K Q^T: rows keys, columns queries */
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
+            for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int c = nt * 8 + 2 * t + (e & 1), q = i0 + c, j = key[e >> 1];
-                s[nt][e] = (j <= q && q < T_ && j < T_) ? exp2f(s[nt][e] * scale2 - Ls[c]) : 0.0f;
+                for (int e = 0; e < 4; e++) {
+                    int c = nt * 8 + 2 * t + (e & 1), q = i0 + c, j = key[e >> 1];
+                    s[nt][e] = (j <= q && q < T_ && j < T_) ? exp2f(s[nt][e] * scale2 - Ls[cur][c]) : 0.0f;
+                }
             }
-        }
-        accumulate<T, HS>(dv, s, dOs, g, t); /* dV += P^T dO */
-        load_a<T, HS>(fa, Vs, warp * 16, g, t);
-        scores<T, HS>(dp, fa, dOs, g, t); /* dP^T = V dO^T */
+            accumulate<T, HS>(dv, s, dO, g, t); /* dV += P^T dO */
+            scores<T, HS>(dp, va, dO, g, t);    /* dP^T = V dO^T */
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
+            for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int c = nt * 8 + 2 * t + (e & 1);
-                s[nt][e] = s[nt][e] * (dp[nt][e] - Ds[c]) * scale;
+                for (int e = 0; e < 4; e++) {
+                    int c = nt * 8 + 2 * t + (e & 1);
+                    s[nt][e] = s[nt][e] * (dp[nt][e] - Ds[cur][c]) * scale;
+                }
             }
+            accumulate<T, HS>(dk, s, Q, g, t); /* dK += dS^T Q */
         }
-        accumulate<T, HS>(dk, s, Qs, g, t); /* dK += dS^T Q */
+        __syncthreads(); /* every warp is done with this buffer before it is refilled */
     }
     T *db = dqkv + (size_t)b * T_ * C3 + (size_t)h * HS;
     add_rows<T, HS>(db + C, dk, w0, T_, C3, g, t);
@@ -336,7 +406,7 @@ template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads) attn_mma_dq_kernel(T *dqkv, const T *qkv, const T *dout, const float *lse,
                                                                const float *Dv, int T_, int C, int NH, float scale) {
     constexpr int LD = HS + 8, NT = kTile / 8;
-    __shared__ __align__(16) T Ks[kTile * LD], Vs[kTile * LD];
+    __shared__ __align__(16) T Ks[2][kTile * LD], Vs[2][kTile * LD]; /* double-buffered key tiles */
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int qb = (int)(gridDim.x - 1 - blockIdx.x); /* the longest (last) query blocks start first */
     int b = blockIdx.z, h = blockIdx.y, q0 = qb * kRows, w0 = q0 + warp * 16;
@@ -344,12 +414,13 @@ __global__ void __launch_bounds__(kThreads) attn_mma_dq_kernel(T *dqkv, const T 
     const T *base = qkv + (size_t)b * T_ * C3 + (size_t)h * HS;
     const T *dob = dout + (size_t)b * T_ * C + (size_t)h * HS;
     float scale2 = scale * kLog2e;
-    load_tile<T, HS>(Ks, base, q0, T_, C3);
-    load_tile<T, HS>(Vs, dob, q0, T_, (size_t)C);
+    load_tile<T, HS>(Ks[0], base, q0, T_, C3);
+    load_tile<T, HS>(Vs[0], dob, q0, T_, (size_t)C);
     __syncthreads();
     uint32_t qa[HS / 16][4], oa[HS / 16][4];
-    load_a<T, HS>(qa, Ks, warp * 16, g, t);
-    load_a<T, HS>(oa, Vs, warp * 16, g, t);
+    load_a<T, HS>(qa, Ks[0], warp * 16, g, t);
+    load_a<T, HS>(oa, Vs[0], warp * 16, g, t);
+    __syncthreads(); /* Q, dO are in registers before the first key tile overwrites the buffers */
     int row[2] = {w0 + g, w0 + g + 8};
     float L2[2], Di[2], dq[HS / 8][4];
 #pragma unroll
@@ -362,33 +433,42 @@ __global__ void __launch_bounds__(kThreads) attn_mma_dq_kernel(T *dqkv, const T 
         dq[ot][0] = dq[ot][1] = dq[ot][2] = dq[ot][3] = 0.0f;
     }
     int kend = min(T_, q0 + kRows);
-    for (int k0 = 0; k0 < kend; k0 += kTile) {
-        __syncthreads(); /* the previous tiles (or the Q/dO staging) are no longer read */
-        load_tile<T, HS>(Ks, base + C, k0, T_, C3);
-        load_tile<T, HS>(Vs, base + 2 * (size_t)C, k0, T_, C3);
-        __syncthreads();
-        if (w0 + 15 < k0) {
-            continue; /* every row of this warp is before the tile (causal); warp-uniform */
+    load_tile_async<T, HS>(Ks[0], base + C, 0, T_, C3);
+    load_tile_async<T, HS>(Vs[0], base + 2 * (size_t)C, 0, T_, C3);
+    cp_async_commit();
+    for (int k0 = 0, it = 0; k0 < kend; k0 += kTile, it++) {
+        int cur = it & 1;
+        if (k0 + kTile < kend) { /* the next key tile, into the other buffers, while this one is used */
+            load_tile_async<T, HS>(Ks[cur ^ 1], base + C, k0 + kTile, T_, C3);
+            load_tile_async<T, HS>(Vs[cur ^ 1], base + 2 * (size_t)C, k0 + kTile, T_, C3);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
-        float s[NT][4], dp[NT][4];
-        scores<T, HS>(s, qa, Ks, g, t); /* S = Q K^T */
+        __syncthreads();     /* this tile has landed for every thread */
+        if (w0 + 15 >= k0) { /* else every row of this warp is before the tile (causal); warp-uniform */
+            float s[NT][4], dp[NT][4];
+            scores<T, HS>(s, qa, Ks[cur], g, t); /* S = Q K^T */
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
+            for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = k0 + nt * 8 + 2 * t + (e & 1), r = e >> 1;
-                s[nt][e] = (key <= row[r] && key < T_ && row[r] < T_) ? exp2f(s[nt][e] * scale2 - L2[r]) : 0.0f;
+                for (int e = 0; e < 4; e++) {
+                    int key = k0 + nt * 8 + 2 * t + (e & 1), r = e >> 1;
+                    s[nt][e] = (key <= row[r] && key < T_ && row[r] < T_) ? exp2f(s[nt][e] * scale2 - L2[r]) : 0.0f;
+                }
             }
-        }
-        scores<T, HS>(dp, oa, Vs, g, t); /* dP = dO V^T */
+            scores<T, HS>(dp, oa, Vs[cur], g, t); /* dP = dO V^T */
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
+            for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[nt][e] = s[nt][e] * (dp[nt][e] - Di[e >> 1]) * scale;
+                for (int e = 0; e < 4; e++) {
+                    s[nt][e] = s[nt][e] * (dp[nt][e] - Di[e >> 1]) * scale;
+                }
             }
+            accumulate<T, HS>(dq, s, Ks[cur], g, t); /* dQ += dS K */
         }
-        accumulate<T, HS>(dq, s, Ks, g, t); /* dQ += dS K */
+        __syncthreads(); /* every warp is done with this buffer before it is refilled */
     }
     add_rows<T, HS>(dqkv + (size_t)b * T_ * C3 + (size_t)h * HS, dq, w0, T_, C3, g, t);
 }

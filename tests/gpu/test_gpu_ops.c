@@ -468,6 +468,8 @@ static void test_attention_tc(void) {
         }
     }
     attn_tc_case(1, 70, 64, 2, MT_CU_BF16, true);
+    /* T = 200: four tiles per row block, so the double-buffered kernels alternate their buffers several times */
+    attn_tc_case(1, 200, 128, 2, MT_CU_BF16, false);
     /* f32 storage and head sizes that are not multiples of 16 stay on CUDA cores even when forced */
     mt_cuda_attention_set_tc(1);
     for (int bwd = 0; bwd < 2; bwd++) {
