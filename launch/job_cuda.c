@@ -160,18 +160,18 @@ typedef struct {
     float *h_m, *h_v;         /* host staging of AdamW's moments for checkpoints (allocated on first use) */
     mt_nvml_t nvml;           /* NULL: no energy figures */
     mt_energy_steps_t energy; /* per-step energy from the counter (runtime/nvml.h) */
-    int pp, stage;          /* pipeline stages and this rank's (pp = 1: the whole model) */
-    bool first, last;       /* the stage embeds the tokens / computes the loss */
-    mt_pp_schedule_t sched; /* parallel.schedule */
-    mt_comm_t ppcomm;       /* pp > 1: activations and their gradients, stage to stage (device memory: NCCL) */
-    mt_comm_t pplcomm;      /* pp > 1: host scalars over the pipeline (the loss, the norm) */
-    mt_comm_t embcomm;      /* pp > 1, first and last stage: the tied wte's gradient (== ppcomm when pp = 2) */
-    void *sendbuf;          /* what the pending send sends: a copy, since the next op rewrites the trainer's
-                             * output or gradient buffer before the send is posted */
-    int n_slots;            /* the trainer's activation sets: the most micro-batches in flight on the stage */
-    size_t act_elems;       /* B x T x C: one activation message */
-    double peak;            /* this GPU's dense peak in precision.compute, FLOP/s (0: unknown, no MFU) */
-    char peak_src[200];     /* where peak comes from */
+    int pp, stage;            /* pipeline stages and this rank's (pp = 1: the whole model) */
+    bool first, last;         /* the stage embeds the tokens / computes the loss */
+    mt_pp_schedule_t sched;   /* parallel.schedule */
+    mt_comm_t ppcomm;         /* pp > 1: activations and their gradients, stage to stage (device memory: NCCL) */
+    mt_comm_t pplcomm;        /* pp > 1: host scalars over the pipeline (the loss, the norm) */
+    mt_comm_t embcomm;        /* pp > 1, first and last stage: the tied wte's gradient (== ppcomm when pp = 2) */
+    void *sendbuf;            /* what the pending send sends: a copy, since the next op rewrites the trainer's
+                               * output or gradient buffer before the send is posted */
+    int n_slots;              /* the trainer's activation sets: the most micro-batches in flight on the stage */
+    size_t act_elems;         /* B x T x C: one activation message */
+    double peak;              /* this GPU's dense peak in precision.compute, FLOP/s (0: unknown, no MFU) */
+    char peak_src[200];       /* where peak comes from */
 } cuda_engine_t;
 
 /* The MFU denominator (docs/metrics.md): the GPU's rate on an N^3 cuBLASLt product in precision.compute,
@@ -655,7 +655,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         e->nvml = NULL;
     }
     if (e->nvml) {
-        mt_energy_steps_init(&e->energy, e->energy.mj_change);
+        mt_energy_steps_init(&e->energy, e->energy.mj_change, mt_now());
     }
     if (!e->nvml) {
         MT_INFO(MT_LOG_INIT, "cuda engine: no NVML energy counter: step metrics carry no energy_j");
@@ -886,7 +886,9 @@ static bool ce_step_energy(void *ctx, double *joules) {
     if (!e->nvml || mt_nvml_energy_mj(e->nvml, &mj) != MT_OK) {
         return false;
     }
-    return mt_energy_steps_update(&e->energy, mj, joules);
+    unsigned mw = 0;
+    double watts = mt_nvml_power_mw(e->nvml, &mw) == MT_OK ? mw * 1e-3 : -1.0;
+    return mt_energy_steps_update(&e->energy, mj, mt_now(), watts, joules);
 }
 
 /* The peak measure_peak found at the start (the loop sums it over the ranks). */

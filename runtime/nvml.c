@@ -154,11 +154,13 @@ void mt_nvml_close(mt_nvml_t h) {
     mt_free(h);
 }
 
-void mt_energy_steps_init(mt_energy_steps_t *s, uint64_t mj) {
-    *s = (mt_energy_steps_t){.mj_change = mj};
+void mt_energy_steps_init(mt_energy_steps_t *s, uint64_t mj, double t) {
+    *s = (mt_energy_steps_t){.mj_change = mj, .t_last = t};
 }
 
-bool mt_energy_steps_update(mt_energy_steps_t *s, uint64_t mj, double *joules) {
+bool mt_energy_steps_update(mt_energy_steps_t *s, uint64_t mj, double t, double watts, double *joules) {
+    double dt = t - s->t_last;
+    s->t_last = t;
     s->steps++;
     if (mj < s->mj_change) { /* the counter was reset: count from the new reading */
         s->mj_change = mj;
@@ -171,8 +173,13 @@ bool mt_energy_steps_update(mt_energy_steps_t *s, uint64_t mj, double *joules) {
     }
     if (s->have) {
         *joules = s->per_step_j;
+        return true;
     }
-    return s->have;
+    if (watts >= 0.0) {
+        *joules = watts * dt;
+        return true;
+    }
+    return false;
 }
 
 mt_status_t mt_nvml_meter_begin(mt_nvml_meter_t *m, mt_nvml_t h) {

@@ -47,16 +47,18 @@ mt_status_t mt_nvml_meter_end(mt_nvml_meter_t *m, double *joules, double *watts)
  * 40 ms): successive reads of the total-energy counter were often equal, so differences per step alternated
  * between 0 and about twice the step's energy. Here each change of the counter is spread evenly over the steps
  * since its previous change, and a step ending before the next change reports that last per-step figure.
- * Before the first change there is no figure (update returns false: the step carries no energy). Pure
+ * Before the counter first changes, a step's figure is the power draw times its wall time (watts < 0: no power
+ * reading, and update returns false: the step carries no energy). t: seconds on any steady clock. Pure
  * arithmetic on the readings (tests/runtime/test_energy_steps.c). */
 typedef struct {
     uint64_t mj_change; /* the counter at its last change */
     int steps;          /* steps ended since then */
     double per_step_j;
-    bool have;
+    bool have;     /* the counter has changed at least once */
+    double t_last; /* the previous update's (or init's) time */
 } mt_energy_steps_t;
-void mt_energy_steps_init(mt_energy_steps_t *s, uint64_t mj);
-bool mt_energy_steps_update(mt_energy_steps_t *s, uint64_t mj, double *joules);
+void mt_energy_steps_init(mt_energy_steps_t *s, uint64_t mj, double t);
+bool mt_energy_steps_update(mt_energy_steps_t *s, uint64_t mj, double t, double watts, double *joules);
 
 #ifdef __cplusplus
 }
