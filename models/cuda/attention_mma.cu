@@ -155,6 +155,37 @@ __device__ __forceinline__ void load_a(uint32_t (&f)[HS / 16][4], const T *tile,
     }
 }
 
+/* Four B fragments (two n-tiles of 8 x two k halves) in one ldmatrix.x4 from a tile X (row stride LD elements,
+ * 16-byte aligned rows). rows: X's rows are the n index and its columns k (the products' K^T, V^T, dO^T
+ * operands): b[0], b[1] serve n rows row0..row0+7, b[2], b[3] rows row0+8..row0+15, k = col0..col0+15. trans:
+ * X's rows are k and its columns n (the V, dO, Q, K operands of the P X products): b[0], b[1] serve columns
+ * col0..col0+7, b[2], b[3] columns col0+8..col0+15, k = row0..row0+15. Matrix i of the instruction has its rows
+ * addressed by lanes 8i..8i+7. The emulator reads what each lane receives directly. */
+template <bool TRANS, typename T>
+__device__ __forceinline__ void ldsm4(uint32_t (&b)[4], const T *X, int LD, int row0, int col0, int g, int t) {
+#if defined(__CUDA_ARCH__)
+    int lane = threadIdx.x & 31, i = lane >> 3;
+    int r = row0 + (TRANS ? (i & 1) : (i >> 1)) * 8 + (lane & 7), c = col0 + (TRANS ? (i >> 1) : (i & 1)) * 8;
+    unsigned addr = (unsigned)__cvta_generic_to_shared(X + r * LD + c);
+    if (TRANS) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                     : "r"(addr));
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                     : "r"(addr));
+    }
+#else
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int r = row0 + (TRANS ? (i & 1) : (i >> 1)) * 8, c = col0 + (TRANS ? (i >> 1) : (i & 1)) * 8;
+        /* lane (g, t) receives row g, columns 2t, 2t + 1 of matrix i; transposed: rows 2t, 2t + 1 of column g */
+        b[i] = TRANS ? ld_colpair(X + (r + 2 * t) * LD + c + g, LD) : ld_pair(X + (r + g) * LD + c + 2 * t);
+    }
+#endif
+}
+
 /* s (16 x kTile) = A X^T: A the warp's fragments, X the tile's kTile rows (B columns: contiguous pairs) */
 template <typename T, int HS>
 __device__ __forceinline__ void scores(float (&s)[kTile / 8][4], const uint32_t (&a)[HS / 16][4], const T *X, int g,
@@ -167,9 +198,11 @@ __device__ __forceinline__ void scores(float (&s)[kTile / 8][4], const uint32_t 
 #pragma unroll
     for (int ks = 0; ks < HS / 16; ks++) {
 #pragma unroll
-        for (int nt = 0; nt < kTile / 8; nt++) {
-            const T *p = X + (nt * 8 + g) * LD + ks * 16 + 2 * t;
-            mma16816<T>(s[nt], a[ks], ld_pair(p), ld_pair(p + 8));
+        for (int nt = 0; nt < kTile / 8; nt += 2) {
+            uint32_t b[4];
+            ldsm4<false>(b, X, LD, nt * 8, ks * 16, g, t);
+            mma16816<T>(s[nt], a[ks], b[0], b[1]);
+            mma16816<T>(s[nt + 1], a[ks], b[2], b[3]);
         }
     }
 }
@@ -185,9 +218,11 @@ __device__ __forceinline__ void accumulate(float (&acc)[HS / 8][4], const float 
         uint32_t a[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]), pack2<T>(p[2 * kk][2], p[2 * kk][3]),
                          pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]), pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
 #pragma unroll
-        for (int ot = 0; ot < HS / 8; ot++) {
-            const T *x = X + (kk * 16 + 2 * t) * LD + ot * 8 + g;
-            mma16816<T>(acc[ot], a, ld_colpair(x, LD), ld_colpair(x + 8 * LD, LD));
+        for (int ot = 0; ot < HS / 8; ot += 2) {
+            uint32_t b[4];
+            ldsm4<true>(b, X, LD, kk * 16, ot * 8, g, t);
+            mma16816<T>(acc[ot], a, b[0], b[1]);
+            mma16816<T>(acc[ot + 1], a, b[2], b[3]);
         }
     }
 }
