@@ -13,23 +13,28 @@ template <typename T> static __global__ void gelu_forward_kernel(T *out, const T
 }
 
 /* dinp += gelu'(x) dout, gelu'(x) = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) K (1 + 3 0.044715 x^2) */
-template <typename T> static __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n) {
+template <typename T, bool ACC>
+static __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float d = gelu_grad_f(to_f32(inp[i])) * to_f32(dout[i]);
-        dinp[i] = from_f32<T>(to_f32(dinp[i]) + d);
+        dinp[i] = from_f32<T>(ACC ? to_f32(dinp[i]) + d : d);
     }
 }
 
 /* the same over nv 16-byte vectors (the launcher runs the scalar kernel on the tail) */
-template <typename T> static __global__ void gelu_backward_vec_kernel(T *dinp, const T *inp, const T *dout, size_t nv) {
+template <typename T, bool ACC>
+static __global__ void gelu_backward_vec_kernel(T *dinp, const T *inp, const T *dout, size_t nv) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nv; i += (size_t)gridDim.x * blockDim.x) {
         vec16<T> x, d, a;
         x.u = reinterpret_cast<const uint4 *>(inp)[i];
         d.u = reinterpret_cast<const uint4 *>(dout)[i];
-        a.u = reinterpret_cast<const uint4 *>(dinp)[i];
+        if (ACC) {
+            a.u = reinterpret_cast<const uint4 *>(dinp)[i];
+        }
 #pragma unroll
         for (int k = 0; k < vec16<T>::n; k++) {
-            a.e[k] = from_f32<T>(to_f32(a.e[k]) + gelu_grad_f(to_f32(x.e[k])) * to_f32(d.e[k]));
+            float g = gelu_grad_f(to_f32(x.e[k])) * to_f32(d.e[k]);
+            a.e[k] = from_f32<T>(ACC ? to_f32(a.e[k]) + g : g);
         }
         reinterpret_cast<uint4 *>(dinp)[i] = a.u;
     }
@@ -139,8 +144,8 @@ extern "C" cudaError_t mt_cuda_gelu_forward(void *out, const void *inp, size_t n
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t mt_cuda_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n, int dt,
-                                             void *stream) {
+template <bool ACC>
+static cudaError_t gelu_backward(void *dinp, const void *inp, const void *dout, size_t n, int dt, void *stream) {
     MT_CU_CHECK_SHAPE(dinp && inp && dout);
     cudaStream_t s = (cudaStream_t)stream;
     const void *ptrs[] = {dinp, inp, dout};
@@ -149,17 +154,27 @@ extern "C" cudaError_t mt_cuda_gelu_backward(void *dinp, const void *inp, const 
      * bandwidth), the scalar kernel over the rest */
     if (nv > 0) {
         MT_CU_DISPATCH(dt, T,
-                       gelu_backward_vec_kernel<T><<<mt_cu_blocks(nv, EW_THREADS), EW_THREADS, 0, s>>>(
+                       gelu_backward_vec_kernel<T, ACC><<<mt_cu_blocks(nv, EW_THREADS), EW_THREADS, 0, s>>>(
                            (T *)dinp, (const T *)inp, (const T *)dout, nv));
     }
     if (done < n) {
         size_t es = dt == MT_CU_F32 ? 4 : 2, rest = n - done;
         MT_CU_DISPATCH(dt, T,
-                       gelu_backward_kernel<T><<<mt_cu_blocks(rest, EW_THREADS), EW_THREADS, 0, s>>>(
+                       gelu_backward_kernel<T, ACC><<<mt_cu_blocks(rest, EW_THREADS), EW_THREADS, 0, s>>>(
                            (T *)((char *)dinp + done * es), (const T *)((const char *)inp + done * es),
                            (const T *)((const char *)dout + done * es), rest));
     }
     return cudaGetLastError();
+}
+
+extern "C" cudaError_t mt_cuda_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n, int dt,
+                                             void *stream) {
+    return gelu_backward<true>(dinp, inp, dout, n, dt, stream);
+}
+
+extern "C" cudaError_t mt_cuda_gelu_backward_set(void *dinp, const void *inp, const void *dout, size_t n, int dt,
+                                                 void *stream) {
+    return gelu_backward<false>(dinp, inp, dout, n, dt, stream);
 }
 
 extern "C" cudaError_t mt_cuda_residual_forward(void *out, const void *a, const void *b, size_t n, int dt,

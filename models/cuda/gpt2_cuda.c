@@ -810,9 +810,8 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     if (g->last) {
         OP(PROF_CE, mt_cuda_softmax_ce_backward(g->A->logits, g->A->logits, g->A->lse_ce, g->A->targets_d,
                                                 g->A->n_valid, N, g->V, g->Vp, scale, dt, s));
-        OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->da, G(0), NULL, g->A->logits, g->Vp, g->A->lnf, W(0), N,
-                                                    C, g->V, dt, NULL, s));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(0), NULL, g->A->logits, g->Vp, g->A->lnf, W(0),
+                                                        N, C, g->V, dt, NULL, s));
         OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, NC * es, cs));
         OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->A->lnf_mean,
                                                    g->A->lnf_rstd, N, C, dt, g->ln_scratch, s));
@@ -829,29 +828,25 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
             CK(cudaStreamWaitEvent(cs, g->slot_free[l % 2], 0));
             OP(PROF_OTHER, cudaMemsetAsync(G(p), 0, g->blk_numel * 4, cs));
         }
-        /* MLP branch: x_{l+1} = r2 + fcproj(gelu(fc(ln2(r2)))); dresid holds d x_{l+1} */
-        OP(PROF_OTHER, cudaMemsetAsync(g->dfg, 0, 4 * NC * es, cs));
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->dfg, G(p + FCPW), G(p + FCPB), g->dresid, C, a->fch_gelu,
-                                                    W(p + FCPW), N, 4 * C, C, dt, g->col_scratch, s));
-        OP(PROF_OTHER, cudaMemsetAsync(g->dfc, 0, 4 * NC * es, cs));
-        OP(PROF_GELU, mt_cuda_gelu_backward(g->dfc, a->fch, g->dfg, 4 * NC, dt, s));
-        OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->da, G(p + FCW), G(p + FCB), g->dfc, 4 * C, a->ln2,
-                                                    W(p + FCW), N, C, 4 * C, dt, g->col_scratch, s));
+        /* MLP branch: x_{l+1} = r2 + fcproj(gelu(fc(ln2(r2)))); dresid holds d x_{l+1}. The activation gradients
+         * da, dfg, dfc, dln1 are written (not accumulated): no zeroing before the products */
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->dfg, G(p + FCPW), G(p + FCPB), g->dresid, C,
+                                                        a->fch_gelu, W(p + FCPW), N, 4 * C, C, dt, g->col_scratch, s));
+        OP(PROF_GELU, mt_cuda_gelu_backward_set(g->dfc, a->fch, g->dfg, 4 * NC, dt, s));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(p + FCW), G(p + FCB), g->dfc, 4 * C, a->ln2,
+                                                        W(p + FCW), N, C, 4 * C, dt, g->col_scratch, s));
         OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(p + LN2W), G(p + LN2B), g->da, a->r2, W(p + LN2W),
                                                    a->ln2_mean, a->ln2_rstd, N, C, dt, g->ln_scratch, s));
         /* attention branch: r2 = x_l + proj(attn(qkv(ln1(x_l)))); dresid now holds d r2 */
-        OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, g->da, G(p + PROJW), G(p + PROJB), g->dresid, C, a->atty,
-                                                    W(p + PROJW), N, C, C, dt, g->col_scratch, s));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(p + PROJW), G(p + PROJB), g->dresid, C,
+                                                        a->atty, W(p + PROJW), N, C, C, dt, g->col_scratch, s));
         void *dqkv = g->dfg; /* (N,3C) fits in (N,4C) */
         OP(PROF_OTHER, cudaMemsetAsync(dqkv, 0, 3 * NC * es, cs));
         OP(PROF_ATTN_BWD,
            mt_cuda_attention_backward(dqkv, g->da, a->qkv, a->atty, a->lse, B, T, C, g->NH, dt, g->attn_scratch, s));
         void *dln1 = g->dfc;
-        OP(PROF_OTHER, cudaMemsetAsync(dln1, 0, NC * es, cs));
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward(g->ctx, dln1, G(p + QKVW), G(p + QKVB), dqkv, 3 * C, a->ln1,
-                                                    W(p + QKVW), N, C, 3 * C, dt, g->col_scratch, s));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, dln1, G(p + QKVW), G(p + QKVB), dqkv, 3 * C, a->ln1,
+                                                        W(p + QKVW), N, C, 3 * C, dt, g->col_scratch, s));
         OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(p + LN1W), G(p + LN1B), dln1, RES(l), W(p + LN1W),
                                                    a->ln1_mean, a->ln1_rstd, N, C, dt, g->ln_scratch, s));
         MT_CHECK(grads_done(g, p, p + NBP, g->slot_free[l % 2]));

@@ -350,9 +350,10 @@ extern "C" cudaError_t mt_cuda_colsum(float *dst, const void *src, int ld, int N
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t mt_cuda_matmul_backward(mt_cuda_ctx_t ctx, void *dinp, float *dw, float *dbias, const void *dout,
-                                               int ldo, const void *inp, const void *w, int N, int C, int OC, int dt,
-                                               float *scratch, void *stream) {
+/* dinp_beta 1: dinp += ..., 0: dinp = ... (its old contents never read) */
+static cudaError_t matmul_backward(mt_cuda_ctx_t ctx, void *dinp, float dinp_beta, float *dw, float *dbias,
+                                   const void *dout, int ldo, const void *inp, const void *w, int N, int C, int OC,
+                                   int dt, float *scratch, void *stream) {
     MT_CU_CHECK_SHAPE(ctx && dout && N > 0 && C > 0 && OC > 0 && ldo >= OC);
     MT_CU_CHECK_SHAPE((!dinp || w) && (!dw || inp) && (!dbias || scratch));
     cudaStream_t s = (cudaStream_t)stream;
@@ -361,9 +362,9 @@ extern "C" cudaError_t mt_cuda_matmul_backward(mt_cuda_ctx_t ctx, void *dinp, fl
     int oa = aligned_part(OC); /* OC split as in the forward: [0, oa) and [oa, OC) */
     const char *w_r = (const char *)w + (size_t)oa * C * es, *dout_r = (const char *)dout + (size_t)oa * es;
     if (dinp) { /* dinp^T (C,N) += w as (C,OC) @ dout^T (OC,N), the inner dimension OC in two parts */
-        e = lt_matmul(ctx, false, false, C, N, oa, w, C, dout, ldo, dinp, C, dt, dt, 1.0f, CUBLASLT_EPILOGUE_DEFAULT,
-                      NULL, NULL, 0, s);
-        if (e == cudaSuccess && oa < OC) {
+        e = lt_matmul(ctx, false, false, C, N, oa, w, C, dout, ldo, dinp, C, dt, dt, dinp_beta,
+                      CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, s);
+        if (e == cudaSuccess && oa < OC) { /* the remainder adds to the first part */
             e = lt_matmul(ctx, false, false, C, N, OC - oa, w_r, C, dout_r, ldo, dinp, C, dt, dt, 1.0f,
                           CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, s);
         }
@@ -386,6 +387,18 @@ extern "C" cudaError_t mt_cuda_matmul_backward(mt_cuda_ctx_t ctx, void *dinp, fl
         return mt_cuda_colsum(dbias, dout, ldo, N, OC, dt, scratch, stream);
     }
     return cudaGetLastError();
+}
+
+extern "C" cudaError_t mt_cuda_matmul_backward(mt_cuda_ctx_t ctx, void *dinp, float *dw, float *dbias, const void *dout,
+                                               int ldo, const void *inp, const void *w, int N, int C, int OC, int dt,
+                                               float *scratch, void *stream) {
+    return matmul_backward(ctx, dinp, 1.0f, dw, dbias, dout, ldo, inp, w, N, C, OC, dt, scratch, stream);
+}
+
+extern "C" cudaError_t mt_cuda_matmul_backward_set(mt_cuda_ctx_t ctx, void *dinp, float *dw, float *dbias,
+                                                   const void *dout, int ldo, const void *inp, const void *w, int N,
+                                                   int C, int OC, int dt, float *scratch, void *stream) {
+    return matmul_backward(ctx, dinp, 0.0f, dw, dbias, dout, ldo, inp, w, N, C, OC, dt, scratch, stream);
 }
 
 extern "C" cudaError_t mt_cuda_gemm_bench(mt_cuda_ctx_t ctx, void *out, const void *inp, const void *w, int N, int C,

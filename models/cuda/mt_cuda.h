@@ -66,6 +66,11 @@ cudaError_t mt_cuda_matmul_forward(mt_cuda_ctx_t ctx, void *out, int ldo, void *
 cudaError_t mt_cuda_matmul_backward(mt_cuda_ctx_t ctx, void *dinp, float *dw, float *dbias, const void *dout, int ldo,
                                     const void *inp, const void *w, int N, int C, int OC, int dt, float *scratch,
                                     void *stream);
+/* The same with dinp = dout @ w (overwritten, its old contents never read: no zeroing before, no read of it in
+ * the product); dw and dbias still accumulate. */
+cudaError_t mt_cuda_matmul_backward_set(mt_cuda_ctx_t ctx, void *dinp, float *dw, float *dbias, const void *dout,
+                                        int ldo, const void *inp, const void *w, int N, int C, int OC, int dt,
+                                        float *scratch, void *stream);
 /* out (N,OC, dt) = inp @ w^T with the plain fp32/tf32/bf16 path and no epilogue: for benchmarks of the
  * device's matrix rate (bench/). */
 cudaError_t mt_cuda_gemm_bench(mt_cuda_ctx_t ctx, void *out, const void *inp, const void *w, int N, int C, int OC,
@@ -96,6 +101,8 @@ cudaError_t mt_cuda_layernorm_backward(void *dinp, float *dw, float *db, const v
 cudaError_t mt_cuda_gelu_forward(void *out, const void *inp, size_t n, int dt, void *stream);
 /* dinp += gelu'(inp) * dout */
 cudaError_t mt_cuda_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n, int dt, void *stream);
+/* dinp = gelu'(inp) * dout (overwritten) */
+cudaError_t mt_cuda_gelu_backward_set(void *dinp, const void *inp, const void *dout, size_t n, int dt, void *stream);
 cudaError_t mt_cuda_residual_forward(void *out, const void *a, const void *b, size_t n, int dt, void *stream);
 /* da += dout; db += dout (either may be NULL) */
 cudaError_t mt_cuda_residual_backward(void *da, void *db, const void *dout, size_t n, int dt, void *stream);

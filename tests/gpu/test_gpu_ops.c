@@ -176,6 +176,25 @@ static void test_matmul(void) {
         EXPECT_CLOSE(lbl("matmul", dt, tf32 ? "dinp (tf32)" : "dinp"), h_gin, gin, (size_t)N * C, tol);
         EXPECT_CLOSE(lbl("matmul", dt, tf32 ? "dw (tf32)" : "dw"), h_gw, gw, (size_t)OC * C, tol);
         EXPECT_CLOSE(lbl("matmul", dt, "dbias"), h_gb, gb, OC, tol_dt(MT_CU_F32, false));
+        /* the overwriting variant: dinp = dout @ w over a NaN-filled buffer (which must never be read), dw and
+         * dbias still accumulating */
+        float *set_ref = calloc((size_t)N * C, 4), *nan_in = malloc((size_t)N * C * 4);
+        float *gw2 = hcopy(gw, (size_t)OC * C), *gb2 = hcopy(gb, OC);
+        for (size_t i = 0; i < (size_t)N * C; i++) {
+            nan_in[i] = NAN;
+        }
+        mt_matmul_backward(set_ref, gw2, gb2, gout, LDO, inp, w, N, C, OC);
+        void *d_set = dup_dt(nan_in, (size_t)N * C, dt);
+        CHECK_OK(mt_cuda_status(
+            mt_cuda_matmul_backward_set(ctx, d_set, d_gw, d_gb, d_gout, LDO, dinp, dw, N, C, OC, dt, scr, NULL),
+            "bwd set"));
+        float *h_set = down(d_set, (size_t)N * C, dt), *h_gw2 = down(d_gw, (size_t)OC * C, MT_CU_F32);
+        EXPECT_CLOSE(lbl("matmul", dt, tf32 ? "dinp overwritten (tf32)" : "dinp overwritten"), h_set, set_ref,
+                     (size_t)N * C, tol);
+        EXPECT_CLOSE(lbl("matmul", dt, tf32 ? "dw after both (tf32)" : "dw after both"), h_gw2, gw2, (size_t)OC * C,
+                     tol);
+        mt_dev_free(d_set);
+        free(set_ref), free(nan_in), free(gw2), free(gb2), free(h_set), free(h_gw2);
         mt_cuda_ctx_destroy(ctx);
         void *dev[] = {dinp, dw, db, dout, dpre, dact, d_gout, d_gin, d_gw, d_gb, scr};
         for (size_t i = 0; i < MT_ARRAY_LEN(dev); i++) {
@@ -269,6 +288,19 @@ static void test_elementwise(void) {
         g = down(d_acc, N, dt);
         EXPECT_CLOSE(lbl("gelu", dt, "backward (+=)"), g, acc2, N, dt == MT_CU_F32 ? 1e-5 : tol);
         free(g);
+        { /* the overwriting variant over a NaN-filled buffer */
+            float *ref = calloc(N, 4), *nan_in = malloc(N * 4);
+            for (int i = 0; i < N; i++) {
+                nan_in[i] = NAN;
+            }
+            mt_gelu_backward(ref, x, dy, N);
+            void *d_set = dup_dt(nan_in, N, dt);
+            CHECK_OK(mt_cuda_status(mt_cuda_gelu_backward_set(d_set, dx, d_dy, N, dt, NULL), "gelu bwd set"));
+            g = down(d_set, N, dt);
+            EXPECT_CLOSE(lbl("gelu", dt, "backward (=)"), g, ref, N, dt == MT_CU_F32 ? 1e-5 : tol);
+            mt_dev_free(d_set);
+            free(g), free(ref), free(nan_in);
+        }
         mt_residual_forward(out, x, y, N);
         CHECK_OK(mt_cuda_status(mt_cuda_residual_forward(dout, dx, d_y, N, dt, NULL), "res fwd"));
         g = down(dout, N, dt);
