@@ -6,7 +6,8 @@
 #   usage: bench/gpu_check.sh LOGDIR
 #   environment: MT_GPU_CHECK_BUILD (build directory, default build-gpu-check), MT_GPU_CHECK_B (micro-batch,
 #   default 16), MT_GPU_CHECK_STEPS (timed steps per mode, default 10), MT_GPU_CHECK_EXTRA_B (more bf16
-#   micro-batches, e.g. "32 64"), MT_DEPS_PREFIX (a prefix holding
+#   micro-batches, e.g. "32 64"), MT_GPU_CHECK_SANITIZE=1 (compute-sanitizer memcheck/racecheck over the
+#   kernel tests; a report fails the verdict), MT_DEPS_PREFIX (a prefix holding
 #   MPI, hwloc and OpenBLAS when the machine lacks them; see docs/gpu.md), MT_GPU_CHECK_PREBUILT=1 (use the
 #   build bench/gpu_pack.sh made on another machine; no compiler needed), MT_GPU_DEPS (its mtdeps.tar.xz)
 # SPDX-License-Identifier: MIT
@@ -172,6 +173,29 @@ run train-bf16-profile 60 "$BENCH" train -p bf16 -B "$B" -T 1024 -n 3 --profile
 # ---- attention: flash-style kernels (tensor cores for bf16, and forced onto CUDA cores) against the plain version
 run attn 40 "$BENCH" attn -p bf16 -B 8 -T 1024 -C 768 -H 12 -r 10
 
+# ---- every kernel of a bf16 step on its own, against the ceilings measured in the same run ------------------
+run ops 60 "$BENCH" ops -p bf16 -r 20
+
+# ---- compute-sanitizer over the kernel tests (MT_GPU_CHECK_SANITIZE=1): memcheck, and racecheck where shared
+# memory is shared between warps ------------------------------------------------------------------------------
+SAN_LINES=()
+if [ -n "${MT_GPU_CHECK_SANITIZE:-}" ]; then
+    CS=$(command -v compute-sanitizer || find /usr/local -path '*/bin/compute-sanitizer' 2>/dev/null | head -1)
+    if [ -z "$CS" ]; then
+        say "MT_GPU_CHECK_SANITIZE: no compute-sanitizer on this machine"
+    else
+        for tool_fam in memcheck:matmul memcheck:layernorm memcheck:elementwise memcheck:softmax_ce \
+            memcheck:attention_tc racecheck:attention_tc racecheck:layernorm; do
+            tool=${tool_fam%%:*} fam=${tool_fam#*:}
+            run "$tool-$fam" 60 "$CS" --tool "$tool" --error-exitcode 9 "$BUILD/tests/gpu/test_gpu_ops" "$fam"
+            rc=$?
+            SAN_LINES+=("$tool $fam: exit $rc, $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/$tool-$fam.log" |
+                sed 's/^=* *//' | tr '\n' ' ')")
+            [ "$rc" -ne 0 ] && TESTS_RC=1
+        done
+    fi
+fi
+
 # ---- NCCL collective benchmark on the GPU (one rank) ------------------------------------------------
 if "$MT" bench coll --help >/dev/null 2>&1; then
     run nccl 40 "$MT" bench coll --backend nccl --op allreduce -b 8 -e 256M -f 4 -n 20 -w 5
@@ -194,27 +218,20 @@ field() { # field FILE KEY: value of KEY=... on the RESULT line of FILE
     echo "dense matrix peak, TFLOP/s (cuBLASLt 8192^3): ${PEAK_LINE:-not measured (see $LOG/peak.log)}"
     echo
     printf "%-6s %10s %10s %8s %10s %10s %12s\n" prec "tokens/s" "ms/step" "MFU" "peak GiB" "J/step" "tokens/J"
-    for p in fp32 tf32 bf16 fp16; do
-        f="$LOG/train-$p.log"
-        if grep -q '^RESULT train' "$f" 2>/dev/null; then
-            mfu=$(field "$f" mfu)
-            printf "%-6s %10s %10s %7.1f%% %10s %10s %12s\n" "$p" "$(field "$f" tok_s)" "$(field "$f" ms_step)" \
-                "$(awk -v m="$mfu" 'BEGIN { print m * 100 }')" "$(field "$f" peak_gib)" "$(field "$f" energy_j)" \
-                "$(field "$f" tokens_per_j)"
+    train_row() { # train_row LABEL LOGFILE: one row of the table from gpu_bench train's RESULT line
+        if grep -q '^RESULT train' "$2" 2>/dev/null; then
+            printf "%-6s %10s %10s %7.1f%% %10s %10s %12s\n" "$1" "$(field "$2" tok_s)" "$(field "$2" ms_step)" \
+                "$(awk -v m="$(field "$2" mfu)" 'BEGIN { print m * 100 }')" "$(field "$2" peak_gib)" \
+                "$(field "$2" energy_j)" "$(field "$2" tokens_per_j)"
         else
-            printf "%-6s %10s   (see %s)\n" "$p" "FAILED" "$f"
+            printf "%-6s %10s   (see %s)\n" "$1" "FAILED" "$2"
         fi
+    }
+    for p in fp32 tf32 bf16 fp16; do
+        train_row "$p" "$LOG/train-$p.log"
     done
     for b in ${MT_GPU_CHECK_EXTRA_B:-}; do
-        f="$LOG/train-bf16-B$b.log"
-        if grep -q '^RESULT train' "$f" 2>/dev/null; then
-            mfu=$(field "$f" mfu)
-            printf "%-6s %10s %10s %7.1f%% %10s %10s %12s\n" "B=$b" "$(field "$f" tok_s)" "$(field "$f" ms_step)" \
-                "$(awk -v m="$mfu" 'BEGIN { print m * 100 }')" "$(field "$f" peak_gib)" "$(field "$f" energy_j)" \
-                "$(field "$f" tokens_per_j)"
-        else
-            printf "%-6s %10s   (see %s)\n" "B=$b" "FAILED" "$f"
-        fi
+        train_row "B=$b" "$LOG/train-bf16-B$b.log"
     done
     echo "(GPT-2 124M, B=$B (B=n rows: bf16 at that micro-batch), T=1024; MFU against the bf16 peak above;"
     echo " J/step 0 = NVML not available)"
@@ -262,6 +279,13 @@ field() { # field FILE KEY: value of KEY=... on the RESULT line of FILE
     else
         echo "attention: FAILED (see $LOG/attn.log)"
     fi
+    if grep -q '^RESULT ops' "$LOG/ops.log" 2>/dev/null; then
+        echo "bf16 kernels alone (gpu_bench ops: time, rate, share of the ceiling, calls and time per step):"
+        grep '^  ' "$LOG/ops.log"
+    fi
+    for l in ${SAN_LINES[@]+"${SAN_LINES[@]}"}; do
+        echo "compute-sanitizer $l"
+    done
     if [ -f "$LOG/nccl.log" ]; then
         echo "NCCL all-reduce (1 GPU):"
         grep -E "^ *#|^ +[0-9]" "$LOG/nccl.log" | tail -4

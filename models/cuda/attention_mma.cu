@@ -90,21 +90,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 }
 #endif
 
-/* rows [r0, r0 + kTile) of one of q/k/v/dO (src: the head's element 0 of row 0; row stride ld) into dst (row
- * stride HS + 8), zero past T, in 16-byte vectors */
-template <typename T, int HS>
-__device__ __forceinline__ void load_tile(T *dst, const T *src, int r0, int T_, size_t ld) {
-    constexpr int LD = HS + 8, VPR = HS / 8;
-    for (int idx = threadIdx.x; idx < kTile * VPR; idx += kThreads) {
-        int r = idx / VPR, c = (idx % VPR) * 8, row = r0 + r;
-        uint4 v = {0u, 0u, 0u, 0u};
-        if (row < T_) {
-            v = *reinterpret_cast<const uint4 *>(src + (size_t)row * ld + c);
-        }
-        *reinterpret_cast<uint4 *>(dst + r * LD + c) = v;
-    }
-}
-
 /* Asynchronous 16-byte copies global -> shared (cp.async, sm_80+), src_bytes 0 = zero fill; a group is committed
  * per tile and waited for before the barrier that publishes it. The emulator copies at once. */
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
@@ -131,13 +116,24 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-/* load_tile through cp.async (rows past T zero-filled from a valid address) */
-template <typename T, int HS>
-__device__ __forceinline__ void load_tile_async(T *dst, const T *src, int r0, int T_, size_t ld) {
+/* rows [r0, r0 + kTile) of one of q/k/v/dO (src: the head's element 0 of row 0; row stride ld) into dst (row
+ * stride HS + 8), zero past T, in 16-byte vectors: plain loads and stores, or (ASYNC) cp.async copies that the
+ * caller commits and waits for (rows past T zero-filled, their source clamped to a valid address) */
+template <typename T, int HS, bool ASYNC = false>
+__device__ __forceinline__ void load_tile(T *dst, const T *src, int r0, int T_, size_t ld) {
     constexpr int LD = HS + 8, VPR = HS / 8;
     for (int idx = threadIdx.x; idx < kTile * VPR; idx += kThreads) {
         int r = idx / VPR, c = (idx % VPR) * 8, row = r0 + r;
-        cp_async16(dst + r * LD + c, src + (size_t)min(row, T_ - 1) * ld + c, row < T_ ? 16 : 0);
+        const T *g = src + (size_t)min(row, T_ - 1) * ld + c;
+        if (ASYNC) {
+            cp_async16(dst + r * LD + c, g, row < T_ ? 16 : 0);
+        } else {
+            uint4 v = {0u, 0u, 0u, 0u};
+            if (row < T_) {
+                v = *reinterpret_cast<const uint4 *>(g);
+            }
+            *reinterpret_cast<uint4 *>(dst + r * LD + c) = v;
+        }
     }
 }
 
@@ -272,14 +268,14 @@ __global__ void __launch_bounds__(kThreads)
     }
     int row[2] = {w0 + g, w0 + g + 8};
     int kend = min(T_, q0 + kRows);
-    load_tile_async<T, HS>(Ks[0], base + C, 0, T_, C3);
-    load_tile_async<T, HS>(Vs[0], base + 2 * (size_t)C, 0, T_, C3);
+    load_tile<T, HS, true>(Ks[0], base + C, 0, T_, C3);
+    load_tile<T, HS, true>(Vs[0], base + 2 * (size_t)C, 0, T_, C3);
     cp_async_commit();
     for (int k0 = 0, it = 0; k0 < kend; k0 += kTile, it++) {
         int cur = S == 2 ? it & 1 : 0;
         if (S == 2 && k0 + kTile < kend) { /* the next tile, into the other buffer, while this one is used */
-            load_tile_async<T, HS>(Ks[cur ^ 1], base + C, k0 + kTile, T_, C3);
-            load_tile_async<T, HS>(Vs[cur ^ 1], base + 2 * (size_t)C, k0 + kTile, T_, C3);
+            load_tile<T, HS, true>(Ks[cur ^ 1], base + C, k0 + kTile, T_, C3);
+            load_tile<T, HS, true>(Vs[cur ^ 1], base + 2 * (size_t)C, k0 + kTile, T_, C3);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -328,8 +324,8 @@ __global__ void __launch_bounds__(kThreads)
         }
         __syncthreads(); /* every warp is done with this buffer before it is refilled */
         if (S == 1 && k0 + kTile < kend) {
-            load_tile_async<T, HS>(Ks[0], base + C, k0 + kTile, T_, C3);
-            load_tile_async<T, HS>(Vs[0], base + 2 * (size_t)C, k0 + kTile, T_, C3);
+            load_tile<T, HS, true>(Ks[0], base + C, k0 + kTile, T_, C3);
+            load_tile<T, HS, true>(Vs[0], base + 2 * (size_t)C, k0 + kTile, T_, C3);
             cp_async_commit();
         }
     }
@@ -386,8 +382,8 @@ __global__ void __launch_bounds__(kThreads) attn_mma_dkv_kernel(T *dqkv, const T
     int key[2] = {w0 + g, w0 + g + 8};
     /* a query tile: Q and dO by cp.async, lse (base 2) and D by plain loads */
     auto fetch = [&](int buf, int i0) {
-        load_tile_async<T, HS>(Qs[buf], base, i0, T_, C3);
-        load_tile_async<T, HS>(dOs[buf], dob, i0, T_, (size_t)C);
+        load_tile<T, HS, true>(Qs[buf], base, i0, T_, C3);
+        load_tile<T, HS, true>(dOs[buf], dob, i0, T_, (size_t)C);
         cp_async_commit();
         for (int c = threadIdx.x; c < kTile; c += kThreads) {
             Ls[buf][c] = i0 + c < T_ ? lrow[i0 + c] * kLog2e : 0.0f;
@@ -468,14 +464,14 @@ __global__ void __launch_bounds__(kThreads) attn_mma_dq_kernel(T *dqkv, const T 
         dq[ot][0] = dq[ot][1] = dq[ot][2] = dq[ot][3] = 0.0f;
     }
     int kend = min(T_, q0 + kRows);
-    load_tile_async<T, HS>(Ks[0], base + C, 0, T_, C3);
-    load_tile_async<T, HS>(Vs[0], base + 2 * (size_t)C, 0, T_, C3);
+    load_tile<T, HS, true>(Ks[0], base + C, 0, T_, C3);
+    load_tile<T, HS, true>(Vs[0], base + 2 * (size_t)C, 0, T_, C3);
     cp_async_commit();
     for (int k0 = 0, it = 0; k0 < kend; k0 += kTile, it++) {
         int cur = it & 1;
         if (k0 + kTile < kend) { /* the next key tile, into the other buffers, while this one is used */
-            load_tile_async<T, HS>(Ks[cur ^ 1], base + C, k0 + kTile, T_, C3);
-            load_tile_async<T, HS>(Vs[cur ^ 1], base + 2 * (size_t)C, k0 + kTile, T_, C3);
+            load_tile<T, HS, true>(Ks[cur ^ 1], base + C, k0 + kTile, T_, C3);
+            load_tile<T, HS, true>(Vs[cur ^ 1], base + 2 * (size_t)C, k0 + kTile, T_, C3);
             cp_async_commit();
             cp_async_wait<1>();
         } else {

@@ -3,6 +3,8 @@
  * row for the row-wise work; the weight and bias gradients are column sums over all rows, done in two
  * deterministic stages (row slabs -> partial sums -> fixed-order total) instead of atomics.
  * SPDX-License-Identifier: MIT */
+#include <type_traits>
+
 #include "models/cuda/cuda_impl.h"
 
 #define LN_EPS 1e-5f
@@ -316,26 +318,38 @@ static int fused_vpl(int C, size_t es, const void *const *ptrs, int n_ptrs) {
     return per_lane <= 4 ? (int)per_lane : per_lane <= 6 ? 6 : 8;
 }
 
-/* the forward on the vectorised kernel with VPL vectors per lane */
+/* Calls f(std::integral_constant<int, V>()) for the vectors per lane fused_vpl chose (1, 2, 3, 4, 6 or 8): the
+ * vectorised kernels are instantiated per value. */
+template <typename F> static void with_vpl(int vpl, F &&f) {
+    switch (vpl) {
+    case 1:
+        f(std::integral_constant<int, 1>());
+        break;
+    case 2:
+        f(std::integral_constant<int, 2>());
+        break;
+    case 3:
+        f(std::integral_constant<int, 3>());
+        break;
+    case 4:
+        f(std::integral_constant<int, 4>());
+        break;
+    case 6:
+        f(std::integral_constant<int, 6>());
+        break;
+    default:
+        f(std::integral_constant<int, 8>());
+    }
+}
+
+/* the forward on the vectorised kernel with vpl vectors per lane */
 template <typename T, bool FUSED>
 static void ln_forward_vec(int vpl, unsigned g, cudaStream_t s, T *res, T *out, float *mean, float *rstd, const T *a,
                            const T *b_in, const T *w, const T *b, int N, int C) {
-#define LN_FWD_VEC(VPL_)                                                                                               \
-    layernorm_forward_vec_kernel<T, FUSED, VPL_><<<g, LN_THREADS, 0, s>>>(res, out, mean, rstd, a, b_in, w, b, N, C)
-    if (vpl == 1) {
-        LN_FWD_VEC(1);
-    } else if (vpl == 2) {
-        LN_FWD_VEC(2);
-    } else if (vpl == 3) {
-        LN_FWD_VEC(3);
-    } else if (vpl == 4) {
-        LN_FWD_VEC(4);
-    } else if (vpl == 6) {
-        LN_FWD_VEC(6);
-    } else {
-        LN_FWD_VEC(8);
-    }
-#undef LN_FWD_VEC
+    with_vpl(vpl, [&](auto v) {
+        constexpr int VPL = decltype(v)::value;
+        layernorm_forward_vec_kernel<T, FUSED, VPL><<<g, LN_THREADS, 0, s>>>(res, out, mean, rstd, a, b_in, w, b, N, C);
+    });
 }
 
 extern "C" cudaError_t mt_cuda_layernorm_forward(void *out, float *mean, float *rstd, const void *inp, const void *w,
@@ -394,25 +408,11 @@ extern "C" cudaError_t mt_cuda_layernorm_backward(void *dinp, float *dw, float *
     if (vpl) { /* one pass: dx, and the dw/db partials of LN_FUSED_BLOCKS row groups; then their fixed-order sum */
         int blocks = (N + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK;
         blocks = blocks < LN_FUSED_BLOCKS ? blocks : LN_FUSED_BLOCKS;
-#define LN_FUSED_LAUNCH(VPL_)                                                                                          \
-    layernorm_backward_fused_kernel<T, VPL_><<<blocks, LN_THREADS, 0, s>>>(                                            \
-        (T *)dinp, scratch, (const T *)dout, (const T *)inp, (const T *)w, mean, rstd, N, C)
-        MT_CU_DISPATCH(dt, T, {
-            if (vpl == 1) {
-                LN_FUSED_LAUNCH(1);
-            } else if (vpl == 2) {
-                LN_FUSED_LAUNCH(2);
-            } else if (vpl == 3) {
-                LN_FUSED_LAUNCH(3);
-            } else if (vpl == 4) {
-                LN_FUSED_LAUNCH(4);
-            } else if (vpl == 6) {
-                LN_FUSED_LAUNCH(6);
-            } else {
-                LN_FUSED_LAUNCH(8);
-            }
-        });
-#undef LN_FUSED_LAUNCH
+        MT_CU_DISPATCH(dt, T, with_vpl(vpl, [&](auto v) {
+                           constexpr int VPL = decltype(v)::value;
+                           layernorm_backward_fused_kernel<T, VPL><<<blocks, LN_THREADS, 0, s>>>(
+                               (T *)dinp, scratch, (const T *)dout, (const T *)inp, (const T *)w, mean, rstd, N, C);
+                       }));
         layernorm_backward_dwdb_final_kernel<<<(unsigned)((C + 255) / 256), 256, 0, s>>>(dw, db, scratch, C, blocks);
         return cudaGetLastError();
     }
