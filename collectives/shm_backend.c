@@ -55,7 +55,7 @@ static mt_status_t parse_algo(algo_t *out) {
 
 static mt_status_t shm_query(const struct mt_comm_info *info, int *priority) {
     *priority = -1;
-    algo_t algo;
+    algo_t algo = ALGO_AUTO; /* set by parse_algo on success; initialised for -O3's flow analysis */
     MT_CHECK(parse_algo(&algo));
     const char *why = NULL;
     if (info->memory != MT_COMM_MEM_HOST) {
