@@ -13,60 +13,48 @@
 
 #include "models/cuda/mt_cuda.h"
 
-#define MT_CU_CHECK_SHAPE(cond)                                                                                        \
-    do {                                                                                                               \
-        if (!(cond)) {                                                                                                 \
-            mt_cuda_assert_fail(__FILE__, __LINE__, #cond);                                                            \
-        }                                                                                                              \
+#define MT_CU_CHECK_SHAPE(cond)                                  \
+    do {                                                         \
+        if (!(cond)) {                                           \
+            mt_cuda_assert_fail(__FILE__, __LINE__, #cond);      \
+        }                                                        \
     } while (0)
 
 typedef __nv_bfloat16 bf16_t;
 typedef __half f16_t;
 
 template <typename T> __device__ __forceinline__ float to_f32(T x);
-template <> __device__ __forceinline__ float to_f32<float>(float x) {
-    return x;
-}
-template <> __device__ __forceinline__ float to_f32<bf16_t>(bf16_t x) {
-    return __bfloat162float(x);
-}
-template <> __device__ __forceinline__ float to_f32<f16_t>(f16_t x) {
-    return __half2float(x);
-}
+template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_f32<bf16_t>(bf16_t x) { return __bfloat162float(x); }
+template <> __device__ __forceinline__ float to_f32<f16_t>(f16_t x) { return __half2float(x); }
 
 template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) {
-    return x;
-}
-template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float x) {
-    return __float2bfloat16_rn(x);
-}
-template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float x) {
-    return __float2half_rn(x);
-}
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float x) { return __float2half_rn(x); }
 
 /* Runs the statement with T bound to the storage type of dt. */
-#define MT_CU_DISPATCH(dt, T, ...)                                                                                     \
-    do {                                                                                                               \
-        switch (dt) {                                                                                                  \
-        case MT_CU_F32: {                                                                                              \
-            typedef float T;                                                                                           \
-            __VA_ARGS__;                                                                                               \
-            break;                                                                                                     \
-        }                                                                                                              \
-        case MT_CU_BF16: {                                                                                             \
-            typedef bf16_t T;                                                                                          \
-            __VA_ARGS__;                                                                                               \
-            break;                                                                                                     \
-        }                                                                                                              \
-        case MT_CU_F16: {                                                                                              \
-            typedef f16_t T;                                                                                           \
-            __VA_ARGS__;                                                                                               \
-            break;                                                                                                     \
-        }                                                                                                              \
-        default:                                                                                                       \
-            MT_CU_CHECK_SHAPE(!"dtype is one of MT_CU_F32/BF16/F16");                                                  \
-        }                                                                                                              \
+#define MT_CU_DISPATCH(dt, T, ...)                                  \
+    do {                                                            \
+        switch (dt) {                                               \
+        case MT_CU_F32: {                                           \
+            typedef float T;                                        \
+            __VA_ARGS__;                                            \
+            break;                                                  \
+        }                                                           \
+        case MT_CU_BF16: {                                          \
+            typedef bf16_t T;                                       \
+            __VA_ARGS__;                                            \
+            break;                                                  \
+        }                                                           \
+        case MT_CU_F16: {                                           \
+            typedef f16_t T;                                        \
+            __VA_ARGS__;                                            \
+            break;                                                  \
+        }                                                           \
+        default:                                                    \
+            MT_CU_CHECK_SHAPE(!"dtype is one of MT_CU_F32/BF16/F16"); \
+        }                                                           \
     } while (0)
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -738,16 +738,10 @@ int main(int argc, char **argv) {
     static const struct {
         const char *name;
         void (*fn)(void);
-    } fams[] = {{"matmul", test_matmul},
-                {"layernorm", test_layernorm},
-                {"elementwise", test_elementwise},
-                {"embedding", test_embedding},
-                {"attention", test_attention},
-                {"attention_tc", test_attention_tc},
-                {"attention_knob", test_attention_knob},
-                {"softmax_ce", test_softmax_ce},
-                {"adamw", test_adamw},
-                {"reduce", test_reduce}};
+    } fams[] = {{"matmul", test_matmul},       {"layernorm", test_layernorm}, {"elementwise", test_elementwise},
+                {"embedding", test_embedding}, {"attention", test_attention}, {"attention_tc", test_attention_tc},
+                {"attention_knob", test_attention_knob}, {"softmax_ce", test_softmax_ce},
+                {"adamw", test_adamw},         {"reduce", test_reduce}};
     const char *only = argc > 1 ? argv[1] : NULL;
     bool ran = false;
     for (size_t i = 0; i < MT_ARRAY_LEN(fams); i++) {

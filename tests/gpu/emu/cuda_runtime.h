@@ -8,8 +8,8 @@
 #ifndef MT_EMU_CUDA_RUNTIME_H
 #define MT_EMU_CUDA_RUNTIME_H
 
-#include <functional>
 #include <math.h>
+#include <functional>
 
 #include "cuda_runtime_api.h"
 
