@@ -535,15 +535,8 @@ void backward(T *dqkv, const T *dout, const T *qkv, const float *lse, const floa
 } // namespace
 
 bool mt_cuda_attn_mma_eligible(int dt, int hs, int backward, int C, const void *const *ptrs, int n_ptrs) {
-    if ((dt != MT_CU_BF16 && dt != MT_CU_F16) || C % 8 != 0 || !(hs == 32 || hs == 64 || (hs == 128 && !backward))) {
-        return false;
-    }
-    for (int i = 0; i < n_ptrs; i++) {
-        if ((uintptr_t)ptrs[i] % 16 != 0) {
-            return false;
-        }
-    }
-    return true;
+    return (dt == MT_CU_BF16 || dt == MT_CU_F16) && C % 8 == 0 && (hs == 32 || hs == 64 || (hs == 128 && !backward)) &&
+           mt_cu_aligned16(ptrs, n_ptrs);
 }
 
 void mt_cuda_attn_mma_forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH, int dt,

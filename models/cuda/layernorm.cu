@@ -306,13 +306,8 @@ static __global__ void layernorm_backward_dwdb_final_kernel(float *dw, float *db
  * LN_FUSED_MAX_C, or a pointer not 16-byte aligned). */
 static int fused_vpl(int C, size_t es, const void *const *ptrs, int n_ptrs) {
     size_t v = 16 / es;
-    if ((size_t)C % v != 0 || C > LN_FUSED_MAX_C) {
+    if ((size_t)C % v != 0 || C > LN_FUSED_MAX_C || !mt_cu_aligned16(ptrs, n_ptrs)) {
         return 0;
-    }
-    for (int i = 0; i < n_ptrs; i++) {
-        if ((uintptr_t)ptrs[i] % 16 != 0) {
-            return 0;
-        }
     }
     size_t per_lane = ((size_t)C / v + 31) / 32;
     return per_lane <= 4 ? (int)per_lane : per_lane <= 6 ? 6 : 8;

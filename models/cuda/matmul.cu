@@ -337,7 +337,7 @@ extern "C" cudaError_t mt_cuda_colsum(float *dst, const void *src, int ld, int N
     cudaStream_t s = (cudaStream_t)stream;
     int split = (N + CS_ROWS - 1) / CS_ROWS < CS_SPLIT ? (N + CS_ROWS - 1) / CS_ROWS : CS_SPLIT;
     int per = dt == MT_CU_F32 ? 4 : 8;
-    if (OC % per == 0 && ld % per == 0 && (uintptr_t)src % 16 == 0) {
+    if (OC % per == 0 && ld % per == 0 && mt_cu_aligned16(&src, 1)) {
         dim3 gv((unsigned)((OC + CS_COLS * per - 1) / (CS_COLS * per)), (unsigned)split);
         MT_CU_DISPATCH(
             dt, T, colsum_partial_vec_kernel<T><<<gv, CS_COLS * CS_ROWS, 0, s>>>(scratch, (const T *)src, ld, N, OC));
