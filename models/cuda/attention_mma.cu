@@ -137,6 +137,27 @@ __device__ __forceinline__ void load_tile(T *dst, const T *src, int r0, int T_, 
     }
 }
 
+/* The K and V rows [k0, k0 + kTile) of the head (base: its q column of row 0) into Kd, Vd: one cp.async group */
+template <typename T, int HS>
+__device__ __forceinline__ void fetch_kv(T *Kd, T *Vd, const T *base, int k0, int T_, int C) {
+    size_t C3 = 3 * (size_t)C;
+    load_tile<T, HS, true>(Kd, base + C, k0, T_, C3);
+    load_tile<T, HS, true>(Vd, base + 2 * (size_t)C, k0, T_, C3);
+    cp_async_commit();
+}
+
+/* Before the warps use the current key tile: with `more`, first starts copying the tile at k1 into Kn, Vn (the
+ * other buffers), then waits for every group but that one; else waits for all. The caller's barrier publishes. */
+template <typename T, int HS>
+__device__ __forceinline__ void kv_wait_prefetch(T *Kn, T *Vn, const T *base, int k1, bool more, int T_, int C) {
+    if (more) {
+        fetch_kv<T, HS>(Kn, Vn, base, k1, T_, C);
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+}
+
 /* the A fragments (16 rows from row0 of a tile, HS columns) */
 template <typename T, int HS>
 __device__ __forceinline__ void load_a(uint32_t (&f)[HS / 16][4], const T *tile, int row0, int g, int t) {
@@ -268,19 +289,11 @@ __global__ void __launch_bounds__(kThreads)
     }
     int row[2] = {w0 + g, w0 + g + 8};
     int kend = min(T_, q0 + kRows);
-    load_tile<T, HS, true>(Ks[0], base + C, 0, T_, C3);
-    load_tile<T, HS, true>(Vs[0], base + 2 * (size_t)C, 0, T_, C3);
-    cp_async_commit();
+    fetch_kv<T, HS>(Ks[0], Vs[0], base, 0, T_, C);
     for (int k0 = 0, it = 0; k0 < kend; k0 += kTile, it++) {
-        int cur = S == 2 ? it & 1 : 0;
-        if (S == 2 && k0 + kTile < kend) { /* the next tile, into the other buffer, while this one is used */
-            load_tile<T, HS, true>(Ks[cur ^ 1], base + C, k0 + kTile, T_, C3);
-            load_tile<T, HS, true>(Vs[cur ^ 1], base + 2 * (size_t)C, k0 + kTile, T_, C3);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        int cur = S == 2 ? it & 1 : 0, nxt = (cur + 1) % S;
+        /* with two buffers the next tile is copied into the other one while this one is used */
+        kv_wait_prefetch<T, HS>(Ks[nxt], Vs[nxt], base, k0 + kTile, S == 2 && k0 + kTile < kend, T_, C);
         __syncthreads();     /* this tile has landed for every thread */
         if (w0 + 15 >= k0) { /* else every row of this warp is before the tile (causal); warp-uniform */
             float s[NT][4];
@@ -324,9 +337,7 @@ __global__ void __launch_bounds__(kThreads)
         }
         __syncthreads(); /* every warp is done with this buffer before it is refilled */
         if (S == 1 && k0 + kTile < kend) {
-            load_tile<T, HS, true>(Ks[0], base + C, k0 + kTile, T_, C3);
-            load_tile<T, HS, true>(Vs[0], base + 2 * (size_t)C, k0 + kTile, T_, C3);
-            cp_async_commit();
+            fetch_kv<T, HS>(Ks[0], Vs[0], base, k0 + kTile, T_, C);
         }
     }
     T *ob = out + (size_t)b * T_ * C + (size_t)h * HS;
@@ -464,19 +475,10 @@ __global__ void __launch_bounds__(kThreads) attn_mma_dq_kernel(T *dqkv, const T 
         dq[ot][0] = dq[ot][1] = dq[ot][2] = dq[ot][3] = 0.0f;
     }
     int kend = min(T_, q0 + kRows);
-    load_tile<T, HS, true>(Ks[0], base + C, 0, T_, C3);
-    load_tile<T, HS, true>(Vs[0], base + 2 * (size_t)C, 0, T_, C3);
-    cp_async_commit();
+    fetch_kv<T, HS>(Ks[0], Vs[0], base, 0, T_, C);
     for (int k0 = 0, it = 0; k0 < kend; k0 += kTile, it++) {
-        int cur = it & 1;
-        if (k0 + kTile < kend) { /* the next key tile, into the other buffers, while this one is used */
-            load_tile<T, HS, true>(Ks[cur ^ 1], base + C, k0 + kTile, T_, C3);
-            load_tile<T, HS, true>(Vs[cur ^ 1], base + 2 * (size_t)C, k0 + kTile, T_, C3);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        int cur = it & 1; /* the next key tile is copied into the other buffers while this one is used */
+        kv_wait_prefetch<T, HS>(Ks[cur ^ 1], Vs[cur ^ 1], base, k0 + kTile, k0 + kTile < kend, T_, C);
         __syncthreads();     /* this tile has landed for every thread */
         if (w0 + 15 >= k0) { /* else every row of this warp is before the tile (causal); warp-uniform */
             float s[NT][4], dp[NT][4];
