@@ -2,6 +2,8 @@
  * SPDX-License-Identifier: MIT */
 #include "models/cuda/cuda_backend.h"
 
+#include <stdatomic.h>
+
 #include "runtime/tensor.h"
 
 _Static_assert(MT_CU_F32 == (int)MT_F32 && MT_CU_BF16 == (int)MT_BF16 && MT_CU_F16 == (int)MT_F16,
@@ -20,8 +22,17 @@ mt_status_t mt_cuda_status(cudaError_t e, const char *what) {
  * compare the kernels); read here because MT_PARAM is C11 and the .cu files are C++. */
 MT_PARAM(attn_tc, "ATTN_TC", 1)
 int mt_cuda_attn_tc_param(void) {
-    int v = (int)mt_param_attn_tc();
-    return v == 0 || v == 2 ? v : 1;
+    static atomic_int warned;
+    int64_t v = mt_param_attn_tc();
+    if (v == 0 || v == 1 || v == 2) {
+        return (int)v;
+    }
+    if (!atomic_exchange(&warned, 1)) {
+        MT_WARN("MESHTRAIN_ATTN_TC=%lld is not 0 (CUDA cores), 1 (tensor cores) or 2 (WMMA tensor-core kernels only): "
+                "using 1; set one of those values",
+                (long long)v);
+    }
+    return 1;
 }
 
 void mt_cuda_assert_fail(const char *file, int line, const char *cond) {

@@ -7,7 +7,8 @@
  *   intermediates the kernels keep), f16 5e-3 (11-bit mantissa),
  * plus exact checks where the math is exact (conversions, the skip flag, counts).
  * Usage: test_gpu_ops [family]  (matmul layernorm elementwise embedding attention attention_tc attention_knob
- * softmax_ce adamw reduce; without one, all but attention_knob, which sets MESHTRAIN_ATTN_TC for the process);
+ * attention_knob_bad softmax_ce adamw reduce; without one, all but the two knob families, which set
+ * MESHTRAIN_ATTN_TC for the process);
  * exits 77 printing "skipped: no CUDA device" without a device.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
@@ -520,6 +521,14 @@ static void test_attention_tc(void) {
 /* MESHTRAIN_ATTN_TC=0 (set before the knob is first read) turns the tensor-core path off: the selection says
  * CUDA cores for bf16 hs=64, a forward runs without the tensor-core kernel and still matches the CPU; the
  * process override still wins over the knob. */
+/* A value of the knob outside 0/1/2 is warned about and read as the default, 1 (its own process: the knob is read
+ * once). */
+static void test_attention_knob_bad(void) {
+    setenv("MESHTRAIN_ATTN_TC", "7", 1);
+    CHECK(mt_cuda_attn_tc_param() == 1, "MESHTRAIN_ATTN_TC=7 is read as the default, 1");
+    CHECK(mt_cuda_attention_tc_path(MT_CU_BF16, 64, 0) == 1, "MESHTRAIN_ATTN_TC=7: bf16 hs=64 on tensor cores");
+}
+
 static void test_attention_knob(void) {
     setenv("MESHTRAIN_ATTN_TC", "0", 1);
     CHECK(mt_cuda_attn_tc_param() == 0, "MESHTRAIN_ATTN_TC=0 is read as off");
@@ -740,12 +749,14 @@ int main(int argc, char **argv) {
         void (*fn)(void);
     } fams[] = {{"matmul", test_matmul},       {"layernorm", test_layernorm}, {"elementwise", test_elementwise},
                 {"embedding", test_embedding}, {"attention", test_attention}, {"attention_tc", test_attention_tc},
-                {"attention_knob", test_attention_knob}, {"softmax_ce", test_softmax_ce},
-                {"adamw", test_adamw},         {"reduce", test_reduce}};
+                {"attention_knob", test_attention_knob}, {"attention_knob_bad", test_attention_knob_bad},
+                {"softmax_ce", test_softmax_ce},         {"adamw", test_adamw},
+                {"reduce", test_reduce}};
     const char *only = argc > 1 ? argv[1] : NULL;
     bool ran = false;
     for (size_t i = 0; i < MT_ARRAY_LEN(fams); i++) {
-        bool all = !only && fams[i].fn != test_attention_knob; /* it sets the knob for the whole process */
+        /* the knob families set MESHTRAIN_ATTN_TC for the whole process */
+        bool all = !only && fams[i].fn != test_attention_knob && fams[i].fn != test_attention_knob_bad;
         if (all || (only && !strcmp(only, fams[i].name))) {
             fams[i].fn();
             ran = true;
