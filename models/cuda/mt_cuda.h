@@ -128,6 +128,13 @@ cudaError_t mt_cuda_embedding_forward(void *out, const int32_t *tokens, const vo
 /* dwte, dwpe (f32) += ; dwte through float atomics (the order of additions is not fixed). */
 cudaError_t mt_cuda_embedding_backward(float *dwte, float *dwpe, const void *dout, const int32_t *tokens, int B, int T,
                                        int C, int dt, void *stream);
+/* Vocabulary-parallel (tensor parallelism): wte (Vl, C) holds the rows [v0, v0 + Vl) of the whole table; a
+ * token outside them contributes a zero row (the tp group's all-reduce sums the owners' rows; wpe given on
+ * one rank only) and no gradient. Vl may be 0 (wte unused). */
+cudaError_t mt_cuda_embedding_forward_shard(void *out, const int32_t *tokens, const void *wte, const void *wpe, int v0,
+                                            int Vl, int B, int T, int C, int dt, void *stream);
+cudaError_t mt_cuda_embedding_backward_shard(float *dwte, float *dwpe, const void *dout, const int32_t *tokens, int v0,
+                                             int Vl, int B, int T, int C, int dt, void *stream);
 
 /* ---- attention: attention.cu ---- */
 
@@ -174,6 +181,20 @@ cudaError_t mt_cuda_softmax_ce_forward(float *losses, float *lse, float *mean_lo
  * (OVERWRITES; may alias logits). n_valid NULL: scale is used as is. */
 cudaError_t mt_cuda_softmax_ce_backward(void *dlogits, const void *logits, const float *lse, const int32_t *targets,
                                         const int *n_valid, int N, int V, int Vp, float scale, int dt, void *stream);
+/* Vocabulary-parallel (tensor parallelism; the logits are never gathered): this rank's logits (N, Vp, dt) are
+ * the global columns [v0, v0 + V) (V may be 0). partial: part (N, 3 f32) = per row this rank's max, sum of
+ * exp(l - max) (-inf and 0 when V = 0) and the target's logit when it is one of these columns (else 0).
+ * combine: parts (P, N, 3), every tp rank's part in rank order (an all-gather of part), merged in that order
+ * into losses, lse, *mean_loss and *n_valid as mt_cuda_softmax_ce_forward leaves them (every rank the same
+ * values). backward_shard: mt_cuda_softmax_ce_backward on these columns (the target subtracted where its
+ * column is here). */
+cudaError_t mt_cuda_softmax_ce_partial(float *part, const void *logits, const int32_t *targets, int v0, int N, int V,
+                                       int Vp, int dt, void *stream);
+cudaError_t mt_cuda_softmax_ce_combine(float *losses, float *lse, float *mean_loss, int *n_valid, const float *parts,
+                                       int P, const int32_t *targets, int N, void *stream);
+cudaError_t mt_cuda_softmax_ce_backward_shard(void *dlogits, const void *logits, const float *lse,
+                                              const int32_t *targets, const int *n_valid, int v0, int N, int V, int Vp,
+                                              float scale, int dt, void *stream);
 
 /* ---- fused AdamW over flat buffers: adamw.cu ---- */
 

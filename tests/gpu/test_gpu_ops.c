@@ -7,7 +7,7 @@
  *   intermediates the kernels keep), f16 5e-3 (11-bit mantissa),
  * plus exact checks where the math is exact (conversions, the skip flag, counts).
  * Usage: test_gpu_ops [family]  (matmul layernorm elementwise embedding attention attention_tc attention_knob
- * attention_knob_bad softmax_ce adamw reduce; without one, all but the two knob families, which set
+ * attention_knob_bad softmax_ce vocab_parallel adamw reduce; without one, all but the two knob families, which set
  * MESHTRAIN_ATTN_TC for the process);
  * exits 77 printing "skipped: no CUDA device" without a device.
  * SPDX-License-Identifier: MIT */
@@ -611,6 +611,127 @@ static void test_softmax_ce(void) {
     mt_dev_free(dtgt);
 }
 
+/* Vocabulary-parallel (tensor-parallel) embedding and cross-entropy: the whole vocabulary cut into P shards of
+ * Vl rows (the last holding padding; with V = 30, P = 4 the last holds no real column), each shard's kernels on
+ * its own rows, combined as the tp group does (the embedding's outputs summed, wpe given to shard 0 only; the
+ * cross-entropy's parts merged by mt_cuda_softmax_ce_combine), against the whole-vocabulary CPU operation. */
+static void test_vocab_parallel(void) {
+    enum { B = 2, T = 9, C = 24, N = B * T, VP = 48 };
+    static const struct {
+        int V, P;
+    } cuts[] = {{45, 3}, {30, 4}};
+    int32_t tok[N], tgt[N];
+    for (size_t ci = 0; ci < MT_ARRAY_LEN(cuts); ci++) {
+        int V = cuts[ci].V, P = cuts[ci].P, Vl = VP / P;
+        for (int i = 0; i < N; i++) {
+            frand();
+            tok[i] = (int32_t)((rng >> 8) % (unsigned)V);
+            tgt[i] = (int32_t)((rng >> 12) % (unsigned)V);
+        }
+        tgt[4] = -1;
+        tgt[7] = V - 1;
+        int32_t *dtok = dup_bytes(tok, sizeof(tok)), *dtgt = dup_bytes(tgt, sizeof(tgt));
+        for (int k = 0; k < 3; k++) {
+            int dt = dts[k];
+            /* embedding: the shards' outputs sum to the whole lookup, their gradients are its rows */
+            float *wte = hrand((size_t)VP * C, 1, dt), *wpe = hrand((size_t)T * C, 1, dt), *ref = malloc(N * C * 4);
+            float *sum = calloc((size_t)N * C, 4), *dy = hrand((size_t)N * C, 1, dt);
+            float *gwte = calloc((size_t)VP * C, 4), *gwpe = calloc((size_t)T * C, 4);
+            mt_embedding_forward(ref, tok, wte, wpe, B, T, C);
+            mt_embedding_backward(gwte, gwpe, dy, tok, B, T, C);
+            void *d_wpe = dup_dt(wpe, (size_t)T * C, dt), *d_dy = dup_dt(dy, (size_t)N * C, dt), *d_out = NULL;
+            CHECK_OK(mt_dev_malloc(&d_out, (size_t)N * C * 4, MT_MEM_OTHER, "t", NULL));
+            bool others_zero = true;
+            for (int p = 0; p < P; p++) {
+                void *d_w = dup_dt(wte + (size_t)p * Vl * C, (size_t)Vl * C, dt);
+                CHECK_OK(mt_cuda_status(mt_cuda_embedding_forward_shard(d_out, dtok, d_w, p == 0 ? d_wpe : NULL,
+                                                                        p * Vl, Vl, B, T, C, dt, NULL),
+                                        "emb shard fwd"));
+                float *g = down(d_out, (size_t)N * C, dt);
+                for (int n = 0; n < N; n++) {
+                    bool mine = tok[n] >= p * Vl && tok[n] < (p + 1) * Vl;
+                    for (int c = 0; c < C; c++) {
+                        sum[n * C + c] += g[n * C + c];
+                        others_zero &= mine || p == 0 || g[n * C + c] == 0.0f;
+                    }
+                }
+                float *dw = calloc((size_t)Vl * C, 4), *dp = calloc((size_t)T * C, 4);
+                void *d_dw = dup_dt(dw, (size_t)Vl * C, MT_CU_F32), *d_dp = dup_dt(dp, (size_t)T * C, MT_CU_F32);
+                CHECK_OK(mt_cuda_status(mt_cuda_embedding_backward_shard(d_dw, d_dp, d_dy, dtok, p * Vl, Vl, B, T, C,
+                                                                         dt, NULL),
+                                        "emb shard bwd"));
+                float *h1 = down(d_dw, (size_t)Vl * C, MT_CU_F32), *h2 = down(d_dp, (size_t)T * C, MT_CU_F32);
+                EXPECT_CLOSE(lbl("vocab-parallel embedding", dt, "dwte shard"), h1, gwte + (size_t)p * Vl * C,
+                             (size_t)Vl * C, 1e-5);
+                EXPECT_CLOSE(lbl("vocab-parallel embedding", dt, "dwpe"), h2, gwpe, (size_t)T * C, 1e-5);
+                mt_dev_free(d_w), mt_dev_free(d_dw), mt_dev_free(d_dp);
+                free(g), free(dw), free(dp), free(h1), free(h2);
+            }
+            CHECK(others_zero, "V %d, P %d, %s: a shard wrote a nonzero row for a token it does not hold", V, P,
+                  dt_name(dt));
+            EXPECT_CLOSE(lbl("vocab-parallel embedding", dt, "sum of shards"), sum, ref, (size_t)N * C,
+                         tol_dt(dt, true));
+            mt_dev_free(d_wpe), mt_dev_free(d_dy), mt_dev_free(d_out);
+            free(wte), free(wpe), free(ref), free(sum), free(dy), free(gwte), free(gwpe);
+            /* cross-entropy: the parts merged into the whole vocabulary's losses, lse and mean; each shard's
+             * gradient the whole gradient's columns */
+            float *logits = hrand((size_t)N * VP, 6, dt), *losses = malloc(N * 4), *lse = malloc(N * 4), mean = 0;
+            int nv = mt_softmax_ce_forward(losses, lse, &mean, logits, tgt, N, V, VP);
+            float *dl = hcopy(logits, (size_t)N * VP);
+            mt_softmax_ce_backward(dl, dl, lse, tgt, N, V, VP, 0.5f / nv);
+            void *d_parts = NULL, *d_losses = NULL, *d_lse = NULL, *d_mean = NULL, *d_nv = NULL;
+            CHECK_OK(mt_dev_malloc(&d_parts, (size_t)P * N * 3 * 4, MT_MEM_OTHER, "t", NULL));
+            CHECK_OK(mt_dev_malloc(&d_losses, N * 4, MT_MEM_OTHER, "t", NULL));
+            CHECK_OK(mt_dev_malloc(&d_lse, N * 4, MT_MEM_OTHER, "t", NULL));
+            CHECK_OK(mt_dev_malloc(&d_mean, 4, MT_MEM_OTHER, "t", NULL));
+            CHECK_OK(mt_dev_malloc(&d_nv, 4, MT_MEM_OTHER, "t", NULL));
+            void *d_sh[8];
+            float *shard = malloc((size_t)N * Vl * 4);
+            for (int p = 0; p < P; p++) {
+                for (int n = 0; n < N; n++) {
+                    memcpy(shard + (size_t)n * Vl, logits + (size_t)n * VP + (size_t)p * Vl, (size_t)Vl * 4);
+                }
+                int Vr = MT_MAX(0, MT_MIN(Vl, V - p * Vl));
+                d_sh[p] = dup_dt(shard, (size_t)N * Vl, dt);
+                CHECK_OK(mt_cuda_status(mt_cuda_softmax_ce_partial((float *)d_parts + (size_t)p * N * 3, d_sh[p], dtgt,
+                                                                   p * Vl, N, Vr, Vl, dt, NULL),
+                                        "ce partial"));
+            }
+            CHECK_OK(mt_cuda_status(mt_cuda_softmax_ce_combine(d_losses, d_lse, d_mean, d_nv, d_parts, P, dtgt, N, NULL),
+                                    "ce combine"));
+            float *gl = down(d_losses, N, MT_CU_F32), *gz = down(d_lse, N, MT_CU_F32), *gm = down(d_mean, 1, MT_CU_F32);
+            int gnv = 0;
+            CHECK(cudaMemcpy(&gnv, d_nv, 4, cudaMemcpyDeviceToHost) == cudaSuccess, "n_valid");
+            EXPECT_CLOSE(lbl("vocab-parallel ce", dt, "losses"), gl, losses, N, 1e-5);
+            EXPECT_CLOSE(lbl("vocab-parallel ce", dt, "lse"), gz, lse, N, 1e-5);
+            CHECK(gnv == nv && nv == N - 1, "vocab-parallel ce: n_valid %d (cpu %d)", gnv, nv);
+            CHECK_CLOSE(gm[0], mean, 1e-5, 0);
+            for (int p = 0; p < P; p++) {
+                int Vr = MT_MAX(0, MT_MIN(Vl, V - p * Vl));
+                CHECK_OK(mt_cuda_status(mt_cuda_softmax_ce_backward_shard(d_sh[p], d_sh[p], d_lse, dtgt, d_nv, p * Vl,
+                                                                          N, Vr, Vl, 0.5f, dt, NULL),
+                                        "ce shard bwd"));
+                float *gd = down(d_sh[p], (size_t)N * Vl, dt);
+                for (int n = 0; n < N; n++) {
+                    memcpy(shard + (size_t)n * Vl, dl + (size_t)n * VP + (size_t)p * Vl, (size_t)Vl * 4);
+                }
+                char what[64];
+                snprintf(what, sizeof(what), "dlogits shard %d of %d (V %d)", p, P, V);
+                EXPECT_CLOSE(lbl("vocab-parallel ce", dt, what), gd, shard, (size_t)N * Vl,
+                             dt == MT_CU_F32 ? 1e-5 : tol_dt(dt, true));
+                free(gd);
+                mt_dev_free(d_sh[p]);
+            }
+            void *dev[] = {d_parts, d_losses, d_lse, d_mean, d_nv};
+            for (size_t i = 0; i < MT_ARRAY_LEN(dev); i++) {
+                mt_dev_free(dev[i]);
+            }
+            free(logits), free(losses), free(lse), free(dl), free(shard), free(gl), free(gz), free(gm);
+        }
+        mt_dev_free(dtok), mt_dev_free(dtgt);
+    }
+}
+
 static void test_adamw(void) {
     enum { N = 10000 };
     float *p = hrand(N, 1, MT_CU_F32), *m = calloc(N, 4), *v = calloc(N, 4);
@@ -750,7 +871,8 @@ int main(int argc, char **argv) {
     } fams[] = {{"matmul", test_matmul},       {"layernorm", test_layernorm}, {"elementwise", test_elementwise},
                 {"embedding", test_embedding}, {"attention", test_attention}, {"attention_tc", test_attention_tc},
                 {"attention_knob", test_attention_knob}, {"attention_knob_bad", test_attention_knob_bad},
-                {"softmax_ce", test_softmax_ce},         {"adamw", test_adamw},
+                {"softmax_ce", test_softmax_ce},         {"vocab_parallel", test_vocab_parallel},
+                {"adamw", test_adamw},
                 {"reduce", test_reduce}};
     const char *only = argc > 1 ? argv[1] : NULL;
     bool ran = false;
