@@ -9,7 +9,9 @@
  * slice. ZeRO-3 also shards the weights: each block's are broadcast from their owners into a slot before
  * its forward and backward (the next ones while a block computes), wte/wpe/ln_f once per step. With pp > 1
  * each rank trains one pipeline stage (GPipe or 1F1B, activations by NCCL send/recv, each micro-batch in
- * flight in its own activation set of the trainer). The loop's clipping, NaN agreement, metrics and
+ * flight in its own activation set of the trainer). With tp > 1 each rank trains its tensor-parallel shard
+ * (Megatron-style, models/cuda/gpt2_cuda.h), the tp group's all-reduces and gathers through NCCL on the compute
+ * stream; the model is built sharded by the engine's setup_model. The loop's clipping, NaN agreement, metrics and
  * checkpoints work unchanged: the engine syncs twice per step (the loss after backward, the gradient norm
  * after the reductions). Built without CUDA, the engine only refuses, naming what to use instead.
  * SPDX-License-Identifier: MIT */
@@ -32,6 +34,7 @@
 #include "models/cuda/gemm_peak.h"
 #include "models/cuda/gpt2_cuda.h"
 #include "parallel/pipeline.h"
+#include "parallel/tp.h"
 #include "runtime/cuda_alloc.h"
 #include "runtime/mesh.h"
 #include "runtime/nvml.h"
@@ -52,11 +55,11 @@ static mt_status_t cuda_check_config(const mt_config_t *cfg) {
                         dev, mt_config_str(cfg, "model.kind"));
     }
     int64_t tp = mt_config_int(cfg, "parallel.tp"), pp = mt_config_int(cfg, "parallel.pp");
-    if (tp != 1) {
+    if (tp > 1 && mt_config_bool(cfg, "parallel.sequence_parallel")) {
         return mt_error(MT_ERR_INVALID_ARG,
-                        "runtime.device = \"%s\": parallel.tp = %lld: tensor parallelism runs on the CPU engines only; "
-                        "the GPU engine runs data and pipeline parallelism: set parallel.tp = 1, or runtime.device = "
-                        "\"cpu\"",
+                        "runtime.device = \"%s\": parallel.tp = %lld with parallel.sequence_parallel = true: the GPU "
+                        "engine runs tensor parallelism without sequence parallelism: set "
+                        "parallel.sequence_parallel = false, or runtime.device = \"cpu\"",
                         dev, (long long)tp);
     }
     if (pp > 1 && !strcmp(mt_config_str(cfg, "parallel.engine"), "zero")) {
@@ -170,6 +173,12 @@ typedef struct {
                                * output or gradient buffer before the send is posted */
     int n_slots;              /* the trainer's activation sets: the most micro-batches in flight on the stage */
     size_t act_elems;         /* B x T x C: one activation message */
+    int tp, tpr;              /* tensor parallelism: the group's size and this rank's index in it (1, 0: none) */
+    mt_comm_t tpcomm;         /* tp > 1: activations and their gradients (device memory: NCCL) */
+    mt_comm_t tplcomm;        /* tp > 1: host communicator of the group (the CPU model's seam) */
+    mt_tp_t tpseam;           /* tp > 1: parallel/tp.c over tplcomm, which the sharded host model is built with */
+    mt_gpt2_cuda_tp_ops_t tp_ops; /* tp > 1: the trainer's collectives over tpcomm */
+    mt_comm_t normcomm;       /* tp > 1: host sums of the gradient norm's parts (tp x pp, x dp under ZeRO) */
     double peak;              /* this GPU's dense peak in precision.compute, FLOP/s (0: unknown, no MFU) */
     char peak_src[200];       /* where peak comes from */
 } cuda_engine_t;
@@ -236,6 +245,12 @@ static void ce_free(void *ctx) {
     }
     mt_comm_free(e->ppcomm);
     mt_comm_free(e->pplcomm);
+    mt_comm_free(e->tpcomm);
+    mt_comm_free(e->normcomm);
+    if (e->tpseam) {
+        mt_tp_free(e->tpseam);
+    }
+    mt_comm_free(e->tplcomm);
     if (e->sendbuf) {
         mt_dev_free(e->sendbuf);
     }
@@ -266,6 +281,21 @@ static void ce_free(void *ctx) {
  * (N-1)/N of the whole gathered buffer. */
 static double dp_frac(const cuda_engine_t *e) {
     return (double)(e->dp_size - 1) / (double)e->dp_size;
+}
+
+/* Tensor parallelism, the trainer's collectives over the tp group on its compute stream (stream): the sum of
+ * activations or their gradients in the storage dtype, and the gather of the cross-entropy's statistics. Bytes as
+ * the CPU engines count them (parallel/tp.c). */
+static mt_status_t tp_all_reduce(void *arg, void *buf, size_t count, int dt, void *stream) {
+    cuda_engine_t *e = arg;
+    e->sent_model += 2.0 * (double)count * (double)mt_dtype_size((mt_dtype_t)dt) * (e->tp - 1) / e->tp;
+    return mt_coll_all_reduce(e->tpcomm, buf, buf, count, (mt_coll_dtype_t)dt, MT_REDOP_SUM, stream, NULL);
+}
+
+static mt_status_t tp_all_gather(void *arg, const float *send, float *recv, size_t count, void *stream) {
+    cuda_engine_t *e = arg;
+    e->sent_model += (double)count * 4.0 * (e->tp - 1);
+    return mt_coll_all_gather(e->tpcomm, send, recv, count, MT_COLL_F32, stream, NULL);
 }
 
 /* Averages gradients [lo, hi) over dp on the comm stream, ordered after everything enqueued on the compute
@@ -385,6 +415,19 @@ static mt_status_t pp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
         MT_CHECK(mt_comm_init_ranks(info->comm, ranks, 2, &ep, &e->embcomm));
     }
     return MT_OK;
+}
+
+/* The tp group's device communicator (the trainer's collectives) and the host one over every rank whose gradients
+ * make up the norm (tp, the pipeline's stages, and under ZeRO the dp ranks' slices), collectively over info->comm. */
+static mt_status_t tp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
+    mt_comm_params_t cp = MT_COMM_PARAMS_INIT, np = MT_COMM_PARAMS_INIT;
+    cp.name = "tp-acts";
+    cp.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
+    MT_CHECK(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_TP), &cp, &e->tpcomm));
+    np.name = "grad-norm";
+    unsigned axes = MT_AXIS_BIT(MT_AXIS_TP) | (e->pp > 1 ? MT_AXIS_BIT(MT_AXIS_PP) : 0u) |
+                    (e->zero ? MT_AXIS_BIT(MT_AXIS_DP) : 0u);
+    return mt_comm_init_mesh(info->comm, info->mesh, axes, &np, &e->normcomm);
 }
 
 /* One stage's schedule over the step's micro-batches: GPipe (every forward, then every backward from the
@@ -507,6 +550,38 @@ static mt_status_t pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool back
     return MT_OK;
 }
 
+/* Before the model is built: with tp > 1 the engine starts here, so the host model is this rank's shard (the
+ * tensor-parallel GPT-2 of models/gpt2/gpt2_tp.c, over parallel/tp.c's seam on a host communicator of the tp
+ * group; its weights are initialised as shards of the whole model's and uploaded by ce_init). */
+static mt_status_t ce_setup_model(const mt_job_info_t *info, mt_model_config_t *mc, void **ctx) {
+    *ctx = NULL;
+    int tp = info->mesh ? mt_mesh_axis_size(info->mesh, MT_AXIS_TP) : 1;
+    if (tp == 1) {
+        return MT_OK;
+    }
+    MT_CHECK(cuda_check_config(info->cfg));
+    cuda_engine_t *e = calloc(1, sizeof(*e));
+    if (!e) {
+        return mt_error(MT_ERR_OOM, "cuda engine: out of memory");
+    }
+    *ctx = e; /* the job frees it (ce_free) whatever happens next */
+    int me = 0, coords[MT_AXIS_N];
+    MPI_Comm_rank(info->comm, &me);
+    mt_mesh_coords(info->mesh, me, coords);
+    e->tp = tp;
+    e->tpr = coords[MT_AXIS_TP];
+    mt_comm_params_t lp = MT_COMM_PARAMS_INIT;
+    lp.name = "tp-host";
+    MT_CHECK(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_TP), &lp, &e->tplcomm));
+    if (mt_comm_size(e->tplcomm) != tp || mt_comm_rank(e->tplcomm) != e->tpr) {
+        return mt_error(MT_ERR_INTERNAL, "cuda engine: tp communicator rank %d of %d, the mesh says %d of %d",
+                        mt_comm_rank(e->tplcomm), mt_comm_size(e->tplcomm), e->tpr, tp);
+    }
+    MT_CHECK(mt_tp_init(e->tplcomm, &e->tpseam));
+    mt_tp_model_config(e->tpseam, false, mc);
+    return MT_OK;
+}
+
 static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     MT_CHECK(cuda_check_config(info->cfg));
     int ndev = mt_cuda_device_count();
@@ -522,11 +597,13 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     if (!mt_prec_parse(prec, &gp.prec)) {
         return mt_error(MT_ERR_INVALID_ARG, "precision.compute = \"%s\": expected fp32, tf32, bf16 or fp16", prec);
     }
-    cuda_engine_t *e = calloc(1, sizeof(*e));
+    bool from_setup = *ctx != NULL; /* tp > 1: ce_setup_model made it, and the job frees it */
+    cuda_engine_t *e = from_setup ? *ctx : calloc(1, sizeof(*e));
     if (!e) {
         return mt_error(MT_ERR_OOM, "cuda engine: out of memory");
     }
     mt_status_t st = MT_OK;
+    e->tp = from_setup ? e->tp : 1;
     e->model = info->model;
     e->optim = info->optim;
     e->prec = gp.prec;
@@ -574,14 +651,15 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one);
      * NCCL cannot put two ranks of a communicator on one GPU */
     st = mt_cuda_status(cudaSetDevice(mt_rt_world()->local_rank % ndev), "cudaSetDevice");
-    if (st == MT_OK && !MT_CUDA_EMULATED && (e->dp_size > 1 || e->pp > 1) && mt_rt_world()->local_size > ndev) {
+    bool multi = e->dp_size > 1 || e->pp > 1 || e->tp > 1;
+    if (st == MT_OK && !MT_CUDA_EMULATED && multi && mt_rt_world()->local_size > ndev) {
         st = mt_error(MT_ERR_INVALID_ARG,
                       "runtime.device = \"cuda\": %d ranks on host %s share %d GPU%s, and NCCL needs one GPU per rank: "
                       "start one rank per GPU (mpirun --map-by ppr:%d:node, srun --ntasks-per-node=%d), or set "
                       "runtime.device = \"cpu\"",
                       mt_rt_world()->local_size, mt_rt_world()->hostname, ndev, ndev == 1 ? "" : "s", ndev, ndev);
     }
-    if (e->dp_size > 1 || e->pp > 1) {
+    if (multi) {
         /* The dp communicators are created collectively over info->comm: every rank must get there, so the
          * ranks agree on the device choice first and allocate only afterwards (a rank failing alone before a
          * collective would leave the others waiting in it). */
@@ -597,6 +675,9 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         }
         if (st == MT_OK && e->pp > 1) {
             st = pp_comms_init(e, info);
+        }
+        if (st == MT_OK && e->tp > 1) {
+            st = tp_comms_init(e, info);
         }
     }
     if (st != MT_OK) {
@@ -616,6 +697,10 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     gp.shard_index = e->zero ? e->dp_rank : 0;
     gp.shard_grads = e->zero2;
     gp.shard_weights = e->zero3;
+    if (e->tp > 1) {
+        e->tp_ops = (mt_gpt2_cuda_tp_ops_t){.ctx = e, .all_reduce_sum = tp_all_reduce, .all_gather = tp_all_gather};
+        gp.tp_ops = &e->tp_ops;
+    }
     MT_CHECK_GOTO(mt_gpt2_cuda_init(e->model, &gp, &e->g), st, fail);
     mt_gpt2_cuda_shard(e->g, &e->sh_lo, &e->sh_hi, &e->sh_len);
     e->numel = mt_gpt2_cuda_numel(e->g); /* the stage's parameters */
@@ -666,7 +751,8 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
                 "activation sets",
                 e->stage, e->pp, mt_pp_schedule_name(e->sched), gp.stage_lo, gp.stage_hi, e->numel, e->n_slots);
     }
-    MT_INFO(MT_LOG_INIT, "cuda engine: device %d, %s, dp %d (%s), buckets of %zu floats", d, prec, e->dp_size,
+    MT_INFO(MT_LOG_INIT, "cuda engine: device %d, %s, tp %d, dp %d (%s), buckets of %zu floats", d, prec, e->tp,
+            e->dp_size,
             e->zero3     ? "zero-3: each block's weights gathered before use, gradients reduced to their owners"
             : e->zero2   ? "zero-2: each block's gradients reduced to their slices' owners in every backward"
             : e->zero    ? "zero-1: buckets reduced to their slices' owners during backward, weights all-gathered"
@@ -676,7 +762,9 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     *ctx = e;
     return MT_OK;
 fail:
-    ce_free(e);
+    if (!from_setup) {
+        ce_free(e);
+    }
     return st;
 }
 
@@ -737,7 +825,7 @@ static mt_status_t ce_grad_sumsq(void *ctx, double *total) {
     MT_CHECK(mt_gpt2_cuda_grad_stats(e->g, total, &nonfinite));
     /* each rank summed its slice (ZeRO) or its stage (pp; the tied wte once): the norm and the fp16 overflow
      * verdict are the group's */
-    mt_comm_t over = e->zero ? e->lcomm : e->pp > 1 ? e->pplcomm : NULL;
+    mt_comm_t over = e->normcomm ? e->normcomm : e->zero ? e->lcomm : e->pp > 1 ? e->pplcomm : NULL;
     if (over) {
         double v[2] = {*total, nonfinite ? 1.0 : 0.0};
         MT_CHECK(mt_coll_all_reduce(over, v, v, 2, MT_COLL_F64, MT_REDOP_SUM, NULL, NULL));
@@ -824,19 +912,20 @@ static mt_status_t ce_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **pieces
     for (int i = 0; i < mt_model_n_params(e->model) && st == MT_OK; i++) {
         const mt_param_t *p = mt_model_param(e->model, i);
         size_t off = mt_gpt2_cuda_param_offset(e->g, i); /* in the trainer's layout (a stage's: its own) */
-        if (off == SIZE_MAX || (save && i == 0 && e->last && !e->first)) {
-            continue; /* not on this stage; the last stage's copy of the tied wte: the first stage writes it */
+        if (off == SIZE_MAX || (save && i == 0 && e->last && !e->first) || (save && e->tpr != 0 && p->tp_dim < 0)) {
+            continue; /* not on this stage; the last stage's copy of the tied wte: the first stage writes it; a
+                       * parameter whole on every tp rank: tp rank 0 writes it */
         }
         size_t a = MT_MAX(off, lo) - off, b = MT_MIN(off + p->numel, hi);
         b = b > off ? b - off : 0; /* [a, b): the slice's part of p */
         /* the weights (in the model's host layout): the slice's part on save, whole on a load */
         size_t wa = save ? a : 0, wb = save ? b : p->numel;
-        st = mt_plist_push_flat(&l, "param", p, 1, 0, wa, wb, params + p->offset + wa);
+        st = mt_plist_push_flat(&l, "param", p, e->tp, e->tpr, wa, wb, params + p->offset + wa);
         if (st == MT_OK && a < b) {
-            st = mt_plist_push_flat(&l, "adamw.m", p, 1, 0, a, b, e->h_m + (off + a - lo));
+            st = mt_plist_push_flat(&l, "adamw.m", p, e->tp, e->tpr, a, b, e->h_m + (off + a - lo));
         }
         if (st == MT_OK && a < b) {
-            st = mt_plist_push_flat(&l, "adamw.v", p, 1, 0, a, b, e->h_v + (off + a - lo));
+            st = mt_plist_push_flat(&l, "adamw.v", p, e->tp, e->tpr, a, b, e->h_v + (off + a - lo));
         }
     }
     if (st != MT_OK) {
@@ -900,6 +989,7 @@ static double ce_peak_flops(void *ctx, char *src, size_t len) {
 
 static const mt_job_engine_t cuda_engine = {
     .name = "cuda",
+    .setup_model = ce_setup_model,
     .init = ce_init,
     .zero_grads = ce_zero_grads,
     .finish_grads = ce_finish_grads,
@@ -935,8 +1025,15 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
 
 static void ce_free(void *ctx) {}
 
+/* tp > 1 reaches set-up before init: the same refusal there. */
+static mt_status_t ce_setup_model(const mt_job_info_t *info, mt_model_config_t *mc, void **ctx) {
+    (void)mc;
+    return ce_init(info, ctx);
+}
+
 static const mt_job_engine_t cuda_engine = {
     .name = "cuda",
+    .setup_model = ce_setup_model,
     .init = ce_init,
     .free = ce_free,
     .any_precision = true,

@@ -90,7 +90,8 @@ extern "C" cudaError_t mt_cuda_embedding_backward_shard(float *dwte, float *dwpe
         size_t n = (size_t)B * T * C;
         MT_CU_DISPATCH(dt, E,
                        embedding_backward_wte_kernel<E>
-                       <<<mt_cu_blocks(n, EMB_THREADS), EMB_THREADS, 0, s>>>(dwte, (const E *)dout, tokens, v0, Vl, B * T, C));
+                       <<<mt_cu_blocks(n, EMB_THREADS), EMB_THREADS, 0, s>>>(dwte, (const E *)dout, tokens, v0, Vl,
+                                                                             B * T, C));
     }
     return cudaGetLastError();
 }

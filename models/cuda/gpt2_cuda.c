@@ -4,7 +4,9 @@
  * ln_f), the fc layer's bias and GELU run in the matmul epilogue, attention keeps only the log-sum-exp. model.recompute
  * = "block" keeps only each block's input (resid) and one block's internals, refilled by block_recompute before that
  * block's backward. Shape legend: B batch, T time, C channels, NH heads, N = B*T, V vocab, Vp padded vocab, L layers;
- * activations in the storage dtype of precision.compute, statistics f32.
+ * activations in the storage dtype of precision.compute, statistics f32. Tensor parallelism (tp > 1): Cl = C/tp
+ * channels of NHl = NH/tp heads, Hl = 4C/tp MLP columns and Vl = Vp/tp vocabulary rows (the first Vr of them
+ * real, from global row v0) per rank; the activations outside the sharded regions stay whole (N,C) on every rank.
  * SPDX-License-Identifier: MIT */
 #include "models/cuda/gpt2_cuda.h"
 
@@ -42,6 +44,12 @@ struct mt_gpt2_cuda {
     mt_model_t m;
     mt_gpt2_cuda_params_t p;
     int L, C, NH, V, Vp, B, T, N, dt;
+    int tp, tpr; /* tensor parallelism: the group's size and this rank (1, 0: none) */
+    int Cl, NHl, Hl, Vl, v0, Vr; /* this rank's channels, heads, MLP columns, vocabulary rows (and real ones) */
+    float *ce_part, *ce_parts; /* tp: the cross-entropy's (N,3) statistics and the group's (tp,N,3) */
+    size_t *rep_lo, *rep_hi; /* tp: runs of parameters every tp rank holds whole (tp_dim < 0), stage layout */
+    int n_rep;
+    double *rep_sumsq; /* tp: device sums of squares of those runs (n_rep) */
     int lo, hi;       /* the pipeline stage's blocks [lo, hi) (the whole model: 0, L) */
     bool first, last; /* the stage holds the embeddings (first), ln_f and the head (last); wte on either */
     bool *held;       /* parameter i is on this stage */
@@ -158,9 +166,10 @@ static float *grad_ptr(mt_gpt2_cuda_t g, int i) {
 
 static size_t layer_bytes(mt_gpt2_cuda_t g) {
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es, r = 0;
-    size_t sizes[] = {N * C * es, 3 * N * C * es, N * C * es,     N * C * es,
-                      N * C * es, 4 * N * C * es, 4 * N * C * es, N * 4,
-                      N * 4,      N * 4,          N * 4,          (size_t)g->B * g->NH * g->T * 4};
+    size_t Cl = (size_t)g->Cl, Hl = (size_t)g->Hl;
+    size_t sizes[] = {N * C * es, 3 * N * Cl * es, N * Cl * es, N * C * es,
+                      N * C * es, N * Hl * es,     N * Hl * es, N * 4,
+                      N * 4,      N * 4,           N * 4,       (size_t)g->B * g->NHl * g->T * 4};
     for (size_t i = 0; i < MT_ARRAY_LEN(sizes); i++) {
         r += MT_DIV_UP(sizes[i], 256) * 256;
     }
@@ -172,12 +181,19 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
     if (c->kind != MT_MODEL_GPT2) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the GPU path trains model.kind = \"gpt2\" only");
     }
-    if (c->tp_size != 1) {
-        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: tensor parallelism (tp_size %d) is not on the GPU path",
-                        c->tp_size);
-    }
     if (!p || p->size != sizeof(*p) || (unsigned)p->prec >= MT_PREC_COUNT) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: parameters not initialised with MT_GPT2_CUDA_PARAMS_INIT");
+    }
+    if (c->tp_size > 1 && (!p->tp_ops || !p->tp_ops->all_reduce_sum || !p->tp_ops->all_gather)) {
+        return mt_error(MT_ERR_INVALID_USAGE,
+                        "gpt2_cuda: a tensor-parallel model (tp_size %d) needs the tp group's collectives "
+                        "(params.tp_ops)",
+                        c->tp_size);
+    }
+    if (c->tp_size > 1 && c->sequence_parallel) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "gpt2_cuda: sequence parallelism is not on the GPU path: set parallel.sequence_parallel = "
+                        "false (tensor parallelism runs without it), or runtime.device = \"cpu\"");
     }
     int hi = p->stage_hi < 0 ? c->n_layer : p->stage_hi;
     /* a stage without blocks is the first (the embeddings) or the last (ln_f and the head) */
@@ -284,6 +300,10 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     g->p = *p;
     g->L = c->n_layer, g->C = c->n_embd, g->NH = c->n_head, g->V = c->vocab_size, g->Vp = c->padded_vocab;
     g->B = p->B, g->T = p->T, g->N = p->B * p->T;
+    g->tp = MT_MAX(c->tp_size, 1), g->tpr = g->tp > 1 ? c->tp_rank : 0;
+    g->Cl = g->C / g->tp, g->NHl = g->NH / g->tp, g->Hl = 4 * g->C / g->tp, g->Vl = g->Vp / g->tp;
+    g->v0 = g->tpr * g->Vl;
+    g->Vr = MT_MAX(0, MT_MIN(g->Vl, g->V - g->v0));
     g->dt = (int)mt_prec_storage(p->prec);
     g->es = mt_dtype_size((mt_dtype_t)g->dt);
     g->n_params = mt_model_n_params(m);
@@ -321,6 +341,26 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         g->offs[i] = g->numel;
         g->decay[i] = pp->is_weight2d;
         g->numel += g->held[i] ? pp->numel : 0;
+    }
+    if (g->tp > 1) { /* the runs of whole (replicated) parameters, which the norm counts on tp rank 0 only */
+        g->rep_lo = mt_calloc((size_t)g->n_params * sizeof(size_t), MT_MEM_OTHER, "gpt2_cuda replicated runs");
+        g->rep_hi = mt_calloc((size_t)g->n_params * sizeof(size_t), MT_MEM_OTHER, "gpt2_cuda replicated runs");
+        if (!g->rep_lo || !g->rep_hi) {
+            st = mt_error(MT_ERR_OOM, "gpt2_cuda: no host memory");
+            goto fail;
+        }
+        for (int i = 0; i < g->n_params; i++) {
+            const mt_param_t *pp = mt_model_param(m, i);
+            if (!g->held[i] || pp->tp_dim >= 0) {
+                continue;
+            }
+            if (g->n_rep > 0 && g->rep_hi[g->n_rep - 1] == g->offs[i]) {
+                g->rep_hi[g->n_rep - 1] += pp->numel;
+            } else {
+                g->rep_lo[g->n_rep] = g->offs[i];
+                g->rep_hi[g->n_rep++] = g->offs[i] + pp->numel;
+            }
+        }
     }
     /* ZeRO-1 slices: sh_len elements each (a multiple of 64, so every slice starts 256-byte aligned) */
     g->sh_n = p->shard_count;
@@ -390,7 +430,7 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     /* activations: one allocation for everything backward reads, per set */
     size_t lb = layer_bytes(g), head = 0;
     size_t hx = g->last ? 1 : 0; /* ln_f's output and the logits on the last stage only */
-    size_t head_sizes[] = {hx * N * C * es, N * 4, N * 4, hx * N * (size_t)g->Vp * es, N * 4, N * 4, 256, 256,
+    size_t head_sizes[] = {hx * N * C * es, N * 4, N * 4, hx * N * (size_t)g->Vl * es, N * 4, N * 4, 256, 256,
                            N * 4,           N * 4};
     for (size_t i = 0; i < MT_ARRAY_LEN(head_sizes); i++) {
         head += MT_DIV_UP(head_sizes[i], 256) * 256;
@@ -410,7 +450,7 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         A->lnf = carve(&cur, hx * N * C * es);
         A->lnf_mean = carve(&cur, N * 4);
         A->lnf_rstd = carve(&cur, N * 4);
-        A->logits = carve(&cur, hx * N * (size_t)g->Vp * es);
+        A->logits = carve(&cur, hx * N * (size_t)g->Vl * es);
         A->losses = carve(&cur, N * 4);
         A->lse_ce = carve(&cur, N * 4);
         A->mean_loss = carve(&cur, 256);
@@ -421,17 +461,17 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     for (int i = 0; i < n_int; i++) { /* set i / n_la's block i % n_la (recompute: the one shared set) */
         layer_acts_t *a = &g->sets[i / n_la].la[i % n_la];
         a->ln1 = carve(&cur, N * C * es);
-        a->qkv = carve(&cur, 3 * N * C * es);
-        a->atty = carve(&cur, N * C * es);
+        a->qkv = carve(&cur, 3 * N * (size_t)g->Cl * es);
+        a->atty = carve(&cur, N * (size_t)g->Cl * es);
         a->r2 = carve(&cur, N * C * es);
         a->ln2 = carve(&cur, N * C * es);
-        a->fch = carve(&cur, 4 * N * C * es);
-        a->fch_gelu = carve(&cur, 4 * N * C * es);
+        a->fch = carve(&cur, N * (size_t)g->Hl * es);
+        a->fch_gelu = carve(&cur, N * (size_t)g->Hl * es);
         a->ln1_mean = carve(&cur, N * 4);
         a->ln1_rstd = carve(&cur, N * 4);
         a->ln2_mean = carve(&cur, N * 4);
         a->ln2_rstd = carve(&cur, N * 4);
-        a->lse = carve(&cur, (size_t)g->B * g->NH * g->T * 4);
+        a->lse = carve(&cur, (size_t)g->B * g->NHl * g->T * 4);
     }
     for (int k = 0; k < K; k++) { /* recompute = block: every block's view of the shared internals */
         for (int l = n_la; l < nb; l++) {
@@ -443,17 +483,19 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     }
     g->A = g->last_fwd = &g->sets[0];
     /* scratch shared by the layers (forward temporaries, backward gradients, reductions) */
-    size_t cs = mt_cuda_colsum_scratch_floats(4 * g->C), ls = mt_cuda_layernorm_scratch_floats(g->C);
-    size_t as = mt_cuda_attention_scratch_floats(g->B, g->T, g->NH), ss = mt_cuda_sumsq_scratch_doubles();
-    size_t scratch = 3 * MT_DIV_UP(N * C * es, 256) * 256 + 2 * MT_DIV_UP(4 * N * C * es, 256) * 256 +
+    size_t cs = mt_cuda_colsum_scratch_floats(MT_MAX(g->Hl, g->C)), ls = mt_cuda_layernorm_scratch_floats(g->C);
+    size_t as = mt_cuda_attention_scratch_floats(g->B, g->T, g->NHl), ss = mt_cuda_sumsq_scratch_doubles();
+    size_t Hl = (size_t)g->Hl, ce = g->tp > 1 ? N * 3 * 4 : 0, rep = (size_t)g->n_rep * 8;
+    size_t scratch = 3 * MT_DIV_UP(N * C * es, 256) * 256 + 2 * MT_DIV_UP(N * Hl * es, 256) * 256 +
                      MT_DIV_UP(cs * 4, 256) * 256 + MT_DIV_UP(ls * 4, 256) * 256 + MT_DIV_UP(as * 4, 256) * 256 +
-                     MT_DIV_UP(ss * 8, 256) * 256 + 6 * 256;
+                     MT_DIV_UP(ss * 8, 256) * 256 + 6 * 256 + MT_DIV_UP(ce, 256) * 256 +
+                     MT_DIV_UP(ce * (size_t)g->tp, 256) * 256 + MT_DIV_UP(rep, 256) * 256;
     MT_CHECK_GOTO(dalloc(g, (void **)&cur, scratch, MT_MEM_OTHER, "gpt2_cuda scratch"), st, fail);
     g->tmp_c = carve(&cur, N * C * es);
     g->dresid = carve(&cur, N * C * es);
     g->da = carve(&cur, N * C * es);
-    g->dfg = carve(&cur, 4 * N * C * es);
-    g->dfc = carve(&cur, 4 * N * C * es);
+    g->dfg = carve(&cur, N * Hl * es);
+    g->dfc = carve(&cur, N * Hl * es);
     g->col_scratch = carve(&cur, cs * 4);
     g->ln_scratch = carve(&cur, ls * 4);
     g->attn_scratch = carve(&cur, as * 4);
@@ -462,6 +504,9 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     g->coef = carve(&cur, 256);
     g->norm = carve(&cur, 256);
     g->found_inf = carve(&cur, 256);
+    g->ce_part = g->tp > 1 ? carve(&cur, ce) : NULL;
+    g->ce_parts = g->tp > 1 ? carve(&cur, ce * (size_t)g->tp) : NULL;
+    g->rep_sumsq = g->n_rep > 0 ? carve(&cur, rep) : NULL;
     MT_CHECK_GOTO(dalloc(g, &g->ws, 32 << 20, MT_MEM_OTHER, "cuBLASLt workspace"), st, fail);
     MT_CHECK_GOTO(mt_cuda_status(mt_cuda_ctx_create(&g->ctx, g->ws, 32 << 20, p->prec == MT_PREC_TF32), "cuBLASLt"), st,
                   fail);
@@ -515,6 +560,8 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
     mt_free(g->offs);
     mt_free(g->decay);
     mt_free(g->held);
+    mt_free(g->rep_lo);
+    mt_free(g->rep_hi);
     mt_free(g->sets);
     mt_free(g->la_all);
     mt_free(g);
@@ -544,9 +591,22 @@ static mt_status_t prof_mark(mt_gpt2_cuda_t g, int cat) {
     } while (0)
 #define MT_GPT2_PROF_START (-1)
 
+/* Tensor parallelism, in the compute stream's order: the tp group's sum of count storage-dtype elements at buf,
+ * in place (Megatron's g forward and f backward); nothing with tp = 1. */
+static mt_status_t tp_sum(mt_gpt2_cuda_t g, void *buf, size_t count) {
+    if (g->tp == 1) {
+        return MT_OK;
+    }
+    MT_CHECK(g->p.tp_ops->all_reduce_sum(g->p.tp_ops->ctx, buf, count, g->dt, g->stream));
+    return prof_mark(g, MT_GPT2_PROF_TP);
+}
+
+/* The row-parallel projections' bias: added by tp rank 0 alone, so the group's sum holds it once. */
+#define ROW_BIAS(i) (g->tpr == 0 ? W(i) : NULL)
+
 static const char *prof_names[MT_GPT2_PROF_COUNT] = {"matmul fwd",    "matmul bwd",    "layernorm fwd", "layernorm bwd",
                                                      "attention fwd", "attention bwd", "gelu",          "embedding",
-                                                     "softmax+ce",    "optimizer",     "memset/copy"};
+                                                     "softmax+ce",    "optimizer",     "memset/copy",   "tp comm"};
 
 const char *mt_gpt2_prof_name(mt_gpt2_prof_t c) {
     return (unsigned)c < MT_GPT2_PROF_COUNT ? prof_names[c] : "?";
@@ -644,7 +704,7 @@ static mt_status_t wouter_fresh(mt_gpt2_cuda_t g) {
 }
 
 mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const int32_t *targets) {
-    int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt;
+    int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl;
     void *s = g->stream;
     if ((g->first && !tokens) || (g->last && !targets)) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the %s stage needs the %s", g->first ? "first" : "last",
@@ -682,7 +742,9 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     g->last_fwd = g->A;
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
     if (g->first) { /* later stages find their input in resid[lo] (mt_gpt2_cuda_stage_input) */
-        OP(PROF_EMBED, mt_cuda_embedding_forward(RES(0), g->A->tokens_d, W(0), W(1), B, T, C, dt, s));
+        OP(PROF_EMBED, mt_cuda_embedding_forward_shard(RES(0), g->A->tokens_d, W(0), ROW_BIAS(1), g->v0, g->Vl, B, T,
+                                                       C, dt, s));
+        MT_CHECK(tp_sum(g, RES(0), (size_t)N * C)); /* tp: each token's row from its rank, wpe from rank 0 */
     }
     int pf = BLOCK0 + L * NBP;       /* ln_f */
     if (g->lo == g->hi && g->last) { /* no block to fuse ln_f into */
@@ -698,22 +760,24 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
                                                       W(p + LN1B), N, C, dt, s));
         }
         OP(PROF_MATMUL_FWD,
-           mt_cuda_matmul_forward(g->ctx, a->qkv, 3 * C, NULL, a->ln1, W(p + QKVW), W(p + QKVB), N, C, 3 * C, dt, s));
-        OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, C, g->NH, dt, s));
-        OP(PROF_MATMUL_FWD,
-           mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->atty, W(p + PROJW), W(p + PROJB), N, C, C, dt, s));
+           mt_cuda_matmul_forward(g->ctx, a->qkv, 3 * Cl, NULL, a->ln1, W(p + QKVW), W(p + QKVB), N, C, 3 * Cl, dt, s));
+        OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, Cl, g->NHl, dt, s));
+        OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->atty, W(p + PROJW),
+                                                   ROW_BIAS(p + PROJB), N, Cl, C, dt, s));
+        MT_CHECK(tp_sum(g, g->tmp_c, (size_t)N * C));
         OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, a->ln2, a->ln2_mean, a->ln2_rstd, g->tmp_c, RES(l),
                                                            W(p + LN2W), W(p + LN2B), N, C, dt, s));
         if (g->p.fused_gelu) {
-            OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, a->fch_gelu, 4 * C, a->fch, a->ln2, W(p + FCW),
-                                                       W(p + FCB), N, C, 4 * C, dt, s));
+            OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, a->fch_gelu, Hl, a->fch, a->ln2, W(p + FCW),
+                                                       W(p + FCB), N, C, Hl, dt, s));
         } else {
             OP(PROF_MATMUL_FWD,
-               mt_cuda_matmul_forward(g->ctx, a->fch, 4 * C, NULL, a->ln2, W(p + FCW), W(p + FCB), N, C, 4 * C, dt, s));
-            OP(PROF_GELU, mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C, dt, s));
+               mt_cuda_matmul_forward(g->ctx, a->fch, Hl, NULL, a->ln2, W(p + FCW), W(p + FCB), N, C, Hl, dt, s));
+            OP(PROF_GELU, mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * Hl, dt, s));
         }
-        OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->fch_gelu, W(p + FCPW), W(p + FCPB), N,
-                                                   4 * C, C, dt, s));
+        OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->fch_gelu, W(p + FCPW),
+                                                   ROW_BIAS(p + FCPB), N, Hl, C, dt, s));
+        MT_CHECK(tp_sum(g, g->tmp_c, (size_t)N * C));
         if (l + 1 < g->hi) {
             layer_acts_t *nx = LA(l + 1);
             int pn = p + NBP;
@@ -730,11 +794,23 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     if (!g->last) {
         return MT_OK;
     }
-    /* logits (N, Vp): the V real columns; padded columns are never read */
-    OP(PROF_MATMUL_FWD,
-       mt_cuda_matmul_forward(g->ctx, g->A->logits, g->Vp, NULL, g->A->lnf, W(0), NULL, N, C, g->V, dt, s));
-    OP(PROF_CE, mt_cuda_softmax_ce_forward(g->A->losses, g->A->lse_ce, g->A->mean_loss, g->A->n_valid, g->A->logits,
-                                           g->A->targets_d, N, g->V, g->Vp, dt, s));
+    /* logits (N, Vl): the Vr real columns; padded columns are never read. tp: this rank's vocabulary rows, the
+     * cross-entropy from every rank's per-row statistics */
+    if (g->Vr > 0) {
+        OP(PROF_MATMUL_FWD,
+           mt_cuda_matmul_forward(g->ctx, g->A->logits, g->Vl, NULL, g->A->lnf, W(0), NULL, N, C, g->Vr, dt, s));
+    }
+    if (g->tp == 1) {
+        OP(PROF_CE, mt_cuda_softmax_ce_forward(g->A->losses, g->A->lse_ce, g->A->mean_loss, g->A->n_valid,
+                                               g->A->logits, g->A->targets_d, N, g->V, g->Vp, dt, s));
+        return MT_OK;
+    }
+    OP(PROF_CE,
+       mt_cuda_softmax_ce_partial(g->ce_part, g->A->logits, g->A->targets_d, g->v0, N, g->Vr, g->Vl, dt, s));
+    MT_CHECK(g->p.tp_ops->all_gather(g->p.tp_ops->ctx, g->ce_part, g->ce_parts, (size_t)N * 3, s));
+    MT_CHECK(prof_mark(g, MT_GPT2_PROF_TP));
+    OP(PROF_CE, mt_cuda_softmax_ce_combine(g->A->losses, g->A->lse_ce, g->A->mean_loss, g->A->n_valid, g->ce_parts,
+                                           g->tp, g->A->targets_d, N, s));
     return MT_OK;
 }
 
@@ -760,32 +836,33 @@ static mt_status_t grads_done(mt_gpt2_cuda_t g, int p0, int p1, cudaEvent_t ev) 
  * kernels (ln_1 unfused here: the fused kernel normalises the stored sum, so the bits are the same), up to
  * gelu(fc): the block's output is not needed again. g->tmp_c is free during backward. */
 static mt_status_t block_recompute(mt_gpt2_cuda_t g, int l) {
-    int N = g->N, C = g->C, B = g->B, T = g->T, dt = g->dt;
+    int N = g->N, C = g->C, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl;
     void *s = g->stream;
     layer_acts_t *a = LA(l);
     int p = BLOCK0 + l * NBP;
     OP(PROF_LN_FWD,
        mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W), W(p + LN1B), N, C, dt, s));
     OP(PROF_MATMUL_FWD,
-       mt_cuda_matmul_forward(g->ctx, a->qkv, 3 * C, NULL, a->ln1, W(p + QKVW), W(p + QKVB), N, C, 3 * C, dt, s));
-    OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, C, g->NH, dt, s));
-    OP(PROF_MATMUL_FWD,
-       mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->atty, W(p + PROJW), W(p + PROJB), N, C, C, dt, s));
+       mt_cuda_matmul_forward(g->ctx, a->qkv, 3 * Cl, NULL, a->ln1, W(p + QKVW), W(p + QKVB), N, C, 3 * Cl, dt, s));
+    OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, Cl, g->NHl, dt, s));
+    OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->atty, W(p + PROJW), ROW_BIAS(p + PROJB),
+                                               N, Cl, C, dt, s));
+    MT_CHECK(tp_sum(g, g->tmp_c, (size_t)N * C));
     OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, a->ln2, a->ln2_mean, a->ln2_rstd, g->tmp_c, RES(l),
                                                        W(p + LN2W), W(p + LN2B), N, C, dt, s));
     if (g->p.fused_gelu) {
-        OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, a->fch_gelu, 4 * C, a->fch, a->ln2, W(p + FCW), W(p + FCB),
-                                                   N, C, 4 * C, dt, s));
+        OP(PROF_MATMUL_FWD,
+           mt_cuda_matmul_forward(g->ctx, a->fch_gelu, Hl, a->fch, a->ln2, W(p + FCW), W(p + FCB), N, C, Hl, dt, s));
     } else {
         OP(PROF_MATMUL_FWD,
-           mt_cuda_matmul_forward(g->ctx, a->fch, 4 * C, NULL, a->ln2, W(p + FCW), W(p + FCB), N, C, 4 * C, dt, s));
-        OP(PROF_GELU, mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C, dt, s));
+           mt_cuda_matmul_forward(g->ctx, a->fch, Hl, NULL, a->ln2, W(p + FCW), W(p + FCB), N, C, Hl, dt, s));
+        OP(PROF_GELU, mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * Hl, dt, s));
     }
     return MT_OK;
 }
 
 mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
-    int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt;
+    int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl;
     size_t NC = (size_t)N * C, es = g->es;
     void *s = g->stream;
     cudaStream_t cs = g->stream;
@@ -808,10 +885,15 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     /* head: dlogits in place, dlnf = dlogits @ wte (and dwte += dlogits^T lnf), ln_f backward; a stage before
      * the last finds d x_hi in dresid (mt_gpt2_cuda_stage_grad) */
     if (g->last) {
-        OP(PROF_CE, mt_cuda_softmax_ce_backward(g->A->logits, g->A->logits, g->A->lse_ce, g->A->targets_d,
-                                                g->A->n_valid, N, g->V, g->Vp, scale, dt, s));
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(0), NULL, g->A->logits, g->Vp, g->A->lnf, W(0),
-                                                        N, C, g->V, dt, NULL, s));
+        OP(PROF_CE, mt_cuda_softmax_ce_backward_shard(g->A->logits, g->A->logits, g->A->lse_ce, g->A->targets_d,
+                                                      g->A->n_valid, g->v0, N, g->Vr, g->Vl, scale, dt, s));
+        if (g->Vr > 0) {
+            OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(0), NULL, g->A->logits, g->Vl, g->A->lnf,
+                                                            W(0), N, C, g->Vr, dt, NULL, s));
+        } else { /* tp: no real vocabulary row here, no part of d lnf */
+            OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
+        }
+        MT_CHECK(tp_sum(g, g->da, NC));
         OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, NC * es, cs));
         OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->A->lnf_mean,
                                                    g->A->lnf_rstd, N, C, dt, g->ln_scratch, s));
@@ -831,28 +913,31 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         /* MLP branch: x_{l+1} = r2 + fcproj(gelu(fc(ln2(r2)))); dresid holds d x_{l+1}. The activation gradients
          * da, dfg, dfc, dln1 are written (not accumulated): no zeroing before the products */
         OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->dfg, G(p + FCPW), G(p + FCPB), g->dresid, C,
-                                                        a->fch_gelu, W(p + FCPW), N, 4 * C, C, dt, g->col_scratch, s));
-        OP(PROF_GELU, mt_cuda_gelu_backward_set(g->dfc, a->fch, g->dfg, 4 * NC, dt, s));
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(p + FCW), G(p + FCB), g->dfc, 4 * C, a->ln2,
-                                                        W(p + FCW), N, C, 4 * C, dt, g->col_scratch, s));
+                                                        a->fch_gelu, W(p + FCPW), N, Hl, C, dt, g->col_scratch, s));
+        OP(PROF_GELU, mt_cuda_gelu_backward_set(g->dfc, a->fch, g->dfg, (size_t)N * Hl, dt, s));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(p + FCW), G(p + FCB), g->dfc, Hl, a->ln2,
+                                                        W(p + FCW), N, C, Hl, dt, g->col_scratch, s));
+        MT_CHECK(tp_sum(g, g->da, NC)); /* tp: each rank's columns' part of d ln2 */
         OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(p + LN2W), G(p + LN2B), g->da, a->r2, W(p + LN2W),
                                                    a->ln2_mean, a->ln2_rstd, N, C, dt, g->ln_scratch, s));
         /* attention branch: r2 = x_l + proj(attn(qkv(ln1(x_l)))); dresid now holds d r2 */
         OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(p + PROJW), G(p + PROJB), g->dresid, C,
-                                                        a->atty, W(p + PROJW), N, C, C, dt, g->col_scratch, s));
-        void *dqkv = g->dfg; /* (N,3C) fits in (N,4C) */
-        OP(PROF_OTHER, cudaMemsetAsync(dqkv, 0, 3 * NC * es, cs));
+                                                        a->atty, W(p + PROJW), N, Cl, C, dt, g->col_scratch, s));
+        void *dqkv = g->dfg; /* (N,3Cl) fits in (N,Hl) */
+        OP(PROF_OTHER, cudaMemsetAsync(dqkv, 0, 3 * (size_t)N * Cl * es, cs));
         OP(PROF_ATTN_BWD,
-           mt_cuda_attention_backward(dqkv, g->da, a->qkv, a->atty, a->lse, B, T, C, g->NH, dt, g->attn_scratch, s));
+           mt_cuda_attention_backward(dqkv, g->da, a->qkv, a->atty, a->lse, B, T, Cl, g->NHl, dt, g->attn_scratch, s));
         void *dln1 = g->dfc;
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, dln1, G(p + QKVW), G(p + QKVB), dqkv, 3 * C, a->ln1,
-                                                        W(p + QKVW), N, C, 3 * C, dt, g->col_scratch, s));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, dln1, G(p + QKVW), G(p + QKVB), dqkv, 3 * Cl, a->ln1,
+                                                        W(p + QKVW), N, C, 3 * Cl, dt, g->col_scratch, s));
+        MT_CHECK(tp_sum(g, dln1, NC)); /* tp: each rank's heads' part of d ln1 */
         OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(p + LN1W), G(p + LN1B), dln1, RES(l), W(p + LN1W),
                                                    a->ln1_mean, a->ln1_rstd, N, C, dt, g->ln_scratch, s));
         MT_CHECK(grads_done(g, p, p + NBP, g->slot_free[l % 2]));
     }
     if (g->first) { /* a later stage leaves d x_lo in dresid for the previous one */
-        OP(PROF_EMBED, mt_cuda_embedding_backward(G(0), G(1), g->dresid, g->A->tokens_d, B, T, C, dt, s));
+        OP(PROF_EMBED, mt_cuda_embedding_backward_shard(G(0), G(1), g->dresid, g->A->tokens_d, g->v0, g->Vl, B, T, C,
+                                                        dt, s));
     }
     return grads_done(g, 0, BLOCK0, g->outer_free); /* wte and wpe; on the last stage only wte, from the head */
 }
@@ -897,10 +982,11 @@ mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, flo
     if (g->stepped) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: call mt_gpt2_cuda_step_result after each step");
     }
-    if (g->sh_n > 1) {
+    if (g->sh_n > 1 || g->tp > 1) {
         return mt_error(MT_ERR_INVALID_USAGE,
-                        "gpt2_cuda: a sharded model's gradient norm spans its ranks: use mt_gpt2_cuda_grad_stats and "
-                        "mt_gpt2_cuda_step_scaled");
+                        "gpt2_cuda: a %s model's gradient norm spans its ranks: use mt_gpt2_cuda_grad_stats and "
+                        "mt_gpt2_cuda_step_scaled",
+                        g->tp > 1 ? "tensor-parallel" : "sharded");
     }
     void *s = g->stream;
     const int *skip = NULL;
@@ -1000,10 +1086,11 @@ mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfi
     int found = 0;
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
     const float *gs = g->zero2 ? g->gshard : g->grads + g->sh_lo;
-    size_t n = g->sh_hi - g->sh_lo;
+    size_t n = g->sh_hi - g->sh_lo, a0 = g->sh_lo; /* gs holds the layout's [a0, a0 + n) */
     if (g->last && !g->first) { /* the tied wte's second copy: the first stage's counts (stages are unsharded) */
         gs += g->offs[1];
         n -= g->offs[1];
+        a0 += g->offs[1];
     }
     if (g->scaler.dynamic) {
         OP(PROF_OTHER, cudaMemsetAsync(g->found_inf, 0, sizeof(int), g->stream));
@@ -1016,9 +1103,27 @@ mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfi
     } else {
         OP(PROF_OTHER, cudaMemsetAsync(g->sumsq, 0, sizeof(double), g->stream));
     }
+    /* tp: the whole parameters' gradients are the same on every tp rank; rank 0's count */
+    bool drop_rep = g->tp > 1 && g->tpr != 0 && g->n_rep > 0;
+    if (drop_rep) {
+        OP(PROF_OTHER, cudaMemsetAsync(g->rep_sumsq, 0, (size_t)g->n_rep * sizeof(double), g->stream));
+    }
+    for (int k = 0; drop_rep && k < g->n_rep; k++) {
+        size_t lo = MT_MAX(g->rep_lo[k], a0), hi = MT_MIN(g->rep_hi[k], a0 + n);
+        if (lo < hi) {
+            OP(PROF_OPT, mt_cuda_sumsq(g->rep_sumsq + k, gs + (lo - a0), hi - lo, g->sumsq_scratch, s));
+        }
+    }
     CK(cudaStreamSynchronize(g->stream));
-    double ss = 0;
+    double ss = 0, rep[64];
     CK(cudaMemcpy(&ss, g->sumsq, sizeof(double), cudaMemcpyDeviceToHost));
+    for (int k0 = 0; drop_rep && k0 < g->n_rep; k0 += (int)MT_ARRAY_LEN(rep)) {
+        int cnt = MT_MIN(g->n_rep - k0, (int)MT_ARRAY_LEN(rep));
+        CK(cudaMemcpy(rep, g->rep_sumsq + k0, (size_t)cnt * sizeof(double), cudaMemcpyDeviceToHost));
+        for (int k = 0; k < cnt; k++) {
+            ss -= rep[k];
+        }
+    }
     if (g->scaler.dynamic) {
         CK(cudaMemcpy(&found, g->found_inf, sizeof(int), cudaMemcpyDeviceToHost));
     }

@@ -16,6 +16,17 @@
 extern "C" {
 #endif
 
+/* Tensor parallelism (a model built with tp_size > 1 holds this rank's shards in models/gpt2/gpt2_tp.c's layout):
+ * the collectives the trainer issues over the tp group, every rank in the same order, each enqueued on `stream`
+ * (the compute stream, so it is ordered after the launches that wrote its input and before those that read its
+ * output): an in-place sum all-reduce of count elements of storage dtype dt (MT_CU_*), and an all-gather of count
+ * f32 per rank (recv: the ranks' parts in rank order). A failing call stops the pass with its status. */
+typedef struct {
+    void *ctx;
+    mt_status_t (*all_reduce_sum)(void *ctx, void *buf, size_t count, int dt, void *stream);
+    mt_status_t (*all_gather)(void *ctx, const float *send, float *recv, size_t count, void *stream);
+} mt_gpt2_cuda_tp_ops_t;
+
 typedef struct {
     size_t size;          /* sizeof(mt_gpt2_cuda_params_t) */
     mt_prec_t prec;       /* precision.compute */
@@ -30,18 +41,23 @@ typedef struct {
     int stage_lo;         /* a pipeline stage: blocks [stage_lo, stage_hi) (see mt_gpt2_cuda_stage_input) */
     int stage_hi;         /* -1: n_layer (with stage_lo 0: the whole model) */
     int act_sets;         /* micro-batches whose activations are kept at once (mt_gpt2_cuda_use_acts) */
+    const mt_gpt2_cuda_tp_ops_t *tp_ops; /* the tp group's collectives: required when the model's tp_size > 1 */
 } mt_gpt2_cuda_params_t;
 
 #define MT_GPT2_CUDA_PARAMS_INIT                                                                                       \
     {                                                                                                                  \
         .size = sizeof(mt_gpt2_cuda_params_t), .prec = MT_PREC_FP32, .B = 4, .T = 64, .init_scale = 65536.0f,          \
         .scale_window = 1000, .fused_gelu = true, .shard_count = 1, .shard_index = 0, .shard_grads = false,            \
-        .shard_weights = false, .stage_lo = 0, .stage_hi = -1, .act_sets = 1                                           \
+        .shard_weights = false, .stage_lo = 0, .stage_hi = -1, .act_sets = 1, .tp_ops = NULL                           \
     }
 
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
 
-/* Builds the device model from m (a GPT-2 with tp_size 1 whose parameters are bound and initialised on the host):
+/* Builds the device model from m (a GPT-2 whose parameters are bound and initialised on the host; with tp_size > 1
+ * this rank's shards, trained Megatron-style as models/gpt2/gpt2_tp.c does on the CPU: attention heads, MLP columns
+ * and vocabulary rows split over the tp group, one all-reduce of the activations (or their gradients) per attention
+ * and per MLP forward and backward, the embedding's sum, and the cross-entropy's per-row statistics gathered; the
+ * row-parallel biases added by tp rank 0; no sequence parallelism):
  * uploads the parameters as f32 master weights, allocates the compute copy (bf16/fp16), gradients, AdamW moments and
  * the activations of one B x T micro-batch through the caching allocator. With model.recompute = "block" the
  * activations are the block inputs plus one block's internals, which backward recomputes block by block (the last
@@ -66,7 +82,8 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale);
 /* Optimizer step (enqueued, no host wait): global-norm clipping at max_norm (<= 0: off) on the unscaled
  * gradients, the fp16 overflow check (a step with inf/NaN gradients changes nothing), fused AdamW on the
  * master weights (weight decay on 2-D weights only, as the CPU optimizer) refreshing the compute copy.
- * Unsharded models only (a sharded one's norm spans ranks: its engine uses mt_gpt2_cuda_step_scaled). */
+ * Unsharded models only (a sharded or tensor-parallel one's norm spans ranks: its engine uses
+ * mt_gpt2_cuda_grad_stats and mt_gpt2_cuda_step_scaled). */
 mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float max_norm);
 
 typedef struct {
@@ -105,6 +122,7 @@ typedef enum {
     MT_GPT2_PROF_CE,    /* fused softmax + cross-entropy, forward and backward */
     MT_GPT2_PROF_OPT,   /* inf check, norm, clip coefficient, AdamW */
     MT_GPT2_PROF_OTHER, /* memsets and copies */
+    MT_GPT2_PROF_TP,    /* tensor parallelism: the tp group's all-reduces and gathers (time on the stream) */
     MT_GPT2_PROF_COUNT
 } mt_gpt2_prof_t;
 mt_status_t mt_gpt2_cuda_set_profile(mt_gpt2_cuda_t g, bool on);
@@ -161,7 +179,8 @@ float *mt_gpt2_cuda_grads(mt_gpt2_cuda_t g);
 const float *mt_gpt2_cuda_loss_dev(mt_gpt2_cuda_t g);
 
 /* Enqueues the sum of squares of the gradients this model updates (all of them; a sharded model's shard
- * [lo, hi) only; the last pipeline stage's without its copy of wte, which the first stage's counts) and,
+ * [lo, hi) only; the last pipeline stage's without its copy of wte, which the first stage's counts; under tensor
+ * parallelism the parameters every tp rank holds whole only on tp rank 0, as the CPU engines count them) and,
  * with fp16 loss scaling, their inf/NaN check, waits, and returns the sum of squares of the UNSCALED
  * gradients and whether any of them is inf/NaN. */
 mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfinite);

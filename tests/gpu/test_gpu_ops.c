@@ -697,8 +697,8 @@ static void test_vocab_parallel(void) {
                                                                    p * Vl, N, Vr, Vl, dt, NULL),
                                         "ce partial"));
             }
-            CHECK_OK(mt_cuda_status(mt_cuda_softmax_ce_combine(d_losses, d_lse, d_mean, d_nv, d_parts, P, dtgt, N, NULL),
-                                    "ce combine"));
+            cudaError_t ce = mt_cuda_softmax_ce_combine(d_losses, d_lse, d_mean, d_nv, d_parts, P, dtgt, N, NULL);
+            CHECK_OK(mt_cuda_status(ce, "ce combine"));
             float *gl = down(d_losses, N, MT_CU_F32), *gz = down(d_lse, N, MT_CU_F32), *gm = down(d_mean, 1, MT_CU_F32);
             int gnv = 0;
             CHECK(cudaMemcpy(&gnv, d_nv, 4, cudaMemcpyDeviceToHost) == cudaSuccess, "n_valid");
