@@ -96,16 +96,25 @@ mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use,
     if (!strcmp(dev, "cpu")) {
         return MT_OK;
     }
-    int n = cuda_devices(), rank = 0, min_n = 0;
+    int n = cuda_devices(), rank = 0, world = 1, mine[2], all[2];
     MPI_Comm_rank(comm, &rank);
-    MT_MPI_CHECK(MPI_Allreduce(&n, &min_n, 1, MPI_INT, MPI_MIN, comm));
+    MPI_Comm_size(comm, &world);
+    /* the fewest GPUs any rank sees; whether every host has a GPU per rank (NCCL's rule, when ranks talk) */
+    mine[0] = n;
+    mine[1] = world == 1 || mt_rt_world()->local_size <= n;
+    MT_MPI_CHECK(MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MIN, comm));
+    int min_n = all[0];
     mt_status_t fit = cuda_check_config(cfg);
     if (!strcmp(dev, "auto")) {
-        if (min_n > 0 && fit == MT_OK) {
+        if (min_n > 0 && fit == MT_OK && all[1]) {
             *use = true;
-        } else if (min_n > 0 && note_len) {
+        } else if (min_n > 0 && note_len && fit != MT_OK) {
             snprintf(note, note_len, "runtime.device = \"auto\": GPUs present, but %s; training on the CPU",
                      mt_last_error_msg());
+        } else if (min_n > 0 && note_len) {
+            snprintf(note, note_len,
+                     "runtime.device = \"auto\": GPUs present, but a host runs more ranks than it has GPUs (NCCL "
+                     "needs one GPU per rank); training on the CPU");
         }
         return MT_OK;
     }

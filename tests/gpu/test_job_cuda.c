@@ -488,7 +488,8 @@ static void pipeline(const char *dir) {
  * losses, validation losses and gradient norms within 1e-3 of the CPU's (the norm counts the parameters every tp
  * rank holds whole once; a padded vocabulary of 48 gives tp rank 0 rows 0-23 and rank 1 rows 24-31 with 16 padding
  * rows; the default padding, 256, leaves rank 1 no real row, whose logits and cross-entropy are the empty shard's,
- * also within 1e-3); bf16 trains within 3e-2 of the CPU's fp32; a tp checkpoint resumes on the
+ * also within 1e-3); bf16 trains within 3e-2 of the CPU's fp32; fp16 from a loss scale of 2^24 skips its
+ * overflowing steps (counted as overflows) and trains on; a tp checkpoint resumes on the
  * GPU (SAME_TOL) and on the CPU engine (1e-3); each rank's device parameters are below 0.75 of the whole model's on
  * one GPU; sequence parallelism is refused naming the key. With 4 ranks (tp 2 x dp 2) also ZeRO-1, -2 and -3 over
  * each tp rank's shard give the DDP losses (SAME_TOL), and tp 2 x pp 2 (4 blocks, 1F1B) the CPU's (1e-3). */
@@ -525,6 +526,19 @@ static void tensor(const char *dir) {
     same_losses("tp 2: bf16 gpu vs cpu fp32", &bf, &cpu, 3e-2);
     CHECK(bf.n_steps == STEPS && bf.loss[STEPS - 1] < bf.loss[0], "tp 2 bf16 trains: %g -> %g", bf.loss[0],
           bf.loss[bf.n_steps > 0 ? bf.n_steps - 1 : 0]);
+    /* fp16 from 2^24: the first steps overflow on some rank's shard; the group agrees, skips them and trains on */
+    mt_job_result_t h16;
+    const char *f16[] = {"--precision.compute=fp16", "--precision.init_scale=16777216", ev[1]};
+    CHECK_OK(run_mesh("cuda", 2, 1, 3, f16, &h16));
+    int skipped = 0;
+    for (int64_t s = 0; s < h16.n_steps; s++) {
+        skipped += h16.grad_norm[s] == 0.0;
+    }
+    CHECK(h16.n_steps == STEPS && skipped >= 1 && skipped < STEPS && h16.n_overflow == skipped &&
+              isfinite(h16.loss[STEPS - 1]),
+          "tp 2 fp16 from 2^24: %d of %lld steps skipped (norm 0), %lld overflows counted", skipped,
+          (long long)h16.n_steps, (long long)h16.n_overflow);
+    mt_job_result_free(&h16);
     /* a checkpoint after step 3: resumed on the GPU and on the CPU engine */
     char carg[300], step3[320];
     snprintf(carg, sizeof(carg), "--checkpoint.dir=%s/tpckpt", dir);
