@@ -55,11 +55,10 @@ static mt_status_t cuda_check_config(const mt_config_t *cfg) {
                         dev, mt_config_str(cfg, "model.kind"));
     }
     int64_t tp = mt_config_int(cfg, "parallel.tp"), pp = mt_config_int(cfg, "parallel.pp");
-    if (tp > 1 && mt_config_bool(cfg, "parallel.sequence_parallel")) {
+    if (tp > 1 && !strcmp(mt_config_str(cfg, "model.recompute"), "block")) {
         return mt_error(MT_ERR_INVALID_ARG,
-                        "runtime.device = \"%s\": parallel.tp = %lld with parallel.sequence_parallel = true: the GPU "
-                        "engine runs tensor parallelism without sequence parallelism: set "
-                        "parallel.sequence_parallel = false, or runtime.device = \"cpu\"",
+                        "runtime.device = \"%s\": model.recompute = \"block\" with parallel.tp = %lld: recomputing a "
+                        "sharded block would repeat its collectives: set model.recompute = \"none\"",
                         dev, (long long)tp);
     }
     if (pp > 1 && !strcmp(mt_config_str(cfg, "parallel.engine"), "zero")) {
@@ -292,19 +291,27 @@ static double dp_frac(const cuda_engine_t *e) {
     return (double)(e->dp_size - 1) / (double)e->dp_size;
 }
 
-/* Tensor parallelism, the trainer's collectives over the tp group on its compute stream (stream): the sum of
- * activations or their gradients in the storage dtype, and the gather of the cross-entropy's statistics. Bytes as
- * the CPU engines count them (parallel/tp.c). */
+/* Tensor parallelism, the trainer's collectives over the tp group on its compute stream (stream): sums of
+ * activations or their gradients in the storage dtype (all-reduce, or with sequence parallelism reduce-scatter
+ * and all-gather), of the LayerNorms' f32 gradients (sp), and the gather of the cross-entropy's statistics. Bytes
+ * per rank in the bus convention the CPU engines count (parallel/tp.c): all-reduce 2b(n-1)/n of a b-byte buffer,
+ * all-gather and reduce-scatter b(n-1)/n of the whole n x count buffer. */
 static mt_status_t tp_all_reduce(void *arg, void *buf, size_t count, int dt, void *stream) {
     cuda_engine_t *e = arg;
     e->sent_model += 2.0 * (double)count * (double)mt_dtype_size((mt_dtype_t)dt) * (e->tp - 1) / e->tp;
     return mt_coll_all_reduce(e->tpcomm, buf, buf, count, (mt_coll_dtype_t)dt, MT_REDOP_SUM, stream, NULL);
 }
 
-static mt_status_t tp_all_gather(void *arg, const float *send, float *recv, size_t count, void *stream) {
+static mt_status_t tp_all_gather(void *arg, const void *send, void *recv, size_t count, int dt, void *stream) {
     cuda_engine_t *e = arg;
-    e->sent_model += (double)count * 4.0 * (e->tp - 1);
-    return mt_coll_all_gather(e->tpcomm, send, recv, count, MT_COLL_F32, stream, NULL);
+    e->sent_model += (double)count * (double)mt_dtype_size((mt_dtype_t)dt) * (e->tp - 1);
+    return mt_coll_all_gather(e->tpcomm, send, recv, count, (mt_coll_dtype_t)dt, stream, NULL);
+}
+
+static mt_status_t tp_reduce_scatter(void *arg, const void *send, void *recv, size_t count, int dt, void *stream) {
+    cuda_engine_t *e = arg;
+    e->sent_model += (double)count * (double)mt_dtype_size((mt_dtype_t)dt) * (e->tp - 1);
+    return mt_coll_reduce_scatter(e->tpcomm, send, recv, count, (mt_coll_dtype_t)dt, MT_REDOP_SUM, stream, NULL);
 }
 
 /* Averages gradients [lo, hi) over dp on the comm stream, ordered after everything enqueued on the compute
@@ -587,7 +594,7 @@ static mt_status_t ce_setup_model(const mt_job_info_t *info, mt_model_config_t *
                         mt_comm_rank(e->tplcomm), mt_comm_size(e->tplcomm), e->tpr, tp);
     }
     MT_CHECK(mt_tp_init(e->tplcomm, &e->tpseam));
-    mt_tp_model_config(e->tpseam, false, mc);
+    mt_tp_model_config(e->tpseam, mt_config_bool(info->cfg, "parallel.sequence_parallel"), mc);
     return MT_OK;
 }
 
@@ -707,7 +714,10 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     gp.shard_grads = e->zero2;
     gp.shard_weights = e->zero3;
     if (e->tp > 1) {
-        e->tp_ops = (mt_gpt2_cuda_tp_ops_t){.ctx = e, .all_reduce_sum = tp_all_reduce, .all_gather = tp_all_gather};
+        e->tp_ops = (mt_gpt2_cuda_tp_ops_t){.ctx = e,
+                                            .all_reduce_sum = tp_all_reduce,
+                                            .all_gather = tp_all_gather,
+                                            .reduce_scatter_sum = tp_reduce_scatter};
         gp.tp_ops = &e->tp_ops;
     }
     MT_CHECK_GOTO(mt_gpt2_cuda_init(e->model, &gp, &e->g), st, fail);
@@ -718,7 +728,9 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         mt_dev_malloc((void **)&e->loss_dev, (size_t)e->ga * 4, MT_MEM_OTHER, "cuda engine losses", e->cstream), st,
         fail);
     MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&e->loss_host, (size_t)e->ga * 4), "pinned losses"), st, fail);
+    /* a pipeline message: the stage boundary's residual rows (with sequence parallelism this tp rank's share) */
     e->act_elems = (size_t)(e->mb * e->T) * (size_t)mt_model_config(e->model)->n_embd;
+    e->act_elems /= mt_model_config(e->model)->sequence_parallel ? (size_t)e->tp : 1u;
     size_t act_bytes = e->act_elems * mt_dtype_size(mt_prec_storage(e->prec));
     if (e->pp > 1) {
         MT_CHECK_GOTO(mt_dev_malloc(&e->sendbuf, act_bytes, MT_MEM_COMM, "pipeline send buffer", e->cstream), st, fail);

@@ -6,7 +6,9 @@
  * block's backward. Shape legend: B batch, T time, C channels, NH heads, N = B*T, V vocab, Vp padded vocab, L layers;
  * activations in the storage dtype of precision.compute, statistics f32. Tensor parallelism (tp > 1): Cl = C/tp
  * channels of NHl = NH/tp heads, Hl = 4C/tp MLP columns and Vl = Vp/tp vocabulary rows (the first Vr of them
- * real, from global row v0) per rank; the activations outside the sharded regions stay whole (N,C) on every rank.
+ * real, from global row v0) per rank; the activations outside the sharded regions (residual stream, LayerNorm
+ * statistics) are whole on every rank, or with sequence parallelism R = N/tp rows of them (rank r's rows
+ * [r R, (r + 1) R)); without it R = N.
  * SPDX-License-Identifier: MIT */
 #include "models/cuda/gpt2_cuda.h"
 
@@ -45,6 +47,10 @@ struct mt_gpt2_cuda {
     mt_gpt2_cuda_params_t p;
     int L, C, NH, V, Vp, B, T, N, dt;
     int tp, tpr; /* tensor parallelism: the group's size and this rank (1, 0: none) */
+    bool sp;     /* sequence parallelism (tp > 1): R = N / tp rows outside the sharded regions */
+    int R;       /* rows of the residual stream this rank holds: N, or N / tp */
+    void *tmp_r, *lnloc; /* sp: (R,C) a reduce-scatter's result, a LayerNorm's rows before their all-gather */
+    float *lng;          /* sp: (2C) a LayerNorm's weight and bias gradients over this rank's rows */
     int Cl, NHl, Hl, Vl, v0, Vr; /* this rank's channels, heads, MLP columns, vocabulary rows (and real ones) */
     float *ce_part, *ce_parts; /* tp: the cross-entropy's (N,3) statistics and the group's (tp,N,3) */
     size_t *rep_lo, *rep_hi; /* tp: runs of parameters every tp rank holds whole (tp_dim < 0), stage layout */
@@ -166,10 +172,10 @@ static float *grad_ptr(mt_gpt2_cuda_t g, int i) {
 
 static size_t layer_bytes(mt_gpt2_cuda_t g) {
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es, r = 0;
-    size_t Cl = (size_t)g->Cl, Hl = (size_t)g->Hl;
-    size_t sizes[] = {N * C * es, 3 * N * Cl * es, N * Cl * es, N * C * es,
-                      N * C * es, N * Hl * es,     N * Hl * es, N * 4,
-                      N * 4,      N * 4,           N * 4,       (size_t)g->B * g->NHl * g->T * 4};
+    size_t Cl = (size_t)g->Cl, Hl = (size_t)g->Hl, R = (size_t)g->R;
+    size_t sizes[] = {N * C * es, 3 * N * Cl * es, N * Cl * es, R * C * es,
+                      N * C * es, N * Hl * es,     N * Hl * es, R * 4,
+                      R * 4,      R * 4,           R * 4,       (size_t)g->B * g->NHl * g->T * 4};
     for (size_t i = 0; i < MT_ARRAY_LEN(sizes); i++) {
         r += MT_DIV_UP(sizes[i], 256) * 256;
     }
@@ -184,16 +190,19 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
     if (!p || p->size != sizeof(*p) || (unsigned)p->prec >= MT_PREC_COUNT) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: parameters not initialised with MT_GPT2_CUDA_PARAMS_INIT");
     }
-    if (c->tp_size > 1 && (!p->tp_ops || !p->tp_ops->all_reduce_sum || !p->tp_ops->all_gather)) {
+    bool sp = c->tp_size > 1 && c->sequence_parallel;
+    if (c->tp_size > 1 && (!p->tp_ops || !p->tp_ops->all_reduce_sum || !p->tp_ops->all_gather ||
+                           (sp && !p->tp_ops->reduce_scatter_sum))) {
         return mt_error(MT_ERR_INVALID_USAGE,
                         "gpt2_cuda: a tensor-parallel model (tp_size %d) needs the tp group's collectives "
-                        "(params.tp_ops)",
-                        c->tp_size);
+                        "(params.tp_ops: all_reduce_sum, all_gather%s)",
+                        c->tp_size, sp ? ", reduce_scatter_sum" : "");
     }
-    if (c->tp_size > 1 && c->sequence_parallel) {
+    if (sp && ((size_t)p->B * p->T) % (size_t)c->tp_size != 0) {
         return mt_error(MT_ERR_INVALID_ARG,
-                        "gpt2_cuda: sequence parallelism is not on the GPU path: set parallel.sequence_parallel = "
-                        "false (tensor parallelism runs without it), or runtime.device = \"cpu\"");
+                        "gpt2_cuda: sequence parallelism splits the B*T = %d x %d rows of a micro-batch over tp = %d "
+                        "ranks: choose train.micro_batch x model.seq_len divisible by parallel.tp",
+                        p->B, p->T, c->tp_size);
     }
     int hi = p->stage_hi < 0 ? c->n_layer : p->stage_hi;
     /* a stage without blocks is the first (the embeddings) or the last (ln_f and the head) */
@@ -301,6 +310,8 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     g->L = c->n_layer, g->C = c->n_embd, g->NH = c->n_head, g->V = c->vocab_size, g->Vp = c->padded_vocab;
     g->B = p->B, g->T = p->T, g->N = p->B * p->T;
     g->tp = MT_MAX(c->tp_size, 1), g->tpr = g->tp > 1 ? c->tp_rank : 0;
+    g->sp = g->tp > 1 && c->sequence_parallel;
+    g->R = g->sp ? g->N / g->tp : g->N;
     g->Cl = g->C / g->tp, g->NHl = g->NH / g->tp, g->Hl = 4 * g->C / g->tp, g->Vl = g->Vp / g->tp;
     g->v0 = g->tpr * g->Vl;
     g->Vr = MT_MAX(0, MT_MIN(g->Vl, g->V - g->v0));
@@ -430,12 +441,13 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     /* activations: one allocation for everything backward reads, per set */
     size_t lb = layer_bytes(g), head = 0;
     size_t hx = g->last ? 1 : 0; /* ln_f's output and the logits on the last stage only */
-    size_t head_sizes[] = {hx * N * C * es, N * 4, N * 4, hx * N * (size_t)g->Vl * es, N * 4, N * 4, 256, 256,
+    size_t R = (size_t)g->R; /* the rows of the residual stream and of the LayerNorm statistics */
+    size_t head_sizes[] = {hx * N * C * es, R * 4, R * 4, hx * N * (size_t)g->Vl * es, N * 4, N * 4, 256, 256,
                            N * 4,           N * 4};
     for (size_t i = 0; i < MT_ARRAY_LEN(head_sizes); i++) {
         head += MT_DIV_UP(head_sizes[i], 256) * 256;
     }
-    size_t resid_bytes = MT_DIV_UP(N * C * es, 256) * 256;
+    size_t resid_bytes = MT_DIV_UP(R * C * es, 256) * 256;
     /* the block inputs resid[lo..hi] (resid[hi]: the stage's output, or the final residual); recompute =
      * block: they stay, the internals of one block are shared (by every set too) */
     int nb = g->hi - g->lo, n_la = g->recompute ? MT_MIN(nb, 1) : nb, K = g->n_sets;
@@ -448,8 +460,8 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         A->la = g->la_all + (size_t)k * (size_t)MT_MAX(nb, 1);
         A->resid = carve(&cur, (size_t)(nb + 1) * resid_bytes);
         A->lnf = carve(&cur, hx * N * C * es);
-        A->lnf_mean = carve(&cur, N * 4);
-        A->lnf_rstd = carve(&cur, N * 4);
+        A->lnf_mean = carve(&cur, R * 4);
+        A->lnf_rstd = carve(&cur, R * 4);
         A->logits = carve(&cur, hx * N * (size_t)g->Vl * es);
         A->losses = carve(&cur, N * 4);
         A->lse_ce = carve(&cur, N * 4);
@@ -463,14 +475,14 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         a->ln1 = carve(&cur, N * C * es);
         a->qkv = carve(&cur, 3 * N * (size_t)g->Cl * es);
         a->atty = carve(&cur, N * (size_t)g->Cl * es);
-        a->r2 = carve(&cur, N * C * es);
+        a->r2 = carve(&cur, R * C * es);
         a->ln2 = carve(&cur, N * C * es);
         a->fch = carve(&cur, N * (size_t)g->Hl * es);
         a->fch_gelu = carve(&cur, N * (size_t)g->Hl * es);
-        a->ln1_mean = carve(&cur, N * 4);
-        a->ln1_rstd = carve(&cur, N * 4);
-        a->ln2_mean = carve(&cur, N * 4);
-        a->ln2_rstd = carve(&cur, N * 4);
+        a->ln1_mean = carve(&cur, R * 4);
+        a->ln1_rstd = carve(&cur, R * 4);
+        a->ln2_mean = carve(&cur, R * 4);
+        a->ln2_rstd = carve(&cur, R * 4);
         a->lse = carve(&cur, (size_t)g->B * g->NHl * g->T * 4);
     }
     for (int k = 0; k < K; k++) { /* recompute = block: every block's view of the shared internals */
@@ -489,10 +501,11 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     size_t scratch = 3 * MT_DIV_UP(N * C * es, 256) * 256 + 2 * MT_DIV_UP(N * Hl * es, 256) * 256 +
                      MT_DIV_UP(cs * 4, 256) * 256 + MT_DIV_UP(ls * 4, 256) * 256 + MT_DIV_UP(as * 4, 256) * 256 +
                      MT_DIV_UP(ss * 8, 256) * 256 + 6 * 256 + MT_DIV_UP(ce, 256) * 256 +
-                     MT_DIV_UP(ce * (size_t)g->tp, 256) * 256 + MT_DIV_UP(rep, 256) * 256;
+                     MT_DIV_UP(ce * (size_t)g->tp, 256) * 256 + MT_DIV_UP(rep, 256) * 256 +
+                     (g->sp ? 2 * MT_DIV_UP(R * C * es, 256) * 256 + MT_DIV_UP(2 * C * 4, 256) * 256 : 0);
     MT_CHECK_GOTO(dalloc(g, (void **)&cur, scratch, MT_MEM_OTHER, "gpt2_cuda scratch"), st, fail);
     g->tmp_c = carve(&cur, N * C * es);
-    g->dresid = carve(&cur, N * C * es);
+    g->dresid = carve(&cur, R * C * es);
     g->da = carve(&cur, N * C * es);
     g->dfg = carve(&cur, N * Hl * es);
     g->dfc = carve(&cur, N * Hl * es);
@@ -507,6 +520,9 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     g->ce_part = g->tp > 1 ? carve(&cur, ce) : NULL;
     g->ce_parts = g->tp > 1 ? carve(&cur, ce * (size_t)g->tp) : NULL;
     g->rep_sumsq = g->n_rep > 0 ? carve(&cur, rep) : NULL;
+    g->tmp_r = g->sp ? carve(&cur, R * C * es) : NULL;
+    g->lnloc = g->sp ? carve(&cur, R * C * es) : NULL;
+    g->lng = g->sp ? carve(&cur, 2 * C * 4) : NULL;
     MT_CHECK_GOTO(dalloc(g, &g->ws, 32 << 20, MT_MEM_OTHER, "cuBLASLt workspace"), st, fail);
     MT_CHECK_GOTO(mt_cuda_status(mt_cuda_ctx_create(&g->ctx, g->ws, 32 << 20, p->prec == MT_PREC_TF32), "cuBLASLt"), st,
                   fail);
@@ -591,15 +607,40 @@ static mt_status_t prof_mark(mt_gpt2_cuda_t g, int cat) {
     } while (0)
 #define MT_GPT2_PROF_START (-1)
 
-/* Tensor parallelism, in the compute stream's order: the tp group's sum of count storage-dtype elements at buf,
- * in place (Megatron's g forward and f backward); nothing with tp = 1. */
-static mt_status_t tp_sum(mt_gpt2_cuda_t g, void *buf, size_t count) {
+/* Tensor parallelism, the region boundaries (gpt2_tp.c), each collective in the compute stream's order.
+ * g forward and f backward: part (N,C) holds this rank's partial sums; *out the group's sum: part itself (an
+ * in-place all-reduce; nothing with tp = 1) or, with sequence parallelism, this rank's R rows of it at rows
+ * (a reduce-scatter). */
+static mt_status_t tp_reduce(mt_gpt2_cuda_t g, void *part, void *rows, void **out) {
+    *out = part;
     if (g->tp == 1) {
         return MT_OK;
     }
-    MT_CHECK(g->p.tp_ops->all_reduce_sum(g->p.tp_ops->ctx, buf, count, g->dt, g->stream));
+    const mt_gpt2_cuda_tp_ops_t *o = g->p.tp_ops;
+    size_t C = (size_t)g->C;
+    if (!g->sp) {
+        MT_CHECK(o->all_reduce_sum(o->ctx, part, (size_t)g->N * C, g->dt, g->stream));
+    } else {
+        MT_CHECK(o->reduce_scatter_sum(o->ctx, part, rows, (size_t)g->R * C, g->dt, g->stream));
+        *out = rows;
+    }
     return prof_mark(g, MT_GPT2_PROF_TP);
 }
+
+/* f forward and g backward with sequence parallelism: every rank's R rows at rows into full (N,C), in rank
+ * order; without it rows is full already. */
+static mt_status_t tp_gather(mt_gpt2_cuda_t g, const void *rows, void *full) {
+    if (!g->sp) {
+        return MT_OK;
+    }
+    const mt_gpt2_cuda_tp_ops_t *o = g->p.tp_ops;
+    MT_CHECK(o->all_gather(o->ctx, rows, full, (size_t)g->R * g->C, g->dt, g->stream));
+    return prof_mark(g, MT_GPT2_PROF_TP);
+}
+
+/* Where a LayerNorm whose output enters a column-parallel region writes: full (N,C) itself, or with sequence
+ * parallelism this rank's R rows, which tp_gather then gathers into full. */
+#define LN_DST(full) (g->sp ? g->lnloc : (full))
 
 /* The row-parallel projections' bias: added by tp rank 0 alone, so the group's sum holds it once. */
 #define ROW_BIAS(i) (g->tpr == 0 ? W(i) : NULL)
@@ -648,7 +689,7 @@ static mt_status_t prof_collect(mt_gpt2_cuda_t g) {
     return MT_OK;
 }
 /* Block l's input (l = hi: the stage's output, or the final residual) and internals, on the stage. */
-#define RES(l) ((void *)((char *)g->A->resid + (size_t)((l)-g->lo) * MT_DIV_UP((size_t)g->N * g->C * g->es, 256) * 256))
+#define RES(l) ((void *)((char *)g->A->resid + (size_t)((l)-g->lo) * MT_DIV_UP((size_t)g->R * g->C * g->es, 256) * 256))
 #define LA(l) (&g->A->la[(l)-g->lo])
 
 /* ZeRO-3: enqueues on the comm stream the gather of block l's weights into slot l % 3 unless the slot holds
@@ -704,7 +745,7 @@ static mt_status_t wouter_fresh(mt_gpt2_cuda_t g) {
 }
 
 mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const int32_t *targets) {
-    int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl;
+    int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl, R = g->R;
     void *s = g->stream;
     if ((g->first && !tokens) || (g->last && !targets)) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the %s stage needs the %s", g->first ? "first" : "last",
@@ -742,31 +783,37 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     g->last_fwd = g->A;
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
     if (g->first) { /* later stages find their input in resid[lo] (mt_gpt2_cuda_stage_input) */
-        OP(PROF_EMBED, mt_cuda_embedding_forward_shard(RES(0), g->A->tokens_d, W(0), ROW_BIAS(1), g->v0, g->Vl, B, T,
-                                                       C, dt, s));
-        MT_CHECK(tp_sum(g, RES(0), (size_t)N * C)); /* tp: each token's row from its rank, wpe from rank 0 */
+        /* tp: each token's row from its rank and wpe from rank 0, summed (sp: this rank's rows of the sum) */
+        void *emb = g->sp ? g->tmp_c : RES(0), *x = NULL;
+        OP(PROF_EMBED, mt_cuda_embedding_forward_shard(emb, g->A->tokens_d, W(0), ROW_BIAS(1), g->v0, g->Vl, B, T, C,
+                                                       dt, s));
+        MT_CHECK(tp_reduce(g, emb, RES(0), &x));
     }
     int pf = BLOCK0 + L * NBP;       /* ln_f */
     if (g->lo == g->hi && g->last) { /* no block to fuse ln_f into */
-        OP(PROF_LN_FWD,
-           mt_cuda_layernorm_forward(g->A->lnf, g->A->lnf_mean, g->A->lnf_rstd, RES(L), W(pf), W(pf + 1), N, C, dt, s));
+        OP(PROF_LN_FWD, mt_cuda_layernorm_forward(LN_DST(g->A->lnf), g->A->lnf_mean, g->A->lnf_rstd, RES(L), W(pf),
+                                                  W(pf + 1), R, C, dt, s));
+        MT_CHECK(tp_gather(g, g->lnloc, g->A->lnf));
     }
     for (int l = g->lo; l < g->hi; l++) {
         layer_acts_t *a = LA(l);
         int p = BLOCK0 + l * NBP;
         MT_CHECK(wneed(g, l, +1));
         if (l == g->lo) { /* later blocks get ln_1 from the previous block's fused residual + LayerNorm */
-            OP(PROF_LN_FWD, mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W),
-                                                      W(p + LN1B), N, C, dt, s));
+            OP(PROF_LN_FWD, mt_cuda_layernorm_forward(LN_DST(a->ln1), a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W),
+                                                      W(p + LN1B), R, C, dt, s));
+            MT_CHECK(tp_gather(g, g->lnloc, a->ln1));
         }
+        void *x = NULL; /* a row-parallel region's output: the group's sum (sp: this rank's rows of it) */
         OP(PROF_MATMUL_FWD,
            mt_cuda_matmul_forward(g->ctx, a->qkv, 3 * Cl, NULL, a->ln1, W(p + QKVW), W(p + QKVB), N, C, 3 * Cl, dt, s));
         OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, Cl, g->NHl, dt, s));
         OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->atty, W(p + PROJW),
                                                    ROW_BIAS(p + PROJB), N, Cl, C, dt, s));
-        MT_CHECK(tp_sum(g, g->tmp_c, (size_t)N * C));
-        OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, a->ln2, a->ln2_mean, a->ln2_rstd, g->tmp_c, RES(l),
-                                                           W(p + LN2W), W(p + LN2B), N, C, dt, s));
+        MT_CHECK(tp_reduce(g, g->tmp_c, g->tmp_r, &x));
+        OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, LN_DST(a->ln2), a->ln2_mean, a->ln2_rstd, x, RES(l),
+                                                           W(p + LN2W), W(p + LN2B), R, C, dt, s));
+        MT_CHECK(tp_gather(g, g->lnloc, a->ln2));
         if (g->p.fused_gelu) {
             OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, a->fch_gelu, Hl, a->fch, a->ln2, W(p + FCW),
                                                        W(p + FCB), N, C, Hl, dt, s));
@@ -777,18 +824,21 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
         }
         OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->fch_gelu, W(p + FCPW),
                                                    ROW_BIAS(p + FCPB), N, Hl, C, dt, s));
-        MT_CHECK(tp_sum(g, g->tmp_c, (size_t)N * C));
+        MT_CHECK(tp_reduce(g, g->tmp_c, g->tmp_r, &x));
         if (l + 1 < g->hi) {
             layer_acts_t *nx = LA(l + 1);
             int pn = p + NBP;
             OP(PROF_LN_FWD,
-               mt_cuda_residual_layernorm_forward(RES(l + 1), nx->ln1, nx->ln1_mean, nx->ln1_rstd, g->tmp_c, a->r2,
-                                                  W(pn + LN1W), W(pn + LN1B), N, C, dt, s));
+               mt_cuda_residual_layernorm_forward(RES(l + 1), LN_DST(nx->ln1), nx->ln1_mean, nx->ln1_rstd, x, a->r2,
+                                                  W(pn + LN1W), W(pn + LN1B), R, C, dt, s));
+            MT_CHECK(tp_gather(g, g->lnloc, nx->ln1));
         } else if (g->last) {
-            OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(RES(L), g->A->lnf, g->A->lnf_mean, g->A->lnf_rstd,
-                                                               g->tmp_c, a->r2, W(pf), W(pf + 1), N, C, dt, s));
+            OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(RES(L), LN_DST(g->A->lnf), g->A->lnf_mean,
+                                                               g->A->lnf_rstd, x, a->r2, W(pf), W(pf + 1), R, C, dt,
+                                                               s));
+            MT_CHECK(tp_gather(g, g->lnloc, g->A->lnf));
         } else { /* the stage's output x_hi, for the next stage (unfused: its ln_1 is there) */
-            OP(PROF_OTHER, mt_cuda_residual_forward(RES(l + 1), g->tmp_c, a->r2, (size_t)N * C, dt, s));
+            OP(PROF_OTHER, mt_cuda_residual_forward(RES(l + 1), x, a->r2, (size_t)R * C, dt, s));
         }
     }
     if (!g->last) {
@@ -807,7 +857,7 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     }
     OP(PROF_CE,
        mt_cuda_softmax_ce_partial(g->ce_part, g->A->logits, g->A->targets_d, g->v0, N, g->Vr, g->Vl, dt, s));
-    MT_CHECK(g->p.tp_ops->all_gather(g->p.tp_ops->ctx, g->ce_part, g->ce_parts, (size_t)N * 3, s));
+    MT_CHECK(g->p.tp_ops->all_gather(g->p.tp_ops->ctx, g->ce_part, g->ce_parts, (size_t)N * 3, MT_CU_F32, s));
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_TP));
     OP(PROF_CE, mt_cuda_softmax_ce_combine(g->A->losses, g->A->lse_ce, g->A->mean_loss, g->A->n_valid, g->ce_parts,
                                            g->tp, g->A->targets_d, N, s));
@@ -836,20 +886,23 @@ static mt_status_t grads_done(mt_gpt2_cuda_t g, int p0, int p1, cudaEvent_t ev) 
  * kernels (ln_1 unfused here: the fused kernel normalises the stored sum, so the bits are the same), up to
  * gelu(fc): the block's output is not needed again. g->tmp_c is free during backward. */
 static mt_status_t block_recompute(mt_gpt2_cuda_t g, int l) {
-    int N = g->N, C = g->C, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl;
+    int N = g->N, C = g->C, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl, R = g->R;
     void *s = g->stream;
     layer_acts_t *a = LA(l);
     int p = BLOCK0 + l * NBP;
-    OP(PROF_LN_FWD,
-       mt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W), W(p + LN1B), N, C, dt, s));
+    OP(PROF_LN_FWD, mt_cuda_layernorm_forward(LN_DST(a->ln1), a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W),
+                                              W(p + LN1B), R, C, dt, s));
+    MT_CHECK(tp_gather(g, g->lnloc, a->ln1));
+    void *x = NULL;
     OP(PROF_MATMUL_FWD,
        mt_cuda_matmul_forward(g->ctx, a->qkv, 3 * Cl, NULL, a->ln1, W(p + QKVW), W(p + QKVB), N, C, 3 * Cl, dt, s));
     OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, Cl, g->NHl, dt, s));
     OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->atty, W(p + PROJW), ROW_BIAS(p + PROJB),
                                                N, Cl, C, dt, s));
-    MT_CHECK(tp_sum(g, g->tmp_c, (size_t)N * C));
-    OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, a->ln2, a->ln2_mean, a->ln2_rstd, g->tmp_c, RES(l),
-                                                       W(p + LN2W), W(p + LN2B), N, C, dt, s));
+    MT_CHECK(tp_reduce(g, g->tmp_c, g->tmp_r, &x));
+    OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, LN_DST(a->ln2), a->ln2_mean, a->ln2_rstd, x, RES(l),
+                                                       W(p + LN2W), W(p + LN2B), R, C, dt, s));
+    MT_CHECK(tp_gather(g, g->lnloc, a->ln2));
     if (g->p.fused_gelu) {
         OP(PROF_MATMUL_FWD,
            mt_cuda_matmul_forward(g->ctx, a->fch_gelu, Hl, a->fch, a->ln2, W(p + FCW), W(p + FCB), N, C, Hl, dt, s));
@@ -861,9 +914,33 @@ static mt_status_t block_recompute(mt_gpt2_cuda_t g, int l) {
     return MT_OK;
 }
 
+/* LayerNorm backward over this rank's R rows: dinp (R,C) += ..., and the gradients of its weight and bias (C each,
+ * contiguous at dwb) accumulate; with sequence parallelism those are summed over the tp group's rows first (each
+ * rank saw its own rows only: a zeroed scratch, an all-reduce, then the sum added to dwb). */
+static mt_status_t ln_backward(mt_gpt2_cuda_t g, void *dinp, float *dwb, const void *dout, const void *inp,
+                               const void *w, const float *mean, const float *rstd) {
+    int C = g->C, dt = g->dt;
+    void *s = g->stream;
+    float *dst = g->sp ? g->lng : dwb;
+    if (g->sp) {
+        OP(PROF_OTHER, cudaMemsetAsync(g->lng, 0, 2 * (size_t)C * 4, g->stream));
+    }
+    OP(PROF_LN_BWD, mt_cuda_layernorm_backward(dinp, dst, dst + C, dout, inp, w, mean, rstd, g->R, C, dt,
+                                               g->ln_scratch, s));
+    if (!g->sp) {
+        return MT_OK;
+    }
+    MT_CHECK(g->p.tp_ops->all_reduce_sum(g->p.tp_ops->ctx, g->lng, 2 * (size_t)C, MT_CU_F32, s));
+    MT_CHECK(prof_mark(g, MT_GPT2_PROF_TP));
+    OP(PROF_OTHER, mt_cuda_residual_forward(dwb, dwb, g->lng, 2 * (size_t)C, MT_CU_F32, s));
+    return MT_OK;
+}
+
 mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl;
-    size_t NC = (size_t)N * C, es = g->es;
+    size_t NC = (size_t)N * C, RC = (size_t)g->R * C, es = g->es;
+    void *x = NULL;           /* f backward's result: the group's sum of an input gradient (sp: this rank's rows) */
+    const void *dfull = NULL; /* dresid as (N,C) rows for a row-parallel region's backward (sp: gathered) */
     void *s = g->stream;
     cudaStream_t cs = g->stream;
     int pf = BLOCK0 + L * NBP;
@@ -893,10 +970,9 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         } else { /* tp: no real vocabulary row here, no part of d lnf */
             OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
         }
-        MT_CHECK(tp_sum(g, g->da, NC));
-        OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, NC * es, cs));
-        OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(pf), G(pf + 1), g->da, RES(L), W(pf), g->A->lnf_mean,
-                                                   g->A->lnf_rstd, N, C, dt, g->ln_scratch, s));
+        MT_CHECK(tp_reduce(g, g->da, g->tmp_r, &x));
+        OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, RC * es, cs));
+        MT_CHECK(ln_backward(g, g->dresid, G(pf), x, RES(L), W(pf), g->A->lnf_mean, g->A->lnf_rstd));
         MT_CHECK(grads_done(g, pf, g->n_params, NULL));
     }
     for (int l = g->hi - 1; l >= g->lo; l--) {
@@ -911,18 +987,22 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
             OP(PROF_OTHER, cudaMemsetAsync(G(p), 0, g->blk_numel * 4, cs));
         }
         /* MLP branch: x_{l+1} = r2 + fcproj(gelu(fc(ln2(r2)))); dresid holds d x_{l+1}. The activation gradients
-         * da, dfg, dfc, dln1 are written (not accumulated): no zeroing before the products */
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->dfg, G(p + FCPW), G(p + FCPB), g->dresid, C,
+         * da, dfg, dfc, dln1 are written (not accumulated): no zeroing before the products. sp: the row-parallel
+         * region reads every rank's rows of dresid, gathered into tmp_c (free in backward), and its bias gradient
+         * sums all N rows, whole on every rank */
+        MT_CHECK(tp_gather(g, g->dresid, g->tmp_c));
+        dfull = g->sp ? g->tmp_c : g->dresid;
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->dfg, G(p + FCPW), G(p + FCPB), dfull, C,
                                                         a->fch_gelu, W(p + FCPW), N, Hl, C, dt, g->col_scratch, s));
         OP(PROF_GELU, mt_cuda_gelu_backward_set(g->dfc, a->fch, g->dfg, (size_t)N * Hl, dt, s));
         OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(p + FCW), G(p + FCB), g->dfc, Hl, a->ln2,
                                                         W(p + FCW), N, C, Hl, dt, g->col_scratch, s));
-        MT_CHECK(tp_sum(g, g->da, NC)); /* tp: each rank's columns' part of d ln2 */
-        OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(p + LN2W), G(p + LN2B), g->da, a->r2, W(p + LN2W),
-                                                   a->ln2_mean, a->ln2_rstd, N, C, dt, g->ln_scratch, s));
+        MT_CHECK(tp_reduce(g, g->da, g->tmp_r, &x)); /* tp: each rank's columns' part of d ln2 */
+        MT_CHECK(ln_backward(g, g->dresid, G(p + LN2W), x, a->r2, W(p + LN2W), a->ln2_mean, a->ln2_rstd));
         /* attention branch: r2 = x_l + proj(attn(qkv(ln1(x_l)))); dresid now holds d r2 */
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(p + PROJW), G(p + PROJB), g->dresid, C,
-                                                        a->atty, W(p + PROJW), N, Cl, C, dt, g->col_scratch, s));
+        MT_CHECK(tp_gather(g, g->dresid, g->tmp_c));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(p + PROJW), G(p + PROJB), dfull, C, a->atty,
+                                                        W(p + PROJW), N, Cl, C, dt, g->col_scratch, s));
         void *dqkv = g->dfg; /* (N,3Cl) fits in (N,Hl) */
         OP(PROF_OTHER, cudaMemsetAsync(dqkv, 0, 3 * (size_t)N * Cl * es, cs));
         OP(PROF_ATTN_BWD,
@@ -930,14 +1010,15 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         void *dln1 = g->dfc;
         OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, dln1, G(p + QKVW), G(p + QKVB), dqkv, 3 * Cl, a->ln1,
                                                         W(p + QKVW), N, C, 3 * Cl, dt, g->col_scratch, s));
-        MT_CHECK(tp_sum(g, dln1, NC)); /* tp: each rank's heads' part of d ln1 */
-        OP(PROF_LN_BWD, mt_cuda_layernorm_backward(g->dresid, G(p + LN1W), G(p + LN1B), dln1, RES(l), W(p + LN1W),
-                                                   a->ln1_mean, a->ln1_rstd, N, C, dt, g->ln_scratch, s));
+        MT_CHECK(tp_reduce(g, dln1, g->tmp_r, &x)); /* tp: each rank's heads' part of d ln1 */
+        MT_CHECK(ln_backward(g, g->dresid, G(p + LN1W), x, RES(l), W(p + LN1W), a->ln1_mean, a->ln1_rstd));
         MT_CHECK(grads_done(g, p, p + NBP, g->slot_free[l % 2]));
     }
-    if (g->first) { /* a later stage leaves d x_lo in dresid for the previous one */
-        OP(PROF_EMBED, mt_cuda_embedding_backward_shard(G(0), G(1), g->dresid, g->A->tokens_d, g->v0, g->Vl, B, T, C,
-                                                        dt, s));
+    if (g->first) { /* a later stage leaves d x_lo in dresid for the previous one; sp: every rank's rows */
+        MT_CHECK(tp_gather(g, g->dresid, g->tmp_c));
+        dfull = g->sp ? g->tmp_c : g->dresid;
+        OP(PROF_EMBED,
+           mt_cuda_embedding_backward_shard(G(0), G(1), dfull, g->A->tokens_d, g->v0, g->Vl, B, T, C, dt, s));
     }
     return grads_done(g, 0, BLOCK0, g->outer_free); /* wte and wpe; on the last stage only wte, from the head */
 }

@@ -19,12 +19,14 @@ extern "C" {
 /* Tensor parallelism (a model built with tp_size > 1 holds this rank's shards in models/gpt2/gpt2_tp.c's layout):
  * the collectives the trainer issues over the tp group, every rank in the same order, each enqueued on `stream`
  * (the compute stream, so it is ordered after the launches that wrote its input and before those that read its
- * output): an in-place sum all-reduce of count elements of storage dtype dt (MT_CU_*), and an all-gather of count
- * f32 per rank (recv: the ranks' parts in rank order). A failing call stops the pass with its status. */
+ * output), count elements of dtype dt (MT_CU_*) per rank: an in-place sum all-reduce, an all-gather (recv: the
+ * ranks' parts in rank order) and, for sequence parallelism, a sum reduce-scatter (send: tp x count, rank r keeps
+ * the sum of part r). A failing call stops the pass with its status. */
 typedef struct {
     void *ctx;
     mt_status_t (*all_reduce_sum)(void *ctx, void *buf, size_t count, int dt, void *stream);
-    mt_status_t (*all_gather)(void *ctx, const float *send, float *recv, size_t count, void *stream);
+    mt_status_t (*all_gather)(void *ctx, const void *send, void *recv, size_t count, int dt, void *stream);
+    mt_status_t (*reduce_scatter_sum)(void *ctx, const void *send, void *recv, size_t count, int dt, void *stream);
 } mt_gpt2_cuda_tp_ops_t;
 
 typedef struct {
@@ -57,7 +59,9 @@ typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
  * this rank's shards, trained Megatron-style as models/gpt2/gpt2_tp.c does on the CPU: attention heads, MLP columns
  * and vocabulary rows split over the tp group, one all-reduce of the activations (or their gradients) per attention
  * and per MLP forward and backward, the embedding's sum, and the cross-entropy's per-row statistics gathered; the
- * row-parallel biases added by tp rank 0; no sequence parallelism):
+ * row-parallel biases added by tp rank 0; with the model's sequence_parallel the residual stream and LayerNorms
+ * on B*T/tp rows, each all-reduce an all-gather and a reduce-scatter, the stage input/output/gradient buffers
+ * of those rows):
  * uploads the parameters as f32 master weights, allocates the compute copy (bf16/fp16), gradients, AdamW moments and
  * the activations of one B x T micro-batch through the caching allocator. With model.recompute = "block" the
  * activations are the block inputs plus one block's internals, which backward recomputes block by block (the last

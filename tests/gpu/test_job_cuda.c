@@ -491,14 +491,16 @@ static void pipeline(const char *dir) {
  * also within 1e-3); bf16 trains within 3e-2 of the CPU's fp32; fp16 from a loss scale of 2^24 skips its
  * overflowing steps (counted as overflows) and trains on; a tp checkpoint resumes on the
  * GPU (SAME_TOL) and on the CPU engine (1e-3); each rank's device parameters are below 0.75 of the whole model's on
- * one GPU; sequence parallelism is refused naming the key. With 4 ranks (tp 2 x dp 2) also ZeRO-1, -2 and -3 over
- * each tp rank's shard give the DDP losses (SAME_TOL), and tp 2 x pp 2 (4 blocks, 1F1B) the CPU's (1e-3). */
+ * one GPU; sequence parallelism gives the CPU's losses, norms and validation losses (1e-3) and the run without it
+ * (SAME_TOL) with fewer activation bytes. With 4 ranks (tp 2 x dp 2) also ZeRO-1, -2 and -3 over each tp rank's
+ * shard give the DDP losses (SAME_TOL, ZeRO-2 also with sequence parallelism), and tp 2 x pp 2 (4 blocks, 1F1B),
+ * with and without sequence parallelism, the CPU's losses and norms (1e-3). */
 static void tensor(const char *dir) {
     const mt_world_t *w = mt_rt_world();
     if (w->size % 2 != 0) {
         return;
     }
-    mt_job_result_t cpu, g, whole, bf, part, res, rcpu, sp, ecpu, eg;
+    mt_job_result_t cpu, g, whole, bf, part, res, rcpu, sp, spc, ecpu, eg;
     const char *ev[] = {"--train.eval_every=2", "--model.padded_vocab=48"};
     CHECK_OK(run_mesh("cpu", 2, 1, 2, ev, &cpu));
     CHECK_OK(run_mesh("cuda", 2, 1, 2, ev, &g));
@@ -565,10 +567,25 @@ static void tensor(const char *dir) {
                   ref->loss[s]);
         }
     }
-    const char *spa[] = {"--parallel.sequence_parallel=true"};
-    CHECK(run_mesh("cuda", 2, 1, 1, spa, &sp) == MT_ERR_INVALID_ARG &&
-              strstr(mt_last_error_msg(), "set parallel.sequence_parallel = false"),
-          "sequence parallelism on the gpu: %s", mt_last_error_msg());
+    /* sequence parallelism: the CPU's function (and the run without it), fewer activation bytes per rank */
+    const char *spa[] = {ev[0], ev[1], "--parallel.sequence_parallel=true"};
+    CHECK_OK(run_mesh("cpu", 2, 1, 3, spa, &spc));
+    CHECK_OK(run_mesh("cuda", 2, 1, 3, spa, &sp));
+    same_losses("tp 2 + sp: gpu vs cpu", &sp, &spc, 1e-3);
+    same_losses("tp 2 + sp vs tp 2 on the gpu", &sp, &g, SAME_TOL);
+    for (int64_t s = 0; s < STEPS && s < sp.n_steps && s < spc.n_steps; s++) {
+        double d = fabs(sp.grad_norm[s] - spc.grad_norm[s]) / spc.grad_norm[s];
+        CHECK(d <= 1e-3, "tp 2 + sp step %lld: gradient norm %.9g, cpu %.9g", (long long)s + 1, sp.grad_norm[s],
+              spc.grad_norm[s]);
+    }
+    for (int64_t v = 0; v < sp.n_evals && v < spc.n_evals; v++) {
+        double d = fabs(sp.val_loss[v] - spc.val_loss[v]) / spc.val_loss[v];
+        CHECK(d <= 1e-3, "tp 2 + sp evaluation %lld: %.9g, cpu %.9g", (long long)v + 1, sp.val_loss[v],
+              spc.val_loss[v]);
+    }
+    CHECK(sp.mem_peak[MT_MEM_ACTIVATIONS] > 0 && sp.mem_peak[MT_MEM_ACTIVATIONS] < g.mem_peak[MT_MEM_ACTIVATIONS],
+          "tp 2: device activation bytes %lld with sequence parallelism, %lld without",
+          (long long)sp.mem_peak[MT_MEM_ACTIVATIONS], (long long)g.mem_peak[MT_MEM_ACTIVATIONS]);
     if (w->size >= 4) { /* tp 2 x dp 2: ZeRO over each shard; tp 2 x pp 2 */
         for (int zs = 1; zs <= 3; zs++) {
             char stage[64], what[64];
@@ -580,18 +597,25 @@ static void tensor(const char *dir) {
             same_losses(what, &z, &g, SAME_TOL);
             mt_job_result_free(&z);
         }
-        mt_job_result_t pc, pg;
-        const char *l4[] = {"--model.n_layer=4", "--parallel.schedule=1f1b", ev[1]};
-        CHECK_OK(run_mesh("cpu", 2, 2, 3, l4, &pc));
-        CHECK_OK(run_mesh("cuda", 2, 2, 3, l4, &pg));
-        same_losses("tp 2 x pp 2: gpu vs cpu", &pg, &pc, 1e-3);
-        for (int64_t s = 0; s < STEPS && s < pg.n_steps && s < pc.n_steps; s++) {
-            double d = fabs(pg.grad_norm[s] - pc.grad_norm[s]) / pc.grad_norm[s];
-            CHECK(d <= 1e-3, "tp 2 x pp 2 step %lld: gradient norm %.9g, cpu %.9g", (long long)s + 1, pg.grad_norm[s],
-                  pc.grad_norm[s]);
+        mt_job_result_t z2sp;
+        const char *zsp[] = {spa[0], spa[1], spa[2], "--parallel.engine=zero", "--parallel.zero_stage=2"};
+        CHECK_OK(run_mesh("cuda", 2, 1, 5, zsp, &z2sp));
+        same_losses("tp 2 + sp x dp 2: zero-2 vs ddp", &z2sp, &sp, SAME_TOL);
+        mt_job_result_free(&z2sp);
+        for (int with_sp = 0; with_sp < 2; with_sp++) { /* tp 2 x pp 2, without and with sequence parallelism */
+            mt_job_result_t pc, pg;
+            const char *l4[] = {"--model.n_layer=4", "--parallel.schedule=1f1b", ev[1], spa[2]};
+            CHECK_OK(run_mesh("cpu", 2, 2, 3 + with_sp, l4, &pc));
+            CHECK_OK(run_mesh("cuda", 2, 2, 3 + with_sp, l4, &pg));
+            same_losses(with_sp ? "tp 2 x pp 2 + sp: gpu vs cpu" : "tp 2 x pp 2: gpu vs cpu", &pg, &pc, 1e-3);
+            for (int64_t s = 0; s < STEPS && s < pg.n_steps && s < pc.n_steps; s++) {
+                double d = fabs(pg.grad_norm[s] - pc.grad_norm[s]) / pc.grad_norm[s];
+                CHECK(d <= 1e-3, "tp 2 x pp 2%s step %lld: gradient norm %.9g, cpu %.9g", with_sp ? " + sp" : "",
+                      (long long)s + 1, pg.grad_norm[s], pc.grad_norm[s]);
+            }
+            mt_job_result_free(&pc);
+            mt_job_result_free(&pg);
         }
-        mt_job_result_free(&pc);
-        mt_job_result_free(&pg);
     }
     if (w->rank == 0) {
         printf("tp 2 on the gpu (%d ranks): losses %.6f .. %.6f (cpu %.6f .. %.6f), device parameters %lld B per rank "
@@ -599,7 +623,7 @@ static void tensor(const char *dir) {
                w->size, g.loss[0], g.loss[STEPS - 1], cpu.loss[0], cpu.loss[STEPS - 1],
                (long long)g.mem_peak[MT_MEM_PARAMS], (long long)whole.mem_peak[MT_MEM_PARAMS]);
     }
-    mt_job_result_t *all[] = {&cpu, &g, &whole, &bf, &part, &res, &rcpu, &sp, &ecpu, &eg};
+    mt_job_result_t *all[] = {&cpu, &g, &whole, &bf, &part, &res, &rcpu, &sp, &spc, &ecpu, &eg};
     for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) {
         mt_job_result_free(all[i]);
     }
