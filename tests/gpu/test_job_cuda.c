@@ -483,6 +483,38 @@ static void pipeline(const char *dir) {
     }
 }
 
+/* The tp collectives' bytes per step (tp 2 on 2 ranks, dp 1, fp32, 2 micro-batches of N = 32 rows, C = 32, L = 2,
+ * the second step's comm_bytes), in the bus convention of parallel/tp.c: per micro-batch 2(1 + 2L) all-reduces of
+ * N x C floats (the embedding and 2 per block, forward and backward; 2b(n-1)/n each) and the cross-entropy's
+ * gather of 3N floats ((n-1) x 12N bytes), which the CPU engine's max and sum all-reduces of the same N and 2N
+ * floats equal at tp 2: the CPU engine's model bytes exactly. With sequence parallelism each all-reduce is a
+ * reduce-scatter and an all-gather of the same total, plus per micro-batch the LayerNorm gradients' all-reduce
+ * (2L + 1 LayerNorms of 2C floats). */
+static void tp_comm_bytes(const char *dir) {
+    enum { N = 32, C = 32, L = 2, GA = 2 };
+    char paths[3][300], args[3][320];
+    const char *dev[3] = {"cpu", "cuda", "cuda"};
+    double model[3] = {0}, other[3] = {0};
+    for (int i = 0; i < 3; i++) {
+        snprintf(paths[i], sizeof(paths[i]), "%s/tpbytes%d.jsonl", dir, i);
+        snprintf(args[i], sizeof(args[i]), "--metrics.jsonl=%s", paths[i]);
+        const char *a[] = {args[i], "--train.steps=2", "--model.padded_vocab=48",
+                           i == 2 ? "--parallel.sequence_parallel=true" : "--parallel.sequence_parallel=false"};
+        mt_job_result_t r;
+        CHECK_OK(run_mesh(dev[i], 2, 1, 4, a, &r));
+        mt_job_result_free(&r);
+        CHECK(step_bytes(paths[i], &model[i], &other[i]), "%s: no comm_bytes", paths[i]);
+    }
+    double ar = 2.0 * N * C * 4 * 0.5, want = GA * (2 * (1 + 2 * L) * ar + 12.0 * N);
+    double want_sp = want + GA * (2 * L + 1) * (2.0 * 2 * C * 4 * 0.5);
+    CHECK(model[1] == want && model[0] == want && model[2] == want_sp,
+          "tp 2 comm_bytes per step: cpu %.0f, gpu %.0f (want %.0f), gpu with sp %.0f (want %.0f)", model[0], model[1],
+          want, model[2], want_sp);
+    if (mt_rt_world()->rank == 0) {
+        printf("tp 2 comm_bytes per step: cpu %.0f, gpu %.0f, gpu with sp %.0f\n", model[0], model[1], model[2]);
+    }
+}
+
 /* Tensor parallelism on the GPU engine (`test_job_cuda tensor`: tp 2 over pairs of ranks, dp = world / 2; the CPU
  * model-parallel engine in the same layout is the reference, itself tested equal to the single process): fp32
  * losses, validation losses and gradient norms within 1e-3 of the CPU's (the norm counts the parameters every tp
@@ -586,6 +618,9 @@ static void tensor(const char *dir) {
     CHECK(sp.mem_peak[MT_MEM_ACTIVATIONS] > 0 && sp.mem_peak[MT_MEM_ACTIVATIONS] < g.mem_peak[MT_MEM_ACTIVATIONS],
           "tp 2: device activation bytes %lld with sequence parallelism, %lld without",
           (long long)sp.mem_peak[MT_MEM_ACTIVATIONS], (long long)g.mem_peak[MT_MEM_ACTIVATIONS]);
+    if (w->size == 2) {
+        tp_comm_bytes(dir);
+    }
     if (w->size >= 4) { /* tp 2 x dp 2: ZeRO over each shard; tp 2 x pp 2 */
         for (int zs = 1; zs <= 3; zs++) {
             char stage[64], what[64];
