@@ -61,12 +61,13 @@ static mt_status_t cuda_check_config(const mt_config_t *cfg) {
                         "sharded block would repeat its collectives: set model.recompute = \"none\"",
                         dev, (long long)tp);
     }
-    if (pp > 1 && !strcmp(mt_config_str(cfg, "parallel.engine"), "zero")) {
+    if (pp > 1 && !strcmp(mt_config_str(cfg, "parallel.engine"), "zero") &&
+        mt_config_int(cfg, "parallel.zero_stage") > 1) {
         return mt_error(MT_ERR_INVALID_ARG,
-                        "runtime.device = \"%s\": parallel.pp = %lld with parallel.engine = \"zero\": the GPU engine "
-                        "shards no pipeline stage: set parallel.engine = \"ddp\", parallel.pp = 1, or runtime.device = "
-                        "\"cpu\"",
-                        dev, (long long)pp);
+                        "runtime.device = \"%s\": parallel.pp = %lld with parallel.engine = \"zero\", zero_stage = "
+                        "%lld: a GPU pipeline stage shards its optimizer state (ZeRO-1), not its gradients or weights: "
+                        "set parallel.zero_stage = 1, parallel.pp = 1, or runtime.device = \"cpu\"",
+                        dev, (long long)pp, (long long)mt_config_int(cfg, "parallel.zero_stage"));
     }
     if (strcmp(mt_config_str(cfg, "optimizer.kind"), "adamw") != 0) {
         return mt_error(MT_ERR_INVALID_ARG,
@@ -186,7 +187,7 @@ typedef struct {
     mt_comm_t tplcomm;        /* tp > 1: host communicator of the group (the CPU model's seam) */
     mt_tp_t tpseam;           /* tp > 1: parallel/tp.c over tplcomm, which the sharded host model is built with */
     mt_gpt2_cuda_tp_ops_t tp_ops; /* tp > 1: the trainer's collectives over tpcomm */
-    mt_comm_t normcomm;       /* tp > 1: host sums of the gradient norm's parts (tp x pp, x dp under ZeRO) */
+    mt_comm_t normcomm;       /* tp > 1 or ZeRO with pp > 1: host sums of the norm's parts (tp x pp, x dp: ZeRO) */
     double peak;              /* this GPU's dense peak in precision.compute, FLOP/s (0: unknown, no MFU) */
     char peak_src[200];       /* where peak comes from */
 } cuda_engine_t;
@@ -316,20 +317,24 @@ static mt_status_t tp_reduce_scatter(void *arg, const void *send, void *recv, si
 
 /* Averages gradients [lo, hi) over dp on the comm stream, ordered after everything enqueued on the compute
  * stream so far (the backward launches that completed them): all-reduced, or under ZeRO-1 each slice's part
- * reduced to the slice's owner (the other ranks' copies of it are not used again this step). */
+ * reduced to the slice's owner (the other ranks' copies of it are not used again this step). A pipeline's
+ * end stage under ZeRO-1 all-reduces its tied wte (the layout's first elements) all the same: after the dp
+ * reductions its two copies' gradients are summed over the stages (ce_finish_grads), and the owners of an
+ * element differ between the stages' layouts. */
 static mt_status_t launch_bucket(cuda_engine_t *e, size_t lo, size_t hi, float *grads) {
     if (hi <= lo) {
         return MT_OK;
     }
     CU(cudaEventRecord(e->ready, e->cstream));
     CU(cudaStreamWaitEvent(e->comm_stream, e->ready, 0));
-    if (!e->zero) {
-        MT_CHECK(mt_coll_all_reduce(e->gcomm, grads, grads, hi - lo, MT_COLL_F32, MT_REDOP_AVG, e->comm_stream, NULL));
-        e->sent_model += 2.0 * (double)(hi - lo) * 4.0 * dp_frac(e);
-    } else {
-        e->sent_model += (double)(hi - lo) * 4.0 * dp_frac(e); /* the reduces to the owners */
+    size_t whole = !e->zero ? hi : e->embcomm ? MT_MAX(lo, MT_MIN(hi, mt_model_param(e->model, 0)->numel)) : lo;
+    if (whole > lo) { /* [lo, whole): all-reduced */
+        MT_CHECK(
+            mt_coll_all_reduce(e->gcomm, grads, grads, whole - lo, MT_COLL_F32, MT_REDOP_AVG, e->comm_stream, NULL));
+        e->sent_model += 2.0 * (double)(whole - lo) * 4.0 * dp_frac(e);
     }
-    for (size_t a = lo; e->zero && a < hi;) {
+    e->sent_model += (double)(hi - whole) * 4.0 * dp_frac(e); /* [whole, hi): the reduces to the owners */
+    for (size_t a = whole; e->zero && a < hi;) {
         int owner = (int)(a / e->sh_len);
         size_t b = MT_MIN(hi, (size_t)(owner + 1) * e->sh_len);
         float *part = grads + (a - lo);
@@ -433,15 +438,21 @@ static mt_status_t pp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
     return MT_OK;
 }
 
-/* The tp group's device communicator (the trainer's collectives) and the host one over every rank whose gradients
- * make up the norm (tp, the pipeline's stages, and under ZeRO the dp ranks' slices), collectively over info->comm. */
+/* The tp group's device communicator (the trainer's collectives), collectively over info->comm. */
 static mt_status_t tp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
-    mt_comm_params_t cp = MT_COMM_PARAMS_INIT, np = MT_COMM_PARAMS_INIT;
+    mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
     cp.name = "tp-acts";
     cp.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
-    MT_CHECK(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_TP), &cp, &e->tpcomm));
+    return mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_TP), &cp, &e->tpcomm);
+}
+
+/* With gradients spread over more than one axis (tp; ZeRO-1 with a pipeline): the host communicator over every
+ * rank whose gradients make up the norm (tp, the pipeline's stages, under ZeRO the dp ranks' slices),
+ * collectively over info->comm. */
+static mt_status_t norm_comm_init(cuda_engine_t *e, const mt_job_info_t *info) {
+    mt_comm_params_t np = MT_COMM_PARAMS_INIT;
     np.name = "grad-norm";
-    unsigned axes = MT_AXIS_BIT(MT_AXIS_TP) | (e->pp > 1 ? MT_AXIS_BIT(MT_AXIS_PP) : 0u) |
+    unsigned axes = (e->tp > 1 ? MT_AXIS_BIT(MT_AXIS_TP) : 0u) | (e->pp > 1 ? MT_AXIS_BIT(MT_AXIS_PP) : 0u) |
                     (e->zero ? MT_AXIS_BIT(MT_AXIS_DP) : 0u);
     return mt_comm_init_mesh(info->comm, info->mesh, axes, &np, &e->normcomm);
 }
@@ -694,6 +705,9 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         }
         if (st == MT_OK && e->tp > 1) {
             st = tp_comms_init(e, info);
+        }
+        if (st == MT_OK && (e->tp > 1 || (e->zero && e->pp > 1))) {
+            st = norm_comm_init(e, info);
         }
     }
     if (st != MT_OK) {

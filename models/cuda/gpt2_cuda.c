@@ -46,16 +46,16 @@ struct mt_gpt2_cuda {
     mt_model_t m;
     mt_gpt2_cuda_params_t p;
     int L, C, NH, V, Vp, B, T, N, dt;
-    int tp, tpr; /* tensor parallelism: the group's size and this rank (1, 0: none) */
-    bool sp;     /* sequence parallelism (tp > 1): R = N / tp rows outside the sharded regions */
-    int R;       /* rows of the residual stream this rank holds: N, or N / tp */
-    void *tmp_r, *lnloc; /* sp: (R,C) a reduce-scatter's result, a LayerNorm's rows before their all-gather */
-    float *lng;          /* sp: (2C) a LayerNorm's weight and bias gradients over this rank's rows */
+    int tp, tpr;                 /* tensor parallelism: the group's size and this rank (1, 0: none) */
     int Cl, NHl, Hl, Vl, v0, Vr; /* this rank's channels, heads, MLP columns, vocabulary rows (and real ones) */
-    float *ce_part, *ce_parts; /* tp: the cross-entropy's (N,3) statistics and the group's (tp,N,3) */
-    size_t *rep_lo, *rep_hi; /* tp: runs of parameters every tp rank holds whole (tp_dim < 0), stage layout */
-    int n_rep;
-    double *rep_sumsq; /* tp: device sums of squares of those runs (n_rep) */
+    bool sp;                     /* sequence parallelism (tp > 1): R = N / tp rows outside the sharded regions */
+    int R;                       /* rows of the residual stream this rank holds: N, or N / tp */
+    void *tmp_r, *lnloc;         /* sp: (R,C) a reduce-scatter's result, a LayerNorm's rows before their gather */
+    float *lng;                  /* sp: (2C) a LayerNorm's weight and bias gradients over this rank's rows */
+    float *ce_part, *ce_parts;   /* tp: the cross-entropy's (N,3) statistics and the group's (tp,N,3) */
+    size_t *rep_lo, *rep_hi;     /* tp: runs of parameters every tp rank holds whole (tp_dim < 0), stage layout */
+    int n_rep;                   /* ... their number */
+    double *rep_sumsq;           /* tp: device sums of squares of those runs (n_rep) */
     int lo, hi;       /* the pipeline stage's blocks [lo, hi) (the whole model: 0, L) */
     bool first, last; /* the stage holds the embeddings (first), ln_f and the head (last); wte on either */
     bool *held;       /* parameter i is on this stage */
@@ -213,8 +213,10 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
                         "middle stage",
                         p->stage_lo, hi, c->n_layer);
     }
-    if ((p->stage_lo > 0 || hi < c->n_layer) && p->shard_count > 1) {
-        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: a pipeline stage (blocks [%d, %d)) is not sharded (ZeRO)",
+    if ((p->stage_lo > 0 || hi < c->n_layer) && p->shard_grads) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "gpt2_cuda: a pipeline stage (blocks [%d, %d)) shards its optimizer state only (ZeRO-1), not "
+                        "its gradients or weights (ZeRO-2/3)",
                         p->stage_lo, hi);
     }
     if (p->act_sets < 1 || p->act_sets > 4096) {
@@ -1168,10 +1170,11 @@ mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfi
     MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
     const float *gs = g->zero2 ? g->gshard : g->grads + g->sh_lo;
     size_t n = g->sh_hi - g->sh_lo, a0 = g->sh_lo; /* gs holds the layout's [a0, a0 + n) */
-    if (g->last && !g->first) { /* the tied wte's second copy: the first stage's counts (stages are unsharded) */
-        gs += g->offs[1];
-        n -= g->offs[1];
-        a0 += g->offs[1];
+    if (g->last && !g->first && a0 < g->offs[1]) { /* the tied wte's second copy: the first stage's counts */
+        size_t skip = MT_MIN(g->offs[1], a0 + n) - a0;
+        gs += skip;
+        n -= skip;
+        a0 += skip;
     }
     if (g->scaler.dynamic) {
         OP(PROF_OTHER, cudaMemsetAsync(g->found_inf, 0, sizeof(int), g->stream));

@@ -233,7 +233,7 @@ mt_status_t mt_gpt2_cuda_set_state(mt_gpt2_cuda_t g, const float *params, const 
 int64_t mt_gpt2_cuda_get_step(mt_gpt2_cuda_t g);
 void mt_gpt2_cuda_set_step(mt_gpt2_cuda_t g, int64_t t);
 
-/* ---- pipeline stages (params.stage_lo, stage_hi; not sharded) ----
+/* ---- pipeline stages (params.stage_lo, stage_hi; ZeRO-1 at most: shard_count slices of the stage's layout) ----
  * A stage holds the parameters it computes with: blocks [lo, hi), wte and wpe on the first stage (lo = 0),
  * ln_f on the last (hi = n_layer), and wte on the last too (the tied head reads it; the two copies' gradients
  * are the engine's to sum). Its flat layout (gradients, hook ranges, AdamW state, get_grads/get_params) is

@@ -16,8 +16,8 @@
  * copy gives its loss and gradients, gathering each block once.
  * Pipeline stages (fp32, bf16, fp32 with recompute = block): a 3-block model run as three stages with the
  * activations and their gradients handed over gives the whole model's loss and gradients (exactly under the
- * emulator but for wte's summation order, 1e-5 of the largest on a device); bad stage bounds and a sharded
- * stage are refused. Activation sets (with and without recompute): two micro-batches forwarded before
+ * emulator but for wte's summation order, 1e-5 of the largest on a device); bad stage bounds and a stage
+ * sharding its gradients (ZeRO-2) are refused. Activation sets (with and without recompute): two micro-batches forwarded before
  * their backwards accumulate what forward + backward of each in turn does.
  * Exits 77 printing "skipped: no CUDA device" without a device.
  * SPDX-License-Identifier: MIT */
@@ -514,8 +514,10 @@ static void stage_contract(mt_prec_t prec, mt_recompute_t rc) {
     p.stage_lo = 0;
     p.stage_hi = 1;
     p.shard_count = 2;
-    CHECK(mt_gpt2_cuda_init(m, &p, &bad) == MT_ERR_INVALID_ARG, "%s: a sharded stage accepted", pn);
+    p.shard_grads = true;
+    CHECK(mt_gpt2_cuda_init(m, &p, &bad) == MT_ERR_INVALID_ARG, "%s: a stage sharding its gradients accepted", pn);
     p.shard_count = 1;
+    p.shard_grads = false;
     for (int k = 0; k < 3; k++) {
         p.stage_lo = k;
         p.stage_hi = k + 1;

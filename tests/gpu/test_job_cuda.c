@@ -402,7 +402,8 @@ static void zero_comm_bytes(const char *dir) {
  * 1F1B's, and evaluation (forward only) the CPU pipeline's validation losses; a
  * pipeline checkpoint resumes on the GPU pipeline (SAME_TOL) and on the
  * CPU pipeline (1e-3); each stage holds only its parameters (device parameter bytes below 0.75 of the whole
- * model's on one GPU); ZeRO with a pipeline is refused naming the keys. */
+ * model's on one GPU); ZeRO-2 with a pipeline is refused naming the keys (ZeRO-1: `test_job_cuda tensor` on 4
+ * ranks). */
 static void pipeline(const char *dir) {
     const mt_world_t *w = mt_rt_world();
     int pp = w->size;
@@ -466,11 +467,11 @@ static void pipeline(const char *dir) {
                   ref->loss[s]);
         }
     }
-    const char *zp[] = {l4[0], "--parallel.engine=zero"};
-    char zmsg[64];
-    snprintf(zmsg, sizeof(zmsg), "parallel.pp = %d with parallel.engine", pp);
-    CHECK(run_pp("cuda", pp, 2, zp, &z) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), zmsg),
-          "zero under pp on the gpu: %s", mt_last_error_msg());
+    const char *zp[] = {l4[0], "--parallel.engine=zero", "--parallel.zero_stage=2"};
+    char zmsg[96];
+    snprintf(zmsg, sizeof(zmsg), "parallel.pp = %d with parallel.engine = \"zero\", zero_stage = 2", pp);
+    CHECK(run_pp("cuda", pp, 3, zp, &z) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), zmsg),
+          "zero-2 under pp on the gpu: %s", mt_last_error_msg());
     if (w->rank == 0) {
         printf("pp %d on the gpu: losses %.6f .. %.6f (cpu pipeline %.6f .. %.6f), device parameters %lld B on stage "
                "0\n",
@@ -524,9 +525,11 @@ static void tp_comm_bytes(const char *dir) {
  * overflowing steps (counted as overflows) and trains on; a tp checkpoint resumes on the
  * GPU (SAME_TOL) and on the CPU engine (1e-3); each rank's device parameters are below 0.75 of the whole model's on
  * one GPU; sequence parallelism gives the CPU's losses, norms and validation losses (1e-3) and the run without it
- * (SAME_TOL) with fewer activation bytes. With 4 ranks (tp 2 x dp 2) also ZeRO-1, -2 and -3 over each tp rank's
- * shard give the DDP losses (SAME_TOL, ZeRO-2 also with sequence parallelism), and tp 2 x pp 2 (4 blocks, 1F1B),
- * with and without sequence parallelism, the CPU's losses and norms (1e-3). */
+ * (SAME_TOL) with fewer activation bytes. With 4 ranks: pp 2 x dp 2 under ZeRO-1 (each stage's optimizer state
+ * sliced over dp) gives the DDP pipeline's losses (SAME_TOL), the CPU engine's losses and norms (1e-3) with under
+ * 3/4 of DDP's optimizer bytes, and its checkpoint resumes under DDP; tp 2 x dp 2: ZeRO-1, -2 and -3 over each tp
+ * rank's shard give the DDP losses (SAME_TOL, ZeRO-2 also with sequence parallelism), and tp 2 x pp 2 (4 blocks,
+ * 1F1B), with and without sequence parallelism, the CPU's losses and norms (1e-3). */
 static void tensor(const char *dir) {
     const mt_world_t *w = mt_rt_world();
     if (w->size % 2 != 0) {
@@ -621,7 +624,42 @@ static void tensor(const char *dir) {
     if (w->size == 2) {
         tp_comm_bytes(dir);
     }
-    if (w->size >= 4) { /* tp 2 x dp 2: ZeRO over each shard; tp 2 x pp 2 */
+    if (w->size >= 4) { /* pp 2 x dp 2 under ZeRO-1; tp 2 x dp 2: ZeRO over each shard; tp 2 x pp 2 */
+        mt_job_result_t pd, pz, pzc, pzpart, pzres;
+        const char *p2[] = {"--model.n_layer=4", "--parallel.schedule=1f1b", ev[1]};
+        const char *p2z[] = {p2[0], p2[1], p2[2], "--parallel.engine=zero", "--parallel.zero_stage=1"};
+        CHECK_OK(run_mesh("cuda", 1, 2, 3, p2, &pd));
+        CHECK_OK(run_mesh("cuda", 1, 2, 5, p2z, &pz));
+        CHECK_OK(run_mesh("cpu", 1, 2, 5, p2z, &pzc));
+        same_losses("pp 2 x dp 2: zero-1 vs ddp on the gpu", &pz, &pd, SAME_TOL);
+        same_losses("pp 2 x dp 2, zero-1: gpu vs cpu", &pz, &pzc, 1e-3);
+        for (int64_t s = 0; s < STEPS && s < pz.n_steps && s < pzc.n_steps; s++) {
+            double d = fabs(pz.grad_norm[s] - pzc.grad_norm[s]) / pzc.grad_norm[s];
+            CHECK(d <= 1e-3, "pp 2 x dp 2 zero-1 step %lld: gradient norm %.9g, cpu %.9g", (long long)s + 1,
+                  pz.grad_norm[s], pzc.grad_norm[s]);
+        }
+        int64_t oz = pz.mem_peak[MT_MEM_OPTIMIZER], od = pd.mem_peak[MT_MEM_OPTIMIZER];
+        CHECK(oz > 0 && oz * 4 < od * 3,
+              "pp 2 x dp 2: device optimizer bytes %lld under zero-1, %lld under ddp",
+              (long long)oz, (long long)od);
+        /* its checkpoint (each rank its slice of its stage) resumes under DDP */
+        char zarg[300];
+        snprintf(zarg, sizeof(zarg), "--checkpoint.dir=%s/ppzckpt", dir);
+        const char *zstop[] = {p2z[0], p2z[1], p2z[2], p2z[3], p2z[4], zarg, "--checkpoint.every=3", "--stop-after=3"};
+        CHECK_OK(run_mesh("cuda", 1, 2, 8, zstop, &pzpart));
+        const char *zres[] = {p2[0], p2[1], p2[2], zarg};
+        CHECK_OK(run_mesh("cuda", 1, 2, 4, zres, &pzres));
+        CHECK(pzres.first_step == 3 && pzres.n_steps == STEPS, "pp 2 zero-1 checkpoint: resumed after step %lld",
+              (long long)pzres.first_step);
+        for (int64_t s = 3; s < STEPS && s < pzres.n_steps; s++) {
+            double d = fabs(pzres.loss[s] - pz.loss[s]) / pz.loss[s];
+            CHECK(d <= SAME_TOL, "pp 2 zero-1 checkpoint resumed under ddp, step %lld: %.9g vs %.9g", (long long)s + 1,
+                  pzres.loss[s], pz.loss[s]);
+        }
+        mt_job_result_t *pall[] = {&pd, &pz, &pzc, &pzpart, &pzres};
+        for (size_t i = 0; i < MT_ARRAY_LEN(pall); i++) {
+            mt_job_result_free(pall[i]);
+        }
         for (int zs = 1; zs <= 3; zs++) {
             char stage[64], what[64];
             snprintf(stage, sizeof(stage), "--parallel.zero_stage=%d", zs);
