@@ -626,7 +626,8 @@ static void tensor(const char *dir) {
     }
     if (w->size >= 4) { /* pp 2 x dp 2 under ZeRO-1; tp 2 x dp 2: ZeRO over each shard; tp 2 x pp 2 */
         mt_job_result_t pd, pz, pzc, pzpart, pzres;
-        const char *p2[] = {"--model.n_layer=4", "--parallel.schedule=1f1b", ev[1]};
+        /* a vocabulary of 1024: wte crosses the slice boundaries, which differ between the two stages' layouts */
+        const char *p2[] = {"--model.n_layer=4", "--parallel.schedule=1f1b", "--model.vocab_size=1024"};
         const char *p2z[] = {p2[0], p2[1], p2[2], "--parallel.engine=zero", "--parallel.zero_stage=1"};
         CHECK_OK(run_mesh("cuda", 1, 2, 3, p2, &pd));
         CHECK_OK(run_mesh("cuda", 1, 2, 5, p2z, &pz));
