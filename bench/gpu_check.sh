@@ -2,7 +2,9 @@
 # One-shot check of meshtrain's GPU path on one H100/H200, in under 8 minutes: builds for sm_90, runs the
 # GPU tests, measures the dense matrix peak, GPT-2 124M training throughput and MFU in fp32/tf32/bf16/fp16
 # (gpu_bench's loop, and `meshtrain train --runtime.device=cuda` in bf16), the attention kernels against the
-# plain version, the NCCL collective benchmark on the GPU and peak device memory, then prints a short table. Full logs go to the directory given as the argument.
+# plain version, the NCCL collective benchmark on the GPU and peak device memory, then prints a short table; on
+# a machine with 2 or more GPUs also `meshtrain train` on 2 of them with dp 2, tp 2, tp 2 + sequence parallelism
+# and pp 2, against one GPU. Full logs go to the directory given as the argument.
 #   usage: bench/gpu_check.sh LOGDIR
 #   environment: MT_GPU_CHECK_BUILD (build directory, default build-gpu-check), MT_GPU_CHECK_B (micro-batch,
 #   default 16), MT_GPU_CHECK_STEPS (timed steps per mode, default 10), MT_GPU_CHECK_EXTRA_B (more bf16
@@ -132,15 +134,22 @@ fi
 (cd "$BUILD" && run ctest-gpu 150 ctest -L gpu --output-on-failure --timeout 120)
 TESTS_RC=$?
 TESTS_LINE=$(grep -E "tests passed|tests failed" "$LOG/ctest-gpu.log" | tail -1)
-# ctest counts a skipped test (exit 77) as passed: on a machine with a GPU only test_nvml (no NVML) and the
-# two-rank tests (NCCL backend, GPU training engine: one GPU per rank) may skip
+# ctest counts a skipped test (exit 77) as passed: on a machine with a GPU only test_nvml (no NVML) may skip,
+# and the two-rank tests (NCCL backend, the GPU training engine's dp/pp and tp: one GPU per rank) where there
+# is only one GPU
+NGPU=$(grep -c '^GPU [0-9]' "$LOG/nvidia-smi-L.log")
 SKIPPED=$(grep -E '^[[:space:]]*[0-9]+ - .*\(Skipped\)' "$LOG/ctest-gpu.log" | sed 's/.* - \([^ ]*\) .*/\1/' |
     tr '\n' ' ')
 for t in $SKIPPED; do
-    if [ "$t" != "test_nvml" ] && [ "$t" != "coll_nccl_np2" ] && [ "$t" != "job_cuda_np2" ]; then
+    case "$t" in
+    test_nvml) ;;
+    coll_nccl_np2 | job_cuda_np2 | job_cuda_tp2) [ "$NGPU" -ge 2 ] && TESTS_RC=1 &&
+        say "GPU test $t was skipped on a machine with $NGPU GPUs: counted as a failure" ;;
+    *)
         say "GPU test $t was skipped on a machine with a GPU: counted as a failure"
         TESTS_RC=1
-    fi
+        ;;
+    esac
 done
 
 BENCH="$BUILD/bench/gpu_bench"
@@ -166,6 +175,28 @@ run train-meshtrain-bf16 90 "$MT" train "$SRC/launch/configs/gpt2-124m.toml" --r
     --precision.compute=bf16 --parallel.engine=ddp --data.kind=synthetic --train.global_batch="$B" \
     --train.micro_batch="$B" --train.grad_accum=1 --train.steps=$((STEPS + 2)) --train.eval_every=0 \
     --train.log_every=1 --checkpoint.dir= --metrics.jsonl="$LOG/train-meshtrain-bf16.jsonl"
+
+# ---- two GPUs (when there are): the same model over dp 2, tp 2, tp 2 + sp and pp 2, against the run above --------
+MPIRUN=${MT_PACKED_MPIEXEC:-$(sed -n 's/^MPIEXEC_EXECUTABLE:[A-Z]*=//p' "$BUILD/CMakeCache.txt")}
+LAYOUTS2=()
+if [ "$NGPU" -ge 2 ] && [ -x "$MPIRUN" ]; then
+    # NAME|OVERRIDES: every layout steps B sequences per GPU-pair micro-batch of B (dp 2: B per GPU)
+    ONE="--train.micro_batch=$B --train.grad_accum=1"
+    LAYOUTS2=("dp2|--parallel.tp=1 --train.global_batch=$((2 * B)) $ONE"
+        "tp2|--parallel.tp=2 --train.global_batch=$B $ONE"
+        "tp2sp|--parallel.tp=2 --parallel.sequence_parallel=true --train.global_batch=$B $ONE"
+        "pp2|--parallel.tp=1 --parallel.pp=2 --parallel.schedule=1f1b --train.global_batch=$((2 * B))
+            --train.micro_batch=$((B / 2)) --train.grad_accum=4")
+    for lay in "${LAYOUTS2[@]}"; do
+        name=${lay%%|*} over=${lay#*|}
+        # shellcheck disable=SC2086 # the overrides are words
+        run "train2-$name" 90 "$MPIRUN" -np 2 "$MT" train "$SRC/launch/configs/gpt2-124m.toml" --runtime.device=cuda \
+            --precision.compute=bf16 --parallel.engine=ddp --data.kind=synthetic $over --train.steps=$((STEPS + 2)) \
+            --train.eval_every=0 --train.log_every=1 --checkpoint.dir=
+    done
+elif [ "$NGPU" -ge 2 ]; then
+    say "two-GPU runs skipped: no mpiexec at '$MPIRUN'"
+fi
 
 # the bf16 step broken down by kernel category (a separate short run: the events slow the step slightly)
 run train-bf16-profile 60 "$BENCH" train -p bf16 -B "$B" -T 1024 -n 3 --profile
@@ -256,6 +287,21 @@ field() { # field FILE KEY: value of KEY=... on the RESULT line of FILE
     else
         echo "meshtrain train --runtime.device=cuda bf16: FAILED (see $f)"
     fi
+    # two GPUs: each layout's steady rate, its MFU (the engine's, against the summed peaks of both GPUs) and its
+    # rate against twice the one-GPU run's (TOKS above)
+    for lay in ${LAYOUTS2[@]+"${LAYOUTS2[@]}"}; do
+        name=${lay%%|*}
+        f2="$LOG/train2-$name.log"
+        t2=$(sed -n 's/.*steady state (steps [0-9]*-[0-9]*): \([0-9]*\) tok\/s.*/\1/p' "$f2" 2>/dev/null | tail -1)
+        m2=$(sed -n 's/.*steady state (steps [0-9]*-[0-9]*): [0-9]* tok\/s, MFU \([0-9.]*%\).*/\1/p' "$f2" | tail -1)
+        if [ -n "$t2" ]; then
+            eff=$(awk -v a="$t2" -v b="${toks:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / (2 * b); else print "n/a" }')
+            printf "2 GPUs, meshtrain train bf16, %-6s %s tokens/s, MFU %s, %s of 2 x one GPU's rate\n" "$name:" "$t2" \
+                "${m2:-n/a}" "$eff"
+        else
+            echo "2 GPUs, meshtrain train bf16, $name: FAILED (see $f2)"
+        fi
+    done
     if grep -q '^RESULT prof' "$LOG/train-bf16-profile.log" 2>/dev/null; then
         echo "bf16 step by kernel category (ms per step, share):"
         sed -n '/^time per step by kernel/,/^RESULT prof/p' "$LOG/train-bf16-profile.log" | grep '^  '
