@@ -57,8 +57,8 @@ static mt_status_t cuda_check_config(const mt_config_t *cfg) {
     int64_t tp = mt_config_int(cfg, "parallel.tp"), pp = mt_config_int(cfg, "parallel.pp");
     if (tp > 1 && !strcmp(mt_config_str(cfg, "model.recompute"), "block")) {
         return mt_error(MT_ERR_INVALID_ARG,
-                        "runtime.device = \"%s\": model.recompute = \"block\" with parallel.tp = %lld: recomputing a "
-                        "sharded block would repeat its collectives: set model.recompute = \"none\"",
+                        "runtime.device = \"%s\": model.recompute = \"block\" with parallel.tp = %lld: the "
+                        "tensor-parallel model does not recompute (as on the CPU): set model.recompute = \"none\"",
                         dev, (long long)tp);
     }
     if (pp > 1 && !strcmp(mt_config_str(cfg, "parallel.engine"), "zero") &&
@@ -87,6 +87,43 @@ static int cuda_devices(void) {
 #endif
 }
 
+/* Whether two ranks of this host would drive one GPU, which NCCL refuses in a communicator: each rank takes the
+ * visible device local_rank mod its device count (ce_init), named by its PCI bus id, gathered over the host's
+ * ranks (so per-rank CUDA_VISIBLE_DEVICES or srun --gpus-per-task, one distinct GPU each, is fine). On a clash
+ * *a and *b are the two local ranks and bus the device. Collective over the host's ranks (mt_rt_world()->local_comm);
+ * false without CUDA or a device. */
+static bool gpu_shared(int n_dev, int *a, int *b, char *bus, size_t bus_len) {
+    enum { ID = 32 };
+    const mt_world_t *w = mt_rt_world();
+    char mine[ID] = "";
+#if MT_HAVE_CUDA
+    if (n_dev > 0 && cudaDeviceGetPCIBusId(mine, ID, w->local_rank % n_dev) != cudaSuccess) {
+        mine[0] = '\0';
+    }
+#else
+    (void)n_dev;
+#endif
+    char *all = calloc((size_t)w->local_size, ID);
+    if (!all || MPI_Allgather(mine, ID, MPI_CHAR, all, ID, MPI_CHAR, w->local_comm) != MPI_SUCCESS) {
+        free(all);
+        return false; /* cannot tell: the engine's NCCL set-up reports a clash itself */
+    }
+    bool shared = false;
+    for (int i = 0; i < w->local_size && !shared; i++) {
+        for (int j = i + 1; j < w->local_size && !shared; j++) {
+            const char *x = all + (size_t)i * ID, *y = all + (size_t)j * ID;
+            if (x[0] && !strncmp(x, y, ID)) {
+                shared = true;
+                *a = i;
+                *b = j;
+                snprintf(bus, bus_len, "%.*s", ID, x);
+            }
+        }
+    }
+    free(all);
+    return shared;
+}
+
 mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use, char *note, size_t note_len) {
     const char *dev = mt_config_str(cfg, "runtime.device");
     *use = false;
@@ -99,9 +136,11 @@ mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use,
     int n = cuda_devices(), rank = 0, world = 1, mine[2], all[2];
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &world);
-    /* the fewest GPUs any rank sees; whether every host has a GPU per rank (NCCL's rule, when ranks talk) */
+    /* the fewest GPUs any rank sees; whether every rank has a GPU of its own (NCCL's rule, when ranks talk) */
+    int la = 0, lb = 0;
+    char bus[40];
     mine[0] = n;
-    mine[1] = world == 1 || mt_rt_world()->local_size <= n;
+    mine[1] = world == 1 || !gpu_shared(n, &la, &lb, bus, sizeof(bus));
     MT_MPI_CHECK(MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MIN, comm));
     int min_n = all[0];
     mt_status_t fit = cuda_check_config(cfg);
@@ -113,8 +152,8 @@ mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use,
                      mt_last_error_msg());
         } else if (min_n > 0 && note_len) {
             snprintf(note, note_len,
-                     "runtime.device = \"auto\": GPUs present, but a host runs more ranks than it has GPUs (NCCL "
-                     "needs one GPU per rank); training on the CPU");
+                     "runtime.device = \"auto\": GPUs present, but two ranks of a host would share one (NCCL needs "
+                     "one GPU per rank); training on the CPU");
         }
         return MT_OK;
     }
@@ -165,7 +204,8 @@ typedef struct {
     bool comm_now;            /* the backward running is the last micro-batch of a training step */
     size_t pend_lo, pend_hi;  /* complete gradients not yet sent: [pend_lo, pend_hi) */
     int64_t n_buckets;        /* all-reduces launched (for the log) */
-    double sent_model;        /* bytes this rank sent in the step: gradients and weights (docs/metrics.md) */
+    double sent_tp, sent_pp;  /* bytes this rank sent in the step (docs/metrics.md): tp collectives, pipeline */
+    double sent_dp;           /* ... and data-parallel gradients and weights (their sum: comm_bytes "model") */
     double sent_other;        /* ... and the rest (loss, norm) */
     float *loss_dev;          /* ga floats on the device: each micro-batch's mean loss */
     float *loss_host;         /* pinned ga floats */
@@ -299,19 +339,19 @@ static double dp_frac(const cuda_engine_t *e) {
  * all-gather and reduce-scatter b(n-1)/n of the whole n x count buffer. */
 static mt_status_t tp_all_reduce(void *arg, void *buf, size_t count, int dt, void *stream) {
     cuda_engine_t *e = arg;
-    e->sent_model += 2.0 * (double)count * (double)mt_dtype_size((mt_dtype_t)dt) * (e->tp - 1) / e->tp;
+    e->sent_tp += 2.0 * (double)count * (double)mt_dtype_size((mt_dtype_t)dt) * (e->tp - 1) / e->tp;
     return mt_coll_all_reduce(e->tpcomm, buf, buf, count, (mt_coll_dtype_t)dt, MT_REDOP_SUM, stream, NULL);
 }
 
 static mt_status_t tp_all_gather(void *arg, const void *send, void *recv, size_t count, int dt, void *stream) {
     cuda_engine_t *e = arg;
-    e->sent_model += (double)count * (double)mt_dtype_size((mt_dtype_t)dt) * (e->tp - 1);
+    e->sent_tp += (double)count * (double)mt_dtype_size((mt_dtype_t)dt) * (e->tp - 1);
     return mt_coll_all_gather(e->tpcomm, send, recv, count, (mt_coll_dtype_t)dt, stream, NULL);
 }
 
 static mt_status_t tp_reduce_scatter(void *arg, const void *send, void *recv, size_t count, int dt, void *stream) {
     cuda_engine_t *e = arg;
-    e->sent_model += (double)count * (double)mt_dtype_size((mt_dtype_t)dt) * (e->tp - 1);
+    e->sent_tp += (double)count * (double)mt_dtype_size((mt_dtype_t)dt) * (e->tp - 1);
     return mt_coll_reduce_scatter(e->tpcomm, send, recv, count, (mt_coll_dtype_t)dt, MT_REDOP_SUM, stream, NULL);
 }
 
@@ -331,9 +371,9 @@ static mt_status_t launch_bucket(cuda_engine_t *e, size_t lo, size_t hi, float *
     if (whole > lo) { /* [lo, whole): all-reduced */
         MT_CHECK(
             mt_coll_all_reduce(e->gcomm, grads, grads, whole - lo, MT_COLL_F32, MT_REDOP_AVG, e->comm_stream, NULL));
-        e->sent_model += 2.0 * (double)(whole - lo) * 4.0 * dp_frac(e);
+        e->sent_dp += 2.0 * (double)(whole - lo) * 4.0 * dp_frac(e);
     }
-    e->sent_model += (double)(hi - whole) * 4.0 * dp_frac(e); /* [whole, hi): the reduces to the owners */
+    e->sent_dp += (double)(hi - whole) * 4.0 * dp_frac(e); /* [whole, hi): the reduces to the owners */
     for (size_t a = whole; e->zero && a < hi;) {
         int owner = (int)(a / e->sh_len);
         size_t b = MT_MIN(hi, (size_t)(owner + 1) * e->sh_len);
@@ -387,7 +427,7 @@ static mt_status_t on_weights(void *arg, size_t lo, size_t hi, void *dst) {
         MT_CHECK(mt_coll_broadcast(e->gcomm, from, to, b - a, (mt_coll_dtype_t)dt, owner, e->comm_stream, NULL));
         a = b;
     }
-    e->sent_model += (double)(hi - lo) * (double)es * dp_frac(e);
+    e->sent_dp += (double)(hi - lo) * (double)es * dp_frac(e);
     return MT_OK;
 }
 
@@ -501,7 +541,7 @@ static mt_status_t pp_exchange(cuda_engine_t *e, pp_send_t *pend, void *rbuf, in
     mt_status_t st = MT_OK;
     if (pend->peer >= 0) {
         st = mt_coll_send(e->ppcomm, pend->buf, e->act_elems, dt, pend->peer, e->cstream, NULL);
-        e->sent_model += (double)e->act_elems * (double)mt_dtype_size((mt_dtype_t)dt);
+        e->sent_pp += (double)e->act_elems * (double)mt_dtype_size((mt_dtype_t)dt);
     }
     if (st == MT_OK && rpeer >= 0) {
         st = mt_coll_recv(e->ppcomm, rbuf, e->act_elems, dt, rpeer, e->cstream, NULL);
@@ -679,12 +719,15 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
      * NCCL cannot put two ranks of a communicator on one GPU */
     st = mt_cuda_status(cudaSetDevice(mt_rt_world()->local_rank % ndev), "cudaSetDevice");
     bool multi = e->dp_size > 1 || e->pp > 1 || e->tp > 1;
-    if (st == MT_OK && !MT_CUDA_EMULATED && multi && mt_rt_world()->local_size > ndev) {
+    int la = 0, lb = 0;
+    char shared_bus[40];
+    if (multi && !MT_CUDA_EMULATED && gpu_shared(ndev, &la, &lb, shared_bus, sizeof(shared_bus)) && st == MT_OK) {
         st = mt_error(MT_ERR_INVALID_ARG,
-                      "runtime.device = \"cuda\": %d ranks on host %s share %d GPU%s, and NCCL needs one GPU per rank: "
-                      "start one rank per GPU (mpirun --map-by ppr:%d:node, srun --ntasks-per-node=%d), or set "
+                      "runtime.device = \"cuda\": local ranks %d and %d on host %s would both drive GPU %s (each rank "
+                      "takes visible device local_rank mod %d), and NCCL needs one GPU per rank: start one rank per "
+                      "GPU (mpirun --map-by ppr:%d:node, srun --ntasks-per-node=%d or --gpus-per-task=1), or set "
                       "runtime.device = \"cpu\"",
-                      mt_rt_world()->local_size, mt_rt_world()->hostname, ndev, ndev == 1 ? "" : "s", ndev, ndev);
+                      la, lb, mt_rt_world()->hostname, shared_bus, ndev, ndev, ndev);
     }
     if (multi) {
         /* The dp communicators are created collectively over info->comm: every rank must get there, so the
@@ -805,7 +848,7 @@ fail:
 
 static mt_status_t ce_zero_grads(void *ctx) {
     cuda_engine_t *e = ctx;
-    e->sent_model = e->sent_other = 0.0; /* a step starts */
+    e->sent_tp = e->sent_pp = e->sent_dp = e->sent_other = 0.0; /* a step starts */
     return mt_gpt2_cuda_zero_grads(e->g);
 }
 
@@ -849,7 +892,7 @@ static mt_status_t ce_finish_grads(void *ctx) {
         const mt_param_t *wte = mt_model_param(e->model, 0);
         float *gw = mt_gpt2_cuda_grads(e->g) + mt_gpt2_cuda_param_offset(e->g, 0);
         MT_CHECK(mt_coll_all_reduce(e->embcomm, gw, gw, wte->numel, MT_COLL_F32, MT_REDOP_SUM, e->cstream, NULL));
-        e->sent_model += (double)wte->numel * 4.0; /* 2b(n-1)/n over 2 ranks */
+        e->sent_pp += (double)wte->numel * 4.0; /* 2b(n-1)/n over 2 ranks */
     }
     return MT_OK;
 }
@@ -897,7 +940,7 @@ static mt_status_t ce_step(void *ctx, float lr, float grad_scale) {
     CU(cudaStreamWaitEvent(e->comm_stream, e->ready, 0));
     MT_CHECK(mt_coll_all_gather(e->gcomm, w + (size_t)e->dp_rank * e->sh_len * mt_dtype_size(dt), w, e->sh_len,
                                 (mt_coll_dtype_t)dt, e->comm_stream, NULL));
-    e->sent_model += (double)e->sh_len * (double)mt_dtype_size(dt) * (double)(e->dp_size - 1);
+    e->sent_dp += (double)e->sh_len * (double)mt_dtype_size(dt) * (double)(e->dp_size - 1);
     CU(cudaEventRecord(e->comm_done, e->comm_stream));
     CU(cudaStreamWaitEvent(e->cstream, e->comm_done, 0));
     return mt_comm_get_async_error(e->gcomm);
@@ -912,11 +955,18 @@ static mt_status_t ce_reduce_loss(void *ctx, double *loss) {
     return mt_coll_all_reduce(e->lcomm, loss, loss, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, NULL);
 }
 
-/* The step's bytes as counted at each call (dp_frac); nothing with dp = 1. */
+/* The step's bytes as counted at each call (dp_frac; tp and pp as the CPU engines count theirs). */
 static void ce_comm_bytes(void *ctx, double *model, double *other) {
     cuda_engine_t *e = ctx;
-    *model = e->sent_model;
+    *model = e->sent_tp + e->sent_pp + e->sent_dp;
     *other = e->sent_other;
+}
+
+static void ce_comm_bytes_groups(void *ctx, double *tp, double *pp, double *dp) {
+    cuda_engine_t *e = ctx;
+    *tp = e->sent_tp;
+    *pp = e->sent_pp;
+    *dp = e->sent_dp;
 }
 
 /* The parameters and their AdamW moments, staged in host memory: save copies the device state there first
@@ -1045,6 +1095,7 @@ static const mt_job_engine_t cuda_engine = {
     .loss_scaler = ce_loss_scaler,
     .device_mem = ce_device_mem,
     .comm_bytes = ce_comm_bytes,
+    .comm_bytes_groups = ce_comm_bytes_groups,
 };
 
 #else /* !MT_HAVE_CUDA */

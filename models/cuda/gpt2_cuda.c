@@ -53,9 +53,9 @@ struct mt_gpt2_cuda {
     void *tmp_r, *lnloc;         /* sp: (R,C) a reduce-scatter's result, a LayerNorm's rows before their gather */
     float *lng;                  /* sp: (2C) a LayerNorm's weight and bias gradients over this rank's rows */
     float *ce_part, *ce_parts;   /* tp: the cross-entropy's (N,3) statistics and the group's (tp,N,3) */
-    size_t *rep_lo, *rep_hi;     /* tp: runs of parameters every tp rank holds whole (tp_dim < 0), stage layout */
-    int n_rep;                   /* ... their number */
-    double *rep_sumsq;           /* tp: device sums of squares of those runs (n_rep) */
+    size_t *shd_lo, *shd_hi;     /* tp: runs of sharded parameters (tp_dim >= 0) in the stage layout, which alone a */
+    int n_shd;                   /* tp rank but 0 counts in the norm (the whole parameters are rank 0's) */
+    double *shd_sumsq;           /* tp: device sums of squares of those runs (n_shd) */
     int lo, hi;       /* the pipeline stage's blocks [lo, hi) (the whole model: 0, L) */
     bool first, last; /* the stage holds the embeddings (first), ln_f and the head (last); wte on either */
     bool *held;       /* parameter i is on this stage */
@@ -197,6 +197,12 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
                         "gpt2_cuda: a tensor-parallel model (tp_size %d) needs the tp group's collectives "
                         "(params.tp_ops: all_reduce_sum, all_gather%s)",
                         c->tp_size, sp ? ", reduce_scatter_sum" : "");
+    }
+    if (c->tp_size > 1 && c->recompute == MT_RECOMPUTE_BLOCK) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "gpt2_cuda: model.recompute = \"block\" with tp_size %d: the tensor-parallel model does not "
+                        "recompute (as on the CPU): set model.recompute = \"none\"",
+                        c->tp_size);
     }
     if (sp && ((size_t)p->B * p->T) % (size_t)c->tp_size != 0) {
         return mt_error(MT_ERR_INVALID_ARG,
@@ -355,25 +361,30 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         g->decay[i] = pp->is_weight2d;
         g->numel += g->held[i] ? pp->numel : 0;
     }
-    if (g->tp > 1) { /* the runs of whole (replicated) parameters, which the norm counts on tp rank 0 only */
-        g->rep_lo = mt_calloc((size_t)g->n_params * sizeof(size_t), MT_MEM_OTHER, "gpt2_cuda replicated runs");
-        g->rep_hi = mt_calloc((size_t)g->n_params * sizeof(size_t), MT_MEM_OTHER, "gpt2_cuda replicated runs");
-        if (!g->rep_lo || !g->rep_hi) {
+    if (g->tp > 1) { /* the runs of sharded parameters: a tp rank but 0 counts only those in the norm */
+        g->shd_lo = mt_calloc((size_t)g->n_params * sizeof(size_t), MT_MEM_OTHER, "gpt2_cuda sharded runs");
+        g->shd_hi = mt_calloc((size_t)g->n_params * sizeof(size_t), MT_MEM_OTHER, "gpt2_cuda sharded runs");
+        if (!g->shd_lo || !g->shd_hi) {
             st = mt_error(MT_ERR_OOM, "gpt2_cuda: no host memory");
             goto fail;
         }
         for (int i = 0; i < g->n_params; i++) {
             const mt_param_t *pp = mt_model_param(m, i);
-            if (!g->held[i] || pp->tp_dim >= 0) {
+            if (!g->held[i] || pp->tp_dim < 0) {
                 continue;
             }
-            if (g->n_rep > 0 && g->rep_hi[g->n_rep - 1] == g->offs[i]) {
-                g->rep_hi[g->n_rep - 1] += pp->numel;
+            if (g->n_shd > 0 && g->shd_hi[g->n_shd - 1] == g->offs[i]) {
+                g->shd_hi[g->n_shd - 1] += pp->numel;
             } else {
-                g->rep_lo[g->n_rep] = g->offs[i];
-                g->rep_hi[g->n_rep++] = g->offs[i] + pp->numel;
+                g->shd_lo[g->n_shd] = g->offs[i];
+                g->shd_hi[g->n_shd++] = g->offs[i] + pp->numel;
             }
         }
+    }
+    for (int l = 0; l < g->L; l++) { /* ln_backward takes a LayerNorm's weight and bias gradients as one run */
+        int p0 = BLOCK0 + l * NBP;
+        MT_ASSERT(g->offs[p0 + LN1B] == g->offs[p0 + LN1W] + (g->held[p0] ? (size_t)g->C : 0) &&
+                  g->offs[p0 + LN2B] == g->offs[p0 + LN2W] + (g->held[p0] ? (size_t)g->C : 0));
     }
     /* ZeRO-1 slices: sh_len elements each (a multiple of 64, so every slice starts 256-byte aligned) */
     g->sh_n = p->shard_count;
@@ -499,7 +510,7 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     /* scratch shared by the layers (forward temporaries, backward gradients, reductions) */
     size_t cs = mt_cuda_colsum_scratch_floats(MT_MAX(g->Hl, g->C)), ls = mt_cuda_layernorm_scratch_floats(g->C);
     size_t as = mt_cuda_attention_scratch_floats(g->B, g->T, g->NHl), ss = mt_cuda_sumsq_scratch_doubles();
-    size_t Hl = (size_t)g->Hl, ce = g->tp > 1 ? N * 3 * 4 : 0, rep = (size_t)g->n_rep * 8;
+    size_t Hl = (size_t)g->Hl, ce = g->tp > 1 ? N * 3 * 4 : 0, rep = (size_t)g->n_shd * 8;
     size_t scratch = 3 * MT_DIV_UP(N * C * es, 256) * 256 + 2 * MT_DIV_UP(N * Hl * es, 256) * 256 +
                      MT_DIV_UP(cs * 4, 256) * 256 + MT_DIV_UP(ls * 4, 256) * 256 + MT_DIV_UP(as * 4, 256) * 256 +
                      MT_DIV_UP(ss * 8, 256) * 256 + 6 * 256 + MT_DIV_UP(ce, 256) * 256 +
@@ -521,7 +532,7 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     g->found_inf = carve(&cur, 256);
     g->ce_part = g->tp > 1 ? carve(&cur, ce) : NULL;
     g->ce_parts = g->tp > 1 ? carve(&cur, ce * (size_t)g->tp) : NULL;
-    g->rep_sumsq = g->n_rep > 0 ? carve(&cur, rep) : NULL;
+    g->shd_sumsq = g->n_shd > 0 ? carve(&cur, rep) : NULL;
     g->tmp_r = g->sp ? carve(&cur, R * C * es) : NULL;
     g->lnloc = g->sp ? carve(&cur, R * C * es) : NULL;
     g->lng = g->sp ? carve(&cur, 2 * C * 4) : NULL;
@@ -578,8 +589,8 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
     mt_free(g->offs);
     mt_free(g->decay);
     mt_free(g->held);
-    mt_free(g->rep_lo);
-    mt_free(g->rep_hi);
+    mt_free(g->shd_lo);
+    mt_free(g->shd_hi);
     mt_free(g->sets);
     mt_free(g->la_all);
     mt_free(g);
@@ -1009,7 +1020,7 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         OP(PROF_OTHER, cudaMemsetAsync(dqkv, 0, 3 * (size_t)N * Cl * es, cs));
         OP(PROF_ATTN_BWD,
            mt_cuda_attention_backward(dqkv, g->da, a->qkv, a->atty, a->lse, B, T, Cl, g->NHl, dt, g->attn_scratch, s));
-        void *dln1 = g->dfc;
+        void *dln1 = g->da; /* (N,C): attention backward has read da (its dout) */
         OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, dln1, G(p + QKVW), G(p + QKVB), dqkv, 3 * Cl, a->ln1,
                                                         W(p + QKVW), N, C, 3 * Cl, dt, g->col_scratch, s));
         MT_CHECK(tp_reduce(g, dln1, g->tmp_r, &x)); /* tp: each rank's heads' part of d ln1 */
@@ -1182,30 +1193,33 @@ mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfi
             OP(PROF_OPT, mt_cuda_check_finite(g->found_inf, gs, n, MT_CU_F32, s));
         }
     }
-    if (n > 0) {
+    /* tp: the whole parameters' gradients are the same on every tp rank, and rank 0's count: another rank sums
+     * its sharded runs only */
+    bool shards_only = g->tp > 1 && g->tpr != 0;
+    if (!shards_only && n > 0) {
         OP(PROF_OPT, mt_cuda_sumsq(g->sumsq, gs, n, g->sumsq_scratch, s));
-    } else {
+    } else if (!shards_only) {
         OP(PROF_OTHER, cudaMemsetAsync(g->sumsq, 0, sizeof(double), g->stream));
     }
-    /* tp: the whole parameters' gradients are the same on every tp rank; rank 0's count */
-    bool drop_rep = g->tp > 1 && g->tpr != 0 && g->n_rep > 0;
-    if (drop_rep) {
-        OP(PROF_OTHER, cudaMemsetAsync(g->rep_sumsq, 0, (size_t)g->n_rep * sizeof(double), g->stream));
+    if (shards_only && g->n_shd > 0) {
+        OP(PROF_OTHER, cudaMemsetAsync(g->shd_sumsq, 0, (size_t)g->n_shd * sizeof(double), g->stream));
     }
-    for (int k = 0; drop_rep && k < g->n_rep; k++) {
-        size_t lo = MT_MAX(g->rep_lo[k], a0), hi = MT_MIN(g->rep_hi[k], a0 + n);
+    for (int k = 0; shards_only && k < g->n_shd; k++) {
+        size_t lo = MT_MAX(g->shd_lo[k], a0), hi = MT_MIN(g->shd_hi[k], a0 + n);
         if (lo < hi) {
-            OP(PROF_OPT, mt_cuda_sumsq(g->rep_sumsq + k, gs + (lo - a0), hi - lo, g->sumsq_scratch, s));
+            OP(PROF_OPT, mt_cuda_sumsq(g->shd_sumsq + k, gs + (lo - a0), hi - lo, g->sumsq_scratch, s));
         }
     }
     CK(cudaStreamSynchronize(g->stream));
-    double ss = 0, rep[64];
-    CK(cudaMemcpy(&ss, g->sumsq, sizeof(double), cudaMemcpyDeviceToHost));
-    for (int k0 = 0; drop_rep && k0 < g->n_rep; k0 += (int)MT_ARRAY_LEN(rep)) {
-        int cnt = MT_MIN(g->n_rep - k0, (int)MT_ARRAY_LEN(rep));
-        CK(cudaMemcpy(rep, g->rep_sumsq + k0, (size_t)cnt * sizeof(double), cudaMemcpyDeviceToHost));
+    double ss = 0, part[64];
+    if (!shards_only) {
+        CK(cudaMemcpy(&ss, g->sumsq, sizeof(double), cudaMemcpyDeviceToHost));
+    }
+    for (int k0 = 0; shards_only && k0 < g->n_shd; k0 += (int)MT_ARRAY_LEN(part)) {
+        int cnt = MT_MIN(g->n_shd - k0, (int)MT_ARRAY_LEN(part));
+        CK(cudaMemcpy(part, g->shd_sumsq + k0, (size_t)cnt * sizeof(double), cudaMemcpyDeviceToHost));
         for (int k = 0; k < cnt; k++) {
-            ss -= rep[k];
+            ss += part[k];
         }
     }
     if (g->scaler.dynamic) {

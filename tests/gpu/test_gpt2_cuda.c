@@ -17,8 +17,8 @@
  * Pipeline stages (fp32, bf16, fp32 with recompute = block): a 3-block model run as three stages with the
  * activations and their gradients handed over gives the whole model's loss and gradients (exactly under the
  * emulator but for wte's summation order, 1e-5 of the largest on a device); bad stage bounds and a stage
- * sharding its gradients (ZeRO-2) are refused. Activation sets (with and without recompute): two micro-batches forwarded before
- * their backwards accumulate what forward + backward of each in turn does.
+ * sharding its gradients (ZeRO-2) are refused. Activation sets (with and without recompute): two micro-batches
+ * forwarded before their backwards accumulate what forward + backward of each in turn does.
  * Exits 77 printing "skipped: no CUDA device" without a device.
  * SPDX-License-Identifier: MIT */
 #include <math.h>

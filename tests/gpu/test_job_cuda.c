@@ -505,6 +505,13 @@ static void tp_comm_bytes(const char *dir) {
         CHECK_OK(run_mesh(dev[i], 2, 1, 4, a, &r));
         mt_job_result_free(&r);
         CHECK(step_bytes(paths[i], &model[i], &other[i]), "%s: no comm_bytes", paths[i]);
+        mt_json_t *o = last_line(paths[i]); /* the split by group: all of it tp's */
+        const mt_json_t *cb = o ? mt_json_get(o, "comm_bytes") : NULL;
+        double tpb = -1, ppb = -1, dpb = -1;
+        CHECK(cb && mt_json_get_num(cb, "tp", &tpb) && mt_json_get_num(cb, "pp", &ppb) &&
+                  mt_json_get_num(cb, "dp", &dpb) && tpb == model[i] && ppb == 0 && dpb == 0,
+              "%s: comm_bytes by group tp %.0f, pp %.0f, dp %.0f (model %.0f)", paths[i], tpb, ppb, dpb, model[i]);
+        mt_json_free(o);
     }
     double ar = 2.0 * N * C * 4 * 0.5, want = GA * (2 * (1 + 2 * L) * ar + 12.0 * N);
     double want_sp = want + GA * (2 * L + 1) * (2.0 * 2 * C * 4 * 0.5);
@@ -532,6 +539,7 @@ static void tp_comm_bytes(const char *dir) {
  * 1F1B), with and without sequence parallelism, the CPU's losses and norms (1e-3). */
 static void tensor(const char *dir) {
     const mt_world_t *w = mt_rt_world();
+    CHECK(w->size % 2 == 0, "test_job_cuda tensor runs tp 2 over an even number of ranks, not %d", w->size);
     if (w->size % 2 != 0) {
         return;
     }
@@ -669,6 +677,11 @@ static void tensor(const char *dir) {
             mt_job_result_t z;
             CHECK_OK(run_mesh("cuda", 2, 1, 4, za, &z));
             same_losses(what, &z, &g, SAME_TOL);
+            for (int64_t s = 0; s < STEPS && s < z.n_steps && s < g.n_steps; s++) { /* slices x tp shards */
+                double d = fabs(z.grad_norm[s] - g.grad_norm[s]) / g.grad_norm[s];
+                CHECK(d <= SAME_TOL, "%s step %lld: gradient norm %.9g, ddp %.9g", what, (long long)s + 1,
+                      z.grad_norm[s], g.grad_norm[s]);
+            }
             mt_job_result_free(&z);
         }
         mt_job_result_t z2sp;
@@ -700,6 +713,31 @@ static void tensor(const char *dir) {
     mt_job_result_t *all[] = {&cpu, &g, &whole, &bf, &part, &res, &rcpu, &sp, &spc, &ecpu, &eg};
     for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) {
         mt_job_result_free(all[i]);
+    }
+}
+
+/* Tensor parallelism as wide as the world (`test_job_cuda tensor_wide`, 8 ranks: tp 8, 8 heads of size 4, the MLP's
+ * 4C/tp columns fewer than C, one rank holding every real vocabulary row): fp32 losses and gradient norms within
+ * 1e-3 of the CPU model-parallel engine, with and without sequence parallelism (4 rows per rank). */
+static void tensor_wide(void) {
+    const mt_world_t *w = mt_rt_world();
+    for (int with_sp = 0; with_sp < 2; with_sp++) {
+        mt_job_result_t c, g;
+        const char *a[] = {"--model.n_head=8", with_sp ? "--parallel.sequence_parallel=true" : "--train.log_every=1"};
+        CHECK_OK(run_mesh("cpu", w->size, 1, 2, a, &c));
+        CHECK_OK(run_mesh("cuda", w->size, 1, 2, a, &g));
+        same_losses(with_sp ? "tp = world + sp: gpu vs cpu" : "tp = world: gpu vs cpu", &g, &c, 1e-3);
+        for (int64_t s = 0; s < STEPS && s < g.n_steps && s < c.n_steps; s++) {
+            double d = fabs(g.grad_norm[s] - c.grad_norm[s]) / c.grad_norm[s];
+            CHECK(d <= 1e-3, "tp %d%s step %lld: gradient norm %.9g, cpu %.9g", w->size, with_sp ? " + sp" : "",
+                  (long long)s + 1, g.grad_norm[s], c.grad_norm[s]);
+        }
+        if (w->rank == 0) {
+            printf("tp %d%s on the gpu: losses %.6f .. %.6f (cpu %.6f .. %.6f)\n", w->size, with_sp ? " + sp" : "",
+                   g.loss[0], g.loss[STEPS - 1], c.loss[0], c.loss[STEPS - 1]);
+        }
+        mt_job_result_free(&c);
+        mt_job_result_free(&g);
     }
 }
 
@@ -847,6 +885,10 @@ int main(int argc, char **argv) {
     }
     if (argc > 1 && !strcmp(argv[1], "tensor")) { /* tensor parallelism alone, tp 2 x dp world / 2 */
         tensor(dir);
+        goto cleanup;
+    }
+    if (argc > 1 && !strcmp(argv[1], "tensor_wide")) { /* tp = the world */
+        tensor_wide();
         goto cleanup;
     }
 
