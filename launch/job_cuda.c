@@ -11,9 +11,10 @@
  * each rank trains one pipeline stage (GPipe or 1F1B, activations by NCCL send/recv, each micro-batch in
  * flight in its own activation set of the trainer). With tp > 1 each rank trains its tensor-parallel shard
  * (Megatron-style, models/cuda/gpt2_cuda.h), the tp group's all-reduces and gathers through NCCL on the compute
- * stream; the model is built sharded by the engine's setup_model. The loop's clipping, NaN agreement, metrics and
- * checkpoints work unchanged: the engine syncs twice per step (the loss after backward, the gradient norm
- * after the reductions). Built without CUDA, the engine only refuses, naming what to use instead.
+ * stream; the model is built sharded by the engine's setup_model. Pipeline and tensor parallelism live in
+ * launch/job_cuda_mp.c. The loop's clipping, NaN agreement, metrics and checkpoints work unchanged: the engine
+ * syncs twice per step (the loss after backward, the gradient norm after the reductions). Built without CUDA,
+ * the engine only refuses, naming what to use instead.
  * SPDX-License-Identifier: MIT */
 #include "mt_build_config.h"
 
@@ -27,18 +28,9 @@
 #include "runtime/rt.h"
 
 #if MT_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "collectives/coll.h"
-#include "models/cuda/cuda_backend.h"
+#include "launch/job_cuda_impl.h"
 #include "models/cuda/gemm_peak.h"
-#include "models/cuda/gpt2_cuda.h"
-#include "parallel/pipeline.h"
-#include "parallel/tp.h"
 #include "runtime/cuda_alloc.h"
-#include "runtime/mesh.h"
-#include "runtime/nvml.h"
-#include "runtime/precision.h"
 #endif
 
 #ifndef MT_CUDA_EMULATED
@@ -180,57 +172,6 @@ mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use,
 
 #if MT_HAVE_CUDA
 
-typedef struct {
-    mt_model_t model;
-    mt_gpt2_cuda_t g;
-    mt_optim_params_t optim;
-    mt_prec_t prec;
-    int64_t mb, T, ga;
-    int dp_size, dp_rank;
-    bool overlap;        /* "ddp", "zero": buckets during backward; "dp": one all-reduce after it */
-    bool zero;           /* ZeRO-1/2 (dp > 1): each bucket reduced to the owners of its slices, weights gathered */
-    bool zero2;          /* ZeRO-2/3: every micro-batch's runs reduced at once and added to the owner's slice */
-    bool zero3;          /* ZeRO-3: weights gathered block by block from their owners, no all-gather */
-    size_t sh_lo, sh_hi; /* ZeRO-1: this rank's slice of the flat layout (everything otherwise) */
-    size_t sh_len;       /* ZeRO-1: the slice length: rank r owns [r * sh_len, (r + 1) * sh_len) */
-    size_t bucket_elems; /* parallel.bucket_mb in floats */
-    size_t numel;
-    mt_comm_t gcomm;          /* dp > 1: the gradients' communicator (device memory: NCCL) */
-    mt_comm_t lcomm;          /* dp > 1: host communicator for the loss */
-    cudaStream_t cstream;     /* the trainer's compute stream (borrowed) */
-    cudaStream_t comm_stream; /* dp > 1: gradient all-reduces */
-    cudaEvent_t ready;        /* recorded on cstream when a bucket's gradients are complete */
-    cudaEvent_t comm_done;    /* recorded on comm_stream after the last bucket */
-    bool comm_now;            /* the backward running is the last micro-batch of a training step */
-    size_t pend_lo, pend_hi;  /* complete gradients not yet sent: [pend_lo, pend_hi) */
-    int64_t n_buckets;        /* all-reduces launched (for the log) */
-    double sent_tp, sent_pp;  /* bytes this rank sent in the step (docs/metrics.md): tp collectives, pipeline */
-    double sent_dp;           /* ... and data-parallel gradients and weights (their sum: comm_bytes "model") */
-    double sent_other;        /* ... and the rest (loss, norm) */
-    float *loss_dev;          /* ga floats on the device: each micro-batch's mean loss */
-    float *loss_host;         /* pinned ga floats */
-    float *h_m, *h_v;         /* host staging of AdamW's moments for checkpoints (allocated on first use) */
-    mt_nvml_t nvml;           /* NULL: no energy figures */
-    mt_energy_steps_t energy; /* per-step energy from the counter (runtime/nvml.h) */
-    int pp, stage;            /* pipeline stages and this rank's (pp = 1: the whole model) */
-    bool first, last;         /* the stage embeds the tokens / computes the loss */
-    mt_pp_schedule_t sched;   /* parallel.schedule */
-    mt_comm_t ppcomm;         /* pp > 1: activations and their gradients, stage to stage (device memory: NCCL) */
-    mt_comm_t pplcomm;        /* pp > 1: host scalars over the pipeline (the loss, the norm) */
-    mt_comm_t embcomm;        /* pp > 1, first and last stage: the tied wte's gradient (== ppcomm when pp = 2) */
-    void *sendbuf;            /* what the pending send sends: a copy, since the next op rewrites the trainer's
-                               * output or gradient buffer before the send is posted */
-    int n_slots;              /* the trainer's activation sets: the most micro-batches in flight on the stage */
-    size_t act_elems;         /* B x T x C: one activation message */
-    int tp, tpr;              /* tensor parallelism: the group's size and this rank's index in it (1, 0: none) */
-    mt_comm_t tpcomm;         /* tp > 1: activations and their gradients (device memory: NCCL) */
-    mt_comm_t tplcomm;        /* tp > 1: host communicator of the group (the CPU model's seam) */
-    mt_tp_t tpseam;           /* tp > 1: parallel/tp.c over tplcomm, which the sharded host model is built with */
-    mt_gpt2_cuda_tp_ops_t tp_ops; /* tp > 1: the trainer's collectives over tpcomm */
-    mt_comm_t normcomm;       /* tp > 1 or ZeRO with pp > 1: host sums of the norm's parts (tp x pp, x dp: ZeRO) */
-    double peak;              /* this GPU's dense peak in precision.compute, FLOP/s (0: unknown, no MFU) */
-    char peak_src[200];       /* where peak comes from */
-} cuda_engine_t;
 
 /* The MFU denominator (docs/metrics.md): the GPU's rate on an N^3 cuBLASLt product in precision.compute,
  * measured once at the engine's start; MESHTRAIN_PEAK_GFLOPS_PER_GPU = G > 0 uses G instead, and
@@ -273,8 +214,6 @@ static void measure_peak(cuda_engine_t *e, int dev) {
              "%.1f TFLOP/s per GPU (cuBLASLt %lld^3 %s product on device %d, median of %d, measured in %.2f s)",
              f / 1e12, (long long)n, mt_prec_name(e->prec), dev, PEAK_REPS, mt_now() - t0);
 }
-
-#define CU(call) MT_CHECK(mt_cuda_status((call), #call))
 
 static void ce_free(void *ctx) {
     cuda_engine_t *e = ctx;
@@ -330,29 +269,6 @@ static void ce_free(void *ctx) {
  * (N-1)/N of the whole gathered buffer. */
 static double dp_frac(const cuda_engine_t *e) {
     return (double)(e->dp_size - 1) / (double)e->dp_size;
-}
-
-/* Tensor parallelism, the trainer's collectives over the tp group on its compute stream (stream): sums of
- * activations or their gradients in the storage dtype (all-reduce, or with sequence parallelism reduce-scatter
- * and all-gather), of the LayerNorms' f32 gradients (sp), and the gather of the cross-entropy's statistics. Bytes
- * per rank in the bus convention the CPU engines count (parallel/tp.c): all-reduce 2b(n-1)/n of a b-byte buffer,
- * all-gather and reduce-scatter b(n-1)/n of the whole n x count buffer. */
-static mt_status_t tp_all_reduce(void *arg, void *buf, size_t count, int dt, void *stream) {
-    cuda_engine_t *e = arg;
-    e->sent_tp += 2.0 * (double)count * (double)mt_dtype_size((mt_dtype_t)dt) * (e->tp - 1) / e->tp;
-    return mt_coll_all_reduce(e->tpcomm, buf, buf, count, (mt_coll_dtype_t)dt, MT_REDOP_SUM, stream, NULL);
-}
-
-static mt_status_t tp_all_gather(void *arg, const void *send, void *recv, size_t count, int dt, void *stream) {
-    cuda_engine_t *e = arg;
-    e->sent_tp += (double)count * (double)mt_dtype_size((mt_dtype_t)dt) * (e->tp - 1);
-    return mt_coll_all_gather(e->tpcomm, send, recv, count, (mt_coll_dtype_t)dt, stream, NULL);
-}
-
-static mt_status_t tp_reduce_scatter(void *arg, const void *send, void *recv, size_t count, int dt, void *stream) {
-    cuda_engine_t *e = arg;
-    e->sent_tp += (double)count * (double)mt_dtype_size((mt_dtype_t)dt) * (e->tp - 1);
-    return mt_coll_reduce_scatter(e->tpcomm, send, recv, count, (mt_coll_dtype_t)dt, MT_REDOP_SUM, stream, NULL);
 }
 
 /* Averages gradients [lo, hi) over dp on the comm stream, ordered after everything enqueued on the compute
@@ -435,8 +351,9 @@ static mt_status_t on_weights(void *arg, size_t lo, size_t hi, void *dst) {
  * gradients or activations (device memory: NCCL; host memory under the emulator, whose device memory is host
  * memory) and *host for scalars, checked to give this rank index `rank` of `size` (what names the index in the
  * error). Collective over the group. */
-static mt_status_t axis_comms(const mt_job_info_t *info, mt_axis_t axis, const char *dev_name, const char *host_name,
-                              int size, int rank, const char *what, mt_comm_t *dev, mt_comm_t *host) {
+mt_status_t cuda_engine_axis_comms(const mt_job_info_t *info, mt_axis_t axis, const char *dev_name,
+                                   const char *host_name, int size, int rank, const char *what, mt_comm_t *dev,
+                                   mt_comm_t *host) {
     mt_comm_params_t cp = MT_COMM_PARAMS_INIT, lp = MT_COMM_PARAMS_INIT;
     cp.name = dev_name;
     cp.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
@@ -457,164 +374,8 @@ static mt_status_t axis_comms(const mt_job_info_t *info, mt_axis_t axis, const c
 
 /* The dp communicators (gradients on the device, losses), collectively over info->comm. */
 static mt_status_t dp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
-    return axis_comms(info, MT_AXIS_DP, "dp-grads", "dp-loss", e->dp_size, e->dp_rank, "dp rank", &e->gcomm, &e->lcomm);
-}
-
-/* The pipeline's communicators, collectively over info->comm: activations (device), scalars (host), and on
- * the first and last stage the tied wte's gradient. */
-static mt_status_t pp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
-    MT_CHECK(axis_comms(info, MT_AXIS_PP, "pp-acts", "pp-scalars", e->pp, e->stage, "stage", &e->ppcomm, &e->pplcomm));
-    if (e->pp == 2) {
-        e->embcomm = e->ppcomm;
-    } else if (e->first || e->last) {
-        int me = 0, ranks[2];
-        MPI_Comm_rank(info->comm, &me);
-        mt_mesh_embedding_group(info->mesh, me, ranks);
-        mt_comm_params_t ep = MT_COMM_PARAMS_INIT;
-        ep.name = "pp-tied-wte";
-        ep.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
-        MT_CHECK(mt_comm_init_ranks(info->comm, ranks, 2, &ep, &e->embcomm));
-    }
-    return MT_OK;
-}
-
-/* The tp group's device communicator (the trainer's collectives), collectively over info->comm. */
-static mt_status_t tp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
-    mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
-    cp.name = "tp-acts";
-    cp.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
-    return mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_TP), &cp, &e->tpcomm);
-}
-
-/* With gradients spread over more than one axis (tp; ZeRO-1 with a pipeline): the host communicator over every
- * rank whose gradients make up the norm (tp, the pipeline's stages, under ZeRO the dp ranks' slices),
- * collectively over info->comm. */
-static mt_status_t norm_comm_init(cuda_engine_t *e, const mt_job_info_t *info) {
-    mt_comm_params_t np = MT_COMM_PARAMS_INIT;
-    np.name = "grad-norm";
-    unsigned axes = (e->tp > 1 ? MT_AXIS_BIT(MT_AXIS_TP) : 0u) | (e->pp > 1 ? MT_AXIS_BIT(MT_AXIS_PP) : 0u) |
-                    (e->zero ? MT_AXIS_BIT(MT_AXIS_DP) : 0u);
-    return mt_comm_init_mesh(info->comm, info->mesh, axes, &np, &e->normcomm);
-}
-
-/* One stage's schedule over the step's micro-batches: GPipe (every forward, then every backward from the
- * last) or 1F1B (pp - stage - 1 warm-up forwards, then one forward and one backward in turn, then the
- * remaining backwards). ops[i] = k + 1 for the forward of micro-batch k, -(k + 1) for its backward. */
-static int pp_schedule(const cuda_engine_t *e, int m, int *ops) {
-    int n = 0;
-    if (e->sched == MT_PP_GPIPE) {
-        for (int k = 0; k < m; k++) {
-            ops[n++] = k + 1;
-        }
-        for (int k = m - 1; k >= 0; k--) {
-            ops[n++] = -(k + 1);
-        }
-        return n;
-    }
-    int w = MT_MIN(e->pp - e->stage - 1, m), f = 0, b = 0;
-    while (f < w) {
-        ops[n++] = ++f;
-    }
-    while (f < m) {
-        ops[n++] = ++f;
-        ops[n++] = -(++b);
-    }
-    while (b < m) {
-        ops[n++] = -(++b);
-    }
-    return n;
-}
-
-/* A send deferred to be posted together with the next op's receive (the 1F1B steady phase has neighbours
- * sending to each other at once; grouped, neither waits for the other), from the engine's send buffer. */
-typedef struct {
-    void *buf;
-    int peer; /* -1: none */
-} pp_send_t;
-
-static mt_status_t pp_exchange(cuda_engine_t *e, pp_send_t *pend, void *rbuf, int rpeer) {
-    mt_coll_dtype_t dt = (mt_coll_dtype_t)mt_prec_storage(e->prec);
-    if (pend->peer < 0 && rpeer < 0) {
-        return MT_OK;
-    }
-    MT_CHECK(mt_coll_group_start(e->ppcomm));
-    mt_status_t st = MT_OK;
-    if (pend->peer >= 0) {
-        st = mt_coll_send(e->ppcomm, pend->buf, e->act_elems, dt, pend->peer, e->cstream, NULL);
-        e->sent_pp += (double)e->act_elems * (double)mt_dtype_size((mt_dtype_t)dt);
-    }
-    if (st == MT_OK && rpeer >= 0) {
-        st = mt_coll_recv(e->ppcomm, rbuf, e->act_elems, dt, rpeer, e->cstream, NULL);
-    }
-    mt_status_t end = mt_coll_group_end(e->ppcomm, e->cstream, NULL);
-    pend->peer = -1;
-    return st != MT_OK ? st : end;
-}
-
-/* The pipeline's forward (and backward) of one step's batch b on this stage, by the schedule: activations
- * and their gradients through NCCL send/recv on the compute stream, each micro-batch in flight in its own
- * activation set of the trainer. *loss: the last stage's mean loss, broadcast to every stage. */
-static mt_status_t pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool backward, double *loss) {
-    size_t n = (size_t)(e->mb * e->T), es = mt_dtype_size(mt_prec_storage(e->prec)), bytes = e->act_elems * es;
-    int m = (int)e->ga, ops[4 * 1024];
-    if (2 * m > (int)MT_ARRAY_LEN(ops)) {
-        return mt_error(MT_ERR_INVALID_ARG, "cuda engine: %d micro-batches per step: at most %d in a pipeline", m,
-                        (int)MT_ARRAY_LEN(ops) / 2);
-    }
-    int n_ops = backward ? pp_schedule(e, m, ops) : m, last_b = 0;
-    for (int i = 0; !backward && i < m; i++) {
-        ops[i] = i + 1;
-    }
-    for (int i = 0; i < n_ops; i++) {
-        last_b = ops[i] < 0 ? i : last_b;
-    }
-    void *grad = mt_gpt2_cuda_stage_grad(e->g);
-    pp_send_t pend = {NULL, -1};
-    for (int i = 0; i < n_ops; i++) {
-        int k = (ops[i] > 0 ? ops[i] : -ops[i]) - 1;
-        const int32_t *tok = e->first ? b->inputs + (size_t)k * n : NULL;
-        const int32_t *tgt = e->last ? b->targets + (size_t)k * n : NULL;
-        /* micro-batch k's activations live in set k mod n_slots from its forward to its backward: the
-         * schedule never has more micro-batches in flight */
-        MT_CHECK(mt_gpt2_cuda_use_acts(e->g, k % e->n_slots));
-        if (ops[i] > 0) { /* forward k: its input from the previous stage into the set, its output to the next */
-            MT_CHECK(pp_exchange(e, &pend, mt_gpt2_cuda_stage_input(e->g), e->first ? -1 : e->stage - 1));
-            MT_CHECK(mt_gpt2_cuda_forward(e->g, tok, tgt));
-            void *out = mt_gpt2_cuda_stage_output(e->g);
-            if (e->last) {
-                CU(cudaMemcpyAsync(e->loss_dev + k, mt_gpt2_cuda_loss_dev(e->g), 4, cudaMemcpyDeviceToDevice,
-                                   e->cstream));
-            } else {
-                CU(cudaMemcpyAsync(e->sendbuf, out, bytes, cudaMemcpyDeviceToDevice, e->cstream));
-                pend = (pp_send_t){e->sendbuf, e->stage + 1};
-            }
-            continue;
-        }
-        /* backward k: d x_hi from the next stage, with the last op's send */
-        MT_CHECK(pp_exchange(e, &pend, grad, e->last ? -1 : e->stage + 1));
-        e->comm_now = e->gcomm && i == last_b; /* the step's last backward: the gradients are final */
-        e->pend_lo = e->pend_hi = e->numel;
-        mt_status_t st = mt_gpt2_cuda_backward(e->g, 1.0f / (float)e->ga);
-        e->comm_now = false;
-        MT_CHECK(st);
-        if (!e->first) {
-            CU(cudaMemcpyAsync(e->sendbuf, grad, bytes, cudaMemcpyDeviceToDevice, e->cstream));
-            pend = (pp_send_t){e->sendbuf, e->stage - 1};
-        }
-    }
-    MT_CHECK(pp_exchange(e, &pend, NULL, -1));
-    double mean = 0.0;
-    if (e->last) {
-        CU(cudaMemcpyAsync(e->loss_host, e->loss_dev, (size_t)e->ga * 4, cudaMemcpyDeviceToHost, e->cstream));
-    }
-    CU(cudaStreamSynchronize(e->cstream));
-    for (int64_t k = 0; e->last && k < e->ga; k++) {
-        mean += (double)e->loss_host[k] / (double)e->ga;
-    }
-    MT_CHECK(mt_coll_broadcast(e->pplcomm, &mean, &mean, 1, MT_COLL_F64, e->pp - 1, NULL, NULL));
-    e->sent_other += e->last ? 8.0 * (double)(e->pp - 1) / (double)e->pp : 0.0;
-    *loss = mean;
-    return MT_OK;
+    return cuda_engine_axis_comms(info, MT_AXIS_DP, "dp-grads", "dp-loss", e->dp_size, e->dp_rank, "dp rank",
+                                  &e->gcomm, &e->lcomm);
 }
 
 /* Before the model is built: with tp > 1 the engine starts here, so the host model is this rank's shard (the
@@ -744,13 +505,13 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
             st = dp_comms_init(e, info);
         }
         if (st == MT_OK && e->pp > 1) {
-            st = pp_comms_init(e, info);
+            st = cuda_engine_pp_comms_init(e, info);
         }
         if (st == MT_OK && e->tp > 1) {
-            st = tp_comms_init(e, info);
+            st = cuda_engine_tp_comms_init(e, info);
         }
         if (st == MT_OK && (e->tp > 1 || (e->zero && e->pp > 1))) {
-            st = norm_comm_init(e, info);
+            st = cuda_engine_norm_comm_init(e, info);
         }
     }
     if (st != MT_OK) {
@@ -771,10 +532,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     gp.shard_grads = e->zero2;
     gp.shard_weights = e->zero3;
     if (e->tp > 1) {
-        e->tp_ops = (mt_gpt2_cuda_tp_ops_t){.ctx = e,
-                                            .all_reduce_sum = tp_all_reduce,
-                                            .all_gather = tp_all_gather,
-                                            .reduce_scatter_sum = tp_reduce_scatter};
+        cuda_engine_tp_ops(e);
         gp.tp_ops = &e->tp_ops;
     }
     MT_CHECK_GOTO(mt_gpt2_cuda_init(e->model, &gp, &e->g), st, fail);
@@ -855,7 +613,7 @@ static mt_status_t ce_zero_grads(void *ctx) {
 static mt_status_t ce_run_batch(void *ctx, const mt_batch_t *b, bool backward, double *loss) {
     cuda_engine_t *e = ctx;
     if (e->pp > 1) {
-        return pp_run_batch(e, b, backward, loss);
+        return cuda_engine_pp_run_batch(e, b, backward, loss);
     }
     size_t n = (size_t)(e->mb * e->T);
     for (int64_t k = 0; k < e->ga; k++) {
