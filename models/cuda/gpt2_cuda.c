@@ -10,115 +10,12 @@
  * statistics) are whole on every rank, or with sequence parallelism R = N/tp rows of them (rank r's rows
  * [r R, (r + 1) R)); without it R = N.
  * SPDX-License-Identifier: MIT */
-#include "models/cuda/gpt2_cuda.h"
-
-#include <cuda_runtime_api.h>
 #include <math.h>
 #include <string.h>
 
-#include "models/cuda/cuda_backend.h"
+#include "models/cuda/gpt2_cuda_impl.h"
 #include "runtime/alloc.h"
 #include "runtime/cuda_alloc.h"
-
-enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, NBP };
-#define BLOCK0 2
-#define MAX_BUFS 64
-#define PROF_MARKS 1024
-
-typedef struct {
-    void *ln1, *qkv, *atty, *r2, *ln2, *fch, *fch_gelu; /* (N,C) (N,3C) (N,C) (N,C) (N,C) (N,4C) (N,4C) */
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;   /* (N) */
-    float *lse;                                         /* (B,NH,T) */
-} layer_acts_t;
-
-/* Everything one micro-batch's backward reads that its forward wrote: the block inputs, the internals of each
- * block (shared by the sets under recompute = block), the head's activations, the tokens and targets. */
-typedef struct {
-    void *resid;      /* (nb+1) x (N,C): resid[l - lo] is block l's input, the last the stage's output */
-    layer_acts_t *la; /* nb blocks */
-    void *lnf, *logits;
-    float *lnf_mean, *lnf_rstd, *losses, *lse_ce, *mean_loss;
-    int *n_valid;
-    int32_t *tokens_d, *targets_d;
-} acts_t;
-
-struct mt_gpt2_cuda {
-    mt_model_t m;
-    mt_gpt2_cuda_params_t p;
-    int L, C, NH, V, Vp, B, T, N, dt;
-    int tp, tpr;                 /* tensor parallelism: the group's size and this rank (1, 0: none) */
-    int Cl, NHl, Hl, Vl, v0, Vr; /* this rank's channels, heads, MLP columns, vocabulary rows (and real ones) */
-    bool sp;                     /* sequence parallelism (tp > 1): R = N / tp rows outside the sharded regions */
-    int R;                       /* rows of the residual stream this rank holds: N, or N / tp */
-    void *tmp_r, *lnloc;         /* sp: (R,C) a reduce-scatter's result, a LayerNorm's rows before their gather */
-    float *lng;                  /* sp: (2C) a LayerNorm's weight and bias gradients over this rank's rows */
-    float *ce_part, *ce_parts;   /* tp: the cross-entropy's (N,3) statistics and the group's (tp,N,3) */
-    size_t *shd_lo, *shd_hi;     /* tp: runs of sharded parameters (tp_dim >= 0) in the stage layout, which alone a */
-    int n_shd;                   /* tp rank but 0 counts in the norm (the whole parameters are rank 0's) */
-    double *shd_sumsq;           /* tp: device sums of squares of those runs (n_shd) */
-    int lo, hi;       /* the pipeline stage's blocks [lo, hi) (the whole model: 0, L) */
-    bool first, last; /* the stage holds the embeddings (first), ln_f and the head (last); wte on either */
-    bool *held;       /* parameter i is on this stage */
-    bool recompute;   /* model.recompute = block: one layer_acts_t shared by every block, refilled in backward */
-    size_t es, numel;
-    cudaStream_t stream;
-    cudaEvent_t copied[2]; /* the token copy out of pinned slot i finished */
-    int slot;              /* the pinned slot the next forward fills: two, so the host never waits for the
-                            * previous micro-batch's work before it enqueues the next forward */
-    mt_cuda_ctx_t ctx;
-    void *ws;
-    float *grads, *adam_m, *adam_v; /* gradients (numel), AdamW moments of the slice (sh_hi - sh_lo) */
-    float *master;                  /* f32 master weights of the slice: master[i - sh_lo] (in wc for f32 storage) */
-    void *wc;                       /* compute copy in the storage dtype, sh_n * sh_len elements (NULL: zero3) */
-    bool zero3;                     /* ZeRO-3: weights gathered per block into wpool, wte/wpe/ln_f into wouter */
-    void *wpool;                    /* zero3: three block-sized weight slots, block l's weights in slot l % 3 */
-    void *wouter;                   /* zero3: wte, wpe, ln_f in the layout of gouter */
-    void *wslice;                   /* zero3: the slice of the compute copy (== master for f32 storage) */
-    int wslot[3];                   /* zero3: the block each slot holds (-1: none or stale) */
-    bool outer_stale;               /* zero3: wouter predates the last step */
-    cudaEvent_t wready[3];          /* zero3: recorded on the comm stream after a slot's gather */
-    cudaEvent_t wmark;              /* zero3: the compute stream's progress, for the comm stream to wait on */
-    mt_gpt2_cuda_weight_hook_t whook;
-    void *whook_arg;
-    int sh_n, sh_r;              /* ZeRO-1/2: shards and this model's (1, 0: unsharded) */
-    size_t sh_lo, sh_hi, sh_len; /* the slice this model updates, the slice length */
-    bool zero2;                  /* ZeRO-2: no whole gradient (grads NULL): backward writes the pool below */
-    float *gpool;                /* zero2: two block-sized slots, block l's gradients in slot l % 2 */
-    float *gouter;               /* zero2: wte, wpe [0, offs[BLOCK0]), then ln_f [offs[pf], numel) */
-    float *gshard;               /* zero2: the slice's gradient, accumulated by the hook's consumer */
-    size_t blk_numel;            /* zero2: elements of one block's parameters */
-    cudaEvent_t slot_free[2];    /* zero2: recorded on the consumer stream after a slot's hook */
-    cudaEvent_t outer_free;      /* zero2: ... after the embedding's hook (the last use of gouter) */
-    cudaStream_t consumer;       /* the stream the hook's consumer reads the gradients on */
-    size_t *offs; /* each parameter's offset in the stage's flat layout (an absent one: zero length there) */
-    bool *decay;
-    int n_params;
-    acts_t *sets; /* params.act_sets of them: micro-batches in flight (a pipeline stage's) */
-    int n_sets;
-    acts_t *A;            /* the set forward and backward use (mt_gpt2_cuda_use_acts) */
-    acts_t *last_fwd;     /* the set of the last forward, until a backward (recompute: whose internals are there) */
-    layer_acts_t *la_all; /* every set's block views */
-    void *tmp_c, *dresid, *da, *dfg, *dfc; /* (N,C) (N,C) (N,C) (N,4C) (N,4C) */
-    float *col_scratch, *ln_scratch, *attn_scratch, *coef, *norm;
-    double *sumsq, *sumsq_scratch;
-    int *found_inf;
-    int32_t *pinned;
-    mt_loss_scaler_t scaler;
-    int64_t t;      /* AdamW steps taken */
-    bool nonfinite; /* the last mt_gpt2_cuda_grad_stats found inf/NaN */
-    mt_gpt2_cuda_grad_hook_t hook;
-    void *hook_arg;
-    bool stepped; /* a step is pending its result */
-    size_t act_bytes;
-    void *bufs[MAX_BUFS]; /* device buffers to free, with sub-allocations carved from them */
-    int n_bufs;
-    bool prof;                   /* per-kernel timing on */
-    cudaEvent_t *marks;          /* PROF_MARKS events, recorded after each launch */
-    int8_t mark_cat[PROF_MARKS]; /* category of the launch each mark ends; -1 = a start mark */
-    int n_marks;
-    double prof_ms[MT_GPT2_PROF_COUNT];
-    int64_t prof_steps;
-};
 
 static mt_status_t dalloc(mt_gpt2_cuda_t g, void **p, size_t bytes, mt_mem_cat_t cat, const char *owner) {
     MT_ASSERT(g->n_bufs < MAX_BUFS);
@@ -132,42 +29,6 @@ static void *carve(char **cursor, size_t bytes) {
     void *p = *cursor;
     *cursor += MT_DIV_UP(bytes, 256) * 256;
     return p;
-}
-
-#define CK(call) MT_CHECK(mt_cuda_status((call), #call))
-#define W(i) weight_ptr(g, i)
-
-/* Where parameter i's compute copy lives: the whole copy, or under ZeRO-3 its gathered slot. */
-static void *weight_ptr(mt_gpt2_cuda_t g, int i) {
-    if (!g->zero3) {
-        return (char *)g->wc + g->offs[i] * g->es;
-    }
-    int pf = BLOCK0 + g->L * NBP;
-    if (i < BLOCK0) {
-        return (char *)g->wouter + g->offs[i] * g->es;
-    }
-    if (i >= pf) {
-        return (char *)g->wouter + (g->offs[BLOCK0] + g->offs[i] - g->offs[pf]) * g->es;
-    }
-    int l = (i - BLOCK0) / NBP;
-    return (char *)g->wpool + ((size_t)(l % 3) * g->blk_numel + g->offs[i] - g->offs[BLOCK0 + l * NBP]) * g->es;
-}
-#define G(i) grad_ptr(g, i)
-
-/* Where parameter i's gradient lives: the whole gradient's flat layout, or under ZeRO-2 the pool. */
-static float *grad_ptr(mt_gpt2_cuda_t g, int i) {
-    if (!g->zero2) {
-        return g->grads + g->offs[i];
-    }
-    int pf = BLOCK0 + g->L * NBP;
-    if (i < BLOCK0) {
-        return g->gouter + g->offs[i];
-    }
-    if (i >= pf) {
-        return g->gouter + g->offs[BLOCK0] + (g->offs[i] - g->offs[pf]);
-    }
-    int l = (i - BLOCK0) / NBP;
-    return g->gpool + (size_t)(l % 2) * g->blk_numel + (g->offs[i] - g->offs[BLOCK0 + l * NBP]);
 }
 
 static size_t layer_bytes(mt_gpt2_cuda_t g) {
@@ -260,7 +121,7 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
  * its DMA lands, and the non-blocking stream would not wait for it), and zeroes the gradients. In bf16/fp16
  * each parameter is staged in f32 in its own gradient storage (whole, or ZeRO-2's pool), so no extra
  * device memory is needed. */
-static mt_status_t upload_weights(mt_gpt2_cuda_t g, const float *flat) {
+mt_status_t gpt2_cuda_upload_weights(mt_gpt2_cuda_t g, const float *flat) {
     bool f32 = g->dt == MT_CU_F32;
     for (int i = 0; g->zero2 && i < 3; i++) { /* the pool's last consumer is done with it */
         CK(cudaStreamWaitEvent(g->stream, i < 2 ? g->slot_free[i] : g->outer_free, 0));
@@ -450,7 +311,7 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_v, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam v"), st, fail);
     MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_m, 0, slice * 4, g->stream), "memset"), st, fail);
     MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_v, 0, slice * 4, g->stream), "memset"), st, fail);
-    MT_CHECK_GOTO(upload_weights(g, NULL), st, fail);
+    MT_CHECK_GOTO(gpt2_cuda_upload_weights(g, NULL), st, fail);
     /* activations: one allocation for everything backward reads, per set */
     size_t lb = layer_bytes(g), head = 0;
     size_t hx = g->last ? 1 : 0; /* ln_f's output and the logits on the last stage only */
@@ -604,7 +465,7 @@ mt_status_t mt_gpt2_cuda_zero_grads(mt_gpt2_cuda_t g) {
 }
 
 /* Records the end of a launch of category cat (or, cat < 0, the start of a timed stretch). */
-static mt_status_t prof_mark(mt_gpt2_cuda_t g, int cat) {
+mt_status_t gpt2_cuda_prof_mark(mt_gpt2_cuda_t g, int cat) {
     if (!g->prof || g->n_marks >= PROF_MARKS) {
         return MT_OK;
     }
@@ -613,12 +474,6 @@ static mt_status_t prof_mark(mt_gpt2_cuda_t g, int cat) {
     g->n_marks++;
     return MT_OK;
 }
-#define OP(cat, call)                                                                                                  \
-    do {                                                                                                               \
-        CK(call);                                                                                                      \
-        MT_CHECK(prof_mark(g, MT_GPT2_##cat));                                                                         \
-    } while (0)
-#define MT_GPT2_PROF_START (-1)
 
 /* Tensor parallelism, the region boundaries (gpt2_tp.c), each collective in the compute stream's order.
  * g forward and f backward: part (N,C) holds this rank's partial sums; *out the group's sum: part itself (an
@@ -637,7 +492,7 @@ static mt_status_t tp_reduce(mt_gpt2_cuda_t g, void *part, void *rows, void **ou
         MT_CHECK(o->reduce_scatter_sum(o->ctx, part, rows, (size_t)g->R * C, g->dt, g->stream));
         *out = rows;
     }
-    return prof_mark(g, MT_GPT2_PROF_TP);
+    return gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP);
 }
 
 /* f forward and g backward with sequence parallelism: every rank's R rows at rows into full (N,C), in rank
@@ -648,7 +503,7 @@ static mt_status_t tp_gather(mt_gpt2_cuda_t g, const void *rows, void *full) {
     }
     const mt_gpt2_cuda_tp_ops_t *o = g->p.tp_ops;
     MT_CHECK(o->all_gather(o->ctx, rows, full, (size_t)g->R * g->C, g->dt, g->stream));
-    return prof_mark(g, MT_GPT2_PROF_TP);
+    return gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP);
 }
 
 /* Where a LayerNorm whose output enters a column-parallel region writes: full (N,C) itself, or with sequence
@@ -657,53 +512,6 @@ static mt_status_t tp_gather(mt_gpt2_cuda_t g, const void *rows, void *full) {
 
 /* The row-parallel projections' bias: added by tp rank 0 alone, so the group's sum holds it once. */
 #define ROW_BIAS(i) (g->tpr == 0 ? W(i) : NULL)
-
-static const char *prof_names[MT_GPT2_PROF_COUNT] = {"matmul fwd",    "matmul bwd",    "layernorm fwd", "layernorm bwd",
-                                                     "attention fwd", "attention bwd", "gelu",          "embedding",
-                                                     "softmax+ce",    "optimizer",     "memset/copy",   "tp comm"};
-
-const char *mt_gpt2_prof_name(mt_gpt2_prof_t c) {
-    return (unsigned)c < MT_GPT2_PROF_COUNT ? prof_names[c] : "?";
-}
-
-mt_status_t mt_gpt2_cuda_set_profile(mt_gpt2_cuda_t g, bool on) {
-    if (on && !g->marks) {
-        g->marks = mt_calloc(PROF_MARKS * sizeof(cudaEvent_t), MT_MEM_OTHER, "gpt2_cuda profile events");
-        if (!g->marks) {
-            return mt_error(MT_ERR_OOM, "gpt2_cuda: no memory for profile events");
-        }
-        for (int i = 0; i < PROF_MARKS; i++) {
-            CK(cudaEventCreate(&g->marks[i]));
-        }
-    }
-    g->prof = on;
-    g->n_marks = 0;
-    return MT_OK;
-}
-
-void mt_gpt2_cuda_profile(mt_gpt2_cuda_t g, double *ms, int64_t *steps) {
-    memcpy(ms, g->prof_ms, sizeof(g->prof_ms));
-    *steps = g->prof_steps;
-}
-
-/* After a synchronisation: adds every launch's time to its category and clears the marks. */
-static mt_status_t prof_collect(mt_gpt2_cuda_t g) {
-    for (int k = 1; k < g->n_marks; k++) {
-        if (g->mark_cat[k] >= 0) {
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, g->marks[k - 1], g->marks[k]));
-            g->prof_ms[g->mark_cat[k]] += ms;
-        }
-    }
-    if (g->n_marks > 0) {
-        g->prof_steps++;
-    }
-    g->n_marks = 0;
-    return MT_OK;
-}
-/* Block l's input (l = hi: the stage's output, or the final residual) and internals, on the stage. */
-#define RES(l) ((void *)((char *)g->A->resid + (size_t)((l)-g->lo) * MT_DIV_UP((size_t)g->R * g->C * g->es, 256) * 256))
-#define LA(l) (&g->A->la[(l)-g->lo])
 
 /* ZeRO-3: enqueues on the comm stream the gather of block l's weights into slot l % 3 unless the slot holds
  * them, after everything enqueued on the compute stream so far (the slot's previous block is done). */
@@ -794,7 +602,7 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     }
     MT_CHECK(wouter_fresh(g));
     g->last_fwd = g->A;
-    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    MT_CHECK(gpt2_cuda_prof_mark(g, MT_GPT2_PROF_START));
     if (g->first) { /* later stages find their input in resid[lo] (mt_gpt2_cuda_stage_input) */
         /* tp: each token's row from its rank and wpe from rank 0, summed (sp: this rank's rows of the sum) */
         void *emb = g->sp ? g->tmp_c : RES(0), *x = NULL;
@@ -871,7 +679,7 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     OP(PROF_CE,
        mt_cuda_softmax_ce_partial(g->ce_part, g->A->logits, g->A->targets_d, g->v0, N, g->Vr, g->Vl, dt, s));
     MT_CHECK(g->p.tp_ops->all_gather(g->p.tp_ops->ctx, g->ce_part, g->ce_parts, (size_t)N * 3, MT_CU_F32, s));
-    MT_CHECK(prof_mark(g, MT_GPT2_PROF_TP));
+    MT_CHECK(gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP));
     OP(PROF_CE, mt_cuda_softmax_ce_combine(g->A->losses, g->A->lse_ce, g->A->mean_loss, g->A->n_valid, g->ce_parts,
                                            g->tp, g->A->targets_d, N, s));
     return MT_OK;
@@ -944,7 +752,7 @@ static mt_status_t ln_backward(mt_gpt2_cuda_t g, void *dinp, float *dwb, const v
         return MT_OK;
     }
     MT_CHECK(g->p.tp_ops->all_reduce_sum(g->p.tp_ops->ctx, g->lng, 2 * (size_t)C, MT_CU_F32, s));
-    MT_CHECK(prof_mark(g, MT_GPT2_PROF_TP));
+    MT_CHECK(gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP));
     OP(PROF_OTHER, mt_cuda_residual_forward(dwb, dwb, g->lng, 2 * (size_t)C, MT_CU_F32, s));
     return MT_OK;
 }
@@ -962,7 +770,7 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-2 keeps no whole gradient: set a gradient hook and "
                                               "the comm stream before backward");
     }
-    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
+    MT_CHECK(gpt2_cuda_prof_mark(g, MT_GPT2_PROF_START));
     /* recompute = block: the shared internals hold the last block's forward values only if the last forward
      * was this set's and no backward has refilled them since */
     bool fresh = g->last_fwd == g->A;
@@ -1034,326 +842,4 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
            mt_cuda_embedding_backward_shard(G(0), G(1), dfull, g->A->tokens_d, g->v0, g->Vl, B, T, C, dt, s));
     }
     return grads_done(g, 0, BLOCK0, g->outer_free); /* wte and wpe; on the last stage only wte, from the head */
-}
-
-/* Fused AdamW over every parameter of the slice at step g->t: one launch per run of consecutive parameters
- * with the same weight-decay flag, each gradient times grad_scale (and *coef when given on the device; skip: a device
- * flag that, when set, makes the update change nothing), refreshing the low-precision compute copy. */
-static mt_status_t adamw_all(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,
-                             const float *coef, const int *skip) {
-    void *s = g->stream;
-    for (int i = 0; i < g->n_params;) {
-        int j = i + 1;
-        while (j < g->n_params && g->decay[j] == g->decay[i]) {
-            j++;
-        }
-        /* the run's part in this model's slice */
-        size_t lo = MT_MAX(g->offs[i], g->sh_lo), hi = MT_MIN(j < g->n_params ? g->offs[j] : g->numel, g->sh_hi);
-        if (lo < hi) {
-            float wd = g->decay[i] ? op->weight_decay : 0.0f;
-            size_t k = lo - g->sh_lo;
-            /* the low-precision copy of these elements: in the whole copy, or ZeRO-3's slice of it */
-            void *lp = g->dt == MT_CU_F32 ? NULL
-                       : g->zero3         ? (char *)g->wslice + k * g->es
-                                          : (char *)g->wc + lo * g->es;
-            const float *gr = g->zero2 ? g->gshard + k : g->grads + lo;
-            OP(PROF_OPT, mt_cuda_adamw(g->master + k, gr, g->adam_m + k, g->adam_v + k, hi - lo, lr, op->beta1,
-                                       op->beta2, op->eps, wd, g->t, grad_scale, coef, skip, lp, g->dt, s));
-        }
-        i = j;
-    }
-    for (int k = 0; g->zero3 && k < 3; k++) { /* ZeRO-3: every gathered weight is now stale */
-        g->wslot[k] = -1;
-        g->outer_stale = true;
-    }
-    return MT_OK;
-}
-
-mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float max_norm) {
-    if (op->kind != MT_OPTIM_ADAMW) {
-        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the GPU step implements AdamW (optimizer.kind = \"adamw\")");
-    }
-    if (g->stepped) {
-        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: call mt_gpt2_cuda_step_result after each step");
-    }
-    if (g->sh_n > 1 || g->tp > 1) {
-        return mt_error(MT_ERR_INVALID_USAGE,
-                        "gpt2_cuda: a %s model's gradient norm spans its ranks: use mt_gpt2_cuda_grad_stats and "
-                        "mt_gpt2_cuda_step_scaled",
-                        g->tp > 1 ? "tensor-parallel" : "sharded");
-    }
-    void *s = g->stream;
-    const int *skip = NULL;
-    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
-    if (g->scaler.dynamic) {
-        OP(PROF_OTHER, cudaMemsetAsync(g->found_inf, 0, sizeof(int), g->stream));
-        OP(PROF_OPT, mt_cuda_check_finite(g->found_inf, g->grads, g->numel, MT_CU_F32, s));
-        skip = g->found_inf;
-    }
-    OP(PROF_OPT, mt_cuda_sumsq(g->sumsq, g->grads, g->numel, g->sumsq_scratch, s));
-    OP(PROF_OPT, mt_cuda_clip_coef(g->coef, g->norm, g->sumsq, max_norm, mt_loss_scaler_inv_scale(&g->scaler), s));
-    g->t++;
-    MT_CHECK(adamw_all(g, op, lr, 1.0f, g->coef, skip));
-    g->stepped = true;
-    return MT_OK;
-}
-
-mt_status_t mt_gpt2_cuda_step_result(mt_gpt2_cuda_t g, mt_gpt2_cuda_result_t *r) {
-    CK(cudaStreamSynchronize(g->stream));
-    MT_CHECK(prof_collect(g));
-    int found = 0;
-    CK(cudaMemcpy(&r->loss, g->A->mean_loss, 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(&r->grad_norm, g->norm, 4, cudaMemcpyDeviceToHost));
-    if (g->scaler.dynamic) {
-        CK(cudaMemcpy(&found, g->found_inf, 4, cudaMemcpyDeviceToHost));
-    }
-    r->skipped = false;
-    if (g->stepped) {
-        r->skipped = mt_loss_scaler_update(&g->scaler, found);
-        if (r->skipped) {
-            g->t--; /* the device left everything untouched: the step does not count for bias correction */
-        }
-        g->stepped = false;
-    }
-    r->loss_scale = mt_loss_scaler_scale(&g->scaler);
-    return MT_OK;
-}
-
-mt_status_t mt_gpt2_cuda_loss(mt_gpt2_cuda_t g, float *loss) {
-    CK(cudaStreamSynchronize(g->stream));
-    CK(cudaMemcpy(loss, g->A->mean_loss, 4, cudaMemcpyDeviceToHost));
-    return MT_OK;
-}
-
-mt_status_t mt_gpt2_cuda_get_grads(mt_gpt2_cuda_t g, float *host) {
-    if (g->zero2) {
-        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-2 keeps no whole gradient to copy");
-    }
-    CK(cudaStreamSynchronize(g->stream));
-    CK(cudaMemcpy(host, g->grads, g->numel * 4, cudaMemcpyDeviceToHost));
-    return MT_OK;
-}
-
-mt_status_t mt_gpt2_cuda_get_params(mt_gpt2_cuda_t g, float *host) {
-    if (g->zero3 || (g->sh_n > 1 && g->dt != MT_CU_F32)) {
-        return mt_error(MT_ERR_INVALID_USAGE,
-                        "gpt2_cuda: a sharded model in %s%s holds the master weights of its slice only: use "
-                        "mt_gpt2_cuda_get_state",
-                        mt_prec_name(g->p.prec), g->zero3 ? " under ZeRO-3" : "");
-    }
-    CK(cudaStreamSynchronize(g->stream));
-    CK(cudaMemcpy(host, g->dt == MT_CU_F32 ? (float *)g->wc : g->master, g->numel * 4, cudaMemcpyDeviceToHost));
-    return MT_OK;
-}
-
-void *mt_gpt2_cuda_stream(mt_gpt2_cuda_t g) {
-    return g->stream;
-}
-
-size_t mt_gpt2_cuda_activation_bytes(mt_gpt2_cuda_t g) {
-    return g->act_bytes;
-}
-
-void mt_gpt2_cuda_set_grad_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_grad_hook_t fn, void *arg) {
-    g->hook = fn;
-    g->hook_arg = arg;
-}
-
-float *mt_gpt2_cuda_grads(mt_gpt2_cuda_t g) {
-    return g->grads;
-}
-
-float *mt_gpt2_cuda_grad_slice(mt_gpt2_cuda_t g) {
-    return g->gshard;
-}
-
-void mt_gpt2_cuda_set_comm_stream(mt_gpt2_cuda_t g, void *stream) {
-    g->consumer = (cudaStream_t)stream;
-}
-
-const float *mt_gpt2_cuda_loss_dev(mt_gpt2_cuda_t g) {
-    return g->A->mean_loss;
-}
-
-mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfinite) {
-    void *s = g->stream;
-    int found = 0;
-    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
-    const float *gs = g->zero2 ? g->gshard : g->grads + g->sh_lo;
-    size_t n = g->sh_hi - g->sh_lo, a0 = g->sh_lo; /* gs holds the layout's [a0, a0 + n) */
-    if (g->last && !g->first && a0 < g->offs[1]) { /* the tied wte's second copy: the first stage's counts */
-        size_t skip = MT_MIN(g->offs[1], a0 + n) - a0;
-        gs += skip;
-        n -= skip;
-        a0 += skip;
-    }
-    if (g->scaler.dynamic) {
-        OP(PROF_OTHER, cudaMemsetAsync(g->found_inf, 0, sizeof(int), g->stream));
-        if (n > 0) {
-            OP(PROF_OPT, mt_cuda_check_finite(g->found_inf, gs, n, MT_CU_F32, s));
-        }
-    }
-    /* tp: the whole parameters' gradients are the same on every tp rank, and rank 0's count: another rank sums
-     * its sharded runs only */
-    bool shards_only = g->tp > 1 && g->tpr != 0;
-    if (!shards_only && n > 0) {
-        OP(PROF_OPT, mt_cuda_sumsq(g->sumsq, gs, n, g->sumsq_scratch, s));
-    } else if (!shards_only) {
-        OP(PROF_OTHER, cudaMemsetAsync(g->sumsq, 0, sizeof(double), g->stream));
-    }
-    if (shards_only && g->n_shd > 0) {
-        OP(PROF_OTHER, cudaMemsetAsync(g->shd_sumsq, 0, (size_t)g->n_shd * sizeof(double), g->stream));
-    }
-    for (int k = 0; shards_only && k < g->n_shd; k++) {
-        size_t lo = MT_MAX(g->shd_lo[k], a0), hi = MT_MIN(g->shd_hi[k], a0 + n);
-        if (lo < hi) {
-            OP(PROF_OPT, mt_cuda_sumsq(g->shd_sumsq + k, gs + (lo - a0), hi - lo, g->sumsq_scratch, s));
-        }
-    }
-    CK(cudaStreamSynchronize(g->stream));
-    double ss = 0, part[64];
-    if (!shards_only) {
-        CK(cudaMemcpy(&ss, g->sumsq, sizeof(double), cudaMemcpyDeviceToHost));
-    }
-    for (int k0 = 0; shards_only && k0 < g->n_shd; k0 += (int)MT_ARRAY_LEN(part)) {
-        int cnt = MT_MIN(g->n_shd - k0, (int)MT_ARRAY_LEN(part));
-        CK(cudaMemcpy(part, g->shd_sumsq + k0, (size_t)cnt * sizeof(double), cudaMemcpyDeviceToHost));
-        for (int k = 0; k < cnt; k++) {
-            ss += part[k];
-        }
-    }
-    if (g->scaler.dynamic) {
-        CK(cudaMemcpy(&found, g->found_inf, sizeof(int), cudaMemcpyDeviceToHost));
-    }
-    double inv = mt_loss_scaler_inv_scale(&g->scaler);
-    g->nonfinite = found != 0 || !isfinite(ss);
-    *sumsq = ss * inv * inv;
-    *nonfinite = g->nonfinite;
-    return MT_OK;
-}
-
-void mt_gpt2_cuda_set_nonfinite(mt_gpt2_cuda_t g, bool nonfinite) {
-    g->nonfinite = nonfinite;
-}
-
-void mt_gpt2_cuda_shard(mt_gpt2_cuda_t g, size_t *lo, size_t *hi, size_t *len) {
-    *lo = g->sh_lo;
-    *hi = g->sh_hi;
-    *len = g->sh_len;
-}
-
-void *mt_gpt2_cuda_weights(mt_gpt2_cuda_t g) {
-    return g->wc;
-}
-
-void *mt_gpt2_cuda_stage_input(mt_gpt2_cuda_t g) {
-    return RES(g->lo);
-}
-
-void *mt_gpt2_cuda_stage_output(mt_gpt2_cuda_t g) {
-    return RES(g->hi);
-}
-
-void *mt_gpt2_cuda_stage_grad(mt_gpt2_cuda_t g) {
-    return g->dresid;
-}
-
-mt_status_t mt_gpt2_cuda_use_acts(mt_gpt2_cuda_t g, int k) {
-    if (k < 0 || k >= g->n_sets) {
-        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: activation set %d of %d", k, g->n_sets);
-    }
-    g->A = &g->sets[k];
-    return MT_OK;
-}
-
-size_t mt_gpt2_cuda_numel(mt_gpt2_cuda_t g) {
-    return g->numel;
-}
-
-size_t mt_gpt2_cuda_param_offset(mt_gpt2_cuda_t g, int i) {
-    return i >= 0 && i < g->n_params && g->held[i] ? g->offs[i] : SIZE_MAX;
-}
-
-void *mt_gpt2_cuda_weight_slice(mt_gpt2_cuda_t g) {
-    return g->wslice;
-}
-
-void mt_gpt2_cuda_set_weight_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_weight_hook_t fn, void *arg) {
-    g->whook = fn;
-    g->whook_arg = arg;
-}
-
-mt_status_t mt_gpt2_cuda_step_scaled(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,
-                                     bool *skipped) {
-    if (op->kind != MT_OPTIM_ADAMW) {
-        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the GPU step implements AdamW (optimizer.kind = \"adamw\")");
-    }
-    float inv = mt_loss_scaler_inv_scale(&g->scaler); /* the scale backward used, before the update */
-    bool skip = false;
-    if (g->scaler.dynamic) {
-        skip = mt_loss_scaler_update(&g->scaler, g->nonfinite ? 1 : 0);
-    }
-    if (skipped) {
-        *skipped = skip;
-    }
-    if (skip) {
-        return MT_OK; /* nothing launched: parameters, moments and the step count stay */
-    }
-    g->t++;
-    MT_CHECK(prof_mark(g, MT_GPT2_PROF_START));
-    return adamw_all(g, op, lr, grad_scale * inv, NULL, NULL);
-}
-
-float mt_gpt2_cuda_loss_scale(mt_gpt2_cuda_t g) {
-    return mt_loss_scaler_scale(&g->scaler);
-}
-
-mt_loss_scaler_t *mt_gpt2_cuda_scaler(mt_gpt2_cuda_t g) {
-    return &g->scaler;
-}
-
-/* Copies on the compute stream, then waits: a pageable cudaMemcpy may return before its DMA lands, and
- * the non-blocking compute stream would not be ordered after it. */
-mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, float *v) {
-    size_t n = g->sh_hi - g->sh_lo;
-    float *src[2] = {g->adam_m, g->adam_v}, *dst[2] = {m, v};
-    for (int i = 0; i < 2; i++) {
-        if (dst[i]) {
-            CK(cudaMemcpyAsync(dst[i], src[i], n * 4, cudaMemcpyDeviceToHost, g->stream));
-        }
-    }
-    for (int i = 0; params && i < g->n_params; i++) { /* each parameter's part of the slice, to its host place */
-        const mt_param_t *pp = mt_model_param(g->m, i);
-        size_t a = MT_MAX(g->offs[i], g->sh_lo), b = MT_MIN(g->offs[i] + (g->held[i] ? pp->numel : 0), g->sh_hi);
-        if (a < b) {
-            CK(cudaMemcpyAsync(params + pp->offset + (a - g->offs[i]), g->master + (a - g->sh_lo), (b - a) * 4,
-                               cudaMemcpyDeviceToHost, g->stream));
-        }
-    }
-    CK(cudaStreamSynchronize(g->stream));
-    return MT_OK;
-}
-
-mt_status_t mt_gpt2_cuda_set_state(mt_gpt2_cuda_t g, const float *params, const float *m, const float *v) {
-    size_t n = g->sh_hi - g->sh_lo;
-    if (params) {
-        MT_CHECK(upload_weights(g, params));
-    }
-    float *dst[2] = {g->adam_m, g->adam_v};
-    const float *src[2] = {m, v};
-    for (int i = 0; i < 2; i++) {
-        if (src[i]) {
-            CK(cudaMemcpyAsync(dst[i], src[i], n * 4, cudaMemcpyHostToDevice, g->stream));
-        }
-    }
-    CK(cudaStreamSynchronize(g->stream));
-    return MT_OK;
-}
-
-int64_t mt_gpt2_cuda_get_step(mt_gpt2_cuda_t g) {
-    return g->t;
-}
-
-void mt_gpt2_cuda_set_step(mt_gpt2_cuda_t g, int64_t t) {
-    g->t = t;
 }
