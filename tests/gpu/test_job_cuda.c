@@ -164,6 +164,26 @@ static void same_losses(const char *what, const mt_job_result_t *a, const mt_job
     }
 }
 
+/* Every step's gradient norm of a within tol (relative) of b's. */
+static void same_norms(const char *what, const mt_job_result_t *a, const mt_job_result_t *b, double tol) {
+    for (int64_t s = 0; s < STEPS && s < a->n_steps && s < b->n_steps; s++) {
+        double d = fabs(a->grad_norm[s] - b->grad_norm[s]) / b->grad_norm[s];
+        CHECK(d <= tol, "%s: step %lld gradient norm %.9g vs %.9g (relative %.2e > %.0e)", what, (long long)s + 1,
+              a->grad_norm[s], b->grad_norm[s], d, tol);
+    }
+}
+
+/* A run resumed from the checkpoint after step 3: it starts there, runs to STEPS, and its losses are ref's
+ * within tol. */
+static void resumed_losses(const char *what, const mt_job_result_t *r, const mt_job_result_t *ref, double tol) {
+    CHECK(r->first_step == 3 && r->n_steps == STEPS, "%s: resumed after step %lld, ran to %lld", what,
+          (long long)r->first_step, (long long)r->n_steps);
+    for (int64_t s = 3; s < STEPS && s < r->n_steps && s < ref->n_steps; s++) {
+        double d = fabs(r->loss[s] - ref->loss[s]) / ref->loss[s];
+        CHECK(d <= tol, "%s, step %lld: %.9g vs %.9g", what, (long long)s + 1, r->loss[s], ref->loss[s]);
+    }
+}
+
 static mt_status_t run_cuda(int n, const char *const *extra, mt_job_result_t *r) {
     return run("cuda", n, extra, r);
 }
@@ -434,11 +454,7 @@ static void pipeline(const char *dir) {
     CHECK_OK(run_pp("cuda", pp, 3, l4r, &rcb));
     same_losses("pipeline: recompute = block vs none on the gpu", &rcb, &g1, SAME_TOL);
     mt_job_result_free(&rcb);
-    for (int64_t s = 0; s < STEPS && s < g1.n_steps && s < cpu.n_steps; s++) {
-        double d = fabs(g1.grad_norm[s] - cpu.grad_norm[s]) / cpu.grad_norm[s];
-        CHECK(d <= 1e-3, "pp 2 step %lld: gradient norm %.9g, cpu pipeline %.9g", (long long)s + 1, g1.grad_norm[s],
-              cpu.grad_norm[s]);
-    }
+    same_norms("pp 2", &g1, &cpu, 1e-3);
     CHECK(g1.mem_peak[MT_MEM_PARAMS] > 0 && g1.mem_peak[MT_MEM_PARAMS] * 4 < whole.mem_peak[MT_MEM_PARAMS] * 3,
           "pp 2: device parameter bytes %lld per stage, the whole model %lld", (long long)g1.mem_peak[MT_MEM_PARAMS],
           (long long)whole.mem_peak[MT_MEM_PARAMS]);
@@ -451,22 +467,8 @@ static void pipeline(const char *dir) {
     CHECK_OK(run_pp("cpu", pp, 3, oncpu, &rcpu));
     const char *again[] = {l4[0], l4[1], carg};
     CHECK_OK(run_pp("cuda", pp, 3, again, &res));
-    const struct {
-        const char *what;
-        const mt_job_result_t *r, *ref;
-        double tol;
-    } cases[] = {{"pp 2 checkpoint resumed on the gpu pipeline", &res, &g1, SAME_TOL},
-                 {"pp 2 gpu checkpoint resumed on the cpu pipeline", &rcpu, &cpu, 1e-3}};
-    for (size_t i = 0; i < MT_ARRAY_LEN(cases); i++) {
-        const mt_job_result_t *r = cases[i].r, *ref = cases[i].ref;
-        CHECK(r->first_step == 3 && r->n_steps == STEPS, "%s: resumed after step %lld, ran to %lld", cases[i].what,
-              (long long)r->first_step, (long long)r->n_steps);
-        for (int64_t s = 3; s < STEPS && s < r->n_steps; s++) {
-            double d = fabs(r->loss[s] - ref->loss[s]) / ref->loss[s];
-            CHECK(d <= cases[i].tol, "%s, step %lld: %.9g vs %.9g", cases[i].what, (long long)s + 1, r->loss[s],
-                  ref->loss[s]);
-        }
-    }
+    resumed_losses("pp 2 checkpoint resumed on the gpu pipeline", &res, &g1, SAME_TOL);
+    resumed_losses("pp 2 gpu checkpoint resumed on the cpu pipeline", &rcpu, &cpu, 1e-3);
     const char *zp[] = {l4[0], "--parallel.engine=zero", "--parallel.zero_stage=2"};
     char zmsg[96];
     snprintf(zmsg, sizeof(zmsg), "parallel.pp = %d with parallel.engine = \"zero\", zero_stage = 2", pp);
@@ -554,11 +556,7 @@ static void tensor(const char *dir) {
         double d = fabs(g.val_loss[v] - cpu.val_loss[v]) / cpu.val_loss[v];
         CHECK(d <= 1e-3, "tp 2 evaluation %lld: %.9g, cpu %.9g", (long long)v + 1, g.val_loss[v], cpu.val_loss[v]);
     }
-    for (int64_t s = 0; s < STEPS && s < g.n_steps && s < cpu.n_steps; s++) {
-        double d = fabs(g.grad_norm[s] - cpu.grad_norm[s]) / cpu.grad_norm[s];
-        CHECK(d <= 1e-3, "tp 2 step %lld: gradient norm %.9g, cpu %.9g", (long long)s + 1, g.grad_norm[s],
-              cpu.grad_norm[s]);
-    }
+    same_norms("tp 2", &g, &cpu, 1e-3);
     CHECK_OK(run_mesh("cpu", 2, 1, 1, ev, &ecpu)); /* the default padding: rank 1 holds no real vocabulary row */
     CHECK_OK(run_mesh("cuda", 2, 1, 1, ev, &eg));
     same_losses("tp 2, an empty vocabulary shard: gpu vs cpu", &eg, &ecpu, 1e-3);
@@ -594,33 +592,15 @@ static void tensor(const char *dir) {
     CHECK_OK(run_mesh("cpu", 2, 1, 3, oncpu, &rcpu));
     const char *again[] = {ev[0], ev[1], carg};
     CHECK_OK(run_mesh("cuda", 2, 1, 3, again, &res));
-    const struct {
-        const char *what;
-        const mt_job_result_t *r, *ref;
-        double tol;
-    } cases[] = {{"tp 2 checkpoint resumed on the gpu", &res, &g, SAME_TOL},
-                 {"tp 2 gpu checkpoint resumed on the cpu", &rcpu, &cpu, 1e-3}};
-    for (size_t i = 0; i < MT_ARRAY_LEN(cases); i++) {
-        const mt_job_result_t *r = cases[i].r, *ref = cases[i].ref;
-        CHECK(r->first_step == 3 && r->n_steps == STEPS, "%s: resumed after step %lld, ran to %lld", cases[i].what,
-              (long long)r->first_step, (long long)r->n_steps);
-        for (int64_t s = 3; s < STEPS && s < r->n_steps; s++) {
-            double d = fabs(r->loss[s] - ref->loss[s]) / ref->loss[s];
-            CHECK(d <= cases[i].tol, "%s, step %lld: %.9g vs %.9g", cases[i].what, (long long)s + 1, r->loss[s],
-                  ref->loss[s]);
-        }
-    }
+    resumed_losses("tp 2 checkpoint resumed on the gpu", &res, &g, SAME_TOL);
+    resumed_losses("tp 2 gpu checkpoint resumed on the cpu", &rcpu, &cpu, 1e-3);
     /* sequence parallelism: the CPU's function (and the run without it), fewer activation bytes per rank */
     const char *spa[] = {ev[0], ev[1], "--parallel.sequence_parallel=true"};
     CHECK_OK(run_mesh("cpu", 2, 1, 3, spa, &spc));
     CHECK_OK(run_mesh("cuda", 2, 1, 3, spa, &sp));
     same_losses("tp 2 + sp: gpu vs cpu", &sp, &spc, 1e-3);
     same_losses("tp 2 + sp vs tp 2 on the gpu", &sp, &g, SAME_TOL);
-    for (int64_t s = 0; s < STEPS && s < sp.n_steps && s < spc.n_steps; s++) {
-        double d = fabs(sp.grad_norm[s] - spc.grad_norm[s]) / spc.grad_norm[s];
-        CHECK(d <= 1e-3, "tp 2 + sp step %lld: gradient norm %.9g, cpu %.9g", (long long)s + 1, sp.grad_norm[s],
-              spc.grad_norm[s]);
-    }
+    same_norms("tp 2 + sp", &sp, &spc, 1e-3);
     for (int64_t v = 0; v < sp.n_evals && v < spc.n_evals; v++) {
         double d = fabs(sp.val_loss[v] - spc.val_loss[v]) / spc.val_loss[v];
         CHECK(d <= 1e-3, "tp 2 + sp evaluation %lld: %.9g, cpu %.9g", (long long)v + 1, sp.val_loss[v],
@@ -642,11 +622,7 @@ static void tensor(const char *dir) {
         CHECK_OK(run_mesh("cpu", 1, 2, 5, p2z, &pzc));
         same_losses("pp 2 x dp 2: zero-1 vs ddp on the gpu", &pz, &pd, SAME_TOL);
         same_losses("pp 2 x dp 2, zero-1: gpu vs cpu", &pz, &pzc, 1e-3);
-        for (int64_t s = 0; s < STEPS && s < pz.n_steps && s < pzc.n_steps; s++) {
-            double d = fabs(pz.grad_norm[s] - pzc.grad_norm[s]) / pzc.grad_norm[s];
-            CHECK(d <= 1e-3, "pp 2 x dp 2 zero-1 step %lld: gradient norm %.9g, cpu %.9g", (long long)s + 1,
-                  pz.grad_norm[s], pzc.grad_norm[s]);
-        }
+        same_norms("pp 2 x dp 2 zero-1", &pz, &pzc, 1e-3);
         int64_t oz = pz.mem_peak[MT_MEM_OPTIMIZER], od = pd.mem_peak[MT_MEM_OPTIMIZER];
         CHECK(oz > 0 && oz * 4 < od * 3,
               "pp 2 x dp 2: device optimizer bytes %lld under zero-1, %lld under ddp",
@@ -658,13 +634,7 @@ static void tensor(const char *dir) {
         CHECK_OK(run_mesh("cuda", 1, 2, 8, zstop, &pzpart));
         const char *zres[] = {p2[0], p2[1], p2[2], zarg};
         CHECK_OK(run_mesh("cuda", 1, 2, 4, zres, &pzres));
-        CHECK(pzres.first_step == 3 && pzres.n_steps == STEPS, "pp 2 zero-1 checkpoint: resumed after step %lld",
-              (long long)pzres.first_step);
-        for (int64_t s = 3; s < STEPS && s < pzres.n_steps; s++) {
-            double d = fabs(pzres.loss[s] - pz.loss[s]) / pz.loss[s];
-            CHECK(d <= SAME_TOL, "pp 2 zero-1 checkpoint resumed under ddp, step %lld: %.9g vs %.9g", (long long)s + 1,
-                  pzres.loss[s], pz.loss[s]);
-        }
+        resumed_losses("pp 2 zero-1 checkpoint resumed under ddp", &pzres, &pz, SAME_TOL);
         mt_job_result_t *pall[] = {&pd, &pz, &pzc, &pzpart, &pzres};
         for (size_t i = 0; i < MT_ARRAY_LEN(pall); i++) {
             mt_job_result_free(pall[i]);
@@ -677,11 +647,7 @@ static void tensor(const char *dir) {
             mt_job_result_t z;
             CHECK_OK(run_mesh("cuda", 2, 1, 4, za, &z));
             same_losses(what, &z, &g, SAME_TOL);
-            for (int64_t s = 0; s < STEPS && s < z.n_steps && s < g.n_steps; s++) { /* slices x tp shards */
-                double d = fabs(z.grad_norm[s] - g.grad_norm[s]) / g.grad_norm[s];
-                CHECK(d <= SAME_TOL, "%s step %lld: gradient norm %.9g, ddp %.9g", what, (long long)s + 1,
-                      z.grad_norm[s], g.grad_norm[s]);
-            }
+            same_norms(what, &z, &g, SAME_TOL); /* slices x tp shards */
             mt_job_result_free(&z);
         }
         mt_job_result_t z2sp;
@@ -694,12 +660,9 @@ static void tensor(const char *dir) {
             const char *l4[] = {"--model.n_layer=4", "--parallel.schedule=1f1b", ev[1], spa[2]};
             CHECK_OK(run_mesh("cpu", 2, 2, 3 + with_sp, l4, &pc));
             CHECK_OK(run_mesh("cuda", 2, 2, 3 + with_sp, l4, &pg));
-            same_losses(with_sp ? "tp 2 x pp 2 + sp: gpu vs cpu" : "tp 2 x pp 2: gpu vs cpu", &pg, &pc, 1e-3);
-            for (int64_t s = 0; s < STEPS && s < pg.n_steps && s < pc.n_steps; s++) {
-                double d = fabs(pg.grad_norm[s] - pc.grad_norm[s]) / pc.grad_norm[s];
-                CHECK(d <= 1e-3, "tp 2 x pp 2%s step %lld: gradient norm %.9g, cpu %.9g", with_sp ? " + sp" : "",
-                      (long long)s + 1, pg.grad_norm[s], pc.grad_norm[s]);
-            }
+            const char *what = with_sp ? "tp 2 x pp 2 + sp: gpu vs cpu" : "tp 2 x pp 2: gpu vs cpu";
+            same_losses(what, &pg, &pc, 1e-3);
+            same_norms(what, &pg, &pc, 1e-3);
             mt_job_result_free(&pc);
             mt_job_result_free(&pg);
         }
@@ -726,12 +689,9 @@ static void tensor_wide(void) {
         const char *a[] = {"--model.n_head=8", with_sp ? "--parallel.sequence_parallel=true" : "--train.log_every=1"};
         CHECK_OK(run_mesh("cpu", w->size, 1, 2, a, &c));
         CHECK_OK(run_mesh("cuda", w->size, 1, 2, a, &g));
-        same_losses(with_sp ? "tp = world + sp: gpu vs cpu" : "tp = world: gpu vs cpu", &g, &c, 1e-3);
-        for (int64_t s = 0; s < STEPS && s < g.n_steps && s < c.n_steps; s++) {
-            double d = fabs(g.grad_norm[s] - c.grad_norm[s]) / c.grad_norm[s];
-            CHECK(d <= 1e-3, "tp %d%s step %lld: gradient norm %.9g, cpu %.9g", w->size, with_sp ? " + sp" : "",
-                  (long long)s + 1, g.grad_norm[s], c.grad_norm[s]);
-        }
+        const char *what = with_sp ? "tp = world + sp: gpu vs cpu" : "tp = world: gpu vs cpu";
+        same_losses(what, &g, &c, 1e-3);
+        same_norms(what, &g, &c, 1e-3);
         if (w->rank == 0) {
             printf("tp %d%s on the gpu: losses %.6f .. %.6f (cpu %.6f .. %.6f)\n", w->size, with_sp ? " + sp" : "",
                    g.loss[0], g.loss[STEPS - 1], c.loss[0], c.loss[STEPS - 1]);
