@@ -557,6 +557,21 @@ static void test_attention_knob(void) {
     free(scratch), free(qkv), free(out), free(lse), free(att), free(g);
 }
 
+/* The device cross-entropy's losses, lse, mean and n_valid (what mt_cuda_softmax_ce_forward leaves) against the
+ * CPU's, with want_nv non-ignored rows. */
+static void ce_forward_matches(const char *op, int dt, int N, const void *d_losses, const void *d_lse,
+                               const void *d_mean, const void *d_nv, const float *losses, const float *lse, float mean,
+                               int nv, int want_nv) {
+    float *gl = down(d_losses, N, MT_CU_F32), *gz = down(d_lse, N, MT_CU_F32), *gm = down(d_mean, 1, MT_CU_F32);
+    int gnv = 0;
+    CHECK(cudaMemcpy(&gnv, d_nv, 4, cudaMemcpyDeviceToHost) == cudaSuccess, "n_valid");
+    EXPECT_CLOSE(lbl(op, dt, "losses"), gl, losses, N, 1e-5);
+    EXPECT_CLOSE(lbl(op, dt, "lse"), gz, lse, N, 1e-5);
+    CHECK(gnv == nv && nv == want_nv, "%s: n_valid %d (cpu %d, want %d)", op, gnv, nv, want_nv);
+    CHECK_CLOSE(gm[0], mean, 1e-5, 0);
+    free(gl), free(gz), free(gm);
+}
+
 static void test_softmax_ce(void) {
     /* V = 1001: the 16-byte path (padded width 1024) with a forward tail of V mod 8 columns; padded width 1003:
      * the element path */
@@ -580,13 +595,7 @@ static void test_softmax_ce(void) {
         CHECK_OK(mt_dev_malloc(&d_nv, 4, MT_MEM_OTHER, "t", NULL));
         CHECK_OK(mt_cuda_status(
             mt_cuda_softmax_ce_forward(d_losses, d_lse, d_mean, d_nv, d_logits, dtgt, N, V, VP, dt, NULL), "ce"));
-        float *gl = down(d_losses, N, MT_CU_F32), *gz = down(d_lse, N, MT_CU_F32), *gm = down(d_mean, 1, MT_CU_F32);
-        int gnv = 0;
-        CHECK(cudaMemcpy(&gnv, d_nv, 4, cudaMemcpyDeviceToHost) == cudaSuccess, "n_valid");
-        EXPECT_CLOSE(lbl("softmax_ce", dt, "losses"), gl, losses, N, 1e-5);
-        EXPECT_CLOSE(lbl("softmax_ce", dt, "lse"), gz, lse, N, 1e-5);
-        CHECK(gnv == nv && nv == N - 2, "n_valid %d (cpu %d)", gnv, nv);
-        CHECK_CLOSE(gm[0], mean, 1e-5, 0);
+        ce_forward_matches("softmax_ce", dt, N, d_losses, d_lse, d_mean, d_nv, losses, lse, mean, nv, N - 2);
         /* backward in place, scale / n_valid read on the device */
         float *dl = hcopy(logits, (size_t)N * VP);
         mt_softmax_ce_backward(dl, dl, lse, tgt, N, V, VP, 0.5f / nv);
@@ -606,7 +615,7 @@ static void test_softmax_ce(void) {
         for (size_t i = 0; i < MT_ARRAY_LEN(dev); i++) {
             mt_dev_free(dev[i]);
         }
-        free(logits), free(losses), free(lse), free(gl), free(gz), free(gm), free(dl), free(gd);
+        free(logits), free(losses), free(lse), free(dl), free(gd);
     }
     mt_dev_free(dtgt);
 }
@@ -701,13 +710,7 @@ static void test_vocab_parallel(void) {
             }
             cudaError_t ce = mt_cuda_softmax_ce_combine(d_losses, d_lse, d_mean, d_nv, d_parts, P, dtgt, N, NULL);
             CHECK_OK(mt_cuda_status(ce, "ce combine"));
-            float *gl = down(d_losses, N, MT_CU_F32), *gz = down(d_lse, N, MT_CU_F32), *gm = down(d_mean, 1, MT_CU_F32);
-            int gnv = 0;
-            CHECK(cudaMemcpy(&gnv, d_nv, 4, cudaMemcpyDeviceToHost) == cudaSuccess, "n_valid");
-            EXPECT_CLOSE(lbl("vocab-parallel ce", dt, "losses"), gl, losses, N, 1e-5);
-            EXPECT_CLOSE(lbl("vocab-parallel ce", dt, "lse"), gz, lse, N, 1e-5);
-            CHECK(gnv == nv && nv == N - 1, "vocab-parallel ce: n_valid %d (cpu %d)", gnv, nv);
-            CHECK_CLOSE(gm[0], mean, 1e-5, 0);
+            ce_forward_matches("vocab-parallel ce", dt, N, d_losses, d_lse, d_mean, d_nv, losses, lse, mean, nv, N - 1);
             for (int p = 0; p < P; p++) {
                 int Vr = MT_MAX(0, MT_MIN(Vl, V - p * Vl));
                 CHECK_OK(mt_cuda_status(mt_cuda_softmax_ce_backward_shard(d_sh[p], d_sh[p], d_lse, dtgt, d_nv, p * Vl,
@@ -728,7 +731,7 @@ static void test_vocab_parallel(void) {
             for (size_t i = 0; i < MT_ARRAY_LEN(dev); i++) {
                 mt_dev_free(dev[i]);
             }
-            free(logits), free(losses), free(lse), free(dl), free(shard), free(gl), free(gz), free(gm);
+            free(logits), free(losses), free(lse), free(dl), free(shard);
         }
         mt_dev_free(dtok), mt_dev_free(dtgt);
     }
