@@ -29,6 +29,9 @@ static const struct mt_coll_backend *const backends[] = {
 #if MT_HAVE_NCCL
     &mt_coll_backend_nccl,
 #endif
+#if MT_HAVE_CUDA
+    &mt_coll_backend_staged,
+#endif
     &mt_coll_backend_shm,
     &mt_coll_backend_mpi,
     &mt_coll_backend_self,
@@ -209,16 +212,19 @@ static mt_status_t comm_create(MPI_Comm mpi, MPI_Comm parent, const mt_comm_para
     const char *forced = mt_coll_forced_backend(&p);
     if (forced && *forced) {
         const struct mt_coll_backend *be = NULL;
+        char names[128] = "";
         for (size_t i = 0; i < MT_ARRAY_LEN(backends); i++) {
             if (!strcasecmp(backends[i]->name, forced)) {
                 be = backends[i];
             }
+            size_t at = strlen(names);
+            snprintf(names + at, sizeof(names) - at, "%s%s", i ? " " : "", backends[i]->name);
         }
         if (!be) {
             st = mt_error(MT_ERR_INVALID_ARG,
-                          "comm %s: backend '%s' (MESHTRAIN_COLL_BACKEND or params.backend) is "
-                          "not one of this build's: %s%s self",
-                          c->name, forced, MT_HAVE_NCCL ? "nccl " : "", "mpi");
+                          "comm %s: backend '%s' (MESHTRAIN_COLL_BACKEND or params.backend) is not one of this "
+                          "build's: %s",
+                          c->name, forced, names);
             goto fail;
         }
         int prio = -1;

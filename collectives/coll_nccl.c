@@ -19,13 +19,6 @@ struct nccl_ctx {
     size_t scratch_bytes;
 };
 
-static mt_status_t cuda_st(cudaError_t e, const char *what) {
-    if (e == cudaSuccess) {
-        return MT_OK;
-    }
-    return mt_foreign_error("CUDA", MT_ERR_CUDA, (int)e, cudaGetErrorString(e), what, __FILE__, __LINE__);
-}
-
 static mt_status_t nccl_st(ncclResult_t r, const char *what) {
     if (r == ncclSuccess || r == ncclInProgress) {
         return MT_OK;
@@ -36,7 +29,7 @@ static mt_status_t nccl_st(ncclResult_t r, const char *what) {
     return mt_foreign_error("NCCL", MT_ERR_NCCL, (int)r, msg, what, __FILE__, __LINE__);
 }
 
-#define CUDA_OK(call) cuda_st((call), #call)
+#define CUDA_OK(call) mt_coll_cuda_status((int)(call), #call, __FILE__, __LINE__)
 #define NCCL_OK(call) nccl_st((call), #call)
 
 static ncclDataType_t nccl_type(mt_coll_dtype_t d) {

@@ -1,12 +1,15 @@
-/* The NCCL backend on device memory: every op x dtype x reduction x in-place form x counts against the
- * same locally computed values as the MPI backend's test, synchronous (stream-ordered) and through work
- * handles. Needs one CUDA device per rank; exits 77 ("skipped: ...") without one.
+/* The device-memory backends: every op x dtype x reduction x in-place form x counts against the same
+ * locally computed values as the MPI backend's test, synchronous (stream-ordered) and through work handles.
+ * No argument: NCCL, one CUDA device per rank. `staged`: the staged backend (MPI through pinned host
+ * memory), any number of ranks per device; also built against the CPU emulator of CUDA (tests/gpu/emu).
+ * Exits 77 ("skipped: ...") without a device.
  * SPDX-License-Identifier: MIT */
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "coll_testlib.h"
+#include "runtime/alloc.h"
 #include "runtime/rt.h"
 #include "testutil.h"
 
@@ -20,6 +23,7 @@ static const size_t counts[] = {0, 1, 7, 129, 4099};
 #define MAXB (4 * 4099 * 8)
 static unsigned char *h_a, *h_b, *d_a, *d_b;
 static cudaStream_t stream;
+static const char *be_name = "nccl";
 
 static void up(void *d, const void *h, size_t bytes) {
     CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
@@ -61,7 +65,7 @@ static void test_reductions(mt_comm_t c, bool async) {
                         for (size_t i = 0; i < cnt; i++) {
                             bad += mt_coll_elem_get(h_b, d, i) != tl_expect(n, i, d, op);
                         }
-                        CHECK(bad == 0, "nccl all_reduce %s %s count %zu mode %d: %d wrong", mt_coll_dtype_name(d),
+                        CHECK(bad == 0, "%s all_reduce %s %s count %zu mode %d: %d wrong", be_name, mt_coll_dtype_name(d),
                               mt_redop_name(op), cnt, mode, bad);
                         /* reduce to the last rank */
                         int root = n - 1;
@@ -74,7 +78,7 @@ static void test_reductions(mt_comm_t c, bool async) {
                             for (size_t i = 0; i < cnt; i++) {
                                 bad += mt_coll_elem_get(h_b, d, i) != tl_expect(n, i, d, op);
                             }
-                            CHECK(bad == 0, "nccl reduce %s %s count %zu mode %d: %d wrong", mt_coll_dtype_name(d),
+                            CHECK(bad == 0, "%s reduce %s %s count %zu mode %d: %d wrong", be_name, mt_coll_dtype_name(d),
                                   mt_redop_name(op), cnt, mode, bad);
                         }
                     }
@@ -91,7 +95,7 @@ static void test_reductions(mt_comm_t c, bool async) {
                     for (size_t i = 0; i < cnt; i++) {
                         bad += mt_coll_elem_get(h_b, d, i) != tl_expect(n, cnt * (size_t)r + i, d, op);
                     }
-                    CHECK(bad == 0, "nccl reduce_scatter %s %s count %zu mode %d: %d wrong", mt_coll_dtype_name(d),
+                    CHECK(bad == 0, "%s reduce_scatter %s %s count %zu mode %d: %d wrong", be_name, mt_coll_dtype_name(d),
                           mt_redop_name(op), cnt, mode, bad);
                 }
             }
@@ -122,7 +126,7 @@ static void test_data_movement(mt_comm_t c, bool async) {
                         bad += mt_coll_elem_get(h_b, d, (size_t)q * cnt + i) != tl_val(q, i, d, MT_REDOP_SUM);
                     }
                 }
-                CHECK(bad == 0, "nccl all_gather %s count %zu mode %d: %d wrong", mt_coll_dtype_name(d), cnt, mode,
+                CHECK(bad == 0, "%s all_gather %s count %zu mode %d: %d wrong", be_name, mt_coll_dtype_name(d), cnt, mode,
                       bad);
             }
             for (int inplace = 0; inplace < 2; inplace++) {
@@ -139,7 +143,7 @@ static void test_data_movement(mt_comm_t c, bool async) {
                 for (size_t i = 0; i < cnt; i++) {
                     bad += mt_coll_elem_get(h_b, d, i) != tl_val(0, i, d, MT_REDOP_SUM);
                 }
-                CHECK(bad == 0, "nccl broadcast %s count %zu in place %d: %d wrong", mt_coll_dtype_name(d), cnt,
+                CHECK(bad == 0, "%s broadcast %s count %zu in place %d: %d wrong", be_name, mt_coll_dtype_name(d), cnt,
                       inplace, bad);
                 /* all_to_all: element j of the block s sends to t is (s*7 + t*3 + j) % 13 */
                 for (int t = 0; t < n; t++) {
@@ -158,7 +162,7 @@ static void test_data_movement(mt_comm_t c, bool async) {
                         bad += mt_coll_elem_get(h_b, d, (size_t)s * cnt + j) != (double)((s * 7 + r * 3 + (int)j) % 13);
                     }
                 }
-                CHECK(bad == 0, "nccl all_to_all %s count %zu in place %d: %d wrong", mt_coll_dtype_name(d), cnt,
+                CHECK(bad == 0, "%s all_to_all %s count %zu in place %d: %d wrong", be_name, mt_coll_dtype_name(d), cnt,
                       inplace, bad);
             }
         }
@@ -175,15 +179,19 @@ static void test_data_movement(mt_comm_t c, bool async) {
     CHECK_OK(mt_coll_group_end(c, stream, async ? &w : NULL));
     finish(&w);
     down(in, d_b, sizeof(in));
-    CHECK(in[0] == (r + n - 1) % n && in[1] == -r, "nccl group p2p got %d %d", in[0], in[1]);
+    CHECK(in[0] == (r + n - 1) % n && in[1] == -r, "%s group p2p got %d %d", be_name, in[0], in[1]);
     CHECK_OK(mt_coll_barrier(c, stream, async ? &w : NULL));
     finish(&w);
-    CHECK(mt_comm_seq_completed(c) == mt_comm_seq_issued(c), "nccl seq completed %llu of %llu",
+    CHECK(mt_comm_seq_completed(c) == mt_comm_seq_issued(c), "%s seq completed %llu of %llu", be_name,
           (unsigned long long)mt_comm_seq_completed(c), (unsigned long long)mt_comm_seq_issued(c));
     CHECK_OK(mt_comm_get_async_error(c));
 }
 
 int main(int argc, char **argv) {
+    bool staged = argc > 1 && !strcmp(argv[1], "staged");
+    if (staged) {
+        be_name = "staged";
+    }
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev == 0) {
@@ -192,7 +200,7 @@ int main(int argc, char **argv) {
     }
     CHECK_OK(mt_rt_init(&argc, &argv));
     const mt_world_t *wd = mt_rt_world();
-    if (wd->local_size > ndev) {
+    if (!staged && wd->local_size > ndev) {
         if (wd->rank == 0) {
             printf("skipped: %d ranks on this node but %d CUDA device(s); NCCL needs one device per rank\n",
                    wd->local_size, ndev);
@@ -200,7 +208,7 @@ int main(int argc, char **argv) {
         mt_rt_finalize();
         return MT_TEST_SKIP;
     }
-    CU(cudaSetDevice(wd->local_rank));
+    CU(cudaSetDevice(wd->local_rank % ndev));
     CU(cudaStreamCreate(&stream));
     h_a = malloc(MAXB);
     h_b = malloc(MAXB);
@@ -209,15 +217,31 @@ int main(int argc, char **argv) {
     mt_comm_params_t p = MT_COMM_PARAMS_INIT;
     p.name = "world-dev";
     p.memory = MT_COMM_MEM_DEVICE;
+    p.backend = staged ? "staged" : NULL;
     mt_comm_t c = NULL;
     CHECK_OK(mt_comm_init(wd->comm, &p, &c));
     if (c) {
-        CHECK(!strcmp(mt_comm_backend_name(c), "nccl"), "backend %s", mt_comm_backend_name(c));
+        CHECK(!strcmp(mt_comm_backend_name(c), be_name), "backend %s, expected %s", mt_comm_backend_name(c), be_name);
+        mt_mem_stats_t m0;
+        mt_mem_stats(MT_MEM_HOST, &m0);
         test_reductions(c, false);
         test_data_movement(c, false);
         test_reductions(c, true);
         test_data_movement(c, true);
+        if (staged) {
+            /* the pinned staging buffer is accounted as host communication memory while the comm lives: at
+             * least the largest op's input and output (all_to_all of 4099 f64 per rank) */
+            mt_mem_stats_t m1;
+            mt_mem_stats(MT_MEM_HOST, &m1);
+            int64_t grown = m1.current[MT_MEM_COMM] - m0.current[MT_MEM_COMM];
+            CHECK(grown >= 2 * (int64_t)wd->size * 4099 * 8, "staged: %lld bytes of host comm memory after an "
+                  "all_to_all of 2 x %d x 4099 x 8 bytes", (long long)grown, wd->size);
+        }
         CHECK_OK(mt_comm_free(c));
+        mt_mem_stats_t m2;
+        mt_mem_stats(MT_MEM_HOST, &m2);
+        CHECK(m2.current[MT_MEM_COMM] <= m0.current[MT_MEM_COMM], "%s: %lld bytes of host comm memory left after "
+              "mt_comm_free", be_name, (long long)(m2.current[MT_MEM_COMM] - m0.current[MT_MEM_COMM]));
     }
     cudaFree(d_a);
     cudaFree(d_b);

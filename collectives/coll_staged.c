@@ -1,0 +1,353 @@
+/* The staged backend (device memory without NCCL): each op copies its device input into a pinned host
+ * buffer on the caller's stream, waits for that stream, runs the MPI backend's op on the host copy and
+ * copies the result back, waiting again, so the op is complete when the call returns. It serves ranks that
+ * share a GPU (NCCL refuses two ranks of a communicator on one device), builds or machines without NCCL, and
+ * the tests of the GPU engine's communication on a one-GPU machine. It costs two copies over PCIe and a host
+ * reduction per op and overlaps nothing: NCCL (priority 80) wins wherever both qualify.
+ * SPDX-License-Identifier: MIT */
+#include <cuda_runtime.h>
+#include <string.h>
+
+#include "collectives/coll_impl.h"
+#include "runtime/alloc.h"
+
+/* A send or receive posted between group_start and group_end, run at group_end. */
+struct staged_p2p {
+    bool is_send;
+    void *dev;
+    size_t count;
+    mt_coll_dtype_t dtype;
+    int peer;
+};
+
+struct staged_ctx {
+    void *mpi; /* the MPI backend's context on the same communicator */
+    int rank, size, device;
+    unsigned char *host; /* pinned staging buffer */
+    size_t cap;
+    bool in_group;
+    struct staged_p2p *ops;
+    int n_ops, cap_ops;
+};
+
+static const struct mt_coll_backend *const mpi = &mt_coll_backend_mpi;
+
+mt_status_t mt_coll_cuda_status(int err, const char *what, const char *file, int line) {
+    if (err == (int)cudaSuccess) {
+        return MT_OK;
+    }
+    return mt_foreign_error("CUDA", MT_ERR_CUDA, err, cudaGetErrorString((cudaError_t)err), what, file, line);
+}
+
+#define CUDA_OK(call) mt_coll_cuda_status((int)(call), #call, __FILE__, __LINE__)
+
+static mt_status_t staged_query(const struct mt_comm_info *info, int *priority) {
+    *priority = -1;
+    if (info->memory != MT_COMM_MEM_DEVICE) {
+        mt_error(MT_ERR_INVALID_USAGE, "staged backend: comm %s is for host memory; use the mpi backend", info->name);
+        MT_INFO(MT_LOG_COLL, "comm %s: staged backend disqualified: host memory", info->name);
+        return MT_OK;
+    }
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        mt_error(MT_ERR_INVALID_USAGE, "staged backend: no CUDA device (%s)",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        MT_INFO(MT_LOG_COLL, "comm %s: staged backend disqualified: no CUDA device", info->name);
+        return MT_OK;
+    }
+    *priority = 20;
+    return MT_OK;
+}
+
+static void release_host(struct staged_ctx *x) {
+    if (x->host) {
+        cudaFreeHost(x->host);
+        mt_mem_account(MT_MEM_HOST, MT_MEM_COMM, -(int64_t)x->cap, x->host, "coll_staged");
+        x->host = NULL;
+        x->cap = 0;
+    }
+}
+
+/* At least bytes of pinned staging memory (grown by doubling, never shrunk until the comm is freed). */
+static mt_status_t reserve(struct staged_ctx *x, size_t bytes) {
+    if (bytes <= x->cap) {
+        return MT_OK;
+    }
+    size_t want = MT_MAX(bytes, 2 * x->cap);
+    want = MT_MAX(want, (size_t)1 << 16);
+    release_host(x);
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, want);
+    if (e != cudaSuccess) {
+        return mt_error(MT_ERR_OOM, "staged backend: cannot pin %zu bytes of host memory for staging: %s", want,
+                        cudaGetErrorString(e));
+    }
+    x->host = p;
+    x->cap = want;
+    mt_mem_account(MT_MEM_HOST, MT_MEM_COMM, (int64_t)want, p, "coll_staged");
+    return MT_OK;
+}
+
+static mt_status_t down(void *host, const void *dev, size_t bytes, mt_stream_t stream) {
+    return bytes ? CUDA_OK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream)) : MT_OK;
+}
+
+static mt_status_t up(void *dev, const void *host, size_t bytes, mt_stream_t stream) {
+    return bytes ? CUDA_OK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, (cudaStream_t)stream)) : MT_OK;
+}
+
+static mt_status_t sync(mt_stream_t stream) {
+    return CUDA_OK(cudaStreamSynchronize((cudaStream_t)stream));
+}
+
+static void staged_free(void *ctx) {
+    struct staged_ctx *x = ctx;
+    if (!x) {
+        return;
+    }
+    release_host(x);
+    if (x->mpi) {
+        mpi->free(x->mpi);
+    }
+    mt_free(x->ops);
+    mt_free(x);
+}
+
+static mt_status_t staged_init(mt_comm_t comm, const struct mt_comm_info *info, void **ctx) {
+    struct staged_ctx *x = mt_calloc(sizeof(*x), MT_MEM_COMM, "coll_staged");
+    if (!x) {
+        return mt_error(MT_ERR_OOM, "staged backend: out of memory");
+    }
+    mt_status_t st = MT_OK;
+    x->rank = info->rank;
+    x->size = info->size;
+    MT_CHECK_GOTO(CUDA_OK(cudaGetDevice(&x->device)), st, fail);
+    MT_CHECK_GOTO(mpi->init(comm, info, &x->mpi), st, fail);
+    MT_INFO(MT_LOG_COLL, "comm %s: staged (MPI through pinned host memory) rank %d/%d on device %d", info->name,
+            x->rank, x->size, x->device);
+    *ctx = x;
+    return MT_OK;
+fail:
+    staged_free(x);
+    return st;
+}
+
+static mt_status_t staged_all_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
+                                     mt_redop_t op, mt_stream_t stream) {
+    struct staged_ctx *x = ctx;
+    size_t bytes = count * mt_coll_dtype_size(dtype);
+    MT_CHECK(reserve(x, bytes));
+    MT_CHECK(down(x->host, send, bytes, stream));
+    MT_CHECK(sync(stream));
+    MT_CHECK(mpi->all_reduce(x->mpi, x->host, x->host, count, dtype, op, NULL));
+    MT_CHECK(up(recv, x->host, bytes, stream));
+    return sync(stream);
+}
+
+/* The input (size blocks) at the front, the rank's block of the result after it. */
+static mt_status_t staged_reduce_scatter(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
+                                         mt_redop_t op, mt_stream_t stream) {
+    struct staged_ctx *x = ctx;
+    size_t bytes = count * mt_coll_dtype_size(dtype), all = bytes * (size_t)x->size;
+    MT_CHECK(reserve(x, all + bytes));
+    MT_CHECK(down(x->host, send, all, stream));
+    MT_CHECK(sync(stream));
+    MT_CHECK(mpi->reduce_scatter(x->mpi, x->host, x->host + all, count, dtype, op, NULL));
+    MT_CHECK(up(recv, x->host + all, bytes, stream));
+    return sync(stream);
+}
+
+/* The gathered blocks at the front, the rank's input after them (read before recv is written). */
+static mt_status_t staged_all_gather(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
+                                     mt_stream_t stream) {
+    struct staged_ctx *x = ctx;
+    size_t bytes = count * mt_coll_dtype_size(dtype), all = bytes * (size_t)x->size;
+    MT_CHECK(reserve(x, all + bytes));
+    MT_CHECK(down(x->host + all, send, bytes, stream));
+    MT_CHECK(sync(stream));
+    MT_CHECK(mpi->all_gather(x->mpi, x->host + all, x->host, count, dtype, NULL));
+    MT_CHECK(up(recv, x->host, all, stream));
+    return sync(stream);
+}
+
+static mt_status_t staged_broadcast(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
+                                    int root, mt_stream_t stream) {
+    struct staged_ctx *x = ctx;
+    size_t bytes = count * mt_coll_dtype_size(dtype);
+    MT_CHECK(reserve(x, bytes));
+    if (x->rank == root) {
+        MT_CHECK(down(x->host, send, bytes, stream));
+        MT_CHECK(sync(stream));
+    }
+    MT_CHECK(mpi->broadcast(x->mpi, x->host, x->host, count, dtype, root, NULL));
+    MT_CHECK(up(recv, x->host, bytes, stream));
+    return sync(stream);
+}
+
+static mt_status_t staged_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
+                                 mt_redop_t op, int root, mt_stream_t stream) {
+    struct staged_ctx *x = ctx;
+    size_t bytes = count * mt_coll_dtype_size(dtype);
+    MT_CHECK(reserve(x, 2 * bytes));
+    MT_CHECK(down(x->host, send, bytes, stream));
+    MT_CHECK(sync(stream));
+    MT_CHECK(mpi->reduce(x->mpi, x->host, x->host + bytes, count, dtype, op, root, NULL));
+    if (x->rank != root) {
+        return MT_OK;
+    }
+    MT_CHECK(up(recv, x->host + bytes, bytes, stream));
+    return sync(stream);
+}
+
+static mt_status_t staged_all_to_all(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
+                                     mt_stream_t stream) {
+    struct staged_ctx *x = ctx;
+    size_t all = count * mt_coll_dtype_size(dtype) * (size_t)x->size;
+    MT_CHECK(reserve(x, 2 * all));
+    MT_CHECK(down(x->host, send, all, stream));
+    MT_CHECK(sync(stream));
+    MT_CHECK(mpi->all_to_all(x->mpi, x->host, x->host + all, count, dtype, NULL));
+    MT_CHECK(up(recv, x->host + all, all, stream));
+    return sync(stream);
+}
+
+static mt_status_t post(struct staged_ctx *x, bool is_send, const void *buf, size_t count, mt_coll_dtype_t dtype,
+                        int peer) {
+    if (x->n_ops == x->cap_ops) {
+        int cap = x->cap_ops ? 2 * x->cap_ops : 8;
+        struct staged_p2p *ops = mt_alloc(sizeof(*ops) * (size_t)cap, MT_MEM_COMM, "coll_staged");
+        if (!ops) {
+            return mt_error(MT_ERR_OOM, "staged backend: cannot grow the group of %d calls", x->n_ops);
+        }
+        if (x->n_ops) {
+            memcpy(ops, x->ops, sizeof(*ops) * (size_t)x->n_ops);
+        }
+        mt_free(x->ops);
+        x->ops = ops;
+        x->cap_ops = cap;
+    }
+    x->ops[x->n_ops++] = (struct staged_p2p){is_send, (void *)buf, count, dtype, peer};
+    return MT_OK;
+}
+
+static mt_status_t staged_send(void *ctx, const void *buf, size_t count, mt_coll_dtype_t dtype, int peer,
+                               mt_stream_t stream) {
+    struct staged_ctx *x = ctx;
+    if (x->in_group) {
+        return post(x, true, buf, count, dtype, peer);
+    }
+    size_t bytes = count * mt_coll_dtype_size(dtype);
+    MT_CHECK(reserve(x, bytes));
+    MT_CHECK(down(x->host, buf, bytes, stream));
+    MT_CHECK(sync(stream));
+    return mpi->send(x->mpi, x->host, count, dtype, peer, NULL);
+}
+
+static mt_status_t staged_recv(void *ctx, void *buf, size_t count, mt_coll_dtype_t dtype, int peer,
+                               mt_stream_t stream) {
+    struct staged_ctx *x = ctx;
+    if (x->in_group) {
+        return post(x, false, buf, count, dtype, peer);
+    }
+    size_t bytes = count * mt_coll_dtype_size(dtype);
+    MT_CHECK(reserve(x, bytes));
+    MT_CHECK(mpi->recv(x->mpi, x->host, count, dtype, peer, NULL));
+    MT_CHECK(up(buf, x->host, bytes, stream));
+    return sync(stream);
+}
+
+static mt_status_t staged_group_start(void *ctx) {
+    struct staged_ctx *x = ctx;
+    x->in_group = true;
+    x->n_ops = 0;
+    return MT_OK;
+}
+
+static size_t slot_bytes(const struct staged_p2p *o) {
+    return (o->count * mt_coll_dtype_size(o->dtype) + 63) & ~(size_t)63;
+}
+
+/* Every posted send staged down, all of them posted to MPI together (MPI's group: no order between peers
+ * can deadlock), then every receive copied up. */
+static mt_status_t staged_group_end(void *ctx, mt_stream_t stream) {
+    struct staged_ctx *x = ctx;
+    int n = x->n_ops;
+    x->in_group = false;
+    x->n_ops = 0;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        total += slot_bytes(&x->ops[i]);
+    }
+    MT_CHECK(reserve(x, total));
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        if (x->ops[i].is_send) {
+            MT_CHECK(down(x->host + off, x->ops[i].dev, x->ops[i].count * mt_coll_dtype_size(x->ops[i].dtype), stream));
+        }
+        off += slot_bytes(&x->ops[i]);
+    }
+    MT_CHECK(sync(stream));
+    MT_CHECK(mpi->group_start(x->mpi));
+    mt_status_t st = MT_OK;
+    off = 0;
+    for (int i = 0; i < n && st == MT_OK; i++) {
+        const struct staged_p2p *o = &x->ops[i];
+        st = o->is_send ? mpi->send(x->mpi, x->host + off, o->count, o->dtype, o->peer, NULL)
+                        : mpi->recv(x->mpi, x->host + off, o->count, o->dtype, o->peer, NULL);
+        off += slot_bytes(o);
+    }
+    mt_status_t st2 = mpi->group_end(x->mpi, NULL); /* always: it completes what was posted */
+    MT_CHECK(st != MT_OK ? st : st2);
+    off = 0;
+    for (int i = 0; i < n; i++) {
+        if (!x->ops[i].is_send) {
+            MT_CHECK(up(x->ops[i].dev, x->host + off, x->ops[i].count * mt_coll_dtype_size(x->ops[i].dtype), stream));
+        }
+        off += slot_bytes(&x->ops[i]);
+    }
+    return sync(stream);
+}
+
+/* Everything before it on stream has run, then every rank has arrived. */
+static mt_status_t staged_barrier(void *ctx, mt_stream_t stream) {
+    struct staged_ctx *x = ctx;
+    MT_CHECK(sync(stream));
+    return mpi->barrier(x->mpi, NULL);
+}
+
+/* Every op is complete when it returns: an event is a token that has always fired. */
+static mt_status_t staged_event_record(void *ctx, mt_stream_t stream, void **event) {
+    *event = ctx;
+    return MT_OK;
+}
+
+static mt_status_t staged_event_query(void *ctx, void *event, bool *done) {
+    *done = true;
+    return MT_OK;
+}
+
+static void staged_event_free(void *ctx, void *event) {}
+
+const struct mt_coll_backend mt_coll_backend_staged = {
+    .name = "staged",
+    .api_version = MT_COLL_API_VERSION,
+    .stream_ordered = true,
+    .query = staged_query,
+    .init = staged_init,
+    .free = staged_free,
+    .all_reduce = staged_all_reduce,
+    .reduce_scatter = staged_reduce_scatter,
+    .all_gather = staged_all_gather,
+    .broadcast = staged_broadcast,
+    .reduce = staged_reduce,
+    .all_to_all = staged_all_to_all,
+    .send = staged_send,
+    .recv = staged_recv,
+    .group_start = staged_group_start,
+    .group_end = staged_group_end,
+    .barrier = staged_barrier,
+    .event_record = staged_event_record,
+    .event_query = staged_event_query,
+    .event_free = staged_event_free,
+};
