@@ -131,12 +131,13 @@ else
 fi
 
 # ---- GPU tests --------------------------------------------------------------------------------------
-(cd "$BUILD" && run ctest-gpu 150 ctest -L gpu --output-on-failure --timeout 120)
+(cd "$BUILD" && run ctest-gpu 240 ctest -L gpu --output-on-failure --timeout 120)
 TESTS_RC=$?
 TESTS_LINE=$(grep -E "tests passed|tests failed" "$LOG/ctest-gpu.log" | tail -1)
 # ctest counts a skipped test (exit 77) as passed: on a machine with a GPU only test_nvml (no NVML) may skip,
-# and the two-rank tests (NCCL backend, the GPU training engine's dp/pp and tp: one GPU per rank) where there
-# is only one GPU
+# and the two-rank NCCL tests (the backend, the GPU training engine's dp/pp and tp: one GPU per rank) where
+# there is only one GPU; the staged ones (coll_staged_*, job_cuda_staged_*: ranks sharing a GPU through MPI)
+# must run everywhere
 NGPU=$(grep -c '^GPU [0-9]' "$LOG/nvidia-smi-L.log")
 SKIPPED=$(grep -E '^[[:space:]]*[0-9]+ - .*\(Skipped\)' "$LOG/ctest-gpu.log" | sed 's/.* - \([^ ]*\) .*/\1/' |
     tr '\n' ' ')
@@ -227,9 +228,15 @@ if [ -n "${MT_GPU_CHECK_SANITIZE:-}" ]; then
     fi
 fi
 
-# ---- NCCL collective benchmark on the GPU (one rank) ------------------------------------------------
+# ---- collective benchmarks on the GPU: NCCL (one rank); the staged backend (MPI through pinned host memory)
+# on one rank and on two ranks sharing the GPU, at the same sizes ----------------------------------------
 if "$MT" bench coll --help >/dev/null 2>&1; then
     run nccl 40 "$MT" bench coll --backend nccl --op allreduce -b 8 -e 256M -f 4 -n 20 -w 5
+    run staged 40 "$MT" bench coll --backend staged --op allreduce -b 8 -e 256M -f 4 -n 20 -w 5
+    if [ -x "$MPIRUN" ]; then
+        run staged2 60 "$MPIRUN" -np 2 --oversubscribe "$MT" bench coll --backend staged --op allreduce -b 8 \
+            -e 256M -f 4 -n 20 -w 5
+    fi
 else
     say "nccl: meshtrain has no 'bench coll' in this build (collectives not merged?)"
 fi
@@ -332,10 +339,13 @@ field() { # field FILE KEY: value of KEY=... on the RESULT line of FILE
     for l in ${SAN_LINES[@]+"${SAN_LINES[@]}"}; do
         echo "compute-sanitizer $l"
     done
-    if [ -f "$LOG/nccl.log" ]; then
-        echo "NCCL all-reduce (1 GPU):"
-        grep -E "^ *#|^ +[0-9]" "$LOG/nccl.log" | tail -4
-    fi
+    for b in "nccl|NCCL all-reduce (1 GPU, 1 rank)" "staged|staged all-reduce (1 GPU, 1 rank)" \
+        "staged2|staged all-reduce (1 GPU, 2 ranks)"; do
+        if [ -f "$LOG/${b%%|*}.log" ]; then
+            echo "${b#*|}:"
+            grep -E "^ *#|^ +[0-9]" "$LOG/${b%%|*}.log" | tail -4
+        fi
+    done
     echo "total $(($(date +%s) - START)) s; logs in $LOG"
 } | tee "$LOG/table.txt"
 [ "$TESTS_RC" -eq 0 ]

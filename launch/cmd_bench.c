@@ -40,6 +40,7 @@ typedef struct {
     mt_redop_t redop;
     int iters, warmup, check, root, rounds;
     bool device, compare_raw;
+    const char *be; /* the device backend forced (nccl, staged); NULL: host memory, by priority */
     const char *group, *json, *order;
     int tp, pp, dp;
 } bench_opts_t;
@@ -60,7 +61,8 @@ static void usage(FILE *out) {
             "  --rounds N       timing rounds; the median is reported (3)\n"
             "  -c, --check 0|1  fill buffers with rank- and index-dependent values, count wrong results (1)\n"
             "  -r, --root R     root of broadcast/reduce (0)\n"
-            "  --backend B      mpi (host memory) | nccl (device memory) (mpi)\n"
+            "  --backend B      mpi (host memory) | nccl | staged (device memory; staged: MPI through pinned\n"
+            "                   host buffers, ranks may share a GPU) (mpi)\n"
             "  --group G        world|tp|dp|pp: benchmark this rank's group on the mesh (world)\n"
             "  --tp N --pp N [--dp N]  mesh sizes for --group (also --parallel.tp=N --parallel.pp=N --parallel.dp=N)\n"
             "  --order O        mesh order, fastest first (also --parallel.order=O) (tp-dp-pp); groups are the\n"
@@ -224,15 +226,17 @@ static int parse(int argc, char **argv, int rank, bench_opts_t *o) {
         case O_BACKEND:
             if (!strcmp(optarg, "mpi")) {
                 o->device = false;
-            } else if (!strcmp(optarg, "nccl")) {
+                o->be = NULL;
+            } else if (!strcmp(optarg, "nccl") || !strcmp(optarg, "staged")) {
 #if MT_HAVE_NCCL
                 o->device = true;
+                o->be = !strcmp(optarg, "nccl") ? "nccl" : "staged";
 #else
-                return bad(rank, "--backend %s: this build has no NCCL backend (built without CUDA/NCCL); use mpi",
+                return bad(rank, "--backend %s: this build has no device backends (built without CUDA/NCCL); use mpi",
                            optarg);
 #endif
             } else {
-                return bad(rank, "--backend %s: expected mpi or nccl", optarg);
+                return bad(rank, "--backend %s: expected mpi, nccl or staged", optarg);
             }
             break;
         case O_GROUP:
@@ -772,7 +776,8 @@ int mt_cmd_bench(int argc, char **argv) {
         if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
             mt_mesh_free(mesh);
             if (w->rank == 0) {
-                fprintf(stderr, "meshtrain bench coll: --backend nccl needs a CUDA device and this node has none\n");
+                fprintf(stderr, "meshtrain bench coll: --backend %s needs a CUDA device and this node has none\n",
+                        o.be);
             }
             return 1;
         }
@@ -782,7 +787,7 @@ int mt_cmd_bench(int argc, char **argv) {
     mt_comm_params_t p = MT_COMM_PARAMS_INIT;
     p.name = o.group;
     p.memory = o.device ? MT_COMM_MEM_DEVICE : MT_COMM_MEM_HOST;
-    p.backend = o.device ? "nccl" : NULL;
+    p.backend = o.be;
     mt_comm_t comm = NULL;
     mt_status_t st =
         axis_bit ? mt_comm_init_mesh(w->comm, mesh, axis_bit, &p, &comm) : mt_comm_init(w->comm, &p, &comm);

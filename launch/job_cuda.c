@@ -82,12 +82,19 @@ static int cuda_devices(void) {
 /* Whether two ranks of this host would drive one GPU, which NCCL refuses in a communicator: each rank takes the
  * visible device local_rank mod its device count (ce_init), named by its PCI bus id, gathered over the host's
  * ranks (so per-rank CUDA_VISIBLE_DEVICES or srun --gpus-per-task, one distinct GPU each, is fine). On a clash
- * *a and *b are the two local ranks and bus the device. Collective over the host's ranks (mt_rt_world()->local_comm);
- * false without CUDA or a device. */
-static bool gpu_shared(int n_dev, int *a, int *b, char *bus, size_t bus_len) {
+ * *a and *b are the first two local ranks on one GPU and bus that device. *sharers (if not NULL): the host's
+ * ranks on this rank's GPU, itself included; *first (if not NULL): no lower local rank is on it. Collective over
+ * the host's ranks (mt_rt_world()->local_comm); false (sharers 1, first) without CUDA or a device. */
+static bool gpu_shared(int n_dev, int *a, int *b, char *bus, size_t bus_len, int *sharers, bool *first) {
     enum { ID = 32 };
     const mt_world_t *w = mt_rt_world();
     char mine[ID] = "";
+    if (sharers) {
+        *sharers = 1;
+    }
+    if (first) {
+        *first = true;
+    }
 #if MT_HAVE_CUDA
     if (n_dev > 0 && cudaDeviceGetPCIBusId(mine, ID, w->local_rank % n_dev) != cudaSuccess) {
         mine[0] = '\0';
@@ -101,14 +108,24 @@ static bool gpu_shared(int n_dev, int *a, int *b, char *bus, size_t bus_len) {
         return false; /* cannot tell: the engine's NCCL set-up reports a clash itself */
     }
     bool shared = false;
-    for (int i = 0; i < w->local_size && !shared; i++) {
-        for (int j = i + 1; j < w->local_size && !shared; j++) {
-            const char *x = all + (size_t)i * ID, *y = all + (size_t)j * ID;
-            if (x[0] && !strncmp(x, y, ID)) {
+    for (int i = 0; i < w->local_size; i++) {
+        const char *x = all + (size_t)i * ID;
+        for (int j = i + 1; j < w->local_size && x[0]; j++) {
+            if (!strncmp(x, all + (size_t)j * ID, ID)) {
+                if (!shared) {
+                    *a = i;
+                    *b = j;
+                    snprintf(bus, bus_len, "%.*s", ID, x);
+                }
                 shared = true;
-                *a = i;
-                *b = j;
-                snprintf(bus, bus_len, "%.*s", ID, x);
+            }
+        }
+        if (mine[0] && i != w->local_rank && !strncmp(x, mine, ID)) {
+            if (sharers) {
+                (*sharers)++;
+            }
+            if (first && i < w->local_rank) {
+                *first = false;
             }
         }
     }
@@ -128,16 +145,17 @@ mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use,
     int n = cuda_devices(), rank = 0, world = 1, mine[2], all[2];
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &world);
-    /* the fewest GPUs any rank sees; whether every rank has a GPU of its own (NCCL's rule, when ranks talk) */
+    /* the fewest GPUs any rank sees; whether every rank has a GPU of its own (NCCL's rule, when ranks talk; auto
+     * keeps to it unless runtime.gpu_comm = "mpi") */
     int la = 0, lb = 0;
     char bus[40];
     mine[0] = n;
-    mine[1] = world == 1 || !gpu_shared(n, &la, &lb, bus, sizeof(bus));
+    mine[1] = world == 1 || !gpu_shared(n, &la, &lb, bus, sizeof(bus), NULL, NULL);
     MT_MPI_CHECK(MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MIN, comm));
     int min_n = all[0];
     mt_status_t fit = cuda_check_config(cfg);
     if (!strcmp(dev, "auto")) {
-        if (min_n > 0 && fit == MT_OK && all[1]) {
+        if (min_n > 0 && fit == MT_OK && (all[1] || !strcmp(mt_config_str(cfg, "runtime.gpu_comm"), "mpi"))) {
             *use = true;
         } else if (min_n > 0 && note_len && fit != MT_OK) {
             snprintf(note, note_len, "runtime.device = \"auto\": GPUs present, but %s; training on the CPU",
@@ -145,7 +163,7 @@ mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use,
         } else if (min_n > 0 && note_len) {
             snprintf(note, note_len,
                      "runtime.device = \"auto\": GPUs present, but two ranks of a host would share one (NCCL needs "
-                     "one GPU per rank); training on the CPU");
+                     "one GPU per rank; runtime.device = \"cuda\" shares them through MPI); training on the CPU");
         }
         return MT_OK;
     }
@@ -185,10 +203,15 @@ enum { PEAK_REPS = 10 };
  * never the job. */
 static void measure_peak(cuda_engine_t *e, int dev) {
     int64_t n = mt_param_gpu_peak_n();
-    if (mt_param_peak_gflops_gpu() > 0) {
-        e->peak = (double)mt_param_peak_gflops_gpu() * 1e9;
-        snprintf(e->peak_src, sizeof(e->peak_src), "%.1f TFLOP/s per GPU from MESHTRAIN_PEAK_GFLOPS_PER_GPU",
-                 e->peak / 1e12);
+    if (mt_param_peak_gflops_gpu() > 0) { /* ranks sharing a GPU share its peak: the job's sum counts it once */
+        e->peak = (double)mt_param_peak_gflops_gpu() * 1e9 / e->gpu_sharers;
+        snprintf(e->peak_src, sizeof(e->peak_src), "%.1f TFLOP/s per GPU from MESHTRAIN_PEAK_GFLOPS_PER_GPU%s",
+                 (double)mt_param_peak_gflops_gpu() * 1e-3, e->gpu_sharers > 1 ? ", shared by its ranks" : "");
+        return;
+    }
+    if (e->gpu_sharers > 1) { /* measured while the other ranks on it measure too, it would say nothing */
+        snprintf(e->peak_src, sizeof(e->peak_src),
+                 "of the GPU not measured: %d ranks share it (set MESHTRAIN_PEAK_GFLOPS_PER_GPU)", e->gpu_sharers);
         return;
     }
     if (MT_CUDA_EMULATED) { /* an emulated device's rate says nothing about a GPU's */
@@ -347,16 +370,21 @@ static mt_status_t on_weights(void *arg, size_t lo, size_t hi, void *dst) {
     return MT_OK;
 }
 
+mt_comm_params_t cuda_engine_dev_params(const cuda_engine_t *e, const char *name) {
+    mt_comm_params_t p = MT_COMM_PARAMS_INIT;
+    p.name = name;
+    p.memory = MT_COMM_MEM_DEVICE;
+    p.backend = e->comm_backend;
+    return p;
+}
+
 /* The communicators of this rank's group along axis (the whole info->comm without a mesh): *dev for
- * gradients or activations (device memory: NCCL; host memory under the emulator, whose device memory is host
- * memory) and *host for scalars, checked to give this rank index `rank` of `size` (what names the index in the
- * error). Collective over the group. */
-mt_status_t cuda_engine_axis_comms(const mt_job_info_t *info, mt_axis_t axis, const char *dev_name,
-                                   const char *host_name, int size, int rank, const char *what, mt_comm_t *dev,
-                                   mt_comm_t *host) {
-    mt_comm_params_t cp = MT_COMM_PARAMS_INIT, lp = MT_COMM_PARAMS_INIT;
-    cp.name = dev_name;
-    cp.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
+ * gradients or activations (device memory, e->comm_backend's) and *host for scalars, checked to give this
+ * rank index `rank` of `size` (what names the index in the error). Collective over the group. */
+mt_status_t cuda_engine_axis_comms(const cuda_engine_t *e, const mt_job_info_t *info, mt_axis_t axis,
+                                   const char *dev_name, const char *host_name, int size, int rank, const char *what,
+                                   mt_comm_t *dev, mt_comm_t *host) {
+    mt_comm_params_t cp = cuda_engine_dev_params(e, dev_name), lp = MT_COMM_PARAMS_INIT;
     lp.name = host_name;
     if (info->mesh) {
         MT_CHECK(mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(axis), &cp, dev));
@@ -374,7 +402,7 @@ mt_status_t cuda_engine_axis_comms(const mt_job_info_t *info, mt_axis_t axis, co
 
 /* The dp communicators (gradients on the device, losses), collectively over info->comm. */
 static mt_status_t dp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
-    return cuda_engine_axis_comms(info, MT_AXIS_DP, "dp-grads", "dp-loss", e->dp_size, e->dp_rank, "dp rank",
+    return cuda_engine_axis_comms(e, info, MT_AXIS_DP, "dp-grads", "dp-loss", e->dp_size, e->dp_rank, "dp rank",
                                   &e->gcomm, &e->lcomm);
 }
 
@@ -476,29 +504,44 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
             goto fail;
         }
     }
-    /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one);
-     * NCCL cannot put two ranks of a communicator on one GPU */
+    /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one).
+     * NCCL cannot put two ranks of a communicator on one GPU: ranks that share one talk through MPI and pinned
+     * host memory (the staged backend), as runtime.gpu_comm = "mpi" asks for everywhere; the emulator has no
+     * NCCL (its device memory is host memory), so it runs the staged backend, device-memory calls and all. */
     st = mt_cuda_status(cudaSetDevice(mt_rt_world()->local_rank % ndev), "cudaSetDevice");
     bool multi = e->dp_size > 1 || e->pp > 1 || e->tp > 1;
+    const char *gpu_comm = mt_config_str(cfg, "runtime.gpu_comm");
     int la = 0, lb = 0;
     char shared_bus[40];
-    if (multi && !MT_CUDA_EMULATED && gpu_shared(ndev, &la, &lb, shared_bus, sizeof(shared_bus)) && st == MT_OK) {
+    e->gpu_sharers = 1;
+    e->gpu_first = true;
+    bool shared = multi && !MT_CUDA_EMULATED &&
+                  gpu_shared(ndev, &la, &lb, shared_bus, sizeof(shared_bus), &e->gpu_sharers, &e->gpu_first);
+    int staged = MT_CUDA_EMULATED || shared || !strcmp(gpu_comm, "mpi");
+    if (shared && !strcmp(gpu_comm, "nccl") && st == MT_OK) {
         st = mt_error(MT_ERR_INVALID_ARG,
-                      "runtime.device = \"cuda\": local ranks %d and %d on host %s would both drive GPU %s (each rank "
-                      "takes visible device local_rank mod %d), and NCCL needs one GPU per rank: start one rank per "
-                      "GPU (mpirun --map-by ppr:%d:node, srun --ntasks-per-node=%d or --gpus-per-task=1), or set "
-                      "runtime.device = \"cpu\"",
+                      "runtime.gpu_comm = \"nccl\": local ranks %d and %d on host %s would both drive GPU %s (each "
+                      "rank takes visible device local_rank mod %d), and NCCL needs one GPU per rank: start one rank "
+                      "per GPU (mpirun --map-by ppr:%d:node, srun --ntasks-per-node=%d or --gpus-per-task=1), or set "
+                      "runtime.gpu_comm = \"mpi\" (slower: through host memory)",
                       la, lb, mt_rt_world()->hostname, shared_bus, ndev, ndev, ndev);
+    } else if (shared && mt_rt_world()->local_rank == la) {
+        MT_WARN("cuda engine: local ranks %d and %d on host %s share GPU %s, which NCCL refuses: their "
+                "communication goes through MPI and host memory (runtime.gpu_comm = \"mpi\"; one rank per GPU "
+                "for NCCL: mpirun --map-by ppr:%d:node or srun --gpus-per-task=1)",
+                la, lb, mt_rt_world()->hostname, shared_bus, ndev);
     }
     if (multi) {
         /* The dp communicators are created collectively over info->comm: every rank must get there, so the
          * ranks agree on the device choice first and allocate only afterwards (a rank failing alone before a
          * collective would leave the others waiting in it). */
-        int bad = st != MT_OK, any_bad = 0;
-        if (MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, info->comm) != MPI_SUCCESS) {
-            any_bad = 1;
+        int mine[2] = {st != MT_OK, staged}, any[2] = {1, 1};
+        if (MPI_Allreduce(mine, any, 2, MPI_INT, MPI_MAX, info->comm) != MPI_SUCCESS) {
+            any[0] = 1;
         }
-        if (any_bad && st == MT_OK) {
+        /* one backend for the whole job (NCCL on one host and MPI on another could never meet) */
+        e->comm_backend = any[1] ? "staged" : !strcmp(gpu_comm, "nccl") ? "nccl" : NULL;
+        if (any[0] && st == MT_OK) {
             st = mt_error(MT_ERR_CUDA, "cuda engine: another rank could not select its GPU (its message is above)");
         }
         if (st == MT_OK && e->dp_size > 1) {
@@ -815,6 +858,10 @@ static mt_loss_scaler_t *ce_loss_scaler(void *ctx) {
 static bool ce_step_energy(void *ctx, double *joules) {
     cuda_engine_t *e = ctx;
     uint64_t mj = 0;
+    if (e->nvml && !e->gpu_first) { /* the GPU's first rank counts its energy (the job sums over ranks) */
+        *joules = 0.0;
+        return true;
+    }
     if (!e->nvml || mt_nvml_energy_mj(e->nvml, &mj) != MT_OK) {
         return false;
     }

@@ -36,7 +36,7 @@ typedef struct {
     size_t sh_len;       /* ZeRO-1: the slice length: rank r owns [r * sh_len, (r + 1) * sh_len) */
     size_t bucket_elems; /* parallel.bucket_mb in floats */
     size_t numel;
-    mt_comm_t gcomm;          /* dp > 1: the gradients' communicator (device memory: NCCL) */
+    mt_comm_t gcomm;          /* dp > 1: the gradients' communicator (device memory) */
     mt_comm_t lcomm;          /* dp > 1: host communicator for the loss */
     cudaStream_t cstream;     /* the trainer's compute stream (borrowed) */
     cudaStream_t comm_stream; /* dp > 1: gradient all-reduces */
@@ -56,7 +56,7 @@ typedef struct {
     int pp, stage;            /* pipeline stages and this rank's (pp = 1: the whole model) */
     bool first, last;         /* the stage embeds the tokens / computes the loss */
     mt_pp_schedule_t sched;   /* parallel.schedule */
-    mt_comm_t ppcomm;         /* pp > 1: activations and their gradients, stage to stage (device memory: NCCL) */
+    mt_comm_t ppcomm;         /* pp > 1: activations and their gradients, stage to stage (device memory) */
     mt_comm_t pplcomm;        /* pp > 1: host scalars over the pipeline (the loss, the norm) */
     mt_comm_t embcomm;        /* pp > 1, first and last stage: the tied wte's gradient (== ppcomm when pp = 2) */
     void *sendbuf;            /* what the pending send sends: a copy, since the next op rewrites the trainer's
@@ -64,21 +64,26 @@ typedef struct {
     int n_slots;              /* the trainer's activation sets: the most micro-batches in flight on the stage */
     size_t act_elems;         /* B x T x C: one activation message */
     int tp, tpr;              /* tensor parallelism: the group's size and this rank's index in it (1, 0: none) */
-    mt_comm_t tpcomm;         /* tp > 1: activations and their gradients (device memory: NCCL) */
+    mt_comm_t tpcomm;         /* tp > 1: activations and their gradients (device memory) */
     mt_comm_t tplcomm;        /* tp > 1: host communicator of the group (the CPU model's seam) */
     mt_tp_t tpseam;           /* tp > 1: parallel/tp.c over tplcomm, which the sharded host model is built with */
     mt_gpt2_cuda_tp_ops_t tp_ops; /* tp > 1: the trainer's collectives over tpcomm */
     mt_comm_t normcomm;       /* tp > 1 or ZeRO with pp > 1: host sums of the norm's parts (tp x pp, x dp: ZeRO) */
+    const char *comm_backend; /* device communicators' backend: NULL = by priority (NCCL), "staged" (MPI) */
+    int gpu_sharers;          /* ranks of the host on this rank's GPU, itself included (> 1: staged backend) */
+    bool gpu_first;           /* no lower local rank shares the GPU: this rank counts its energy */
     double peak;              /* this GPU's dense peak in precision.compute, FLOP/s (0: unknown, no MFU) */
     char peak_src[200];       /* where peak comes from */
 } cuda_engine_t;
 
 #define CU(call) MT_CHECK(mt_cuda_status((call), #call))
 
-/* job_cuda.c: the communicators of this rank's group along axis (see there). */
-mt_status_t cuda_engine_axis_comms(const mt_job_info_t *info, mt_axis_t axis, const char *dev_name,
-                                   const char *host_name, int size, int rank, const char *what, mt_comm_t *dev,
-                                   mt_comm_t *host);
+/* job_cuda.c: the parameters of a device-memory communicator named name (e->comm_backend's); the
+ * communicators of this rank's group along axis (see there). */
+mt_comm_params_t cuda_engine_dev_params(const cuda_engine_t *e, const char *name);
+mt_status_t cuda_engine_axis_comms(const cuda_engine_t *e, const mt_job_info_t *info, mt_axis_t axis,
+                                   const char *dev_name, const char *host_name, int size, int rank, const char *what,
+                                   mt_comm_t *dev, mt_comm_t *host);
 
 /* job_cuda_mp.c: the pipeline's communicators (activations, scalars, the tied wte's pair), the tp group's
  * device communicator, the norm's host communicator (tp x pp, x dp under ZeRO), each collective over

@@ -45,17 +45,15 @@ void cuda_engine_tp_ops(cuda_engine_t *e) {
 /* The pipeline's communicators, collectively over info->comm: activations (device), scalars (host), and on
  * the first and last stage the tied wte's gradient. */
 mt_status_t cuda_engine_pp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
-    MT_CHECK(cuda_engine_axis_comms(info, MT_AXIS_PP, "pp-acts", "pp-scalars", e->pp, e->stage, "stage", &e->ppcomm,
-                                    &e->pplcomm));
+    MT_CHECK(cuda_engine_axis_comms(e, info, MT_AXIS_PP, "pp-acts", "pp-scalars", e->pp, e->stage, "stage",
+                                    &e->ppcomm, &e->pplcomm));
     if (e->pp == 2) {
         e->embcomm = e->ppcomm;
     } else if (e->first || e->last) {
         int me = 0, ranks[2];
         MPI_Comm_rank(info->comm, &me);
         mt_mesh_embedding_group(info->mesh, me, ranks);
-        mt_comm_params_t ep = MT_COMM_PARAMS_INIT;
-        ep.name = "pp-tied-wte";
-        ep.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
+        mt_comm_params_t ep = cuda_engine_dev_params(e, "pp-tied-wte");
         MT_CHECK(mt_comm_init_ranks(info->comm, ranks, 2, &ep, &e->embcomm));
     }
     return MT_OK;
@@ -63,9 +61,7 @@ mt_status_t cuda_engine_pp_comms_init(cuda_engine_t *e, const mt_job_info_t *inf
 
 /* The tp group's device communicator (the trainer's collectives), collectively over info->comm. */
 mt_status_t cuda_engine_tp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
-    mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
-    cp.name = "tp-acts";
-    cp.memory = MT_CUDA_EMULATED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
+    mt_comm_params_t cp = cuda_engine_dev_params(e, "tp-acts");
     return mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_TP), &cp, &e->tpcomm);
 }
 

@@ -87,6 +87,9 @@ static const mt_cfg_schema_t schema[] = {
     S("runtime.bind", "auto", "auto|force|none", "CPU binding: keep the launcher's, force ours, or none"),
     S("runtime.nic", "none", "none|auto", "export the nearest NIC for NCCL"),
     S("runtime.device", "auto", "auto|cpu|cuda", "where to compute"),
+    S("runtime.gpu_comm", "auto", "auto|nccl|mpi",
+      "GPU engine's communication: NCCL, or MPI through pinned host memory (ranks may share a GPU); auto = NCCL "
+      "unless ranks share a GPU"),
     F("runtime.watchdog_s", "600", 0.1, 1e7, "seconds before a pending collective is reported and the job aborted"),
 };
 

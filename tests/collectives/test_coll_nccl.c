@@ -65,8 +65,8 @@ static void test_reductions(mt_comm_t c, bool async) {
                         for (size_t i = 0; i < cnt; i++) {
                             bad += mt_coll_elem_get(h_b, d, i) != tl_expect(n, i, d, op);
                         }
-                        CHECK(bad == 0, "%s all_reduce %s %s count %zu mode %d: %d wrong", be_name, mt_coll_dtype_name(d),
-                              mt_redop_name(op), cnt, mode, bad);
+                        CHECK(bad == 0, "%s all_reduce %s %s count %zu mode %d: %d wrong", be_name,
+                              mt_coll_dtype_name(d), mt_redop_name(op), cnt, mode, bad);
                         /* reduce to the last rank */
                         int root = n - 1;
                         up(d_a, h_a, bytes);
@@ -78,8 +78,8 @@ static void test_reductions(mt_comm_t c, bool async) {
                             for (size_t i = 0; i < cnt; i++) {
                                 bad += mt_coll_elem_get(h_b, d, i) != tl_expect(n, i, d, op);
                             }
-                            CHECK(bad == 0, "%s reduce %s %s count %zu mode %d: %d wrong", be_name, mt_coll_dtype_name(d),
-                                  mt_redop_name(op), cnt, mode, bad);
+                            CHECK(bad == 0, "%s reduce %s %s count %zu mode %d: %d wrong", be_name,
+                                  mt_coll_dtype_name(d), mt_redop_name(op), cnt, mode, bad);
                         }
                     }
                     /* reduce_scatter: 0 out of place, 1 recv = send + r*count, 2 recv = send */
@@ -95,8 +95,8 @@ static void test_reductions(mt_comm_t c, bool async) {
                     for (size_t i = 0; i < cnt; i++) {
                         bad += mt_coll_elem_get(h_b, d, i) != tl_expect(n, cnt * (size_t)r + i, d, op);
                     }
-                    CHECK(bad == 0, "%s reduce_scatter %s %s count %zu mode %d: %d wrong", be_name, mt_coll_dtype_name(d),
-                          mt_redop_name(op), cnt, mode, bad);
+                    CHECK(bad == 0, "%s reduce_scatter %s %s count %zu mode %d: %d wrong", be_name,
+                          mt_coll_dtype_name(d), mt_redop_name(op), cnt, mode, bad);
                 }
             }
         }
@@ -126,8 +126,8 @@ static void test_data_movement(mt_comm_t c, bool async) {
                         bad += mt_coll_elem_get(h_b, d, (size_t)q * cnt + i) != tl_val(q, i, d, MT_REDOP_SUM);
                     }
                 }
-                CHECK(bad == 0, "%s all_gather %s count %zu mode %d: %d wrong", be_name, mt_coll_dtype_name(d), cnt, mode,
-                      bad);
+                CHECK(bad == 0, "%s all_gather %s count %zu mode %d: %d wrong", be_name, mt_coll_dtype_name(d), cnt,
+                      mode, bad);
             }
             for (int inplace = 0; inplace < 2; inplace++) {
                 /* broadcast from rank 0 */
