@@ -29,7 +29,7 @@ static const struct mt_coll_backend *const backends[] = {
 #if MT_HAVE_NCCL
     &mt_coll_backend_nccl,
 #endif
-#if MT_HAVE_CUDA
+#if MT_HAVE_COLL_STAGED
     &mt_coll_backend_staged,
 #endif
     &mt_coll_backend_shm,

@@ -1,6 +1,7 @@
 /* The communicator API: one opaque mt_comm_t per process group, collectives and point-to-point over
  * it, synchronous or with a work handle, behind backends chosen per communicator (NCCL for device
- * memory, MPI for host memory, a local path for 1-rank groups). This header is the manual; the
+ * memory, or MPI through pinned host buffers where NCCL cannot serve; MPI and shared memory for host memory;
+ * a local path for 1-rank groups). This header is the manual; the
  * design notes (progress thread, ordering, in-place conventions) are in docs/collectives.md.
  * SPDX-License-Identifier: MIT */
 #ifndef MT_COLL_H
@@ -72,8 +73,9 @@ typedef enum { MT_COMM_MEM_HOST = 0, MT_COMM_MEM_DEVICE = 1 } mt_comm_mem_t;
 typedef struct {
     size_t size;          /* = sizeof(mt_comm_params_t); lets the struct grow */
     const char *name;     /* shown in logs and errors ("tp", "dp", "world"); copied; NULL = "comm" */
-    mt_comm_mem_t memory; /* host (MPI backend) or device (NCCL backend) buffers */
-    const char *backend;  /* NULL = by priority; "mpi", "nccl", "self" force one (as MESHTRAIN_COLL_BACKEND) */
+    mt_comm_mem_t memory; /* host (mpi, shm backends) or device (nccl, staged backends) buffers */
+    const char *backend;  /* NULL = by priority; "mpi", "shm", "nccl", "staged", "self" force one (as
+                           * MESHTRAIN_COLL_BACKEND) */
     double timeout_s;     /* default timeout of mt_work_wait(w, -1); <= 0: MESHTRAIN_COLL_TIMEOUT (s) */
 } mt_comm_params_t;
 

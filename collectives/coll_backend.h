@@ -89,7 +89,7 @@ extern const struct mt_coll_backend mt_coll_backend_shm; /* shm_backend.c */
 #if MT_HAVE_NCCL
 extern const struct mt_coll_backend mt_coll_backend_nccl;
 #endif
-#if MT_HAVE_CUDA
+#if MT_HAVE_COLL_STAGED
 extern const struct mt_coll_backend mt_coll_backend_staged; /* coll_staged.c: device memory through MPI */
 /* MT_OK for cudaSuccess (err), else the CUDA error as MT_ERR_CUDA naming the call what at file:line. */
 mt_status_t mt_coll_cuda_status(int err, const char *what, const char *file, int line);

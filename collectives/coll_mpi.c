@@ -71,8 +71,8 @@ static mt_status_t mpi_query(const struct mt_comm_info *info, int *priority) {
     *priority = -1;
     if (info->memory != MT_COMM_MEM_HOST) {
         mt_error(MT_ERR_INVALID_USAGE,
-                 "mpi backend: comm %s is for device memory and this MPI backend does not "
-                 "stage device buffers; use the nccl backend",
+                 "mpi backend: comm %s is for device memory, which this MPI backend does not "
+                 "stage; use the nccl or staged backend",
                  info->name);
         MT_INFO(MT_LOG_COLL, "comm %s: mpi backend disqualified: device memory", info->name);
         return MT_OK;

@@ -373,7 +373,9 @@ static mt_status_t on_weights(void *arg, size_t lo, size_t hi, void *dst) {
 mt_comm_params_t cuda_engine_dev_params(const cuda_engine_t *e, const char *name) {
     mt_comm_params_t p = MT_COMM_PARAMS_INIT;
     p.name = name;
-    p.memory = MT_COMM_MEM_DEVICE;
+    /* the emulator in a build without CUDA, whose collectives have no staged backend: host memory (which
+     * emulated device memory is) */
+    p.memory = MT_CUDA_EMULATED && !MT_HAVE_COLL_STAGED ? MT_COMM_MEM_HOST : MT_COMM_MEM_DEVICE;
     p.backend = e->comm_backend;
     return p;
 }
@@ -517,7 +519,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->gpu_first = true;
     bool shared = multi && !MT_CUDA_EMULATED &&
                   gpu_shared(ndev, &la, &lb, shared_bus, sizeof(shared_bus), &e->gpu_sharers, &e->gpu_first);
-    int staged = MT_CUDA_EMULATED || shared || !strcmp(gpu_comm, "mpi");
+    int staged = (MT_CUDA_EMULATED && MT_HAVE_COLL_STAGED) || shared || !strcmp(gpu_comm, "mpi");
     if (shared && !strcmp(gpu_comm, "nccl") && st == MT_OK) {
         st = mt_error(MT_ERR_INVALID_ARG,
                       "runtime.gpu_comm = \"nccl\": local ranks %d and %d on host %s would both drive GPU %s (each "
@@ -540,7 +542,10 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
             any[0] = 1;
         }
         /* one backend for the whole job (NCCL on one host and MPI on another could never meet) */
-        e->comm_backend = any[1] ? "staged" : !strcmp(gpu_comm, "nccl") ? "nccl" : NULL;
+        e->comm_backend = any[1] ? "staged" : !strcmp(gpu_comm, "nccl") && !MT_CUDA_EMULATED ? "nccl" : NULL;
+        if (MT_CUDA_EMULATED && !MT_HAVE_COLL_STAGED) {
+            e->comm_backend = NULL; /* host memory by priority, above */
+        }
         if (any[0] && st == MT_OK) {
             st = mt_error(MT_ERR_CUDA, "cuda engine: another rank could not select its GPU (its message is above)");
         }

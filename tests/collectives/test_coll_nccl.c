@@ -168,7 +168,7 @@ static void test_data_movement(mt_comm_t c, bool async) {
         }
     }
     /* ring exchange + self message in one group, then a barrier */
-    int32_t out[2] = {r, -r}, in[2] = {-99, -99};
+    int32_t out[2] = {100 + r, 200 + r}, in[2] = {-99, -99}; /* distinct and non-zero on every rank */
     up(d_a, out, sizeof(out));
     mt_work_t w = NULL;
     CHECK_OK(mt_coll_group_start(c));
@@ -179,7 +179,7 @@ static void test_data_movement(mt_comm_t c, bool async) {
     CHECK_OK(mt_coll_group_end(c, stream, async ? &w : NULL));
     finish(&w);
     down(in, d_b, sizeof(in));
-    CHECK(in[0] == (r + n - 1) % n && in[1] == -r, "%s group p2p got %d %d", be_name, in[0], in[1]);
+    CHECK(in[0] == 100 + (r + n - 1) % n && in[1] == 200 + r, "%s group p2p got %d %d", be_name, in[0], in[1]);
     CHECK_OK(mt_coll_barrier(c, stream, async ? &w : NULL));
     finish(&w);
     CHECK(mt_comm_seq_completed(c) == mt_comm_seq_issued(c), "%s seq completed %llu of %llu", be_name,
@@ -219,11 +219,11 @@ int main(int argc, char **argv) {
     p.memory = MT_COMM_MEM_DEVICE;
     p.backend = staged ? "staged" : NULL;
     mt_comm_t c = NULL;
+    mt_mem_stats_t m0;
+    mt_mem_stats(MT_MEM_HOST, &m0);
     CHECK_OK(mt_comm_init(wd->comm, &p, &c));
     if (c) {
         CHECK(!strcmp(mt_comm_backend_name(c), be_name), "backend %s, expected %s", mt_comm_backend_name(c), be_name);
-        mt_mem_stats_t m0;
-        mt_mem_stats(MT_MEM_HOST, &m0);
         test_reductions(c, false);
         test_data_movement(c, false);
         test_reductions(c, true);
@@ -240,7 +240,7 @@ int main(int argc, char **argv) {
         CHECK_OK(mt_comm_free(c));
         mt_mem_stats_t m2;
         mt_mem_stats(MT_MEM_HOST, &m2);
-        CHECK(m2.current[MT_MEM_COMM] <= m0.current[MT_MEM_COMM], "%s: %lld bytes of host comm memory left after "
+        CHECK(m2.current[MT_MEM_COMM] == m0.current[MT_MEM_COMM], "%s: %lld bytes of host comm memory left after "
               "mt_comm_free", be_name, (long long)(m2.current[MT_MEM_COMM] - m0.current[MT_MEM_COMM]));
     }
     cudaFree(d_a);
