@@ -299,6 +299,9 @@ int mt_cmd_plan(int argc, char **argv) {
                                              {NULL, 0, NULL, 0}};
     optind = 1;
     opterr = 0;
+#if MT_HAVE_CUDA
+    mt_plan_set_gpu_requests(mt_gpt2_cuda_requests); /* GPU clusters: the device trainer sizes its memory */
+#endif
     int ch, rc = 0;
     while (rc == 0 && (ch = getopt_long(cli.rest_argc, cli.rest_argv, "k:jw:x:b:h", longopts, NULL)) != -1) {
         char *end = NULL;
@@ -448,10 +451,12 @@ int mt_cmd_plan(int argc, char **argv) {
                        cli.path, params >= 1e9 ? 1 : 3, params >= 1e9 ? params / 1e9 : params / 1e6,
                        params >= 1e9 ? "B" : "M", (long long)job.global_batch, job.seq_len, cl.name, cl.nodes,
                        cl.devices_per_node, o.world);
-                printf("%d valid layouts, %d fit in memory (%.2f GiB per rank%s). Best %d:\n", n, n_fit,
+                printf("%d valid layouts, %d fit in memory (%.2f GiB per rank%s; %s). Best %d:\n", n, n_fit,
                        (cl.shared_node ? cl.mem_bytes / MT_MIN(o.world, cl.devices_per_node) : cl.mem_bytes) /
                            1073741824.0,
-                       cl.reserve_bytes > 0 ? ", less the reserve" : "", MT_MIN(o.top, n));
+                       cl.reserve_bytes > 0 ? ", less the reserve" : "",
+                       cl.gpu && !job.cpu_only ? "the GPU engine's device memory" : "the host engines' memory",
+                       MT_MIN(o.top, n));
                 print_table(stdout, v, n, o.top, &job);
                 if (v[0].fits) {
                     printf("\nbest: meshtrain train %s %s\n", cli.path, best);

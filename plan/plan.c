@@ -80,6 +80,8 @@ mt_status_t mt_plan_job_from_config(const mt_config_t *cfg, mt_plan_job_t *out) 
     out->bucket_mb = mt_config_float(cfg, "parallel.bucket_mb");
     out->grad_clip = mt_config_float(cfg, "optimizer.grad_clip");
     out->persist_threshold = mt_config_int(cfg, "parallel.zero_persist_threshold");
+    out->cpu_only = !strcmp(mt_config_str(cfg, "runtime.device"), "cpu");
+    out->gpu_staged = !strcmp(mt_config_str(cfg, "runtime.gpu_comm"), "mpi");
     mt_model_t m = NULL;
     MT_CHECK(mt_model_init(&out->model, &m)); /* the shape is valid for one rank */
     mt_model_free(m);
@@ -141,6 +143,13 @@ static mt_status_t check_layout(const mt_plan_job_t *job, int world, const mt_pl
     }
     if (model_parallel) { /* the 3-D path's own verdict (parallel3d.c) */
         MT_CHECK(plan_check_3d(job, world, l));
+    }
+    if (job->gpu && l->pp > 1 && (l->engine == MT_PLAN_ZERO2 || l->engine == MT_PLAN_ZERO3)) {
+        return mt_error(MT_ERR_INVALID_ARG, "the GPU engine shards a pipeline stage's optimizer state only (ZeRO-1)");
+    }
+    if (job->gpu && (l->recompute == MT_PLAN_RC_ATTN || l->recompute == MT_PLAN_RC_BLOCK_ATTN)) {
+        /* the GPU attention recomputes its probabilities in backward always (it never stores them) */
+        return mt_error(MT_ERR_INVALID_ARG, "model.attn_recompute changes nothing on the GPU engine");
     }
     if ((l->pp == 1 || l->microbatches == 1) && l->schedule != MT_PLAN_1F1B) {
         /* one stage, or one micro-batch: GPipe and 1F1B run the same steps; the plan lists 1F1B */
@@ -449,13 +458,30 @@ static mt_plan_job_t placed(const mt_plan_job_t *job, const mt_plan_cluster_t *c
     mt_plan_job_t j = *job;
     j.node_ranks = ranks_per_node(c, world);
     j.node_cpus = c->cores_per_node > 0 ? MT_MAX(1, c->cores_per_node / j.node_ranks) : 0;
+    j.gpu = c->gpu && !job->cpu_only;
     return j;
+}
+
+/* What the GPU engine trains at all (launch/job_cuda.c cuda_check_config): GPT-2 with AdamW. */
+static mt_status_t check_gpu_job(const mt_plan_job_t *job) {
+    if (job->gpu && job->model.kind != MT_MODEL_GPT2) {
+        return mt_error(MT_ERR_INVALID_ARG, "the cluster's devices are GPUs (device.kind = \"gpu\") and the GPU "
+                                            "engine trains model.kind = \"gpt2\" only: plan with runtime.device = "
+                                            "\"cpu\" to run it on the hosts");
+    }
+    if (job->gpu && job->optim.kind != MT_OPTIM_ADAMW) {
+        return mt_error(MT_ERR_INVALID_ARG, "the cluster's devices are GPUs (device.kind = \"gpu\") and the GPU "
+                                            "engine's step is AdamW: set optimizer.kind = \"adamw\", or plan with "
+                                            "runtime.device = \"cpu\"");
+    }
+    return MT_OK;
 }
 
 mt_status_t mt_plan_predict(const mt_plan_job_t *job_in, const mt_plan_cluster_t *c, int world,
                             const mt_plan_layout_t *l, mt_plan_pred_t *out) {
     mt_plan_job_t placed_job = placed(job_in, c, world);
     const mt_plan_job_t *job = &placed_job;
+    MT_CHECK(check_gpu_job(job));
     MT_CHECK(check_layout(job, world, l, n_modules_of(job)));
     mt_mesh_t *mesh = NULL;
     MT_CHECK(mt_mesh_create(world, l->tp, l->pp, l->dp, l->order, &mesh)); /* validates the order */
@@ -551,6 +577,7 @@ mt_status_t mt_plan_enumerate(const mt_plan_job_t *job_in, const mt_plan_cluster
     int world = o->world;
     mt_plan_job_t placed_job = placed(job_in, c, world);
     const mt_plan_job_t *job = &placed_job;
+    MT_CHECK(check_gpu_job(job));
     pred_vec_t pv = {0};
     mt_status_t st = MT_OK;
     int nmod = n_modules_of(job);
@@ -606,9 +633,14 @@ mt_status_t mt_plan_enumerate(const mt_plan_job_t *job_in, const mt_plan_cluster
                                 for (int s = 0; s < pp && st == MT_OK; s++) {
                                     st = plan_stage_mem_model(job, m, bounds, &l, s, mem[s]);
                                 }
+                                if (st == MT_ERR_INVALID_ARG && job->gpu) {
+                                    st = MT_OK; /* a micro-batch or stage the GPU trainer refuses: not a layout */
+                                    continue;
+                                }
                                 for (int k = 0; k < no && st == MT_OK; k++) {
-                                    /* the shm segments depend on which ranks share a node: the order's */
-                                    for (int s = 0; s < pp && st == MT_OK; s++) {
+                                    /* the shm segments depend on which ranks share a node: the order's (host
+                                     * memory: not in a GPU's) */
+                                    for (int s = 0; s < pp && st == MT_OK && !job->gpu; s++) {
                                         int64_t was = 0, now = 0;
                                         st = mt_plan_stage_shm_bytes(job, &l, s, MT_PLAN_PATH_TRAIN, &was);
                                         mt_plan_layout_t lk = l;

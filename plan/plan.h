@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "models/cuda/gpt2_cuda.h"
 #include "models/model.h"
 #include "models/optim/optim.h"
 #include "runtime/alloc.h"
@@ -47,6 +48,7 @@ typedef struct {
     char path[512];
     int nodes, devices_per_node;
     bool shared_node;             /* CPU nodes: rate, memory and bandwidth are the node's, split among its ranks */
+    bool gpu;                     /* device.kind = "gpu": jobs run on the GPU engine (memory: plan_mem_gpu.c) */
     int cores_per_node;            /* shared nodes: cores; a rank runs on cores / ranks of them */
     double multithread_efficiency; /* a rank on k > 1 cores computes at k x this x one core's rate */
     double mem_bytes;             /* per device (per node when shared_node) */
@@ -130,6 +132,10 @@ typedef struct {
      * them from the cluster, mt_plan_job_from_config to 0. */
     int node_ranks; /* ranks per node, placed in world-rank blocks (0: every rank on one node) */
     int node_cpus;  /* CPUs each rank may run on (0: at least as many as ranks per node) */
+    /* The engine: the GPU engine (launch/job_cuda.c) when the cluster's devices are GPUs (the planner sets it)
+     * unless runtime.device = "cpu" (cpu_only); its device communicators through MPI (runtime.gpu_comm =
+     * "mpi": no NCCL scratch) or NCCL. */
+    bool gpu, cpu_only, gpu_staged;
 } mt_plan_job_t;
 
 /* The planning inputs of a job config. MT_ERR_INVALID_ARG for a model the planner cannot build. */
@@ -186,8 +192,15 @@ typedef enum { MT_PLAN_PATH_TRAIN = 0, MT_PLAN_PATH_TRAIN3D } mt_plan_path_t;
 mt_status_t mt_plan_stage_shm_bytes(const mt_plan_job_t *job, const mt_plan_layout_t *l, int stage,
                                     mt_plan_path_t path, int64_t *bytes);
 
+/* The device allocations the GPU trainer's init would make (models/cuda/gpt2_cuda.h mt_gpt2_cuda_requests, whose
+ * header is plain C). A build with the GPU path registers it (meshtrain plan, the GPU engine's tests): the
+ * planner itself links no CUDA code; without it, planning for GPUs is refused naming the build. */
+typedef mt_status_t (*mt_plan_gpu_requests_fn)(mt_model_t m, const mt_gpt2_cuda_params_t *p, size_t *bytes,
+                                                mt_mem_cat_t *cats, int cap, int *n);
+void mt_plan_set_gpu_requests(mt_plan_gpu_requests_fn fn);
+
 /* The ranks of one stage's memory: per-rank bytes by category of pipeline stage `stage` (tp rank 0, dp
- * rank 0), for tests that compare with a run's allocator. */
+ * rank 0), for tests that compare with a run's allocator (job->gpu: the GPU engine's device memory). */
 mt_status_t mt_plan_stage_mem(const mt_plan_job_t *job, const mt_plan_layout_t *l, int stage, int64_t mem[MT_MEM_NCAT]);
 
 #ifdef __cplusplus

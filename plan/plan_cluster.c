@@ -27,6 +27,7 @@ static const ckey_t keys[] = {
     {"cluster.devices_per_node", CK_INT, 1, 4096, "devices (GPUs, or ranks on CPU nodes) per node"},
     {"cluster.shared_node", CK_BOOL, 0, 1, "CPU nodes: the device figures are the node's, shared by its ranks"},
     {"cluster.cores_per_node", CK_INT, 1, 1e6, "shared nodes: cores (a rank runs on cores / ranks of them)"},
+    {"device.kind", CK_STR, 0, 0, "\"gpu\" (jobs run on the GPU engine) or \"cpu\" (the host engines)"},
     {"device.multithread_efficiency", CK_FLOAT, 1e-3, 1, "a rank on k > 1 cores: k x this x one core's rate"},
     {"device.memory_gib", CK_FLOAT, 1e-6, 1e9, "memory per device (GiB)"},
     {"device.reserve_gib", CK_FLOAT, 0, 1e9, "memory per device left free for the runtime (GiB)"},
@@ -281,6 +282,16 @@ mt_status_t mt_plan_cluster_load(const char *path, mt_plan_cluster_t *out, FILE 
     cl->devices_per_node = (int)num(&c, "cluster.devices_per_node", 1);
     cl->shared_node = val(&c, "cluster.shared_node")->set && val(&c, "cluster.shared_node")->b;
     cl->cores_per_node = (int)num(&c, "cluster.cores_per_node", cl->devices_per_node);
+    const cval_t *kind = val(&c, "device.kind");
+    if (kind->set && strcmp(kind->s, "gpu") != 0 && strcmp(kind->s, "cpu") != 0) {
+        report(&c, kind->line, "device.kind = \"%s\": expected \"gpu\" (jobs run on the GPU engine) or \"cpu\"",
+               kind->s);
+    }
+    cl->gpu = kind->set && !strcmp(kind->s, "gpu");
+    if (cl->gpu && cl->shared_node) {
+        report(&c, kind->line, "device.kind = \"gpu\" with cluster.shared_node = true: a GPU is one rank's device, "
+               "not shared by the node's ranks (drop shared_node)");
+    }
     cl->multithread_efficiency = num(&c, "device.multithread_efficiency", 1.0);
     cl->mem_bytes = num(&c, "device.memory_gib", 1) * 1073741824.0;
     cl->reserve_bytes = num(&c, "device.reserve_gib", 0) * 1073741824.0;

@@ -13,6 +13,10 @@ mt_status_t plan_split(mt_model_t m, int pp, int *bounds);
 mt_status_t plan_stage_mem_model(const mt_plan_job_t *job, mt_model_t m, const int *bounds, const mt_plan_layout_t *l,
                                  int s, int64_t mem[MT_MEM_NCAT]);
 
+/* The same on the GPU engine: device memory (plan_mem_gpu.c). */
+mt_status_t plan_stage_mem_gpu(const mt_plan_job_t *job, mt_model_t m, const int *bounds, const mt_plan_layout_t *l,
+                               int s, int64_t mem[MT_MEM_NCAT]);
+
 /* parallel3d's verdict on a tp / pp layout (mt_par3d_check), for the model and batch of job. */
 mt_status_t plan_check_3d(const mt_plan_job_t *job, int world, const mt_plan_layout_t *l);
 

@@ -170,6 +170,9 @@ mt_status_t mt_plan_stage_shm_bytes(const mt_plan_job_t *job, const mt_plan_layo
 
 mt_status_t plan_stage_mem_model(const mt_plan_job_t *job, mt_model_t m, const int *bounds, const mt_plan_layout_t *l,
                                  int s, int64_t mem[MT_MEM_NCAT]) {
+    if (job->gpu) {
+        return plan_stage_mem_gpu(job, m, bounds, l, s, mem);
+    }
     memset(mem, 0, sizeof(int64_t) * MT_MEM_NCAT);
     int lo = bounds[s], hi = bounds[s + 1];
     /* activations: one object per micro-batch the schedule holds at once (the training loop without a

@@ -228,6 +228,52 @@ mt_status_t mt_cuda_alloc_create(const mt_cuda_alloc_backend_t *backend, bool ca
     return MT_OK;
 }
 
+/* A backend of virtual addresses for mt_cuda_alloc_replay: segments at increasing, 2 MiB-aligned addresses
+ * that nothing reads or writes. */
+static mt_status_t virt_alloc(void *ctx, void **ptr, size_t bytes) {
+    uintptr_t *next = ctx;
+    *ptr = (void *)*next;
+    *next += MT_DIV_UP(bytes, MT_CUDA_ALLOC_LARGE_ROUND) * MT_CUDA_ALLOC_LARGE_ROUND;
+    return MT_OK;
+}
+
+static void virt_free(void *ctx, void *ptr, size_t bytes) {
+    (void)ctx;
+    (void)ptr;
+    (void)bytes;
+}
+
+mt_status_t mt_cuda_alloc_replay(const size_t *bytes, const mt_mem_cat_t *cats, int n, int64_t by_cat[MT_MEM_NCAT],
+                                 int64_t *reserved) {
+    uintptr_t next = (uintptr_t)1 << 44;
+    mt_cuda_alloc_backend_t be = {.name = "replay", .raw_alloc = virt_alloc, .raw_free = virt_free, .ctx = &next,
+                                  .unaccounted = true};
+    mt_cuda_alloc_t a = NULL;
+    MT_CHECK(mt_cuda_alloc_create(&be, true, &a));
+    mt_status_t st = MT_OK;
+    void **ptrs = calloc((size_t)MT_MAX(n, 1), sizeof(void *));
+    if (!ptrs) {
+        st = mt_error(MT_ERR_OOM, "cuda_alloc: no host memory for a replay of %d requests", n);
+    }
+    for (int i = 0; st == MT_OK && i < n; i++) {
+        st = mt_cuda_alloc_malloc(a, &ptrs[i], bytes[i], cats[i], "replay", NULL);
+    }
+    mt_cuda_alloc_stats_t s;
+    mt_cuda_alloc_get_stats(a, &s);
+    for (int c = 0; c < MT_MEM_NCAT; c++) {
+        by_cat[c] = s.allocated_by_cat[c];
+    }
+    if (reserved) {
+        *reserved = s.reserved_bytes;
+    }
+    for (int i = 0; ptrs && i < n; i++) {
+        mt_cuda_alloc_free(a, ptrs[i]);
+    }
+    free(ptrs);
+    mt_cuda_alloc_destroy(a);
+    return st;
+}
+
 /* Releases one whole free segment (b spans it) to the backend. Lock held. */
 static void release_segment(struct mt_cuda_alloc *a, block_t *b) {
     MT_ASSERT(!b->allocated && !b->prev && !b->next);
@@ -270,7 +316,9 @@ void mt_cuda_alloc_destroy(mt_cuda_alloc_t a) {
                 a->hcount, a->st.allocated_bytes, first);
         for (size_t i = 0; i < a->hcap; i++) {
             for (block_t *b = a->htab[i]; b; b = b->hnext) {
-                mt_mem_account(MT_MEM_DEVICE, b->cat, -(int64_t)b->size, b->ptr, b->owner);
+                if (!a->be.unaccounted) {
+                    mt_mem_account(MT_MEM_DEVICE, b->cat, -(int64_t)b->size, b->ptr, b->owner);
+                }
             }
         }
     }
@@ -446,7 +494,9 @@ mt_status_t mt_cuda_alloc_malloc(mt_cuda_alloc_t a, void **ptr, size_t bytes, mt
     *ptr = b->ptr;
     size_t sz = b->size;
     pthread_mutex_unlock(&a->mu);
-    mt_mem_account(MT_MEM_DEVICE, cat, (int64_t)sz, *ptr, owner);
+    if (!a->be.unaccounted) {
+        mt_mem_account(MT_MEM_DEVICE, cat, (int64_t)sz, *ptr, owner);
+    }
     return MT_OK;
 }
 
@@ -488,7 +538,9 @@ void mt_cuda_alloc_free(mt_cuda_alloc_t a, void *ptr) {
         release_segment(a, b);
     }
     pthread_mutex_unlock(&a->mu);
-    mt_mem_account(MT_MEM_DEVICE, cat, -sz, ptr, owner);
+    if (!a->be.unaccounted) {
+        mt_mem_account(MT_MEM_DEVICE, cat, -sz, ptr, owner);
+    }
 }
 
 size_t mt_cuda_alloc_block_size(mt_cuda_alloc_t a, const void *ptr) {

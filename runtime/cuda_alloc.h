@@ -26,6 +26,7 @@ typedef struct {
     /* Optional (NULL): free and total device bytes, for out-of-memory reports. */
     mt_status_t (*mem_info)(void *ctx, size_t *free_bytes, size_t *total_bytes);
     void *ctx;
+    bool unaccounted; /* blocks are not reported to mt_mem_account (planning replays: no memory is involved) */
 } mt_cuda_alloc_backend_t;
 
 typedef struct mt_cuda_alloc *mt_cuda_alloc_t;
@@ -97,6 +98,14 @@ void mt_cuda_alloc_reset_peak(mt_cuda_alloc_t a);
  * lists sorted and complete, byte counters equal the sums over blocks). MT_ERR_INTERNAL naming the first
  * violation. For tests. */
 mt_status_t mt_cuda_alloc_validate(mt_cuda_alloc_t a);
+
+/* The blocks n requests (bytes[i] under cats[i], in this order, on one stream, none freed) would take from a
+ * fresh allocator: by_cat[c] the bytes accounted under category c (each block's size: the request rounded,
+ * or a whole segment remainder not worth splitting), *reserved the segments' bytes (may be NULL). Runs the
+ * allocator itself over a backend of addresses that are never touched: nothing is allocated or accounted.
+ * For planning (plan/plan_mem_gpu.c). Errors: MT_ERR_OOM (host memory for the bookkeeping). */
+mt_status_t mt_cuda_alloc_replay(const size_t *bytes, const mt_mem_cat_t *cats, int n, int64_t by_cat[MT_MEM_NCAT],
+                                 int64_t *reserved);
 
 /* ---- the process's device allocator (one device per process) ---- */
 

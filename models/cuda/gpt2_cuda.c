@@ -17,7 +17,26 @@
 #include "runtime/alloc.h"
 #include "runtime/cuda_alloc.h"
 
+/* A dry init's record of the device allocations it would make, in order. */
+struct gpt2_cuda_dry {
+    size_t *bytes;
+    mt_mem_cat_t *cats;
+    int cap, n;
+};
+
+/* cudaSuccess without calling in a dry init (mt_gpt2_cuda_requests). */
+#define DEV(g, call) ((g)->dry ? cudaSuccess : (call))
+
 static mt_status_t dalloc(mt_gpt2_cuda_t g, void **p, size_t bytes, mt_mem_cat_t cat, const char *owner) {
+    if (g->dry) { /* recorded; the pointer is never dereferenced, carve() only offsets it */
+        if (g->dry->n < g->dry->cap) {
+            g->dry->bytes[g->dry->n] = bytes;
+            g->dry->cats[g->dry->n] = cat;
+        }
+        g->dry->n++;
+        *p = (void *)((uintptr_t)1 << 40);
+        return MT_OK;
+    }
     MT_ASSERT(g->n_bufs < MAX_BUFS);
     MT_CHECK(mt_dev_malloc(p, bytes, cat, owner, g->stream));
     g->bufs[g->n_bufs++] = *p;
@@ -43,7 +62,7 @@ static size_t layer_bytes(mt_gpt2_cuda_t g) {
     return r;
 }
 
-static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
+static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p, bool dry) {
     const mt_model_config_t *c = mt_model_config(m);
     if (c->kind != MT_MODEL_GPT2) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the GPU path trains model.kind = \"gpt2\" only");
@@ -52,8 +71,8 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: parameters not initialised with MT_GPT2_CUDA_PARAMS_INIT");
     }
     bool sp = c->tp_size > 1 && c->sequence_parallel;
-    if (c->tp_size > 1 && (!p->tp_ops || !p->tp_ops->all_reduce_sum || !p->tp_ops->all_gather ||
-                           (sp && !p->tp_ops->reduce_scatter_sum))) {
+    if (!dry && c->tp_size > 1 && (!p->tp_ops || !p->tp_ops->all_reduce_sum || !p->tp_ops->all_gather ||
+                                   (sp && !p->tp_ops->reduce_scatter_sum))) {
         return mt_error(MT_ERR_INVALID_USAGE,
                         "gpt2_cuda: a tensor-parallel model (tp_size %d) needs the tp group's collectives "
                         "(params.tp_ops: all_reduce_sum, all_gather%s)",
@@ -107,7 +126,7 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p) {
     if ((size_t)p->B * p->T > INT32_MAX / 4 / (size_t)c->n_embd) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: micro-batch %d x %d is too large", p->B, p->T);
     }
-    for (int i = 0; i < mt_model_n_params(m); i++) {
+    for (int i = 0; !dry && i < mt_model_n_params(m); i++) {
         if (!mt_model_param(m, i)->data) {
             return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: parameter %s has no data to upload",
                             mt_model_param(m, i)->name);
@@ -162,10 +181,13 @@ mt_status_t gpt2_cuda_upload_weights(mt_gpt2_cuda_t g, const float *flat) {
     return MT_OK;
 }
 
-mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_gpt2_cuda_t *out) {
+/* mt_gpt2_cuda_init, or with dry its sizing alone (mt_gpt2_cuda_requests): the same code, every device call
+ * skipped and every allocation recorded in dry. */
+static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p, struct gpt2_cuda_dry *dry,
+                                    mt_gpt2_cuda_t *out) {
     *out = NULL;
-    MT_CHECK(check_model(m, p));
-    if (mt_cuda_device_count() == 0) {
+    MT_CHECK(check_model(m, p, dry != NULL));
+    if (!dry && mt_cuda_device_count() == 0) {
         return mt_error(MT_ERR_CUDA, "gpt2_cuda: no CUDA device");
     }
     const mt_model_config_t *c = mt_model_config(m);
@@ -174,6 +196,7 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         return mt_error(MT_ERR_OOM, "gpt2_cuda: no host memory");
     }
     mt_status_t st = MT_OK;
+    g->dry = dry;
     g->m = m;
     g->p = *p;
     g->L = c->n_layer, g->C = c->n_embd, g->NH = c->n_head, g->V = c->vocab_size, g->Vp = c->padded_vocab;
@@ -194,10 +217,11 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     g->recompute = c->recompute == MT_RECOMPUTE_BLOCK;
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es;
     MT_CHECK_GOTO(mt_loss_scaler_init(&g->scaler, p->prec, p->init_scale, p->scale_window), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), "stream"), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking)), "stream"), st,
+                  fail);
     for (int i = 0; i < 2; i++) {
-        MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(&g->copied[i], cudaEventDisableTiming), "event"), st,
-                      fail);
+        MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaEventCreateWithFlags(&g->copied[i], cudaEventDisableTiming)), "event"),
+                      st, fail);
     }
     g->offs = mt_calloc(g->n_params * sizeof(size_t), MT_MEM_OTHER, "gpt2_cuda offsets");
     g->decay = mt_calloc(g->n_params * sizeof(bool), MT_MEM_OTHER, "gpt2_cuda decay");
@@ -273,13 +297,14 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
         MT_CHECK_GOTO(dalloc(g, &g->wouter, outer * es, MT_MEM_PARAMS, "gpt2_cuda embedding/ln_f weights"), st, fail);
         for (int i = 0; i < 4; i++) {
             cudaEvent_t *ev = i < 3 ? &g->wready[i] : &g->wmark;
-            MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "event"), st, fail);
+            MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaEventCreateWithFlags(ev, cudaEventDisableTiming)), "event"), st,
+                          fail);
         }
     } else {
         MT_CHECK_GOTO(dalloc(g, &g->wc, padded * es, MT_MEM_PARAMS,
                              g->dt == MT_CU_F32 ? "gpt2_cuda master weights" : "gpt2_cuda compute weights"),
                       st, fail);
-        MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->wc, 0, padded * es, g->stream), "memset"), st, fail);
+        MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaMemsetAsync(g->wc, 0, padded * es, g->stream)), "memset"), st, fail);
         if (g->dt == MT_CU_F32) {
             g->master = (float *)g->wc + g->sh_lo;
         } else {
@@ -298,20 +323,23 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
                       fail);
         MT_CHECK_GOTO(dalloc(g, (void **)&g->gshard, MT_MAX(slice, 1) * 4, MT_MEM_GRADS, "gpt2_cuda gradient slice"),
                       st, fail);
-        MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->gshard, 0, slice * 4, g->stream), "memset"), st, fail);
+        MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaMemsetAsync(g->gshard, 0, slice * 4, g->stream)), "memset"), st, fail);
         for (int i = 0; i < 3; i++) {
             cudaEvent_t *ev = i < 2 ? &g->slot_free[i] : &g->outer_free;
-            MT_CHECK_GOTO(mt_cuda_status(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "event"), st, fail);
-            MT_CHECK_GOTO(mt_cuda_status(cudaEventRecord(*ev, g->stream), "event"), st, fail);
+            MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaEventCreateWithFlags(ev, cudaEventDisableTiming)), "event"), st,
+                          fail);
+            MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaEventRecord(*ev, g->stream)), "event"), st, fail);
         }
     } else {
         MT_CHECK_GOTO(dalloc(g, (void **)&g->grads, g->numel * 4, MT_MEM_GRADS, "gpt2_cuda grads"), st, fail);
     }
     MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_m, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam m"), st, fail);
     MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_v, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam v"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_m, 0, slice * 4, g->stream), "memset"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaMemsetAsync(g->adam_v, 0, slice * 4, g->stream), "memset"), st, fail);
-    MT_CHECK_GOTO(gpt2_cuda_upload_weights(g, NULL), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaMemsetAsync(g->adam_m, 0, slice * 4, g->stream)), "memset"), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaMemsetAsync(g->adam_v, 0, slice * 4, g->stream)), "memset"), st, fail);
+    if (!dry) {
+        MT_CHECK_GOTO(gpt2_cuda_upload_weights(g, NULL), st, fail);
+    }
     /* activations: one allocation for everything backward reads, per set */
     size_t lb = layer_bytes(g), head = 0;
     size_t hx = g->last ? 1 : 0; /* ln_f's output and the logits on the last stage only */
@@ -398,18 +426,37 @@ mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_g
     g->lnloc = g->sp ? carve(&cur, R * C * es) : NULL;
     g->lng = g->sp ? carve(&cur, 2 * C * 4) : NULL;
     MT_CHECK_GOTO(dalloc(g, &g->ws, 32 << 20, MT_MEM_OTHER, "cuBLASLt workspace"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(mt_cuda_ctx_create(&g->ctx, g->ws, 32 << 20, p->prec == MT_PREC_TF32), "cuBLASLt"), st,
-                  fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&g->pinned, 4 * N * 4), "pinned tokens"), st, fail);
+    MT_CHECK_GOTO(
+        mt_cuda_status(DEV(g, mt_cuda_ctx_create(&g->ctx, g->ws, 32 << 20, p->prec == MT_PREC_TF32)), "cuBLASLt"), st,
+        fail);
+    MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaMallocHost((void **)&g->pinned, 4 * N * 4)), "pinned tokens"), st, fail);
     for (int i = 0; i < 2; i++) {
-        MT_CHECK_GOTO(mt_cuda_status(cudaEventRecord(g->copied[i], g->stream), "event"), st, fail);
+        MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaEventRecord(g->copied[i], g->stream)), "event"), st, fail);
     }
-    MT_CHECK_GOTO(mt_cuda_status(cudaStreamSynchronize(g->stream), "init"), st, fail);
+    MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaStreamSynchronize(g->stream)), "init"), st, fail);
     *out = g;
     return MT_OK;
 fail:
     mt_gpt2_cuda_free(g);
     return st;
+}
+
+mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_gpt2_cuda_t *out) {
+    return gpt2_cuda_create(m, p, NULL, out);
+}
+
+mt_status_t mt_gpt2_cuda_requests(mt_model_t m, const mt_gpt2_cuda_params_t *p, size_t *bytes, mt_mem_cat_t *cats,
+                                  int cap, int *n) {
+    struct gpt2_cuda_dry dry = {bytes, cats, cap, 0};
+    mt_gpt2_cuda_t g = NULL;
+    *n = 0;
+    MT_CHECK(gpt2_cuda_create(m, p, &dry, &g));
+    mt_gpt2_cuda_free(g);
+    *n = dry.n;
+    if (dry.n > cap) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: %d device allocations, room for %d", dry.n, cap);
+    }
+    return MT_OK;
 }
 
 void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {

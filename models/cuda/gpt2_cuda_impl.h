@@ -102,6 +102,7 @@ struct mt_gpt2_cuda {
     size_t act_bytes;
     void *bufs[MAX_BUFS]; /* device buffers to free, with sub-allocations carved from them */
     int n_bufs;
+    struct gpt2_cuda_dry *dry; /* mt_gpt2_cuda_requests: init records its allocations and touches no device */
     bool prof;                   /* per-kernel timing on */
     cudaEvent_t *marks;          /* PROF_MARKS events, recorded after each launch */
     int8_t mark_cat[PROF_MARKS]; /* category of the launch each mark ends; -1 = a start mark */

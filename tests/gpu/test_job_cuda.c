@@ -48,6 +48,7 @@
 #include "launch/job_json.h"
 #include "models/cuda/gemm_peak.h"
 #include "models/cuda/mt_cuda.h"
+#include "plan/plan.h"
 #include "runtime/cuda_alloc.h"
 #include "runtime/mesh.h"
 #include "runtime/nvml.h"
@@ -87,11 +88,52 @@ static const char *base[] = {
     "--runtime.watchdog_s=120",
 };
 
-/* Runs the job with base + extra on the world over a tp x dp x pp mesh (tp-dp-pp order) when tp or pp > 1; device
- * "cuda" takes the GPU engine, else the CPU engine the layout calls for (the model-parallel one for tp or pp > 1). */
 /* --staged: the GPU engine's communication through MPI and host memory (runtime.gpu_comm = "mpi"), ranks free to
  * share a GPU. */
 static bool staged;
+
+/* The planner's device memory for the run's layout (plan/plan_mem_gpu.c: the trainer's init sized without a
+ * device, the engine's buffers, the allocator's blocks) equals what the run's allocator accounted, category by
+ * category: the most over the pipeline stages (dp rank 0 holds the largest ZeRO slice) against the most over
+ * the ranks. */
+static void plan_matches(const mt_config_t *cfg, int tp, int pp, const mt_job_result_t *r) {
+    mt_plan_job_t job;
+    CHECK_OK(mt_plan_job_from_config(cfg, &job));
+    job.gpu = true;
+    job.gpu_staged = MT_CUDA_EMULATED || staged; /* the staged backend has no device scratch */
+    const char *eng = mt_config_str(cfg, "parallel.engine");
+    int zs = (int)mt_config_int(cfg, "parallel.zero_stage");
+    mt_plan_layout_t l = {.tp = tp, .pp = pp, .dp = mt_rt_world()->size / (tp * pp)};
+    l.engine = strcmp(eng, "zero") ? MT_PLAN_DDP : (mt_plan_engine_t)(MT_PLAN_ZERO1 + zs - 1);
+    l.schedule = strcmp(mt_config_str(cfg, "parallel.schedule"), "gpipe") ? MT_PLAN_1F1B : MT_PLAN_GPIPE;
+    l.micro_batch = (int)mt_config_int(cfg, "train.micro_batch");
+    l.microbatches = (int)mt_config_int(cfg, "train.grad_accum");
+    l.sp = mt_config_bool(cfg, "parallel.sequence_parallel");
+    l.recompute = strcmp(mt_config_str(cfg, "model.recompute"), "block") ? MT_PLAN_RC_NONE : MT_PLAN_RC_BLOCK;
+    snprintf(l.order, sizeof(l.order), "tp-dp-pp");
+    int64_t want[MT_MEM_NCAT] = {0};
+    for (int st = 0; st < pp; st++) {
+        int64_t mem[MT_MEM_NCAT];
+        CHECK_OK(mt_plan_stage_mem(&job, &l, st, mem));
+        for (int k = 0; k < MT_MEM_NCAT; k++) {
+            want[k] = MT_MAX(want[k], mem[k]);
+        }
+    }
+    static const char *names[] = {"params", "grads", "optimizer", "activations", "comm", "other"};
+    static const mt_mem_cat_t cats[] = {MT_MEM_PARAMS,      MT_MEM_GRADS, MT_MEM_OPTIMIZER,
+                                        MT_MEM_ACTIVATIONS, MT_MEM_COMM,  MT_MEM_OTHER};
+    for (size_t k = 0; k < MT_ARRAY_LEN(cats); k++) {
+        CHECK(want[cats[k]] == r->mem_peak[cats[k]],
+              "plan (tp %d pp %d dp %d %s%s b%d m%d%s%s): device %s %lld bytes, the run's peak %lld", tp, pp, l.dp,
+              eng, strcmp(eng, "zero") ? "" : (zs == 1 ? "-1" : zs == 2 ? "-2" : "-3"), l.micro_batch, l.microbatches,
+              l.sp ? " sp" : "", l.recompute ? " rc=block" : "", names[k], (long long)want[cats[k]],
+              (long long)r->mem_peak[cats[k]]);
+    }
+}
+
+/* Runs the job with base + extra on the world over a tp x dp x pp mesh (tp-dp-pp order) when tp or pp > 1; device
+ * "cuda" takes the GPU engine, else the CPU engine the layout calls for (the model-parallel one for tp or pp > 1);
+ * the GPU engine's device memory is checked against the planner's (plan_matches). */
 
 static mt_status_t run_mesh(const char *device, int tp, int pp, int n_extra, const char *const *extra,
                             mt_job_result_t *res) {
@@ -148,7 +190,13 @@ static mt_status_t run_mesh(const char *device, int tp, int pp, int n_extra, con
         opts.engine = mt_job_engine_parallel();
     }
     opts.stop_after = stop_after;
+    if (!strcmp(device, "cuda")) {
+        mt_dev_empty_cache(); /* a job starts from an empty allocator, as in a fresh process (and the plan) */
+    }
     st = mt_job_run(cfg, &opts, res);
+    if (st == MT_OK && !strcmp(device, "cuda")) {
+        plan_matches(cfg, tp, pp, res);
+    }
     mt_config_free(cfg);
     mt_mesh_free(mesh);
     return st;
@@ -829,6 +877,7 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         return MT_TEST_SKIP;
     }
+    mt_plan_set_gpu_requests(mt_gpt2_cuda_requests);
     /* ranks on one GPU (more ranks than devices; --staged only): no peak measured, the energy counted once */
     bool sharing = !MT_CUDA_EMULATED && ndev < w->local_size;
     /* read once per process by the engine: set before the first job */

@@ -202,6 +202,43 @@ static void test_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t *c)
     free(v);
 }
 
+/* A GPU cluster: device.kind read; without the GPU trainer's sizing registered (this test links no CUDA
+ * code) planning is refused naming the build; a job the GPU engine cannot train is refused naming
+ * runtime.device = "cpu", which plans it on the host engines instead. */
+static void test_gpu_cluster(const mt_plan_job_t *job_in) {
+    mt_plan_cluster_t g;
+    CHECK_OK(mt_plan_cluster_load(PLAN_DATA "/tiny_gpu_cluster.toml", &g, stderr));
+    CHECK(g.gpu, "device.kind = \"gpu\" not read");
+    mt_plan_opts_t o = {.world = 4};
+    mt_plan_pred_t *v = NULL;
+    int n = 0;
+    mt_status_t st = mt_plan_enumerate(job_in, &g, &o, &v, &n);
+    CHECK(st == MT_ERR_INVALID_USAGE && strstr(mt_last_error_msg(), "built without the GPU path"),
+          "GPU cluster without the sizing: %s: %s", mt_status_str(st), mt_last_error_msg());
+    free(v);
+    mt_plan_job_t sgd = *job_in;
+    sgd.optim.kind = MT_OPTIM_SGD;
+    st = mt_plan_enumerate(&sgd, &g, &o, &v, &n);
+    CHECK(st == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "runtime.device = \"cpu\""),
+          "SGD on a GPU cluster: %s: %s", mt_status_str(st), mt_last_error_msg());
+    sgd.cpu_only = true; /* runtime.device = "cpu": the host engines, whatever the devices */
+    v = NULL;
+    CHECK_OK(mt_plan_enumerate(&sgd, &g, &o, &v, &n));
+    CHECK(n > 0, "runtime.device = cpu on a GPU cluster: %d layouts", n);
+    free(v);
+    mt_plan_cluster_free(&g);
+
+    char *text = NULL;
+    size_t len = 0;
+    FILE *errs = open_memstream(&text, &len);
+    st = mt_plan_cluster_load(PLAN_DATA "/bad_kind_cluster.toml", &g, errs);
+    fclose(errs);
+    CHECK(st == MT_ERR_INVALID_ARG && text && strstr(text, "bad_kind_cluster.toml:6: device.kind = \"tpu\""),
+          "device.kind = tpu: %s: %s", mt_status_str(st), text ? text : "");
+    free(text);
+    mt_plan_cluster_free(&g);
+}
+
 int main(void) {
     test_json();
     test_cluster();
@@ -214,6 +251,7 @@ int main(void) {
         CHECK_OK(mt_plan_job_from_config(cfg, &job));
         test_layouts(&job, &c);
         test_enumerate(&job, &c);
+        test_gpu_cluster(&job);
         mt_config_free(cfg);
     }
     mt_plan_cluster_free(&c);
