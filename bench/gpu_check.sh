@@ -176,6 +176,11 @@ run train-meshtrain-bf16 90 "$MT" train "$SRC/launch/configs/gpt2-124m.toml" --r
     --precision.compute=bf16 --parallel.engine=ddp --data.kind=synthetic --train.global_batch="$B" \
     --train.micro_batch="$B" --train.grad_accum=1 --train.steps=$((STEPS + 2)) --train.eval_every=0 \
     --train.log_every=1 --checkpoint.dir= --metrics.jsonl="$LOG/train-meshtrain-bf16.jsonl"
+# the planner's device memory and step time for that run (plan/plan_mem_gpu.c) against its metrics
+run plan-check 30 "$MT" plan "$SRC/launch/configs/gpt2-124m.toml" --cluster "$SRC/launch/clusters/hgx-h200.toml" \
+    --world 1 --check "$LOG/train-meshtrain-bf16.jsonl" --runtime.device=cuda --precision.compute=bf16 \
+    --parallel.engine=ddp --data.kind=synthetic --train.global_batch="$B" --train.micro_batch="$B" \
+    --train.grad_accum=1
 
 # ---- two GPUs (when there are): the same model over dp 2, tp 2, tp 2 + sp and pp 2, against the run above --------
 MPIRUN=${MT_PACKED_MPIEXEC:-$(sed -n 's/^MPIEXEC_EXECUTABLE:[A-Z]*=//p' "$BUILD/CMakeCache.txt")}
@@ -339,6 +344,10 @@ field() { # field FILE KEY: value of KEY=... on the RESULT line of FILE
     for l in ${SAN_LINES[@]+"${SAN_LINES[@]}"}; do
         echo "compute-sanitizer $l"
     done
+    if grep -q '^verdict' "$LOG/plan-check.log" 2>/dev/null; then
+        echo "meshtrain plan --check of the meshtrain train run (device memory by category, step time):"
+        grep -E '^(params|grads|optimizer|activations|comm|peak|step|verdict) ' "$LOG/plan-check.log"
+    fi
     for b in "nccl|NCCL all-reduce (1 GPU, 1 rank)" "staged|staged all-reduce (1 GPU, 1 rank)" \
         "staged2|staged all-reduce (1 GPU, 2 ranks)"; do
         if [ -f "$LOG/${b%%|*}.log" ]; then

@@ -630,6 +630,9 @@ mt_status_t mt_coll_issue(mt_comm_t c, const struct mt_coll_call *call, mt_work_
         wd_note(c, seq, call);
         st = exec_traced(c, seq, call);
         if (st != MT_OK) {
+            /* a call that failed gets no event: the comm has failed (peers may be inside the call), so waits on it
+             * and mt_comm_free end at once instead of at the timeout */
+            comm_set_error(c, st, mt_last_error_msg());
             return st;
         }
         MT_CHECK(events_push(c, seq, call->stream));

@@ -241,6 +241,39 @@ static void resumed_losses(const char *what, const mt_job_result_t *r, const mt_
     }
 }
 
+/* runtime.device and runtime.gpu_comm on ranks that would share a GPU (shared: more ranks on the host than GPUs,
+ * as under the emulator's one device): "auto" trains on the CPU with a note naming the sharing unless
+ * gpu_comm = "mpi"; "cuda" takes the GPU (the engine then talks through MPI). One GPU per rank: the GPU. */
+static void device_choice(bool shared) {
+    static const struct {
+        const char *device, *gpu_comm;
+        bool use_shared;
+    } cases[] = {{"auto", "auto", false}, {"auto", "mpi", true}, {"cuda", "auto", true}, {"auto", "nccl", false}};
+    for (size_t i = 0; i < MT_ARRAY_LEN(cases); i++) {
+        char dev[64], gc[64], note[512];
+        snprintf(dev, sizeof(dev), "--runtime.device=%s", cases[i].device);
+        snprintf(gc, sizeof(gc), "--runtime.gpu_comm=%s", cases[i].gpu_comm);
+        const char *args[MT_ARRAY_LEN(base) + 2];
+        int n = 0;
+        for (size_t k = 0; k < MT_ARRAY_LEN(base); k++) {
+            args[n++] = base[k];
+        }
+        args[n++] = dev;
+        args[n++] = gc;
+        mt_config_t *cfg = NULL;
+        CHECK_OK(mt_config_load(NULL, n, (char **)args, mt_rt_world()->size, &cfg, stderr));
+        bool use = false;
+        CHECK_OK(mt_job_cuda_choose(cfg, mt_rt_world()->comm, &use, note, sizeof(note)));
+        bool want = shared ? cases[i].use_shared : true;
+        CHECK(use == want, "runtime.device = %s, gpu_comm = %s, GPU %s: use %d, expected %d (%s)", cases[i].device,
+              cases[i].gpu_comm, shared ? "shared" : "per rank", use, want, note);
+        if (shared && !use) {
+            CHECK(strstr(note, "would share one") != NULL, "the note names the sharing: %s", note);
+        }
+        mt_config_free(cfg);
+    }
+}
+
 static mt_status_t run_cuda(int n, const char *const *extra, mt_job_result_t *r) {
     return run("cuda", n, extra, r);
 }
@@ -920,6 +953,9 @@ int main(int argc, char **argv) {
         goto cleanup;
     }
 
+    if (w->size > 1) {
+        device_choice(ndev < w->local_size);
+    }
     /* fp32 against the CPU; dp = 2 with many buckets */
     mt_job_result_t cpu, gpu, one, rc, bf, part, resumed;
     const char *ddp[] = {"--parallel.engine=ddp", "--parallel.bucket_mb=0.001", metrics_arg};
