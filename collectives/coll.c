@@ -635,7 +635,11 @@ mt_status_t mt_coll_issue(mt_comm_t c, const struct mt_coll_call *call, mt_work_
             comm_set_error(c, st, mt_last_error_msg());
             return st;
         }
-        MT_CHECK(events_push(c, seq, call->stream));
+        st = events_push(c, seq, call->stream);
+        if (st != MT_OK) { /* the call runs but cannot be tracked: as a failed one */
+            comm_set_error(c, st, mt_last_error_msg());
+            return st;
+        }
         if (work) {
             MT_CHECK(work_new(c, seq, call->kind, work));
         }

@@ -428,8 +428,12 @@ int mt_cmd_plan(int argc, char **argv) {
             for (int i = 0; i < n; i++) {
                 n_fit += v[i].fits;
             }
-            char best[768];
+            char best[800];
             mt_plan_layout_overrides(&v[0].l, best, sizeof(best));
+            if (cl.gpu && !job.cpu_only) { /* the plan is the GPU engine's: "auto" could fall back to the CPU */
+                size_t at = strlen(best);
+                snprintf(best + at, sizeof(best) - at, " --runtime.device=cuda");
+            }
             mt_model_t m = NULL;
             double params = 0;
             if (mt_model_init(&job.model, &m) == MT_OK) {

@@ -174,6 +174,9 @@ const mt_job_engine_t *mt_job_engine_cuda(void);
  * without CUDA); "auto" -> yes when every rank sees a GPU and the config is one the GPU path runs (else
  * no, with a one-line note when GPUs were present); "cpu" -> no. Collective over comm: every rank gets
  * the same *use and status. note (note_len bytes) receives the note or "". */
+/* The GPU engine's pipeline runs at most this many micro-batches per step (launch/job_cuda_mp.c). */
+#define MT_JOB_CUDA_MAX_PP_MICROBATCHES 2048
+
 mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use, char *note, size_t note_len);
 
 typedef struct {

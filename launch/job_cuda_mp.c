@@ -135,7 +135,7 @@ static mt_status_t pp_exchange(cuda_engine_t *e, pp_send_t *pend, void *rbuf, in
  * activation set of the trainer. *loss: the last stage's mean loss, broadcast to every stage. */
 mt_status_t cuda_engine_pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool backward, double *loss) {
     size_t n = (size_t)(e->mb * e->T), es = mt_dtype_size(mt_prec_storage(e->prec)), bytes = e->act_elems * es;
-    int m = (int)e->ga, ops[4 * 1024];
+    int m = (int)e->ga, ops[2 * MT_JOB_CUDA_MAX_PP_MICROBATCHES];
     if (2 * m > (int)MT_ARRAY_LEN(ops)) {
         return mt_error(MT_ERR_INVALID_ARG, "cuda engine: %d micro-batches per step: at most %d in a pipeline", m,
                         (int)MT_ARRAY_LEN(ops) / 2);

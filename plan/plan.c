@@ -147,9 +147,13 @@ static mt_status_t check_layout(const mt_plan_job_t *job, int world, const mt_pl
     if (job->gpu && l->pp > 1 && (l->engine == MT_PLAN_ZERO2 || l->engine == MT_PLAN_ZERO3)) {
         return mt_error(MT_ERR_INVALID_ARG, "the GPU engine shards a pipeline stage's optimizer state only (ZeRO-1)");
     }
-    if (job->gpu && (l->recompute == MT_PLAN_RC_ATTN || l->recompute == MT_PLAN_RC_BLOCK_ATTN)) {
-        /* the GPU attention recomputes its probabilities in backward always (it never stores them) */
-        return mt_error(MT_ERR_INVALID_ARG, "model.attn_recompute changes nothing on the GPU engine");
+    if (job->gpu && l->pp > 1 && l->microbatches > MT_JOB_CUDA_MAX_PP_MICROBATCHES) {
+        return mt_error(MT_ERR_INVALID_ARG, "the GPU engine's pipeline runs at most %d micro-batches a step",
+                        MT_JOB_CUDA_MAX_PP_MICROBATCHES);
+    }
+    if (job->gpu && l->engine == MT_PLAN_ALLREDUCE && l->dp > 1) {
+        /* the GPU engine averages over dp by parallel.engine (it has no dp_reduce): the DDP layout's */
+        return mt_error(MT_ERR_INVALID_ARG, "the GPU engine has no all-reduce path: parallel.engine averages");
     }
     if ((l->pp == 1 || l->microbatches == 1) && l->schedule != MT_PLAN_1F1B) {
         /* one stage, or one micro-batch: GPipe and 1F1B run the same steps; the plan lists 1F1B */
@@ -477,11 +481,23 @@ static mt_status_t check_gpu_job(const mt_plan_job_t *job) {
     return MT_OK;
 }
 
+/* model.attn_recompute changes nothing on the GPU engine (its attention never stores the probabilities): the
+ * enumeration lists each layout once, without it; a run with it is planned as without. */
+static mt_plan_rc_t gpu_rc(const mt_plan_job_t *job, mt_plan_rc_t rc) {
+    if (!job->gpu) {
+        return rc;
+    }
+    return rc == MT_PLAN_RC_ATTN ? MT_PLAN_RC_NONE : rc == MT_PLAN_RC_BLOCK_ATTN ? MT_PLAN_RC_BLOCK : rc;
+}
+
 mt_status_t mt_plan_predict(const mt_plan_job_t *job_in, const mt_plan_cluster_t *c, int world,
-                            const mt_plan_layout_t *l, mt_plan_pred_t *out) {
+                            const mt_plan_layout_t *l_in, mt_plan_pred_t *out) {
     mt_plan_job_t placed_job = placed(job_in, c, world);
     const mt_plan_job_t *job = &placed_job;
     MT_CHECK(check_gpu_job(job));
+    mt_plan_layout_t gl = *l_in;
+    gl.recompute = gpu_rc(job, gl.recompute);
+    const mt_plan_layout_t *l = &gl;
     MT_CHECK(check_layout(job, world, l, n_modules_of(job)));
     mt_mesh_t *mesh = NULL;
     MT_CHECK(mt_mesh_create(world, l->tp, l->pp, l->dp, l->order, &mesh)); /* validates the order */
@@ -579,6 +595,8 @@ mt_status_t mt_plan_enumerate(const mt_plan_job_t *job_in, const mt_plan_cluster
     const mt_plan_job_t *job = &placed_job;
     MT_CHECK(check_gpu_job(job));
     pred_vec_t pv = {0};
+    int n_refused = 0;
+    char refused[256] = "";
     mt_status_t st = MT_OK;
     int nmod = n_modules_of(job);
     int64_t(*mem)[MT_MEM_NCAT] = calloc((size_t)nmod + 1, sizeof(*mem));
@@ -595,7 +613,8 @@ mt_status_t mt_plan_enumerate(const mt_plan_job_t *job_in, const mt_plan_cluster
         for (int rcsp = 0; rcsp < 2 * MT_PLAN_NRC && st == MT_OK; rcsp++) {
             int rc = rcsp / 2, sp = rcsp % 2;
             mt_model_t m = NULL;
-            if ((sp && tp == 1) || plan_build_model(job, tp, sp, (mt_plan_rc_t)rc, &m) != MT_OK) {
+            if ((sp && tp == 1) || gpu_rc(job, (mt_plan_rc_t)rc) != (mt_plan_rc_t)rc ||
+                plan_build_model(job, tp, sp, (mt_plan_rc_t)rc, &m) != MT_OK) {
                 continue; /* this tp does not split the model (heads, vocabulary): no layout with it */
             }
             plan_shape_t sh = {.m = m, .bounds = bounds};
@@ -634,7 +653,12 @@ mt_status_t mt_plan_enumerate(const mt_plan_job_t *job_in, const mt_plan_cluster
                                     st = plan_stage_mem_model(job, m, bounds, &l, s, mem[s]);
                                 }
                                 if (st == MT_ERR_INVALID_ARG && job->gpu) {
-                                    st = MT_OK; /* a micro-batch or stage the GPU trainer refuses: not a layout */
+                                    /* a micro-batch or stage the GPU trainer refuses (its checks of the shape):
+                                     * not a layout; the first reason is reported if no layout is left */
+                                    if (n_refused++ == 0) {
+                                        snprintf(refused, sizeof(refused), "%s", mt_last_error_msg());
+                                    }
+                                    st = MT_OK;
                                     continue;
                                 }
                                 for (int k = 0; k < no && st == MT_OK; k++) {
@@ -670,6 +694,10 @@ mt_status_t mt_plan_enumerate(const mt_plan_job_t *job_in, const mt_plan_cluster
     if (st != MT_OK) {
         free(pv.v);
         return st;
+    }
+    if (pv.n == 0 && n_refused > 0) {
+        return mt_error(MT_ERR_INVALID_ARG, "no layout of %d ranks runs on the GPU engine: its trainer refuses all %d "
+                        "(the first: %s); runtime.device = \"cpu\" plans the host engines", world, n_refused, refused);
     }
     if (pv.n > 1) { /* qsort's base must not be NULL, even for zero elements (UBSan) */
         qsort(pv.v, (size_t)pv.n, sizeof(*pv.v), cmp_pred);

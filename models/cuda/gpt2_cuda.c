@@ -454,7 +454,7 @@ mt_status_t mt_gpt2_cuda_requests(mt_model_t m, const mt_gpt2_cuda_params_t *p, 
     mt_gpt2_cuda_free(g);
     *n = dry.n;
     if (dry.n > cap) {
-        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: %d device allocations, room for %d", dry.n, cap);
+        return mt_error(MT_ERR_INTERNAL, "gpt2_cuda: %d device allocations, room for %d", dry.n, cap);
     }
     return MT_OK;
 }

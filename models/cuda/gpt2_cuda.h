@@ -71,7 +71,7 @@ typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
 mt_status_t mt_gpt2_cuda_init(mt_model_t m, const mt_gpt2_cuda_params_t *p, mt_gpt2_cuda_t *out);
 
 /* The device allocations mt_gpt2_cuda_init(m, p) makes, in order: *n requests of bytes[i] under cats[i], all on
- * its stream (at most cap are written; more than cap is MT_ERR_INVALID_ARG with *n the number needed). Sized by
+ * its stream (at most cap are written; more than cap is MT_ERR_INTERNAL with *n the number needed). Sized by
  * init's own code run with every device call skipped: no device is needed, nothing is allocated, m needs no
  * parameter data and p->tp_ops may be NULL. For the planner (mt_cuda_alloc_replay turns them into the bytes the
  * allocator accounts). Other errors: init's checks of m and p. */

@@ -38,6 +38,8 @@
  * --staged (runtime.gpu_comm = "mpi"), which on a device lets several ranks share one GPU: the multi-rank
  * engine on a one-GPU machine (there the GPU's peak is not measured, so MFU is n/a).
  * SPDX-License-Identifier: MIT */
+#include "mt_build_config.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,17 +95,19 @@ static const char *base[] = {
 static bool staged;
 
 /* The planner's device memory for the run's layout (plan/plan_mem_gpu.c: the trainer's init sized without a
- * device, the engine's buffers, the allocator's blocks) equals what the run's allocator accounted, category by
- * category: the most over the pipeline stages (dp rank 0 holds the largest ZeRO slice) against the most over
- * the ranks. */
+ * device, the engine's buffers, the allocator's blocks) against what this rank's allocator accounted (its device
+ * peaks, restarted at the engine's start), category by category, for this rank's stage: equal on dp rank 0 (the
+ * plan's rank, the largest ZeRO slice), at most that on the others; and the most over the stages equal to the
+ * run's result, the most over the ranks. */
 static void plan_matches(const mt_config_t *cfg, int tp, int pp, const mt_job_result_t *r) {
+    const mt_world_t *w = mt_rt_world();
     mt_plan_job_t job;
     CHECK_OK(mt_plan_job_from_config(cfg, &job));
     job.gpu = true;
     job.gpu_staged = MT_CUDA_EMULATED || staged; /* the staged backend has no device scratch */
     const char *eng = mt_config_str(cfg, "parallel.engine");
     int zs = (int)mt_config_int(cfg, "parallel.zero_stage");
-    mt_plan_layout_t l = {.tp = tp, .pp = pp, .dp = mt_rt_world()->size / (tp * pp)};
+    mt_plan_layout_t l = {.tp = tp, .pp = pp, .dp = w->size / (tp * pp)};
     l.engine = strcmp(eng, "zero") ? MT_PLAN_DDP : (mt_plan_engine_t)(MT_PLAN_ZERO1 + zs - 1);
     l.schedule = strcmp(mt_config_str(cfg, "parallel.schedule"), "gpipe") ? MT_PLAN_1F1B : MT_PLAN_GPIPE;
     l.micro_batch = (int)mt_config_int(cfg, "train.micro_batch");
@@ -111,23 +115,38 @@ static void plan_matches(const mt_config_t *cfg, int tp, int pp, const mt_job_re
     l.sp = mt_config_bool(cfg, "parallel.sequence_parallel");
     l.recompute = strcmp(mt_config_str(cfg, "model.recompute"), "block") ? MT_PLAN_RC_NONE : MT_PLAN_RC_BLOCK;
     snprintf(l.order, sizeof(l.order), "tp-dp-pp");
-    int64_t want[MT_MEM_NCAT] = {0};
+    int coords[MT_AXIS_N] = {0};
+    coords[MT_AXIS_DP] = w->rank;
+    mt_mesh_t *mesh = NULL;
+    if (tp > 1 || pp > 1) {
+        CHECK_OK(mt_mesh_create(w->size, tp, pp, l.dp, l.order, &mesh));
+        mt_mesh_coords(mesh, w->rank, coords);
+        mt_mesh_free(mesh);
+    }
+    int64_t most[MT_MEM_NCAT] = {0}, mine[MT_MEM_NCAT] = {0};
     for (int st = 0; st < pp; st++) {
         int64_t mem[MT_MEM_NCAT];
         CHECK_OK(mt_plan_stage_mem(&job, &l, st, mem));
         for (int k = 0; k < MT_MEM_NCAT; k++) {
-            want[k] = MT_MAX(want[k], mem[k]);
+            most[k] = MT_MAX(most[k], mem[k]);
+            mine[k] = st == coords[MT_AXIS_PP] ? mem[k] : mine[k];
         }
     }
+    mt_mem_stats_t ds;
+    mt_mem_stats(MT_MEM_DEVICE, &ds);
+    bool exact = coords[MT_AXIS_DP] == 0 || l.engine == MT_PLAN_DDP;
     static const char *names[] = {"params", "grads", "optimizer", "activations", "comm", "other"};
     static const mt_mem_cat_t cats[] = {MT_MEM_PARAMS,      MT_MEM_GRADS, MT_MEM_OPTIMIZER,
                                         MT_MEM_ACTIVATIONS, MT_MEM_COMM,  MT_MEM_OTHER};
+    char lay[96];
+    mt_plan_layout_str(&l, lay, sizeof(lay));
     for (size_t k = 0; k < MT_ARRAY_LEN(cats); k++) {
-        CHECK(want[cats[k]] == r->mem_peak[cats[k]],
-              "plan (tp %d pp %d dp %d %s%s b%d m%d%s%s): device %s %lld bytes, the run's peak %lld", tp, pp, l.dp,
-              eng, strcmp(eng, "zero") ? "" : (zs == 1 ? "-1" : zs == 2 ? "-2" : "-3"), l.micro_batch, l.microbatches,
-              l.sp ? " sp" : "", l.recompute ? " rc=block" : "", names[k], (long long)want[cats[k]],
-              (long long)r->mem_peak[cats[k]]);
+        int64_t plan = mine[cats[k]], run = ds.peak[cats[k]];
+        CHECK(exact ? plan == run : run <= plan, "plan %s, rank %d (stage %d, dp rank %d): device %s %lld bytes, the "
+              "rank's peak %lld", lay, w->rank, coords[MT_AXIS_PP], coords[MT_AXIS_DP], names[k], (long long)plan,
+              (long long)run);
+        CHECK(most[cats[k]] == r->mem_peak[cats[k]], "plan %s: device %s %lld bytes on the fullest stage, the run's "
+              "peak %lld (max over ranks)", lay, names[k], (long long)most[cats[k]], (long long)r->mem_peak[cats[k]]);
     }
 }
 
@@ -239,6 +258,50 @@ static void resumed_losses(const char *what, const mt_job_result_t *r, const mt_
         double d = fabs(r->loss[s] - ref->loss[s]) / ref->loss[s];
         CHECK(d <= tol, "%s, step %lld: %.9g vs %.9g", what, (long long)s + 1, r->loss[s], ref->loss[s]);
     }
+}
+
+/* `meshtrain plan` on a GPU cluster lists only what the GPU engine runs (no attn_recompute variants, no ZeRO-2/3
+ * with a pipeline, no all-reduce path with dp > 1), each layout once, with the device memory of its fullest
+ * stage as mt_plan_stage_mem sizes it. */
+static void plan_gpu_layouts(void) {
+    mt_plan_cluster_t c;
+    CHECK_OK(mt_plan_cluster_load(MT_SOURCE_DIR "/tests/plan/data/tiny_gpu_cluster.toml", &c, stderr));
+    const char *args[MT_ARRAY_LEN(base) + 3];
+    int na = 0;
+    for (size_t k = 0; k < MT_ARRAY_LEN(base); k++) {
+        args[na++] = base[k];
+    }
+    args[na++] = "--precision.compute=bf16";
+    args[na++] = "--train.global_batch=16";
+    args[na++] = "--train.grad_accum=0"; /* derived for the 4 ranks */
+    mt_config_t *cfg = NULL;
+    CHECK_OK(mt_config_load(NULL, na, (char **)args, 4, &cfg, stderr));
+    mt_plan_job_t job;
+    CHECK_OK(mt_plan_job_from_config(cfg, &job));
+    mt_plan_opts_t o = {.world = 4};
+    mt_plan_pred_t *v = NULL;
+    int n = 0;
+    CHECK_OK(mt_plan_enumerate(&job, &c, &o, &v, &n));
+    CHECK(n > 10, "%d GPU layouts of 4 ranks", n);
+    job.gpu = true; /* as the planner places it on this cluster */
+    for (int i = 0; i < n; i++) {
+        const mt_plan_layout_t *l = &v[i].l;
+        char name[96];
+        mt_plan_layout_str(l, name, sizeof(name));
+        CHECK(l->recompute != MT_PLAN_RC_ATTN && l->recompute != MT_PLAN_RC_BLOCK_ATTN, "%s: attn_recompute", name);
+        CHECK(!(l->pp > 1 && (l->engine == MT_PLAN_ZERO2 || l->engine == MT_PLAN_ZERO3)), "%s: ZeRO-2/3 with pp", name);
+        CHECK(!(l->engine == MT_PLAN_ALLREDUCE && l->dp > 1), "%s: the all-reduce path", name);
+        int64_t mem[MT_MEM_NCAT], total = 0;
+        CHECK_OK(mt_plan_stage_mem(&job, l, v[i].mem_stage, mem));
+        for (int k = 0; k < MT_MEM_NCAT; k++) {
+            total += mem[k];
+        }
+        CHECK(total == v[i].mem_total, "%s: total %lld, stage %d sized %lld", name, (long long)v[i].mem_total,
+              v[i].mem_stage, (long long)total);
+    }
+    free(v);
+    mt_config_free(cfg);
+    mt_plan_cluster_free(&c);
 }
 
 /* runtime.device and runtime.gpu_comm on ranks that would share a GPU (shared: more ranks on the host than GPUs,
@@ -955,6 +1018,8 @@ int main(int argc, char **argv) {
 
     if (w->size > 1) {
         device_choice(ndev < w->local_size);
+    } else {
+        plan_gpu_layouts();
     }
     /* fp32 against the CPU; dp = 2 with many buckets */
     mt_job_result_t cpu, gpu, one, rc, bf, part, resumed;
