@@ -16,7 +16,7 @@
 #include "runtime/mesh.h"
 #include "runtime/rt.h"
 
-#if MT_HAVE_NCCL
+#if MT_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
 
@@ -228,13 +228,17 @@ static int parse(int argc, char **argv, int rank, bench_opts_t *o) {
                 o->device = false;
                 o->be = NULL;
             } else if (!strcmp(optarg, "nccl") || !strcmp(optarg, "staged")) {
-#if MT_HAVE_NCCL
+                bool nccl = !strcmp(optarg, "nccl");
+                if (!MT_HAVE_CUDA) {
+                    return bad(rank, "--backend %s: this build has no device backends (built without CUDA); use mpi",
+                               optarg);
+                }
+                if (nccl && !MT_HAVE_NCCL) {
+                    return bad(rank, "--backend %s: this build has no NCCL (built without it); use staged or mpi",
+                               optarg);
+                }
                 o->device = true;
-                o->be = !strcmp(optarg, "nccl") ? "nccl" : "staged";
-#else
-                return bad(rank, "--backend %s: this build has no device backends (built without CUDA/NCCL); use mpi",
-                           optarg);
-#endif
+                o->be = nccl ? "nccl" : "staged";
             } else {
                 return bad(rank, "--backend %s: expected mpi, nccl or staged", optarg);
             }
@@ -303,7 +307,7 @@ typedef struct {
 static int buf_init(buf_t *b, bool device, size_t bytes) {
     b->device = device;
     b->bytes = bytes;
-#if MT_HAVE_NCCL
+#if MT_HAVE_CUDA
     if (device) {
         return cudaMalloc(&b->p, bytes ? bytes : 1) == cudaSuccess ? 0 : -1;
     }
@@ -313,7 +317,7 @@ static int buf_init(buf_t *b, bool device, size_t bytes) {
 }
 
 static void buf_free(buf_t *b) {
-#if MT_HAVE_NCCL
+#if MT_HAVE_CUDA
     if (b->device) {
         cudaFree(b->p);
         return;
@@ -323,7 +327,7 @@ static void buf_free(buf_t *b) {
 }
 
 static void buf_put(buf_t *b, size_t off, const void *src, size_t bytes) {
-#if MT_HAVE_NCCL
+#if MT_HAVE_CUDA
     if (b->device) {
         cudaMemcpy((char *)b->p + off, src, bytes, cudaMemcpyHostToDevice);
         return;
@@ -333,7 +337,7 @@ static void buf_put(buf_t *b, size_t off, const void *src, size_t bytes) {
 }
 
 static void buf_get(const buf_t *b, size_t off, void *dst, size_t bytes) {
-#if MT_HAVE_NCCL
+#if MT_HAVE_CUDA
     if (b->device) {
         cudaMemcpy(dst, (const char *)b->p + off, bytes, cudaMemcpyDeviceToHost);
         return;
@@ -343,7 +347,7 @@ static void buf_get(const buf_t *b, size_t off, void *dst, size_t bytes) {
 }
 
 static void stream_sync(mt_stream_t s, bool device) {
-#if MT_HAVE_NCCL
+#if MT_HAVE_CUDA
     if (device) {
         cudaStreamSynchronize((cudaStream_t)s);
     }
@@ -770,7 +774,7 @@ int mt_cmd_bench(int argc, char **argv) {
         snprintf(msg, sizeof(msg), "-r %d", o.root);
         return bad(w->rank, "%s: the root must be a rank of the group (< its size)", msg);
     }
-#if MT_HAVE_NCCL
+#if MT_HAVE_CUDA
     if (o.device) {
         int ndev = 0;
         if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -803,7 +807,7 @@ int mt_cmd_bench(int argc, char **argv) {
         mt_comm_free(comm);
         return 1;
     }
-#if MT_HAVE_NCCL
+#if MT_HAVE_CUDA
     cudaStream_t cs = NULL;
     if (o.device) {
         cudaStreamCreate(&cs);
@@ -848,7 +852,7 @@ int mt_cmd_bench(int argc, char **argv) {
         fprintf(json, "\n]}\n");
         fclose(json);
     }
-#if MT_HAVE_NCCL
+#if MT_HAVE_CUDA
     if (cs) {
         cudaStreamDestroy(cs);
     }
