@@ -124,6 +124,9 @@ static void plan_matches(const mt_config_t *cfg, int tp, int pp, const mt_job_re
         mt_mesh_free(mesh);
     }
     int64_t most[MT_MEM_NCAT] = {0}, mine[MT_MEM_NCAT] = {0};
+#if MT_CUDA_EMULATED
+    size_t calls = mt_emu_api_calls();
+#endif
     for (int st = 0; st < pp; st++) {
         int64_t mem[MT_MEM_NCAT];
         CHECK_OK(mt_plan_stage_mem(&job, &l, st, mem));
@@ -132,6 +135,9 @@ static void plan_matches(const mt_config_t *cfg, int tp, int pp, const mt_job_re
             mine[k] = st == coords[MT_AXIS_PP] ? mem[k] : mine[k];
         }
     }
+#if MT_CUDA_EMULATED /* the trainer's dry init (mt_gpt2_cuda_requests) touches no device */
+    CHECK(mt_emu_api_calls() == calls, "planning %d stage(s) made %zu device calls", pp, mt_emu_api_calls() - calls);
+#endif
     mt_mem_stats_t ds;
     mt_mem_stats(MT_MEM_DEVICE, &ds);
     bool exact = coords[MT_AXIS_DP] == 0 || l.engine == MT_PLAN_DDP;

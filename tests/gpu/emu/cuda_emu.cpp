@@ -5,6 +5,7 @@
 // events are ordering no-ops because every launch and copy completes before it returns (an event keeps the
 // host time it was recorded at, so elapsed times are those of the emulation). Test-only.
 // SPDX-License-Identifier: MIT
+#include <atomic>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,12 @@ static std::map<void *, size_t> allocs;
 static size_t held;
 
 extern "C" {
+/* Calls that create, touch or order device state (allocation, copies, sets, streams, events, launches,
+ * cuBLASLt handles), for tests that a code path makes none (mt_emu_api_calls). */
+static std::atomic<size_t> emu_api_calls;
+size_t mt_emu_api_calls(void) {
+    return emu_api_calls.load();
+}
 cudaError_t cudaGetDeviceCount(int *n) {
     *n = 1;
     return cudaSuccess;
@@ -45,6 +52,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     return e == cudaSuccess ? "no error" : e == cudaErrorMemoryAllocation ? "out of memory" : "emulated error";
 }
 cudaError_t cudaDeviceSynchronize(void) {
+    emu_api_calls++;
     return cudaSuccess;
 }
 cudaError_t cudaDeviceGetPCIBusId(char *bus, int len, int dev) {
@@ -52,6 +60,7 @@ cudaError_t cudaDeviceGetPCIBusId(char *bus, int len, int dev) {
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void **p, size_t bytes) {
+    emu_api_calls++;
     if (bytes > ((size_t)64 << 30)) { /* the emulated device has 64 GiB */
         *p = NULL;
         return cudaErrorMemoryAllocation;
@@ -66,6 +75,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+    emu_api_calls++;
     if (!p) {
         return cudaSuccess;
     }
@@ -80,10 +90,12 @@ cudaError_t cudaFree(void *p) {
     return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void **p, size_t bytes) {
+    emu_api_calls++;
     *p = malloc(bytes ? bytes : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFreeHost(void *p) {
+    emu_api_calls++;
     free(p);
     return cudaSuccess;
 }
@@ -98,6 +110,7 @@ size_t mt_emu_device_bytes(void) {
     return held;
 }
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k) {
+    emu_api_calls++;
     memmove(dst, src, bytes);
     return cudaSuccess;
 }
@@ -105,6 +118,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     return cudaMemcpy(dst, src, bytes, k);
 }
 cudaError_t cudaMemset(void *p, int v, size_t bytes) {
+    emu_api_calls++;
     memset(p, v, bytes);
     return cudaSuccess;
 }
@@ -114,6 +128,7 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
 static int stream_objs, event_objs;
 static std::map<uintptr_t, double> event_ms; /* the last record of each event (under mem_mu) */
 cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    emu_api_calls++;
     *s = (cudaStream_t)(uintptr_t)(0x1000 + 16 * ++stream_objs);
     return cudaSuccess;
 }
@@ -130,12 +145,15 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    emu_api_calls++;
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    emu_api_calls++;
     return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    emu_api_calls++;
     *e = (cudaEvent_t)(uintptr_t)(0x100000 + 16 * ++event_objs);
     return cudaSuccess;
 }
@@ -143,9 +161,11 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
     return cudaEventCreate(e);
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    emu_api_calls++;
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    emu_api_calls++;
     /* the work before it has completed: the event's time is now (CLOCK_MONOTONIC, milliseconds) */
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -166,6 +186,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+    emu_api_calls++;
     return cudaSuccess; /* everything before the record has completed already */
 }
 cudaError_t cudaSetDevice(int d) {
@@ -405,6 +426,7 @@ static void stats_at_exit() {
 }
 
 void mt_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) {
+    emu_api_calls++;
     std::lock_guard<std::recursive_mutex> lg(launch_mu);
     if (n_launches++ == 0) {
         atexit(stats_at_exit);
@@ -517,6 +539,7 @@ static void st_el(void *p, cudaDataType_t t, size_t i, double v) {
 }
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+    emu_api_calls++;
     *h = new mt_emu_lt;
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -54,8 +54,10 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
 cudaError_t cudaSetDevice(int d);
 
-/* Emulator bookkeeping for tests: bytes currently held by cudaMalloc. */
+/* Emulator bookkeeping for tests: bytes currently held by cudaMalloc; calls so far that create, touch or order
+ * device state (allocations, copies, sets, streams, events, kernel launches, cuBLASLt handles). */
 size_t mt_emu_device_bytes(void);
+size_t mt_emu_api_calls(void);
 
 #ifdef __cplusplus
 }
