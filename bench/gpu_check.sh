@@ -136,8 +136,8 @@ TESTS_RC=$?
 TESTS_LINE=$(grep -E "tests passed|tests failed" "$LOG/ctest-gpu.log" | tail -1)
 # ctest counts a skipped test (exit 77) as passed: on a machine with a GPU only test_nvml (no NVML) may skip,
 # and the two-rank NCCL tests (the backend, the GPU training engine's dp/pp and tp: one GPU per rank) where
-# there is only one GPU; the staged ones (coll_staged_*, job_cuda_staged_*: ranks sharing a GPU through MPI)
-# must run everywhere
+# there is only one GPU; the staged ones (coll_staged_*, job_cuda_staged_*, job_cuda_shared_np2: ranks sharing
+# a GPU through MPI) must run everywhere
 NGPU=$(grep -c '^GPU [0-9]' "$LOG/nvidia-smi-L.log")
 SKIPPED=$(grep -E '^[[:space:]]*[0-9]+ - .*\(Skipped\)' "$LOG/ctest-gpu.log" | sed 's/.* - \([^ ]*\) .*/\1/' |
     tr '\n' ' ')

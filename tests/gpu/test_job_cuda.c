@@ -91,8 +91,9 @@ static const char *base[] = {
 };
 
 /* --staged: the GPU engine's communication through MPI and host memory (runtime.gpu_comm = "mpi"), ranks free to
- * share a GPU. */
-static bool staged;
+ * share a GPU; --shared: ranks free to share a GPU with runtime.gpu_comm = "auto", which must then choose MPI
+ * by itself (sharing: more ranks on the host than GPUs). */
+static bool staged, shared_ok, sharing;
 
 /* The planner's device memory for the run's layout (plan/plan_mem_gpu.c: the trainer's init sized without a
  * device, the engine's buffers, the allocator's blocks) against what this rank's allocator accounted (its device
@@ -104,7 +105,7 @@ static void plan_matches(const mt_config_t *cfg, int tp, int pp, const mt_job_re
     mt_plan_job_t job;
     CHECK_OK(mt_plan_job_from_config(cfg, &job));
     job.gpu = true;
-    job.gpu_staged = MT_CUDA_EMULATED || staged; /* the staged backend has no device scratch */
+    job.gpu_staged = MT_CUDA_EMULATED || staged || sharing; /* the staged backend has no device scratch */
     const char *eng = mt_config_str(cfg, "parallel.engine");
     int zs = (int)mt_config_int(cfg, "parallel.zero_stage");
     mt_plan_layout_t l = {.tp = tp, .pp = pp, .dp = w->size / (tp * pp)};
@@ -967,12 +968,14 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--staged")) {
             staged = true;
+        } else if (!strcmp(argv[i], "--shared")) {
+            shared_ok = true;
         } else {
             mode = argv[i];
         }
     }
     int ndev = mt_cuda_device_count();
-    if (ndev == 0 || (!MT_CUDA_EMULATED && !staged && ndev < w->local_size)) {
+    if (ndev == 0 || (!MT_CUDA_EMULATED && !staged && !shared_ok && ndev < w->local_size)) {
         if (w->rank == 0) {
             printf("skipped: no CUDA device%s\n", ndev ? " for every rank (NCCL needs one GPU per rank)" : "");
         }
@@ -981,7 +984,7 @@ int main(int argc, char **argv) {
     }
     mt_plan_set_gpu_requests(mt_gpt2_cuda_requests);
     /* ranks on one GPU (more ranks than devices; --staged only): no peak measured, the energy counted once */
-    bool sharing = !MT_CUDA_EMULATED && ndev < w->local_size;
+    sharing = !MT_CUDA_EMULATED && ndev < w->local_size;
     /* read once per process by the engine: set before the first job */
     if (MT_CUDA_EMULATED) {
         setenv("MESHTRAIN_PEAK_GFLOPS_PER_GPU", "1000", 1);
