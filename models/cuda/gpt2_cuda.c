@@ -404,7 +404,7 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
                      MT_DIV_UP(cs * 4, 256) * 256 + MT_DIV_UP(ls * 4, 256) * 256 + MT_DIV_UP(as * 4, 256) * 256 +
                      MT_DIV_UP(ss * 8, 256) * 256 + 6 * 256 + MT_DIV_UP(ce, 256) * 256 +
                      MT_DIV_UP(ce * (size_t)g->tp, 256) * 256 + MT_DIV_UP(rep, 256) * 256 +
-                     (g->sp ? 2 * MT_DIV_UP(R * C * es, 256) * 256 + MT_DIV_UP(2 * C * 4, 256) * 256 : 0);
+                     (g->sp ? 2 * MT_DIV_UP(R * C * es, 256) * 256 + MT_DIV_UP(4 * C * 4, 256) * 256 : 0);
     MT_CHECK_GOTO(dalloc(g, (void **)&cur, scratch, MT_MEM_OTHER, "gpt2_cuda scratch"), st, fail);
     g->tmp_c = carve(&cur, N * C * es);
     g->dresid = carve(&cur, R * C * es);
@@ -424,7 +424,7 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     g->shd_sumsq = g->n_shd > 0 ? carve(&cur, rep) : NULL;
     g->tmp_r = g->sp ? carve(&cur, R * C * es) : NULL;
     g->lnloc = g->sp ? carve(&cur, R * C * es) : NULL;
-    g->lng = g->sp ? carve(&cur, 2 * C * 4) : NULL;
+    g->lng = g->sp ? carve(&cur, 4 * C * 4) : NULL;
     MT_CHECK_GOTO(dalloc(g, &g->ws, 32 << 20, MT_MEM_OTHER, "cuBLASLt workspace"), st, fail);
     MT_CHECK_GOTO(
         mt_cuda_status(DEV(g, mt_cuda_ctx_create(&g->ctx, g->ws, 32 << 20, p->prec == MT_PREC_TF32)), "cuBLASLt"), st,
@@ -783,24 +783,38 @@ static mt_status_t block_recompute(mt_gpt2_cuda_t g, int l) {
 }
 
 /* LayerNorm backward over this rank's R rows: dinp (R,C) += ..., and the gradients of its weight and bias (C each,
- * contiguous at dwb) accumulate; with sequence parallelism those are summed over the tp group's rows first (each
- * rank saw its own rows only: a zeroed scratch, an all-reduce, then the sum added to dwb). */
-static mt_status_t ln_backward(mt_gpt2_cuda_t g, void *dinp, float *dwb, const void *dout, const void *inp,
+ * contiguous at dwb) accumulate. With sequence parallelism each rank sees its own rows only: they accumulate in
+ * slot `slot` (0 or 1) of the scratch lng instead, which ln_grads_begin zeroed, and ln_grads_reduce sums the
+ * slots over the tp group in one all-reduce and adds them to their gradients (a block's two LayerNorms in one:
+ * L + 1 all-reduces per backward pass, not 2L + 1). */
+static mt_status_t ln_backward(mt_gpt2_cuda_t g, void *dinp, float *dwb, int slot, const void *dout, const void *inp,
                                const void *w, const float *mean, const float *rstd) {
-    int C = g->C, dt = g->dt;
-    void *s = g->stream;
-    float *dst = g->sp ? g->lng : dwb;
+    int C = g->C;
+    float *dst = g->sp ? g->lng + (size_t)slot * 2 * C : dwb;
+    OP(PROF_LN_BWD, mt_cuda_layernorm_backward(dinp, dst, dst + C, dout, inp, w, mean, rstd, g->R, C, g->dt,
+                                               g->ln_scratch, g->stream));
+    return MT_OK;
+}
+
+/* sp: zeroes the first n slots of lng before n LayerNorm backwards. */
+static mt_status_t ln_grads_begin(mt_gpt2_cuda_t g, int n) {
     if (g->sp) {
-        OP(PROF_OTHER, cudaMemsetAsync(g->lng, 0, 2 * (size_t)C * 4, g->stream));
+        OP(PROF_OTHER, cudaMemsetAsync(g->lng, 0, (size_t)n * 2 * (size_t)g->C * 4, g->stream));
     }
-    OP(PROF_LN_BWD, mt_cuda_layernorm_backward(dinp, dst, dst + C, dout, inp, w, mean, rstd, g->R, C, dt,
-                                               g->ln_scratch, s));
+    return MT_OK;
+}
+
+/* sp: slots 0 .. n-1 of lng summed over the tp group (one all-reduce) and added to dwb[0 .. n-1]. */
+static mt_status_t ln_grads_reduce(mt_gpt2_cuda_t g, float *const *dwb, int n) {
     if (!g->sp) {
         return MT_OK;
     }
-    MT_CHECK(g->p.tp_ops->all_reduce_sum(g->p.tp_ops->ctx, g->lng, 2 * (size_t)C, MT_CU_F32, s));
+    size_t C2 = 2 * (size_t)g->C;
+    MT_CHECK(g->p.tp_ops->all_reduce_sum(g->p.tp_ops->ctx, g->lng, (size_t)n * C2, MT_CU_F32, g->stream));
     MT_CHECK(gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP));
-    OP(PROF_OTHER, mt_cuda_residual_forward(dwb, dwb, g->lng, 2 * (size_t)C, MT_CU_F32, s));
+    for (int k = 0; k < n; k++) {
+        OP(PROF_OTHER, mt_cuda_residual_forward(dwb[k], dwb[k], g->lng + (size_t)k * C2, C2, MT_CU_F32, g->stream));
+    }
     return MT_OK;
 }
 
@@ -840,7 +854,10 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         }
         MT_CHECK(tp_reduce(g, g->da, g->tmp_r, &x));
         OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, RC * es, cs));
-        MT_CHECK(ln_backward(g, g->dresid, G(pf), x, RES(L), W(pf), g->A->lnf_mean, g->A->lnf_rstd));
+        MT_CHECK(ln_grads_begin(g, 1));
+        MT_CHECK(ln_backward(g, g->dresid, G(pf), 0, x, RES(L), W(pf), g->A->lnf_mean, g->A->lnf_rstd));
+        float *lnf[] = {G(pf)};
+        MT_CHECK(ln_grads_reduce(g, lnf, 1));
         MT_CHECK(grads_done(g, pf, g->n_params, NULL));
     }
     for (int l = g->hi - 1; l >= g->lo; l--) {
@@ -866,7 +883,8 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(p + FCW), G(p + FCB), g->dfc, Hl, a->ln2,
                                                         W(p + FCW), N, C, Hl, dt, g->col_scratch, s));
         MT_CHECK(tp_reduce(g, g->da, g->tmp_r, &x)); /* tp: each rank's columns' part of d ln2 */
-        MT_CHECK(ln_backward(g, g->dresid, G(p + LN2W), x, a->r2, W(p + LN2W), a->ln2_mean, a->ln2_rstd));
+        MT_CHECK(ln_grads_begin(g, 2)); /* sp: ln2's and ln1's weight/bias gradients reduced together, below */
+        MT_CHECK(ln_backward(g, g->dresid, G(p + LN2W), 0, x, a->r2, W(p + LN2W), a->ln2_mean, a->ln2_rstd));
         /* attention branch: r2 = x_l + proj(attn(qkv(ln1(x_l)))); dresid now holds d r2 */
         MT_CHECK(tp_gather(g, g->dresid, g->tmp_c));
         OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(p + PROJW), G(p + PROJB), dfull, C, a->atty,
@@ -879,7 +897,9 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, dln1, G(p + QKVW), G(p + QKVB), dqkv, 3 * Cl, a->ln1,
                                                         W(p + QKVW), N, C, 3 * Cl, dt, g->col_scratch, s));
         MT_CHECK(tp_reduce(g, dln1, g->tmp_r, &x)); /* tp: each rank's heads' part of d ln1 */
-        MT_CHECK(ln_backward(g, g->dresid, G(p + LN1W), x, RES(l), W(p + LN1W), a->ln1_mean, a->ln1_rstd));
+        MT_CHECK(ln_backward(g, g->dresid, G(p + LN1W), 1, x, RES(l), W(p + LN1W), a->ln1_mean, a->ln1_rstd));
+        float *lns[] = {G(p + LN2W), G(p + LN1W)};
+        MT_CHECK(ln_grads_reduce(g, lns, 2));
         MT_CHECK(grads_done(g, p, p + NBP, g->slot_free[l % 2]));
     }
     if (g->first) { /* a later stage leaves d x_lo in dresid for the previous one; sp: every rank's rows */

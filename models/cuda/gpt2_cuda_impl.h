@@ -41,7 +41,7 @@ struct mt_gpt2_cuda {
     bool sp;                     /* sequence parallelism (tp > 1): R = N / tp rows outside the sharded regions */
     int R;                       /* rows of the residual stream this rank holds: N, or N / tp */
     void *tmp_r, *lnloc;         /* sp: (R,C) a reduce-scatter's result, a LayerNorm's rows before their gather */
-    float *lng;                  /* sp: (2C) a LayerNorm's weight and bias gradients over this rank's rows */
+    float *lng; /* sp: (2 x 2C) a block's two LayerNorms' weight and bias gradients over this rank's rows */
     float *ce_part, *ce_parts;   /* tp: the cross-entropy's (N,3) statistics and the group's (tp,N,3) */
     size_t *shd_lo, *shd_hi;     /* tp: runs of sharded parameters (tp_dim >= 0) in the stage layout, which alone a */
     int n_shd;                   /* tp rank but 0 counts in the norm (the whole parameters are rank 0's) */
