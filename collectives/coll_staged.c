@@ -133,16 +133,28 @@ fail:
     return st;
 }
 
+/* Room for `room` pinned bytes, then bytes of the device's src copied to x->host + at once everything enqueued
+ * on stream before it has run. */
+static mt_status_t stage_in(struct staged_ctx *x, size_t room, size_t at, const void *src, size_t bytes,
+                            mt_stream_t stream) {
+    MT_CHECK(reserve(x, room));
+    MT_CHECK(down(x->host + at, src, bytes, stream));
+    return sync(stream);
+}
+
+/* bytes at x->host + at copied to the device's dst, complete when it returns. */
+static mt_status_t stage_out(struct staged_ctx *x, void *dst, size_t at, size_t bytes, mt_stream_t stream) {
+    MT_CHECK(up(dst, x->host + at, bytes, stream));
+    return sync(stream);
+}
+
 static mt_status_t staged_all_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                      mt_redop_t op, mt_stream_t stream) {
     struct staged_ctx *x = ctx;
     size_t bytes = count * mt_coll_dtype_size(dtype);
-    MT_CHECK(reserve(x, bytes));
-    MT_CHECK(down(x->host, send, bytes, stream));
-    MT_CHECK(sync(stream));
+    MT_CHECK(stage_in(x, bytes, 0, send, bytes, stream));
     MT_CHECK(mpi->all_reduce(x->mpi, x->host, x->host, count, dtype, op, NULL));
-    MT_CHECK(up(recv, x->host, bytes, stream));
-    return sync(stream);
+    return stage_out(x, recv, 0, bytes, stream);
 }
 
 /* The input (size blocks) at the front, the rank's block of the result after it. */
@@ -150,12 +162,9 @@ static mt_status_t staged_reduce_scatter(void *ctx, const void *send, void *recv
                                          mt_redop_t op, mt_stream_t stream) {
     struct staged_ctx *x = ctx;
     size_t bytes = count * mt_coll_dtype_size(dtype), all = bytes * (size_t)x->size;
-    MT_CHECK(reserve(x, all + bytes));
-    MT_CHECK(down(x->host, send, all, stream));
-    MT_CHECK(sync(stream));
+    MT_CHECK(stage_in(x, all + bytes, 0, send, all, stream));
     MT_CHECK(mpi->reduce_scatter(x->mpi, x->host, x->host + all, count, dtype, op, NULL));
-    MT_CHECK(up(recv, x->host + all, bytes, stream));
-    return sync(stream);
+    return stage_out(x, recv, all, bytes, stream);
 }
 
 /* The gathered blocks at the front, the rank's input after them (read before recv is written). */
@@ -163,53 +172,38 @@ static mt_status_t staged_all_gather(void *ctx, const void *send, void *recv, si
                                      mt_stream_t stream) {
     struct staged_ctx *x = ctx;
     size_t bytes = count * mt_coll_dtype_size(dtype), all = bytes * (size_t)x->size;
-    MT_CHECK(reserve(x, all + bytes));
-    MT_CHECK(down(x->host + all, send, bytes, stream));
-    MT_CHECK(sync(stream));
+    MT_CHECK(stage_in(x, all + bytes, all, send, bytes, stream));
     MT_CHECK(mpi->all_gather(x->mpi, x->host + all, x->host, count, dtype, NULL));
-    MT_CHECK(up(recv, x->host, all, stream));
-    return sync(stream);
+    return stage_out(x, recv, 0, all, stream);
 }
 
+/* send is read on root only (the others stage nothing in). */
 static mt_status_t staged_broadcast(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                     int root, mt_stream_t stream) {
     struct staged_ctx *x = ctx;
     size_t bytes = count * mt_coll_dtype_size(dtype);
-    MT_CHECK(reserve(x, bytes));
-    if (x->rank == root) {
-        MT_CHECK(down(x->host, send, bytes, stream));
-        MT_CHECK(sync(stream));
-    }
+    MT_CHECK(stage_in(x, bytes, 0, send, x->rank == root ? bytes : 0, stream));
     MT_CHECK(mpi->broadcast(x->mpi, x->host, x->host, count, dtype, root, NULL));
-    MT_CHECK(up(recv, x->host, bytes, stream));
-    return sync(stream);
+    return stage_out(x, recv, 0, bytes, stream);
 }
 
+/* recv is written on root only. */
 static mt_status_t staged_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                  mt_redop_t op, int root, mt_stream_t stream) {
     struct staged_ctx *x = ctx;
     size_t bytes = count * mt_coll_dtype_size(dtype);
-    MT_CHECK(reserve(x, 2 * bytes));
-    MT_CHECK(down(x->host, send, bytes, stream));
-    MT_CHECK(sync(stream));
+    MT_CHECK(stage_in(x, 2 * bytes, 0, send, bytes, stream));
     MT_CHECK(mpi->reduce(x->mpi, x->host, x->host + bytes, count, dtype, op, root, NULL));
-    if (x->rank != root) {
-        return MT_OK;
-    }
-    MT_CHECK(up(recv, x->host + bytes, bytes, stream));
-    return sync(stream);
+    return x->rank == root ? stage_out(x, recv, bytes, bytes, stream) : MT_OK;
 }
 
 static mt_status_t staged_all_to_all(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                      mt_stream_t stream) {
     struct staged_ctx *x = ctx;
     size_t all = count * mt_coll_dtype_size(dtype) * (size_t)x->size;
-    MT_CHECK(reserve(x, 2 * all));
-    MT_CHECK(down(x->host, send, all, stream));
-    MT_CHECK(sync(stream));
+    MT_CHECK(stage_in(x, 2 * all, 0, send, all, stream));
     MT_CHECK(mpi->all_to_all(x->mpi, x->host, x->host + all, count, dtype, NULL));
-    MT_CHECK(up(recv, x->host + all, all, stream));
-    return sync(stream);
+    return stage_out(x, recv, all, all, stream);
 }
 
 static mt_status_t post(struct staged_ctx *x, bool is_send, const void *buf, size_t count, mt_coll_dtype_t dtype,
@@ -238,9 +232,7 @@ static mt_status_t staged_send(void *ctx, const void *buf, size_t count, mt_coll
         return post(x, true, buf, count, dtype, peer);
     }
     size_t bytes = count * mt_coll_dtype_size(dtype);
-    MT_CHECK(reserve(x, bytes));
-    MT_CHECK(down(x->host, buf, bytes, stream));
-    MT_CHECK(sync(stream));
+    MT_CHECK(stage_in(x, bytes, 0, buf, bytes, stream));
     return mpi->send(x->mpi, x->host, count, dtype, peer, NULL);
 }
 
@@ -253,8 +245,7 @@ static mt_status_t staged_recv(void *ctx, void *buf, size_t count, mt_coll_dtype
     size_t bytes = count * mt_coll_dtype_size(dtype);
     MT_CHECK(reserve(x, bytes));
     MT_CHECK(mpi->recv(x->mpi, x->host, count, dtype, peer, NULL));
-    MT_CHECK(up(buf, x->host, bytes, stream));
-    return sync(stream);
+    return stage_out(x, buf, 0, bytes, stream);
 }
 
 static mt_status_t staged_group_start(void *ctx) {
