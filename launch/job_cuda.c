@@ -9,7 +9,7 @@
  * slice. ZeRO-3 also shards the weights: each block's are broadcast from their owners into a slot before
  * its forward and backward (the next ones while a block computes), wte/wpe/ln_f once per step. With pp > 1
  * each rank trains one pipeline stage (GPipe or 1F1B, activations by NCCL send/recv, each micro-batch in
- * flight in its own activation set of the trainer). With tp > 1 each rank trains its tensor-parallel shard
+ * flight in its own activation set of the trainer), ZeRO slicing the stage's own layout over its dp group. With tp > 1 each rank trains its tensor-parallel shard
  * (Megatron-style, models/cuda/gpt2_cuda.h), the tp group's all-reduces and gathers through NCCL on the compute
  * stream; the model is built sharded by the engine's setup_model. Pipeline and tensor parallelism live in
  * launch/job_cuda_mp.c. The loop's clipping, NaN agreement, metrics and checkpoints work unchanged: the engine
@@ -46,20 +46,12 @@ static mt_status_t cuda_check_config(const mt_config_t *cfg) {
                         "set model.kind = \"gpt2\", or runtime.device = \"cpu\"",
                         dev, mt_config_str(cfg, "model.kind"));
     }
-    int64_t tp = mt_config_int(cfg, "parallel.tp"), pp = mt_config_int(cfg, "parallel.pp");
+    int64_t tp = mt_config_int(cfg, "parallel.tp");
     if (tp > 1 && !strcmp(mt_config_str(cfg, "model.recompute"), "block")) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "runtime.device = \"%s\": model.recompute = \"block\" with parallel.tp = %lld: the "
                         "tensor-parallel model does not recompute (as on the CPU): set model.recompute = \"none\"",
                         dev, (long long)tp);
-    }
-    if (pp > 1 && !strcmp(mt_config_str(cfg, "parallel.engine"), "zero") &&
-        mt_config_int(cfg, "parallel.zero_stage") > 1) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "runtime.device = \"%s\": parallel.pp = %lld with parallel.engine = \"zero\", zero_stage = "
-                        "%lld: a GPU pipeline stage shards its optimizer state (ZeRO-1), not its gradients or weights: "
-                        "set parallel.zero_stage = 1, parallel.pp = 1, or runtime.device = \"cpu\"",
-                        dev, (long long)pp, (long long)mt_config_int(cfg, "parallel.zero_stage"));
     }
     if (strcmp(mt_config_str(cfg, "optimizer.kind"), "adamw") != 0) {
         return mt_error(MT_ERR_INVALID_ARG,
@@ -297,9 +289,9 @@ static double dp_frac(const cuda_engine_t *e) {
 /* Averages gradients [lo, hi) over dp on the comm stream, ordered after everything enqueued on the compute
  * stream so far (the backward launches that completed them): all-reduced, or under ZeRO-1 each slice's part
  * reduced to the slice's owner (the other ranks' copies of it are not used again this step). A pipeline's
- * end stage under ZeRO-1 all-reduces its tied wte (the layout's first elements) all the same: after the dp
- * reductions its two copies' gradients are summed over the stages (ce_finish_grads), and the owners of an
- * element differ between the stages' layouts. */
+ * end stage under ZeRO all-reduces its tied wte (the layout's first elements) all the same, once per step:
+ * after the dp reductions its two copies' gradients are summed over the stages (ce_finish_grads), and the
+ * owners of an element differ between the stages' layouts. */
 static mt_status_t launch_bucket(cuda_engine_t *e, size_t lo, size_t hi, float *grads) {
     if (hi <= lo) {
         return MT_OK;
@@ -329,14 +321,17 @@ static mt_status_t launch_bucket(cuda_engine_t *e, size_t lo, size_t hi, float *
 }
 
 /* The trainer's hook: runs of complete gradients arrive from the end of the flat layout to its start. Under
- * ZeRO-2 each run is launched at once (its pooled slot is written again two blocks later). */
+ * ZeRO-2 each run is launched at once (its pooled slot is written again two blocks later), but for a pipeline
+ * end stage's tied wte, which accumulates over the passes and is all-reduced after the step's last
+ * (launch_bucket; ce_finish_grads sums it over the end stages and hands the slice's part to the slice). */
 static mt_status_t on_grads(void *arg, size_t lo, size_t hi, float *grads) {
     cuda_engine_t *e = arg;
     if (!e->comm_now) {
         return MT_OK;
     }
     if (e->zero2) {
-        return launch_bucket(e, lo, hi, grads);
+        size_t tied = e->embcomm && !e->final_pass ? mt_model_param(e->model, 0)->numel : 0, a = MT_MAX(lo, tied);
+        return a < hi ? launch_bucket(e, a, hi, grads + (a - lo)) : MT_OK;
     }
     if (e->pend_lo == e->pend_hi) {
         e->pend_hi = hi;
@@ -669,7 +664,8 @@ static mt_status_t ce_run_batch(void *ctx, const mt_batch_t *b, bool backward, d
         CU(cudaMemcpyAsync(e->loss_dev + k, mt_gpt2_cuda_loss_dev(e->g), 4, cudaMemcpyDeviceToDevice, e->cstream));
         if (backward) {
             /* the gradients are final in the last micro-batch; ZeRO-2 takes every micro-batch's away */
-            e->comm_now = e->gcomm && (e->zero2 || k + 1 == e->ga);
+            e->final_pass = k + 1 == e->ga;
+            e->comm_now = e->gcomm && (e->zero2 || e->final_pass);
             e->pend_lo = e->pend_hi = e->numel;
             mt_status_t st = mt_gpt2_cuda_backward(e->g, 1.0f / (float)e->ga);
             e->comm_now = false;
@@ -695,10 +691,15 @@ static mt_status_t ce_finish_grads(void *ctx) {
         MT_CHECK(mt_comm_get_async_error(e->gcomm));
     }
     if (e->embcomm) { /* the tied wte: the first stage's (embedding) and the last's (head) gradients summed */
-        const mt_param_t *wte = mt_model_param(e->model, 0);
-        float *gw = mt_gpt2_cuda_grads(e->g) + mt_gpt2_cuda_param_offset(e->g, 0);
-        MT_CHECK(mt_coll_all_reduce(e->embcomm, gw, gw, wte->numel, MT_COLL_F32, MT_REDOP_SUM, e->cstream, NULL));
-        e->sent_pp += (double)wte->numel * 4.0; /* 2b(n-1)/n over 2 ranks */
+        size_t n = mt_model_param(e->model, 0)->numel;
+        float *gw = mt_gpt2_cuda_wte_grad(e->g);
+        MT_CHECK(mt_coll_all_reduce(e->embcomm, gw, gw, n, MT_COLL_F32, MT_REDOP_SUM, e->cstream, NULL));
+        e->sent_pp += (double)n * 4.0; /* 2b(n-1)/n over 2 ranks */
+        if (e->zero2 && e->sh_lo < n) { /* wte's part of the slice (the layout's first n elements) */
+            size_t b = MT_MIN(n, e->sh_hi);
+            CU(cudaMemcpyAsync(mt_gpt2_cuda_grad_slice(e->g), gw + e->sh_lo, (b - e->sh_lo) * 4,
+                               cudaMemcpyDeviceToDevice, e->cstream));
+        }
     }
     return MT_OK;
 }

@@ -42,7 +42,8 @@ typedef struct {
     cudaStream_t comm_stream; /* dp > 1: gradient all-reduces */
     cudaEvent_t ready;        /* recorded on cstream when a bucket's gradients are complete */
     cudaEvent_t comm_done;    /* recorded on comm_stream after the last bucket */
-    bool comm_now;            /* the backward running is the last micro-batch of a training step */
+    bool comm_now;            /* the backward running hands its gradients to the dp group (on_grads) */
+    bool final_pass;          /* the backward running is the last micro-batch of a training step */
     size_t pend_lo, pend_hi;  /* complete gradients not yet sent: [pend_lo, pend_hi) */
     int64_t n_buckets;        /* all-reduces launched (for the log) */
     double sent_tp, sent_pp;  /* bytes this rank sent in the step (docs/metrics.md): tp collectives, pipeline */

@@ -171,7 +171,8 @@ mt_status_t cuda_engine_pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool
         }
         /* backward k: d x_hi from the next stage, with the last op's send */
         MT_CHECK(pp_exchange(e, &pend, grad, e->last ? -1 : e->stage + 1));
-        e->comm_now = e->gcomm && i == last_b; /* the step's last backward: the gradients are final */
+        e->final_pass = i == last_b; /* the step's last backward: the gradients are final */
+        e->comm_now = e->gcomm && (e->zero2 || e->final_pass); /* ZeRO-2 takes every micro-batch's away */
         e->pend_lo = e->pend_hi = e->numel;
         mt_status_t st = mt_gpt2_cuda_backward(e->g, 1.0f / (float)e->ga);
         e->comm_now = false;

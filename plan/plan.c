@@ -144,9 +144,6 @@ static mt_status_t check_layout(const mt_plan_job_t *job, int world, const mt_pl
     if (model_parallel) { /* the 3-D path's own verdict (parallel3d.c) */
         MT_CHECK(plan_check_3d(job, world, l));
     }
-    if (job->gpu && l->pp > 1 && (l->engine == MT_PLAN_ZERO2 || l->engine == MT_PLAN_ZERO3)) {
-        return mt_error(MT_ERR_INVALID_ARG, "the GPU engine shards a pipeline stage's optimizer state only (ZeRO-1)");
-    }
     if (job->gpu && l->pp > 1 && l->microbatches > MT_JOB_CUDA_MAX_PP_MICROBATCHES) {
         return mt_error(MT_ERR_INVALID_ARG, "the GPU engine's pipeline runs at most %d micro-batches a step",
                         MT_JOB_CUDA_MAX_PP_MICROBATCHES);

@@ -99,12 +99,6 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p, boo
                         "middle stage",
                         p->stage_lo, hi, c->n_layer);
     }
-    if ((p->stage_lo > 0 || hi < c->n_layer) && p->shard_grads) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "gpt2_cuda: a pipeline stage (blocks [%d, %d)) shards its optimizer state only (ZeRO-1), not "
-                        "its gradients or weights (ZeRO-2/3)",
-                        p->stage_lo, hi);
-    }
     if (p->act_sets < 1 || p->act_sets > 4096) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: act_sets = %d: expected 1 to 4096", p->act_sets);
     }
@@ -173,8 +167,9 @@ mt_status_t gpt2_cuda_upload_weights(mt_gpt2_cuda_t g, const float *flat) {
         g->wslot[k] = -1;
     }
     g->outer_stale = false;
-    if (g->zero2) { /* the pool is cleared by each backward */
+    if (g->zero2) { /* the pool is cleared by each backward; the tied wte's accumulator held the staging */
         CK(cudaMemsetAsync(g->gshard, 0, (g->sh_hi - g->sh_lo) * 4, g->stream));
+        CK(cudaMemsetAsync(g->gouter, 0, g->tied_acc * 4, g->stream));
     } else {
         CK(cudaMemsetAsync(g->grads, 0, g->numel * 4, g->stream));
     }
@@ -281,7 +276,8 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     /* parameters: compute copy (the f32 master weights themselves for f32 storage), the master weights of
      * the slice (other storage), gradients, AdamW moments of the slice */
     g->zero3 = p->shard_weights;
-    g->blk_numel = g->L > 0 ? g->offs[BLOCK0 + NBP] - g->offs[BLOCK0] : 0;
+    /* one block's parameters (every block has the same), from the stage's first block: a stage holds no other */
+    g->blk_numel = g->hi > g->lo ? g->offs[BLOCK0 + (g->lo + 1) * NBP] - g->offs[BLOCK0 + g->lo * NBP] : 0;
     if (g->zero3) { /* the slice (master; a copy in the storage dtype), three block slots, wte/wpe/ln_f */
         size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
         MT_CHECK_GOTO(dalloc(g, (void **)&g->master, MT_MAX(slice, 1) * 4, MT_MEM_PARAMS, "gpt2_cuda master weights"),
@@ -314,6 +310,9 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
         }
     }
     g->zero2 = p->shard_grads;
+    /* a pipeline's end stage under ZeRO-2: its copy of the tied wte is summed with the other end stage's once per
+     * step, so its gradient accumulates over the step's passes (the first offs[1] elements of gouter) */
+    g->tied_acc = g->zero2 && g->held[0] && !(g->first && g->last) ? g->offs[1] : 0;
     if (g->zero2) {
         size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
         MT_CHECK_GOTO(
@@ -505,7 +504,8 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
 }
 
 mt_status_t mt_gpt2_cuda_zero_grads(mt_gpt2_cuda_t g) {
-    if (g->zero2) { /* the pool is cleared by each backward */
+    if (g->zero2) { /* the pool is cleared by each backward, but for the tied wte's accumulator */
+        CK(cudaMemsetAsync(g->gouter, 0, g->tied_acc * 4, g->stream));
         return mt_cuda_status(cudaMemsetAsync(g->gshard, 0, (g->sh_hi - g->sh_lo) * 4, g->stream), "zero grads");
     }
     return mt_cuda_status(cudaMemsetAsync(g->grads, 0, g->numel * 4, g->stream), "zero grads");
@@ -563,7 +563,7 @@ static mt_status_t tp_gather(mt_gpt2_cuda_t g, const void *rows, void *full) {
 /* ZeRO-3: enqueues on the comm stream the gather of block l's weights into slot l % 3 unless the slot holds
  * them, after everything enqueued on the compute stream so far (the slot's previous block is done). */
 static mt_status_t wfetch(mt_gpt2_cuda_t g, int l) {
-    if (l < 0 || l >= g->L || g->wslot[l % 3] == l) {
+    if (l < g->lo || l >= g->hi || g->wslot[l % 3] == l) { /* not on this stage, or there */
         return MT_OK;
     }
     CK(cudaEventRecord(g->wmark, g->stream));
@@ -585,7 +585,7 @@ static mt_status_t wneed(mt_gpt2_cuda_t g, int l, int d) {
     MT_CHECK(wfetch(g, l));
     MT_CHECK(wfetch(g, l + d));
     for (int k = l; k != l + 2 * d; k += d) {
-        if (k >= 0 && k < g->L) {
+        if (k >= g->lo && k < g->hi) {
             CK(cudaStreamWaitEvent(g->stream, g->wready[k % 3], 0));
         }
     }
@@ -836,10 +836,11 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
      * was this set's and no backward has refilled them since */
     bool fresh = g->last_fwd == g->A;
     g->last_fwd = NULL;
-    if (g->zero2) { /* every pass starts from zero: the consumer accumulated the last one into its slice */
+    if (g->zero2) { /* every pass starts from zero: the consumer accumulated the last one into its slice (a
+                     * pipeline's tied wte accumulates here until the step's end: zero_grads clears it) */
         CK(cudaStreamWaitEvent(cs, g->outer_free, 0));
         size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
-        OP(PROF_OTHER, cudaMemsetAsync(g->gouter, 0, outer * 4, cs));
+        OP(PROF_OTHER, cudaMemsetAsync(g->gouter + g->tied_acc, 0, (outer - g->tied_acc) * 4, cs));
     }
     /* head: dlogits in place, dlnf = dlogits @ wte (and dwte += dlogits^T lnf), ln_f backward; a stage before
      * the last finds d x_hi in dresid (mt_gpt2_cuda_stage_grad) */

@@ -158,7 +158,10 @@ void *mt_gpt2_cuda_stream(mt_gpt2_cuda_t g);
  * accumulated) into one of two block-sized slots (block l: slot l % 2) or the buffer of wte, wpe and ln_f,
  * so the consumer must take every pass's runs (reduce them and add its slice to mt_gpt2_cuda_grad_slice),
  * enqueuing its reads on the stream given to mt_gpt2_cuda_set_comm_stream, after which the trainer records
- * an event there and waits for it before the slot is written again (two blocks later, or the next pass). */
+ * an event there and waits for it before the slot is written again (two blocks later, or the next pass).
+ * One exception: on a pipeline's end stage the tied wte's gradient (mt_gpt2_cuda_wte_grad) accumulates over
+ * the step's passes as without ZeRO-2, since it is summed with the other end stage's once per step: its
+ * elements are still part of each pass's last run, and the consumer takes them after the step's last pass. */
 typedef mt_status_t (*mt_gpt2_cuda_grad_hook_t)(void *arg, size_t lo, size_t hi, float *grads);
 void mt_gpt2_cuda_set_grad_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_grad_hook_t fn, void *arg);
 
@@ -184,6 +187,12 @@ void *mt_gpt2_cuda_weight_slice(mt_gpt2_cuda_t g);
  * adds each pass's averaged gradient there; mt_gpt2_cuda_zero_grads clears it, grad_stats and the step
  * read it. NULL without ZeRO-2. */
 float *mt_gpt2_cuda_grad_slice(mt_gpt2_cuda_t g);
+
+/* The device f32 gradient of the stage's copy of wte (the layout's first elements; the tied embedding, which a
+ * pipeline's end stages sum once per step): in mt_gpt2_cuda_grads(), or under ZeRO-2 on a pipeline's end stage
+ * its accumulator in the pool (see mt_gpt2_cuda_grad_hook_t), cleared by mt_gpt2_cuda_zero_grads. NULL on a
+ * stage without wte and under ZeRO-2 on the whole model (each pass's wte is the hook's alone). */
+float *mt_gpt2_cuda_wte_grad(mt_gpt2_cuda_t g);
 
 /* The device f32 gradients (numel floats, flat layout; NULL under ZeRO-2) and the device f32 mean loss of
  * the last forward, for communication and copies ordered on the caller's streams. */
@@ -241,10 +250,10 @@ mt_status_t mt_gpt2_cuda_set_state(mt_gpt2_cuda_t g, const float *params, const 
 int64_t mt_gpt2_cuda_get_step(mt_gpt2_cuda_t g);
 void mt_gpt2_cuda_set_step(mt_gpt2_cuda_t g, int64_t t);
 
-/* ---- pipeline stages (params.stage_lo, stage_hi; ZeRO-1 at most: shard_count slices of the stage's layout) ----
+/* ---- pipeline stages (params.stage_lo, stage_hi; ZeRO-1/2/3 over shard_count slices of the stage's layout) ----
  * A stage holds the parameters it computes with: blocks [lo, hi), wte and wpe on the first stage (lo = 0),
  * ln_f on the last (hi = n_layer), and wte on the last too (the tied head reads it; the two copies' gradients
- * are the engine's to sum). Its flat layout (gradients, hook ranges, AdamW state, get_grads/get_params) is
+ * are the engine's to sum: mt_gpt2_cuda_wte_grad). Its flat layout (gradients, hook ranges, AdamW state, get_grads/get_params) is
  * the model's with the absent parameters left out, in the same order; mt_gpt2_cuda_get_state / set_state
  * still take the model's host layout. forward: the first stage embeds the tokens, a later stage reads its
  * input x_lo from mt_gpt2_cuda_stage_input (N x C in the storage dtype, written by the caller in the compute

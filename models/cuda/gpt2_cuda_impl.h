@@ -76,6 +76,8 @@ struct mt_gpt2_cuda {
     float *gpool;                /* zero2: two block-sized slots, block l's gradients in slot l % 2 */
     float *gouter;               /* zero2: wte, wpe [0, offs[BLOCK0]), then ln_f [offs[pf], numel) */
     float *gshard;               /* zero2: the slice's gradient, accumulated by the hook's consumer */
+    size_t tied_acc;             /* zero2 on a pipeline's end stage: wte's elements (gouter's first), which
+                                  * accumulate over a step's passes (0: none; every pass starts from zero) */
     size_t blk_numel;            /* zero2: elements of one block's parameters */
     cudaEvent_t slot_free[2];    /* zero2: recorded on the consumer stream after a slot's hook */
     cudaEvent_t outer_free;      /* zero2: ... after the embedding's hook (the last use of gouter) */

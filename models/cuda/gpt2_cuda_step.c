@@ -179,6 +179,10 @@ float *mt_gpt2_cuda_grads(mt_gpt2_cuda_t g) {
     return g->grads;
 }
 
+float *mt_gpt2_cuda_wte_grad(mt_gpt2_cuda_t g) {
+    return g->held[0] && (!g->zero2 || g->tied_acc > 0) ? G(0) : NULL;
+}
+
 float *mt_gpt2_cuda_grad_slice(mt_gpt2_cuda_t g) {
     return g->gshard;
 }

@@ -16,8 +16,9 @@
  * copy gives its loss and gradients, gathering each block once.
  * Pipeline stages (fp32, bf16, fp32 with recompute = block): a 3-block model run as three stages with the
  * activations and their gradients handed over gives the whole model's loss and gradients (exactly under the
- * emulator but for wte's summation order, 1e-5 of the largest on a device); bad stage bounds and a stage
- * sharding its gradients (ZeRO-2) are refused. Activation sets (with and without recompute): two micro-batches
+ * emulator but for wte's summation order, 1e-5 of the largest on a device); bad stage bounds are refused;
+ * ZeRO-2 and ZeRO-3 on the stages hand over each pass's gradients but for the tied wte's, which accumulate over
+ * the passes (the pipeline's end stages sum their copies once per step). Activation sets (with and without recompute): two micro-batches
  * forwarded before their backwards accumulate what forward + backward of each in turn does.
  * Exits 77 printing "skipped: no CUDA device" without a device.
  * SPDX-License-Identifier: MIT */
@@ -489,12 +490,135 @@ static void hand_over(mt_gpt2_cuda_t from, const void *src, mt_gpt2_cuda_t to, v
           "hand over %zu bytes", n);
 }
 
+/* One forward and backward of tok/tgt through the three stages st (blocks [k, k + 1) each), the activations and
+ * their gradients handed from stage to stage; *loss: the last stage's. */
+static void run_stages(mt_model_t m, mt_prec_t prec, mt_gpt2_cuda_t *st, const int32_t *tok, const int32_t *tgt,
+                       float *loss) {
+    size_t act = (size_t)B * T * mt_model_config(m)->n_embd * mt_dtype_size(mt_prec_storage(prec));
+    CHECK_OK(mt_gpt2_cuda_forward(st[0], tok, NULL));
+    hand_over(st[0], mt_gpt2_cuda_stage_output(st[0]), st[1], mt_gpt2_cuda_stage_input(st[1]), act);
+    CHECK_OK(mt_gpt2_cuda_forward(st[1], NULL, NULL));
+    hand_over(st[1], mt_gpt2_cuda_stage_output(st[1]), st[2], mt_gpt2_cuda_stage_input(st[2]), act);
+    CHECK_OK(mt_gpt2_cuda_forward(st[2], NULL, tgt));
+    CHECK_OK(mt_gpt2_cuda_loss(st[2], loss));
+    CHECK_OK(mt_gpt2_cuda_backward(st[2], 1.0f));
+    hand_over(st[2], mt_gpt2_cuda_stage_grad(st[2]), st[1], mt_gpt2_cuda_stage_grad(st[1]), act);
+    CHECK_OK(mt_gpt2_cuda_backward(st[1], 1.0f));
+    hand_over(st[1], mt_gpt2_cuda_stage_grad(st[1]), st[0], mt_gpt2_cuda_stage_grad(st[0]), act);
+    CHECK_OK(mt_gpt2_cuda_backward(st[0], 1.0f));
+}
+
+/* ZeRO-2 (zero3: ZeRO-3) on pipeline stages (shard 0 of 2 of each stage's layout), against the unsharded stages
+ * u after one pass (their gradients from zero): over two passes each stage's hook runs tile its layout from the
+ * end and hold u's gradients but for the tied wte (first and last stage), whose run holds the sum of the passes
+ * so far, as mt_gpt2_cuda_wte_grad does (NULL on the middle stage) until zero_grads clears it; the loss is u's;
+ * under ZeRO-3 (weights "gathered" from u's copies) each stage gathers its one block once and nothing of
+ * another stage. Exactly under the emulator but for wte (summed again: 1e-6 of the largest), 1e-5 of the
+ * largest on a device. */
+static void sharded_stages(mt_model_t m, const mt_gpt2_cuda_params_t *base, mt_gpt2_cuda_t *u, const int32_t *tok,
+                           const int32_t *tgt, float loss0, bool zero3) {
+    const char *pn = mt_prec_name(base->prec);
+    size_t wte = mt_model_param(m, 0)->numel;
+    mt_gpt2_cuda_t st[3] = {NULL, NULL, NULL};
+    runs_t r[3];
+    gather_t c[3];
+    float *want[3] = {NULL, NULL, NULL};
+    memset(r, 0, sizeof(r));
+    for (int k = 0; k < 3; k++) {
+        mt_gpt2_cuda_params_t p = *base;
+        p.stage_lo = k;
+        p.stage_hi = k + 1;
+        p.shard_count = 2;
+        p.shard_index = 0;
+        p.shard_grads = true;
+        p.shard_weights = zero3;
+        CHECK_OK(mt_gpt2_cuda_init(m, &p, &st[k]));
+        if (!st[k]) {
+            goto done;
+        }
+        size_t n = mt_gpt2_cuda_numel(u[k]);
+        CHECK(mt_gpt2_cuda_numel(st[k]) == n, "stage %d: %zu parameters sharded, %zu not", k,
+              mt_gpt2_cuda_numel(st[k]), n);
+        want[k] = malloc(n * 4);
+        CHECK_OK(mt_gpt2_cuda_get_grads(u[k], want[k]));
+        r[k] = (runs_t){.got = calloc(n, 4), .next = n, .stream = mt_gpt2_cuda_stream(st[k])};
+        c[k] = (gather_t){.src = mt_gpt2_cuda_weights(u[k]),
+                          .es = mt_dtype_size(mt_prec_storage(p.prec)),
+                          .stream = r[k].stream};
+        mt_gpt2_cuda_set_grad_hook(st[k], take_run, &r[k]);
+        mt_gpt2_cuda_set_comm_stream(st[k], r[k].stream);
+        mt_gpt2_cuda_set_weight_hook(st[k], copy_weights, &c[k]);
+        CHECK_OK(mt_gpt2_cuda_zero_grads(st[k]));
+        CHECK((mt_gpt2_cuda_wte_grad(st[k]) != NULL) == (k != 1), "%s stage %d: wte gradient %p", pn, k,
+              (void *)mt_gpt2_cuda_wte_grad(st[k]));
+    }
+    float *wg = malloc(wte * 4);
+    for (int pass = 0; pass < 2; pass++) {
+        float loss = 0;
+        for (int k = 0; k < 3; k++) {
+            r[k].next = mt_gpt2_cuda_numel(st[k]);
+            r[k].runs = r[k].bad = 0;
+        }
+        run_stages(m, base->prec, st, tok, tgt, &loss);
+        CHECK(MT_CUDA_EMULATED ? loss == loss0 : fabs(loss - loss0) <= 1e-6 * loss0, "%s zero-%d stages pass %d: "
+              "loss %.9g, unsharded %.9g", pn, zero3 ? 3 : 2, pass, loss, loss0);
+        for (int k = 0; k < 3; k++) {
+            size_t n = mt_gpt2_cuda_numel(st[k]), w = k == 1 ? 0 : wte;
+            double top = 0, err = max_diff(r[k].got, want[k], w, n, &top), wtop = 0, werr = 0;
+            for (size_t i = 0; i < w; i++) { /* the tied wte: pass + 1 passes' sum */
+                werr = fmax(werr, fabs((double)r[k].got[i] - (pass + 1.0) * want[k][i]));
+                wtop = fmax(wtop, fabs((pass + 1.0) * want[k][i]));
+            }
+            float *acc = mt_gpt2_cuda_wte_grad(st[k]);
+            int off = 0;
+            if (acc) {
+                CHECK(cudaStreamSynchronize((cudaStream_t)r[k].stream) == cudaSuccess &&
+                          cudaMemcpy(wg, acc, wte * 4, cudaMemcpyDeviceToHost) == cudaSuccess,
+                      "copy wte's gradient");
+                for (size_t i = 0; i < wte; i++) {
+                    off += wg[i] != r[k].got[i];
+                }
+            }
+            CHECK(r[k].bad == 0 && r[k].next == 0 && err <= (MT_CUDA_EMULATED ? 0.0 : 1e-5 * top) &&
+                      werr <= 1e-6 * wtop + (MT_CUDA_EMULATED ? 0.0 : 1e-5 * wtop) && off == 0,
+                  "%s zero-%d stage %d pass %d: %d runs (%d out of order, ending at %zu), gradients off by %g "
+                  "(largest %g), wte by %g (largest %g), %d of wte's accumulator unlike its run",
+                  pn, zero3 ? 3 : 2, k, pass, r[k].runs, r[k].bad, r[k].next, err, top, werr, wtop, off);
+        }
+    }
+    for (int k = 0; k < 3; k++) {
+        CHECK(!zero3 || c[k].calls == 1, "%s zero-3 stage %d: %d weight gathers for its one block", pn, k,
+              c[k].calls);
+        float *acc = mt_gpt2_cuda_wte_grad(st[k]);
+        if (acc) { /* zero_grads clears the accumulator */
+            CHECK_OK(mt_gpt2_cuda_zero_grads(st[k]));
+            CHECK(cudaStreamSynchronize((cudaStream_t)r[k].stream) == cudaSuccess &&
+                      cudaMemcpy(wg, acc, wte * 4, cudaMemcpyDeviceToHost) == cudaSuccess,
+                  "copy wte's gradient");
+            int nz = 0;
+            for (size_t i = 0; i < wte; i++) {
+                nz += wg[i] != 0.0f;
+            }
+            CHECK(nz == 0, "%s zero-%d stage %d: %d of wte's gradient left after zero_grads", pn, zero3 ? 3 : 2, k,
+                  nz);
+        }
+    }
+    free(wg);
+done:
+    for (int k = 0; k < 3; k++) {
+        mt_gpt2_cuda_free(st[k]);
+        free(r[k].got);
+        free(want[k]);
+    }
+}
+
 /* Pipeline stages: a 3-block model as three stages (first [0, 1), middle [1, 2), last [2, 3)), activations
  * and their gradients handed from stage to stage, against the whole model on the device: the same loss and
  * the same gradient of every parameter — exactly under the emulator (the same kernels on the same stored
  * values), to 1e-5 of the largest on a device; wte's, the first stage's plus the last's, to 1e-6 of the
  * largest (the head's and the embedding's parts summed in another order); each stage holds only its
- * parameters; bad stage bounds, ZeRO on a stage and a missing tokens/targets array are refused. */
+ * parameters; bad stage bounds and a missing tokens/targets array are refused; ZeRO-2 and ZeRO-3 on the stages
+ * (sharded_stages). */
 static void stage_contract(mt_prec_t prec, mt_recompute_t rc) {
     mt_model_t m = build_layers(rc, 3);
     size_t n = mt_model_numel(m);
@@ -511,13 +635,6 @@ static void stage_contract(mt_prec_t prec, mt_recompute_t rc) {
     CHECK(mt_gpt2_cuda_init(m, &p, &bad) == MT_ERR_INVALID_ARG, "%s: an empty stage accepted", pn);
     p.stage_hi = 4;
     CHECK(mt_gpt2_cuda_init(m, &p, &bad) == MT_ERR_INVALID_ARG, "%s: a stage past the last block accepted", pn);
-    p.stage_lo = 0;
-    p.stage_hi = 1;
-    p.shard_count = 2;
-    p.shard_grads = true;
-    CHECK(mt_gpt2_cuda_init(m, &p, &bad) == MT_ERR_INVALID_ARG, "%s: a stage sharding its gradients accepted", pn);
-    p.shard_count = 1;
-    p.shard_grads = false;
     for (int k = 0; k < 3; k++) {
         p.stage_lo = k;
         p.stage_hi = k + 1;
@@ -530,18 +647,7 @@ static void stage_contract(mt_prec_t prec, mt_recompute_t rc) {
     CHECK(mt_gpt2_cuda_forward(st[0], NULL, tgt) == MT_ERR_INVALID_USAGE &&
               mt_gpt2_cuda_forward(st[2], tok, NULL) == MT_ERR_INVALID_USAGE,
           "%s: a stage without its tokens / targets accepted", pn);
-    size_t act = (size_t)B * T * mt_model_config(m)->n_embd * mt_dtype_size(mt_prec_storage(prec));
-    CHECK_OK(mt_gpt2_cuda_forward(st[0], tok, NULL));
-    hand_over(st[0], mt_gpt2_cuda_stage_output(st[0]), st[1], mt_gpt2_cuda_stage_input(st[1]), act);
-    CHECK_OK(mt_gpt2_cuda_forward(st[1], NULL, NULL));
-    hand_over(st[1], mt_gpt2_cuda_stage_output(st[1]), st[2], mt_gpt2_cuda_stage_input(st[2]), act);
-    CHECK_OK(mt_gpt2_cuda_forward(st[2], NULL, tgt));
-    CHECK_OK(mt_gpt2_cuda_loss(st[2], &loss));
-    CHECK_OK(mt_gpt2_cuda_backward(st[2], 1.0f));
-    hand_over(st[2], mt_gpt2_cuda_stage_grad(st[2]), st[1], mt_gpt2_cuda_stage_grad(st[1]), act);
-    CHECK_OK(mt_gpt2_cuda_backward(st[1], 1.0f));
-    hand_over(st[1], mt_gpt2_cuda_stage_grad(st[1]), st[0], mt_gpt2_cuda_stage_grad(st[0]), act);
-    CHECK_OK(mt_gpt2_cuda_backward(st[0], 1.0f));
+    run_stages(m, prec, st, tok, tgt, &loss);
     /* every parameter's gradient from the stages holding it, summed (only wte is on two) */
     size_t held_total = 0;
     for (int k = 0; k < 3; k++) {
@@ -564,6 +670,8 @@ static void stage_contract(mt_prec_t prec, mt_recompute_t rc) {
           "%s%s stages: loss %.9g (whole %.9g), gradients off by %g, wte by %g (largest %g), %zu parameters held "
           "(model %zu + wte %zu)",
           pn, rc == MT_RECOMPUTE_BLOCK ? " recompute" : "", loss, loss0, err, err_wte, top, held_total, n, wte);
+    sharded_stages(m, &p, st, tok, tgt, loss, false);
+    sharded_stages(m, &p, st, tok, tgt, loss, true);
 done:
     for (int k = 0; k < 3; k++) {
         mt_gpt2_cuda_free(st[k]);

@@ -267,9 +267,9 @@ static void resumed_losses(const char *what, const mt_job_result_t *r, const mt_
     }
 }
 
-/* `meshtrain plan` on a GPU cluster lists only what the GPU engine runs (no attn_recompute variants, no ZeRO-2/3
- * with a pipeline, no all-reduce path with dp > 1), each layout once, with the device memory of its fullest
- * stage as mt_plan_stage_mem sizes it. */
+/* `meshtrain plan` on a GPU cluster lists only what the GPU engine runs (no attn_recompute variants, no all-reduce
+ * path with dp > 1), ZeRO-2/3 with a pipeline among them, each layout once, with the device memory of its
+ * fullest stage as mt_plan_stage_mem sizes it. */
 static void plan_gpu_layouts(void) {
     mt_plan_cluster_t c;
     CHECK_OK(mt_plan_cluster_load(MT_SOURCE_DIR "/tests/plan/data/tiny_gpu_cluster.toml", &c, stderr));
@@ -291,12 +291,13 @@ static void plan_gpu_layouts(void) {
     CHECK_OK(mt_plan_enumerate(&job, &c, &o, &v, &n));
     CHECK(n > 10, "%d GPU layouts of 4 ranks", n);
     job.gpu = true; /* as the planner places it on this cluster */
+    int zero_pp = 0;
     for (int i = 0; i < n; i++) {
         const mt_plan_layout_t *l = &v[i].l;
         char name[96];
         mt_plan_layout_str(l, name, sizeof(name));
         CHECK(l->recompute != MT_PLAN_RC_ATTN && l->recompute != MT_PLAN_RC_BLOCK_ATTN, "%s: attn_recompute", name);
-        CHECK(!(l->pp > 1 && (l->engine == MT_PLAN_ZERO2 || l->engine == MT_PLAN_ZERO3)), "%s: ZeRO-2/3 with pp", name);
+        zero_pp += l->pp > 1 && (l->engine == MT_PLAN_ZERO2 || l->engine == MT_PLAN_ZERO3);
         CHECK(!(l->engine == MT_PLAN_ALLREDUCE && l->dp > 1), "%s: the all-reduce path", name);
         int64_t mem[MT_MEM_NCAT], total = 0;
         CHECK_OK(mt_plan_stage_mem(&job, l, v[i].mem_stage, mem));
@@ -306,6 +307,7 @@ static void plan_gpu_layouts(void) {
         CHECK(total == v[i].mem_total, "%s: total %lld, stage %d sized %lld", name, (long long)v[i].mem_total,
               v[i].mem_stage, (long long)total);
     }
+    CHECK(zero_pp >= 2, "%d GPU layouts with ZeRO-2/3 and a pipeline", zero_pp);
     free(v);
     mt_config_free(cfg);
     mt_plan_cluster_free(&c);
@@ -521,6 +523,18 @@ static void zero_stage(const char *dir, int stage, const mt_job_result_t *ddp, c
 }
 
 /* comm_bytes {model, other} of a metrics file's last step (false: absent or unreadable). */
+/* The last step's comm_bytes of group (tp, pp or dp) in the metrics at path; -1 without them. */
+static double group_bytes(const char *path, const char *group) {
+    mt_json_t *o = last_line(path);
+    const mt_json_t *cb = o ? mt_json_get(o, "comm_bytes") : NULL;
+    double v = -1.0;
+    if (!cb || !mt_json_get_num(cb, group, &v)) {
+        v = -1.0;
+    }
+    mt_json_free(o);
+    return v;
+}
+
 static bool step_bytes(const char *path, double *model, double *other) {
     mt_json_t *o = last_line(path);
     const mt_json_t *cb = o ? mt_json_get(o, "comm_bytes") : NULL;
@@ -582,8 +596,8 @@ static void zero_comm_bytes(const char *dir) {
  * 1F1B's, and evaluation (forward only) the CPU pipeline's validation losses; a
  * pipeline checkpoint resumes on the GPU pipeline (SAME_TOL) and on the
  * CPU pipeline (1e-3); each stage holds only its parameters (device parameter bytes below 0.75 of the whole
- * model's on one GPU); ZeRO-2 with a pipeline is refused naming the keys (ZeRO-1: `test_job_cuda tensor` on 4
- * ranks). */
+ * model's on one GPU); ZeRO-2 with dp = 1 trains as without it (ZeRO over dp with a pipeline: `test_job_cuda
+ * tensor` on 4 ranks). */
 static void pipeline(const char *dir) {
     const mt_world_t *w = mt_rt_world();
     int pp = w->size;
@@ -629,11 +643,10 @@ static void pipeline(const char *dir) {
     CHECK_OK(run_pp("cuda", pp, 3, again, &res));
     resumed_losses("pp 2 checkpoint resumed on the gpu pipeline", &res, &g1, SAME_TOL);
     resumed_losses("pp 2 gpu checkpoint resumed on the cpu pipeline", &rcpu, &cpu, 1e-3);
-    const char *zp[] = {l4[0], "--parallel.engine=zero", "--parallel.zero_stage=2"};
-    char zmsg[96];
-    snprintf(zmsg, sizeof(zmsg), "parallel.pp = %d with parallel.engine = \"zero\", zero_stage = 2", pp);
-    CHECK(run_pp("cuda", pp, 3, zp, &z) == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), zmsg),
-          "zero-2 under pp on the gpu: %s", mt_last_error_msg());
+    /* ZeRO with dp = 1 has nothing to shard: the stage trains as without it */
+    const char *zp[] = {l4[0], l4[1], "--parallel.engine=zero", "--parallel.zero_stage=2"};
+    CHECK_OK(run_pp("cuda", pp, 4, zp, &z));
+    same_losses("pipeline, dp 1: zero-2 vs ddp on the gpu", &z, &g1, SAME_TOL);
     if (w->rank == 0) {
         printf("pp %d on the gpu: losses %.6f .. %.6f (cpu pipeline %.6f .. %.6f), device parameters %lld B on stage "
                "0\n",
@@ -696,7 +709,9 @@ static void tp_comm_bytes(const char *dir) {
  * one GPU; sequence parallelism gives the CPU's losses, norms and validation losses (1e-3) and the run without it
  * (SAME_TOL) with fewer activation bytes. With 4 ranks: pp 2 x dp 2 under ZeRO-1 (each stage's optimizer state
  * sliced over dp) gives the DDP pipeline's losses (SAME_TOL), the CPU engine's losses and norms (1e-3) with under
- * 3/4 of DDP's optimizer bytes, and its checkpoint resumes under DDP; tp 2 x dp 2: ZeRO-1, -2 and -3 over each tp
+ * 3/4 of DDP's optimizer bytes, and its checkpoint resumes under DDP; so do ZeRO-2 and ZeRO-3 (the losses and
+ * norms; ZeRO-3's checkpoint), and with 16 blocks a stage ZeRO-2 holds under 0.8 of ZeRO-1's gradient bytes and
+ * ZeRO-3 under 0.8 of its weight bytes; tp 2 x dp 2: ZeRO-1, -2 and -3 over each tp
  * rank's shard give the DDP losses (SAME_TOL, ZeRO-2 also with sequence parallelism), and tp 2 x pp 2 (4 blocks,
  * 1F1B), with and without sequence parallelism, the CPU's losses and norms (1e-3). */
 static void tensor(const char *dir) {
@@ -777,8 +792,15 @@ static void tensor(const char *dir) {
         /* a vocabulary of 1024: wte crosses the slice boundaries, which differ between the two stages' layouts */
         const char *p2[] = {"--model.n_layer=4", "--parallel.schedule=1f1b", "--model.vocab_size=1024"};
         const char *p2z[] = {p2[0], p2[1], p2[2], "--parallel.engine=zero", "--parallel.zero_stage=1"};
-        CHECK_OK(run_mesh("cuda", 1, 2, 3, p2, &pd));
-        CHECK_OK(run_mesh("cuda", 1, 2, 5, p2z, &pz));
+        char mp[3][300], ma[3][320]; /* metrics of DDP, ZeRO-1, ZeRO-2: their dp bytes */
+        for (int i = 0; i < 3; i++) {
+            snprintf(mp[i], sizeof(mp[i]), "%s/ppz_bytes%d.jsonl", dir, i);
+            snprintf(ma[i], sizeof(ma[i]), "--metrics.jsonl=%s", mp[i]);
+        }
+        const char *p2m[] = {p2[0], p2[1], p2[2], ma[0]};
+        const char *p2zm[] = {p2z[0], p2z[1], p2z[2], p2z[3], p2z[4], ma[1]};
+        CHECK_OK(run_mesh("cuda", 1, 2, 4, p2m, &pd));
+        CHECK_OK(run_mesh("cuda", 1, 2, 6, p2zm, &pz));
         CHECK_OK(run_mesh("cpu", 1, 2, 5, p2z, &pzc));
         same_losses("pp 2 x dp 2: zero-1 vs ddp on the gpu", &pz, &pd, SAME_TOL);
         same_losses("pp 2 x dp 2, zero-1: gpu vs cpu", &pz, &pzc, 1e-3);
@@ -795,7 +817,71 @@ static void tensor(const char *dir) {
         const char *zres[] = {p2[0], p2[1], p2[2], zarg};
         CHECK_OK(run_mesh("cuda", 1, 2, 4, zres, &pzres));
         resumed_losses("pp 2 zero-1 checkpoint resumed under ddp", &pzres, &pz, SAME_TOL);
-        mt_job_result_t *pall[] = {&pd, &pz, &pzc, &pzpart, &pzres};
+        /* ZeRO-2 and -3 on each stage: every micro-batch's gradients reduced to their owners but for the tied wte,
+         * all-reduced once per step and summed over the end stages (whose slices of it differ), ZeRO-3's weights
+         * gathered per block and micro-batch; a ZeRO-3 checkpoint resumes under DDP */
+        for (int zs = 2; zs <= 3; zs++) {
+            char zst[64], what[96], zca[300];
+            snprintf(zst, sizeof(zst), "--parallel.zero_stage=%d", zs);
+            snprintf(zca, sizeof(zca), "--checkpoint.dir=%s/ppz%dckpt", dir, zs);
+            const char *pzs[] = {p2[0], p2[1], p2[2], "--parallel.engine=zero", zst, ma[2]};
+            mt_job_result_t zg, zc;
+            CHECK_OK(run_mesh("cuda", 1, 2, zs == 2 ? 6 : 5, pzs, &zg));
+            CHECK_OK(run_mesh("cpu", 1, 2, 5, pzs, &zc));
+            snprintf(what, sizeof(what), "pp 2 x dp 2: zero-%d vs ddp on the gpu", zs);
+            same_losses(what, &zg, &pd, SAME_TOL);
+            snprintf(what, sizeof(what), "pp 2 x dp 2, zero-%d: gpu vs cpu", zs);
+            same_losses(what, &zg, &zc, 1e-3);
+            same_norms(what, &zg, &zc, 1e-3);
+            if (zs == 3) {
+                const char *zstop[] = {pzs[0], pzs[1], pzs[2], pzs[3], pzs[4], zca, "--checkpoint.every=3",
+                                       "--stop-after=3"};
+                mt_job_result_t zpart, zres;
+                CHECK_OK(run_mesh("cuda", 1, 2, 8, zstop, &zpart));
+                const char *zr[] = {p2[0], p2[1], p2[2], zca};
+                CHECK_OK(run_mesh("cuda", 1, 2, 4, zr, &zres));
+                resumed_losses("pp 2 zero-3 checkpoint resumed under ddp", &zres, &pd, SAME_TOL);
+                mt_job_result_free(&zpart);
+                mt_job_result_free(&zres);
+            }
+            mt_job_result_free(&zg);
+            mt_job_result_free(&zc);
+        }
+        /* the dp bytes of stage 0 (rank 0; f = 1/2, 2 micro-batches, n parameters from DDP's all-reduce 2 * 4n * f,
+         * wte's w): ZeRO-2 reduces the first micro-batch's gradients too, but for wte's, all-reduced once a step:
+         * ZeRO-1's bytes + 4 (n - w) f */
+        double dd = group_bytes(mp[0], "dp"), d1 = group_bytes(mp[1], "dp"), d2 = group_bytes(mp[2], "dp");
+        double np0 = dd / 4.0, wte = 1024.0 * 32.0;
+        CHECK(np0 > wte && d1 > 0 && d2 == d1 + 4.0 * (np0 - wte) * 0.5,
+              "pp 2 x dp 2 dp bytes of stage 0: ddp %.0f (%.0f parameters), zero-1 %.0f, zero-2 %.0f (want %.0f)", dd,
+              np0, d1, d2, d1 + 4.0 * (np0 - wte) * 0.5);
+        /* 32 blocks, 16 a stage: ZeRO-2 holds under 0.8 of ZeRO-1's gradient bytes (a slice and two block slots
+         * for the whole stage), ZeRO-3 also under 0.8 of its weight bytes, training the same function */
+        mt_job_result_t zm[3];
+        for (int zs = 1; zs <= 3; zs++) {
+            char zst[64];
+            snprintf(zst, sizeof(zst), "--parallel.zero_stage=%d", zs);
+            const char *big[] = {"--model.n_layer=32", "--train.steps=2", "--parallel.engine=zero", zst};
+            CHECK_OK(run_mesh("cuda", 1, 2, 4, big, &zm[zs - 1]));
+        }
+        int64_t g1b = zm[0].mem_peak[MT_MEM_GRADS], g2b = zm[1].mem_peak[MT_MEM_GRADS];
+        int64_t w1b = zm[0].mem_peak[MT_MEM_PARAMS], w3b = zm[2].mem_peak[MT_MEM_PARAMS];
+        CHECK(g2b > 0 && g2b * 5 < g1b * 4 && w3b > 0 && w3b * 5 < w1b * 4,
+              "pp 2 x dp 2, 32 blocks: device gradient bytes %lld (zero-2) vs %lld (zero-1), weight bytes %lld "
+              "(zero-3) vs %lld (zero-1)", (long long)g2b, (long long)g1b, (long long)w3b, (long long)w1b);
+        for (int k = 1; k < 3; k++) {
+            for (int64_t s = 0; s < zm[k].n_steps && s < zm[0].n_steps; s++) {
+                CHECK(fabs(zm[k].loss[s] - zm[0].loss[s]) <= SAME_TOL * zm[0].loss[s],
+                      "pp 2 x dp 2, 32 blocks, step %lld: zero-%d loss %.9g, zero-1 %.9g", (long long)s + 1, k + 1,
+                      zm[k].loss[s], zm[0].loss[s]);
+            }
+        }
+        if (w->rank == 0) {
+            printf("pp 2 x dp 2 on the gpu, 32 blocks: gradient bytes zero-1 %lld, zero-2 %lld; weight bytes zero-1 "
+                   "%lld, zero-3 %lld\n",
+                   (long long)g1b, (long long)g2b, (long long)w1b, (long long)w3b);
+        }
+        mt_job_result_t *pall[] = {&pd, &pz, &pzc, &pzpart, &pzres, &zm[0], &zm[1], &zm[2]};
         for (size_t i = 0; i < MT_ARRAY_LEN(pall); i++) {
             mt_job_result_free(pall[i]);
         }
