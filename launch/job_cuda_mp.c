@@ -65,7 +65,7 @@ mt_status_t cuda_engine_tp_comms_init(cuda_engine_t *e, const mt_job_info_t *inf
     return mt_comm_init_mesh(info->comm, info->mesh, MT_AXIS_BIT(MT_AXIS_TP), &cp, &e->tpcomm);
 }
 
-/* With gradients spread over more than one axis (tp; ZeRO-1 with a pipeline): the host communicator over every
+/* With gradients spread over more than one axis (tp; ZeRO with a pipeline): the host communicator over every
  * rank whose gradients make up the norm (tp, the pipeline's stages, under ZeRO the dp ranks' slices),
  * collectively over info->comm. */
 mt_status_t cuda_engine_norm_comm_init(cuda_engine_t *e, const mt_job_info_t *info) {

@@ -505,6 +505,9 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
 
 mt_status_t mt_gpt2_cuda_zero_grads(mt_gpt2_cuda_t g) {
     if (g->zero2) { /* the pool is cleared by each backward, but for the tied wte's accumulator */
+        for (int i = 0; i < 3; i++) { /* the hook's consumer is done with the pool (and has added to the slice) */
+            CK(cudaStreamWaitEvent(g->stream, i < 2 ? g->slot_free[i] : g->outer_free, 0));
+        }
         CK(cudaMemsetAsync(g->gouter, 0, g->tied_acc * 4, g->stream));
         return mt_cuda_status(cudaMemsetAsync(g->gshard, 0, (g->sh_hi - g->sh_lo) * 4, g->stream), "zero grads");
     }

@@ -253,9 +253,9 @@ void mt_gpt2_cuda_set_step(mt_gpt2_cuda_t g, int64_t t);
 /* ---- pipeline stages (params.stage_lo, stage_hi; ZeRO-1/2/3 over shard_count slices of the stage's layout) ----
  * A stage holds the parameters it computes with: blocks [lo, hi), wte and wpe on the first stage (lo = 0),
  * ln_f on the last (hi = n_layer), and wte on the last too (the tied head reads it; the two copies' gradients
- * are the engine's to sum: mt_gpt2_cuda_wte_grad). Its flat layout (gradients, hook ranges, AdamW state, get_grads/get_params) is
- * the model's with the absent parameters left out, in the same order; mt_gpt2_cuda_get_state / set_state
- * still take the model's host layout. forward: the first stage embeds the tokens, a later stage reads its
+ * are the engine's to sum: mt_gpt2_cuda_wte_grad). Its flat layout (gradients, hook ranges, AdamW state,
+ * get_grads/get_params) is the model's with the absent parameters left out, in the same order;
+ * mt_gpt2_cuda_get_state / set_state still take the model's host layout. forward: the first stage embeds the tokens, a later stage reads its
  * input x_lo from mt_gpt2_cuda_stage_input (N x C in the storage dtype, written by the caller in the compute
  * stream's order) and tokens may be NULL; a stage before the last leaves x_hi (the residual stream before the
  * next block's ln_1) at mt_gpt2_cuda_stage_output and targets may be NULL; only the last computes the loss.

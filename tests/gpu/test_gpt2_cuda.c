@@ -18,8 +18,9 @@
  * activations and their gradients handed over gives the whole model's loss and gradients (exactly under the
  * emulator but for wte's summation order, 1e-5 of the largest on a device); bad stage bounds are refused;
  * ZeRO-2 and ZeRO-3 on the stages hand over each pass's gradients but for the tied wte's, which accumulate over
- * the passes (the pipeline's end stages sum their copies once per step). Activation sets (with and without recompute): two micro-batches
- * forwarded before their backwards accumulate what forward + backward of each in turn does.
+ * the passes (the pipeline's end stages sum their copies once per step). Activation sets (with and without
+ * recompute): two micro-batches forwarded before their backwards accumulate what forward + backward of each in
+ * turn does.
  * Exits 77 printing "skipped: no CUDA device" without a device.
  * SPDX-License-Identifier: MIT */
 #include <math.h>

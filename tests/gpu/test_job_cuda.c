@@ -522,7 +522,6 @@ static void zero_stage(const char *dir, int stage, const mt_job_result_t *ddp, c
     }
 }
 
-/* comm_bytes {model, other} of a metrics file's last step (false: absent or unreadable). */
 /* The last step's comm_bytes of group (tp, pp or dp) in the metrics at path; -1 without them. */
 static double group_bytes(const char *path, const char *group) {
     mt_json_t *o = last_line(path);
@@ -535,6 +534,7 @@ static double group_bytes(const char *path, const char *group) {
     return v;
 }
 
+/* comm_bytes {model, other} of a metrics file's last step (false: absent or unreadable). */
 static bool step_bytes(const char *path, double *model, double *other) {
     mt_json_t *o = last_line(path);
     const mt_json_t *cb = o ? mt_json_get(o, "comm_bytes") : NULL;
@@ -710,7 +710,9 @@ static void tp_comm_bytes(const char *dir) {
  * (SAME_TOL) with fewer activation bytes. With 4 ranks: pp 2 x dp 2 under ZeRO-1 (each stage's optimizer state
  * sliced over dp) gives the DDP pipeline's losses (SAME_TOL), the CPU engine's losses and norms (1e-3) with under
  * 3/4 of DDP's optimizer bytes, and its checkpoint resumes under DDP; so do ZeRO-2 and ZeRO-3 (the losses and
- * norms; ZeRO-3's checkpoint), and with 16 blocks a stage ZeRO-2 holds under 0.8 of ZeRO-1's gradient bytes and
+ * norms; ZeRO-2's checkpoint resumes under ZeRO-2, ZeRO-3's under DDP; ZeRO-2 in bf16 under GPipe gives DDP's
+ * losses), stage 0's dp bytes under ZeRO-2 are ZeRO-1's plus one micro-batch's reduces of all but wte, and with
+ * 16 blocks a stage ZeRO-2 holds under 0.8 of ZeRO-1's gradient bytes and
  * ZeRO-3 under 0.8 of its weight bytes; tp 2 x dp 2: ZeRO-1, -2 and -3 over each tp
  * rank's shard give the DDP losses (SAME_TOL, ZeRO-2 also with sequence parallelism), and tp 2 x pp 2 (4 blocks,
  * 1F1B), with and without sequence parallelism, the CPU's losses and norms (1e-3). */
@@ -833,19 +835,32 @@ static void tensor(const char *dir) {
             snprintf(what, sizeof(what), "pp 2 x dp 2, zero-%d: gpu vs cpu", zs);
             same_losses(what, &zg, &zc, 1e-3);
             same_norms(what, &zg, &zc, 1e-3);
-            if (zs == 3) {
+            { /* the checkpoint after step 3: ZeRO-2's resumed under ZeRO-2, ZeRO-3's under DDP */
                 const char *zstop[] = {pzs[0], pzs[1], pzs[2], pzs[3], pzs[4], zca, "--checkpoint.every=3",
                                        "--stop-after=3"};
                 mt_job_result_t zpart, zres;
                 CHECK_OK(run_mesh("cuda", 1, 2, 8, zstop, &zpart));
-                const char *zr[] = {p2[0], p2[1], p2[2], zca};
-                CHECK_OK(run_mesh("cuda", 1, 2, 4, zr, &zres));
-                resumed_losses("pp 2 zero-3 checkpoint resumed under ddp", &zres, &pd, SAME_TOL);
+                const char *zr[] = {p2[0], p2[1], p2[2], zca, pzs[3], pzs[4]};
+                CHECK_OK(run_mesh("cuda", 1, 2, zs == 2 ? 6 : 4, zr, &zres));
+                resumed_losses(zs == 2 ? "pp 2 zero-2 checkpoint resumed under zero-2"
+                                       : "pp 2 zero-3 checkpoint resumed under ddp",
+                               &zres, zs == 2 ? &zg : &pd, SAME_TOL);
                 mt_job_result_free(&zpart);
                 mt_job_result_free(&zres);
             }
             mt_job_result_free(&zg);
             mt_job_result_free(&zc);
+        }
+        /* bf16 under GPipe: ZeRO-2 (the tied wte staged through its accumulator at the upload) trains as DDP */
+        {
+            const char *gb[] = {p2[0], "--parallel.schedule=gpipe", p2[2], "--precision.compute=bf16"};
+            const char *gz[] = {gb[0], gb[1], gb[2], gb[3], "--parallel.engine=zero", "--parallel.zero_stage=2"};
+            mt_job_result_t bd, bz;
+            CHECK_OK(run_mesh("cuda", 1, 2, 4, gb, &bd));
+            CHECK_OK(run_mesh("cuda", 1, 2, 6, gz, &bz));
+            same_losses("pp 2 x dp 2, gpipe, bf16: zero-2 vs ddp", &bz, &bd, MT_MAX(SAME_TOL, ZERO2_BF16_TOL));
+            mt_job_result_free(&bd);
+            mt_job_result_free(&bz);
         }
         /* the dp bytes of stage 0 (rank 0; f = 1/2, 2 micro-batches, n parameters from DDP's all-reduce 2 * 4n * f,
          * wte's w): ZeRO-2 reduces the first micro-batch's gradients too, but for wte's, all-reduced once a step:
