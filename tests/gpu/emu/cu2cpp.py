@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Rewrites a .cu file for the CPU emulator: every launch `KERNEL<<<grid, block, smem, stream>>>(args)` becomes
-`mt_emu_launch(grid, block, KERNEL, args)`; everything else is left as is. Usage: cu2cpp.py IN.cu OUT.cpp
+`mt_emu_launch(grid, block, (cudaStream_t)(stream), KERNEL, args)`; everything else is left as is.
+Usage: cu2cpp.py IN.cu OUT.cpp
 SPDX-License-Identifier: MIT"""
 import sys
 
@@ -56,7 +57,8 @@ def rewrite(src):
         if src[b + 3] != '(':
             raise SystemExit('cu2cpp: expected ( after >>> at offset %d' % b)
         out.append(src[pos:k])
-        out.append('mt_emu_launch(%s, %s, %s, ' % (cfg[0], cfg[1], src[k:a]))
+        stream = '(cudaStream_t)(%s)' % cfg[3] if len(cfg) > 3 else '(cudaStream_t)0'
+        out.append('mt_emu_launch(%s, %s, %s, %s, ' % (cfg[0], cfg[1], stream, src[k:a]))
         pos = b + 4
         # an empty argument list would leave a trailing comma; no launch here has one
         if src[pos] == ')':

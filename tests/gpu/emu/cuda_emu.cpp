@@ -1,9 +1,10 @@
 // The CPU emulator behind the headers of this directory (see cuda_runtime.h): runtime API over host memory,
 // kernel launches whose block threads are fibers (ucontext) scheduled round-robin on the calling thread and
 // switched at __syncthreads and warp shuffles (a thread that returns counts as arrived, as on sm_70+),
-// shuffles through per-thread slots between two group barriers, and the cuBLASLt matmul subset. Streams and
-// events are ordering no-ops because every launch and copy completes before it returns (an event keeps the
-// host time it was recorded at, so elapsed times are those of the emulation). Test-only.
+// shuffles through per-thread slots between two group barriers, and the cuBLASLt matmul subset. Streams are
+// lazy queues (below: work runs when something waits for it) or, not lazy, every launch and copy completes
+// before it returns; an event keeps the host time its record ran at, so elapsed times are the emulation's.
+// Test-only.
 // SPDX-License-Identifier: MIT
 #include <atomic>
 #include <math.h>
@@ -13,7 +14,10 @@
 #include <time.h>
 #include <ucontext.h>
 
+#include <algorithm>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -23,6 +27,12 @@
 #include "cuda_runtime.h"
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+#ifndef MT_EMU_LAZY_DEFAULT
+#define MT_EMU_LAZY_DEFAULT 0
+#endif
+
+void mt_emu_pin(void *p, size_t bytes, bool add); /* pinned host memory (streams, below) */
 
 /* ---- runtime API ---- */
 
@@ -51,10 +61,6 @@ cudaError_t cudaGetLastError(void) {
 const char *cudaGetErrorString(cudaError_t e) {
     return e == cudaSuccess ? "no error" : e == cudaErrorMemoryAllocation ? "out of memory" : "emulated error";
 }
-cudaError_t cudaDeviceSynchronize(void) {
-    emu_api_calls++;
-    return cudaSuccess;
-}
 cudaError_t cudaDeviceGetPCIBusId(char *bus, int len, int dev) {
     snprintf(bus, (size_t)len, "0000:00:00.0");
     return cudaSuccess;
@@ -79,6 +85,7 @@ cudaError_t cudaFree(void *p) {
     if (!p) {
         return cudaSuccess;
     }
+    cudaDeviceSynchronize(); /* as CUDA: the device's queued work runs first */
     std::lock_guard<std::mutex> g(mem_mu);
     auto it = allocs.find(p);
     if (it == allocs.end()) {
@@ -92,10 +99,17 @@ cudaError_t cudaFree(void *p) {
 cudaError_t cudaMallocHost(void **p, size_t bytes) {
     emu_api_calls++;
     *p = malloc(bytes ? bytes : 1);
+    if (*p) {
+        mt_emu_pin(*p, bytes ? bytes : 1, true);
+    }
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFreeHost(void *p) {
     emu_api_calls++;
+    if (p) {
+        cudaDeviceSynchronize(); /* as CUDA */
+        mt_emu_pin(p, 0, false);
+    }
     free(p);
     return cudaSuccess;
 }
@@ -109,51 +123,231 @@ size_t mt_emu_device_bytes(void) {
     std::lock_guard<std::mutex> g(mem_mu);
     return held;
 }
+}
+
+/* ---- streams ----
+ * Lazy by default in builds with the staged backend (MT_EMU_LAZY_DEFAULT; MESHTRAIN_EMU_LAZY=0/1 overrides):
+ * work on a stream (launches, async copies and sets, cuBLASLt products, event records and waits) is queued
+ * and runs only when something needs it: a synchronisation of its stream, event or the device, a
+ * synchronous copy or set (after the blocking streams), cudaFree, or a stream waiting on an event recorded
+ * behind it, which runs the recording stream up to that record first. A stream runs no later than that, so
+ * a reader on one stream that does not wait for the writer on another reads stale data, and a writer that
+ * does not wait for a reader's event overwrites what the reader has not read yet: the orderings a real
+ * device leaves to chance are decided against the program. Not lazy: every call completes before it
+ * returns (builds without CUDA, whose host-memory collectives ignore streams). The legacy default stream
+ * (0) runs at once, after the blocking streams, as on a device. */
+namespace {
+struct sop_t {
+    enum { WORK, RECORD, WAIT } k;
+    std::function<void()> fn; /* WORK */
+    uintptr_t ev;             /* RECORD, WAIT */
+    uint64_t gen;             /* the record's generation (WAIT: the one it waits for) */
+    uintptr_t src;            /* WAIT: the stream of that record */
+};
+struct squeue_t {
+    std::deque<sop_t> q;
+    bool blocking = true;
+    bool running = false;
+};
+std::recursive_mutex smu;
+std::map<uintptr_t, squeue_t> &squeues = *new std::map<uintptr_t, squeue_t>;
+std::map<uintptr_t, uint64_t> &ev_gen = *new std::map<uintptr_t, uint64_t>;  /* records issued */
+std::map<uintptr_t, uint64_t> &ev_done = *new std::map<uintptr_t, uint64_t>; /* records run */
+std::map<uintptr_t, uintptr_t> &ev_where = *new std::map<uintptr_t, uintptr_t>;
+std::map<uintptr_t, double> &event_ms = *new std::map<uintptr_t, double>; /* the last record's run time */
+std::map<uintptr_t, size_t> &pinned = *new std::map<uintptr_t, size_t>;   /* cudaMallocHost blocks */
+
+bool lazy() {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MESHTRAIN_EMU_LAZY");
+        v = e && *e ? atoi(e) != 0 : MT_EMU_LAZY_DEFAULT;
+    }
+    return v != 0;
+}
+
+double now_ms() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+void run_through(uintptr_t s, uintptr_t ev, uint64_t gen);
+
+/* Runs op (popped from its queue). */
+void run_op(sop_t &op) {
+    if (op.k == sop_t::WORK) {
+        op.fn();
+    } else if (op.k == sop_t::RECORD) {
+        event_ms[op.ev] = now_ms();
+        ev_done[op.ev] = std::max(ev_done[op.ev], op.gen);
+    } else if (ev_done[op.ev] < op.gen) {
+        run_through(op.src, op.ev, op.gen);
+    }
+}
+
+/* Runs stream s's queue up to and including the record (ev, gen), or (ev = 0) all of it. */
+void run_through(uintptr_t s, uintptr_t ev, uint64_t gen) {
+    squeue_t &sq = squeues[s];
+    if (sq.running) {
+        fprintf(stderr, "emulator: streams wait on each other's events in a cycle (stream %#lx): a device would hang\n",
+                (unsigned long)s);
+        abort();
+    }
+    sq.running = true;
+    while (!sq.q.empty()) {
+        sop_t op = std::move(sq.q.front());
+        sq.q.pop_front();
+        run_op(op);
+        if (ev && op.k == sop_t::RECORD && op.ev == ev && op.gen == gen) {
+            break;
+        }
+    }
+    sq.running = false;
+    if (ev && ev_done[ev] < gen) {
+        fprintf(stderr, "emulator: event %#lx record %lu is not on stream %#lx\n", (unsigned long)ev,
+                (unsigned long)gen, (unsigned long)s);
+        abort();
+    }
+}
+
+void drain_blocking() {
+    for (auto &kv : squeues) {
+        if (kv.second.blocking && !kv.second.q.empty()) {
+            run_through(kv.first, 0, 0);
+        }
+    }
+}
+
+void drain_all() {
+    for (bool again = true; again;) {
+        again = false;
+        for (auto &kv : squeues) {
+            if (!kv.second.q.empty()) {
+                run_through(kv.first, 0, 0);
+                again = true;
+            }
+        }
+    }
+}
+
+void enqueue_op(cudaStream_t s, sop_t op) {
+    std::lock_guard<std::recursive_mutex> g(smu);
+    uintptr_t k = (uintptr_t)s;
+    if (!lazy() || k == 0) { /* at once (the legacy stream: after the blocking streams) */
+        if (lazy()) {
+            drain_blocking();
+        }
+        run_op(op);
+        return;
+    }
+    squeues[k].q.push_back(std::move(op));
+}
+
+bool is_pinned(const void *p) {
+    std::lock_guard<std::recursive_mutex> g(smu);
+    auto it = pinned.upper_bound((uintptr_t)p);
+    return it != pinned.begin() && (uintptr_t)p < std::prev(it)->first + std::prev(it)->second;
+}
+} // namespace
+
+void mt_emu_pin(void *p, size_t bytes, bool add) {
+    std::lock_guard<std::recursive_mutex> g(smu);
+    if (add) {
+        pinned[(uintptr_t)p] = bytes;
+    } else {
+        pinned.erase((uintptr_t)p);
+    }
+}
+
+void mt_emu_enqueue(cudaStream_t s, std::function<void()> fn) {
+    emu_api_calls++;
+    enqueue_op(s, sop_t{sop_t::WORK, std::move(fn), 0, 0, 0});
+}
+
+extern "C" {
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k) {
     emu_api_calls++;
+    std::lock_guard<std::recursive_mutex> g(smu);
+    if (lazy()) {
+        drain_blocking();
+    }
     memmove(dst, src, bytes);
     return cudaSuccess;
 }
+/* From pageable host memory the source is read before the call returns, into pageable host memory the call
+ * waits for the stream and the copy (as CUDA's staging does); pinned and device memory wait their turn. */
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k, cudaStream_t s) {
-    return cudaMemcpy(dst, src, bytes, k);
+    if (k == cudaMemcpyHostToDevice && !is_pinned(src)) {
+        std::shared_ptr<std::vector<char>> copy = std::make_shared<std::vector<char>>((const char *)src,
+                                                                                     (const char *)src + bytes);
+        mt_emu_enqueue(s, [=]() { memmove(dst, copy->data(), bytes); });
+        return cudaSuccess;
+    }
+    mt_emu_enqueue(s, [=]() { memmove(dst, src, bytes); });
+    if (k == cudaMemcpyDeviceToHost && !is_pinned(dst)) {
+        return cudaStreamSynchronize(s);
+    }
+    return cudaSuccess;
 }
 cudaError_t cudaMemset(void *p, int v, size_t bytes) {
     emu_api_calls++;
+    std::lock_guard<std::recursive_mutex> g(smu);
+    if (lazy()) {
+        drain_blocking();
+    }
     memset(p, v, bytes);
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
-    return cudaMemset(p, v, bytes);
-}
-static int stream_objs, event_objs;
-static std::map<uintptr_t, double> event_ms; /* the last record of each event (under mem_mu) */
-cudaError_t cudaStreamCreate(cudaStream_t *s) {
-    emu_api_calls++;
-    *s = (cudaStream_t)(uintptr_t)(0x1000 + 16 * ++stream_objs);
+    mt_emu_enqueue(s, [=]() { memset(p, v, bytes); });
     return cudaSuccess;
 }
+static int stream_objs, event_objs;
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
-    return cudaStreamCreate(s);
+    emu_api_calls++;
+    std::lock_guard<std::recursive_mutex> g(smu);
+    *s = (cudaStream_t)(uintptr_t)(0x1000 + 16 * ++stream_objs);
+    squeues[(uintptr_t)*s].blocking = !(flags & cudaStreamNonBlocking);
+    return cudaSuccess;
 }
-// priorities order nothing here: every launch runs to completion when issued
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    return cudaStreamCreateWithFlags(s, 0);
+}
+// priorities order nothing here
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int priority) {
-    return cudaStreamCreate(s);
+    return cudaStreamCreateWithFlags(s, flags);
 }
 cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
     *least = 0;
     *greatest = 0;
     return cudaSuccess;
 }
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-    emu_api_calls++;
-    return cudaSuccess;
-}
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     emu_api_calls++;
+    std::lock_guard<std::recursive_mutex> g(smu);
+    if ((uintptr_t)s == 0) {
+        drain_blocking();
+    } else if (squeues.count((uintptr_t)s)) {
+        run_through((uintptr_t)s, 0, 0);
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    cudaStreamSynchronize(s); /* its queued work still runs, as on a device */
+    std::lock_guard<std::recursive_mutex> g(smu);
+    squeues.erase((uintptr_t)s);
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) {
+    emu_api_calls++;
+    std::lock_guard<std::recursive_mutex> g(smu);
+    drain_all();
     return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) {
     emu_api_calls++;
+    std::lock_guard<std::recursive_mutex> g(smu);
     *e = (cudaEvent_t)(uintptr_t)(0x100000 + 16 * ++event_objs);
     return cudaSuccess;
 }
@@ -166,28 +360,46 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     emu_api_calls++;
-    /* the work before it has completed: the event's time is now (CLOCK_MONOTONIC, milliseconds) */
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    std::lock_guard<std::mutex> g(mem_mu);
-    event_ms[(uintptr_t)e] = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+    std::lock_guard<std::recursive_mutex> g(smu);
+    uint64_t gen = ++ev_gen[(uintptr_t)e];
+    ev_where[(uintptr_t)e] = (uintptr_t)s;
+    enqueue_op(s, sop_t{sop_t::RECORD, nullptr, (uintptr_t)e, gen, 0});
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    std::lock_guard<std::recursive_mutex> g(smu);
+    uintptr_t k = (uintptr_t)e;
+    if (ev_done[k] < ev_gen[k]) {
+        run_through(ev_where[k], k, ev_gen[k]);
+    }
     return cudaSuccess;
 }
+/* A poll: runs the work before the record (a lazy stream never gets there by itself). */
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    return cudaEventSynchronize(e);
+}
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
-    std::lock_guard<std::mutex> g(mem_mu);
-    auto ia = event_ms.find((uintptr_t)a), ib = event_ms.find((uintptr_t)b);
+    std::lock_guard<std::recursive_mutex> g(smu);
+    uintptr_t ka = (uintptr_t)a, kb = (uintptr_t)b;
+    if (ev_done[ka] < ev_gen[ka] || ev_done[kb] < ev_gen[kb]) {
+        return cudaErrorNotReady; /* as CUDA: a record not yet run */
+    }
+    auto ia = event_ms.find(ka), ib = event_ms.find(kb);
     if (ia == event_ms.end() || ib == event_ms.end()) {
         return cudaErrorInvalidValue; /* as CUDA: an event never recorded */
     }
     *ms = (float)(ib->second - ia->second);
     return cudaSuccess;
 }
+/* s waits for the work before e's latest record at the time of the call. */
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     emu_api_calls++;
-    return cudaSuccess; /* everything before the record has completed already */
+    std::lock_guard<std::recursive_mutex> g(smu);
+    uintptr_t k = (uintptr_t)e;
+    if (ev_gen[k] > 0) {
+        enqueue_op(s, sop_t{sop_t::WAIT, nullptr, k, ev_gen[k], ev_where[k]});
+    }
+    return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) {
     return d == 0 ? cudaSuccess : cudaErrorInvalidValue; /* one emulated device */
@@ -620,6 +832,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     return CUBLAS_STATUS_SUCCESS;
 }
 
+static void lt_matmul(const mt_emu_op &o, float al, const void *A, const mt_emu_layout &ad, const void *B,
+                      const mt_emu_layout &bd, float be, const void *C, const mt_emu_layout &cd, void *D,
+                      const mt_emu_layout &dd, uint64_t m, uint64_t n, uint64_t k, bool bias, bool gelu);
+
 static double gelu_d(double x) {
     return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
 }
@@ -638,33 +854,43 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                 (unsigned long)bd->rows, (unsigned long)bd->cols);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
-    float al = *(const float *)alpha, be = *(const float *)beta;
+    float al = *(const float *)alpha, be = *(const float *)beta; /* host scalars: read at the call */
     bool bias = op->epi == CUBLASLT_EPILOGUE_BIAS || op->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     bool gelu = op->epi == CUBLASLT_EPILOGUE_GELU_AUX || op->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     if ((bias && !op->bias) || (gelu && (!op->aux || op->aux_ld < (int64_t)m || op->aux_ld % 8))) {
         return CUBLAS_STATUS_INVALID_VALUE;
     }
+    /* the descriptors by value: the caller may change or destroy them before the product runs */
+    mt_emu_op o = *op;
+    mt_emu_layout a = *ad, b = *bd, c = *cd, d = *dd;
+    mt_emu_enqueue(s, [=]() { lt_matmul(o, al, A, a, B, b, be, C, c, D, d, m, n, k, bias, gelu); });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static void lt_matmul(const mt_emu_op &o, float al, const void *A, const mt_emu_layout &ad, const void *B,
+                      const mt_emu_layout &bd, float be, const void *C, const mt_emu_layout &cd, void *D,
+                      const mt_emu_layout &dd, uint64_t m, uint64_t n, uint64_t k, bool bias, bool gelu) {
+    const mt_emu_op *op = &o;
     for (uint64_t j = 0; j < n; j++) {
         for (uint64_t i = 0; i < m; i++) {
             double acc = 0.0;
             for (uint64_t l = 0; l < k; l++) {
-                size_t ai = op->ta == CUBLAS_OP_T ? l + i * ad->ld : i + l * ad->ld;
-                size_t bi = op->tb == CUBLAS_OP_T ? j + l * bd->ld : l + j * bd->ld;
-                acc += ld_el(A, ad->t, ai) * ld_el(B, bd->t, bi);
+                size_t ai = op->ta == CUBLAS_OP_T ? l + i * ad.ld : i + l * ad.ld;
+                size_t bi = op->tb == CUBLAS_OP_T ? j + l * bd.ld : l + j * bd.ld;
+                acc += ld_el(A, ad.t, ai) * ld_el(B, bd.t, bi);
             }
             double v = al * acc;
             if (be != 0.0f) {
-                v += be * ld_el(C, cd->t, i + j * cd->ld);
+                v += be * ld_el(C, cd.t, i + j * cd.ld);
             }
             if (bias) {
-                v += ld_el(op->bias, dd->t, i);
+                v += ld_el(op->bias, dd.t, i);
             }
             if (gelu) {
-                st_el(op->aux, dd->t, i + j * (size_t)op->aux_ld, v);
+                st_el(op->aux, dd.t, i + j * (size_t)op->aux_ld, v);
                 v = gelu_d(v);
             }
-            st_el(D, dd->t, i + j * dd->ld, v);
+            st_el(D, dd.t, i + j * dd.ld, v);
         }
     }
-    return CUBLAS_STATUS_SUCCESS;
 }

@@ -1,9 +1,9 @@
 /* CPU emulation of the CUDA C++ device subset the kernels of models/cuda use: qualifiers, thread indices,
  * __syncthreads(_or), __syncwarp, warp shuffles, atomics, a few intrinsics, and kernel launches (the emulated build
- * rewrites `k<<<grid, block, smem, stream>>>(args)` into `mt_emu_launch(grid, block, k, args)`). A launch
- * runs the grid's blocks one after another, synchronously; the threads of a block are fibers (ucontext)
- * on the calling thread, switched at every barrier and shuffle; __shared__ variables become statics,
- * shared by the threads of the running block. Test-only.
+ * rewrites `k<<<grid, block, smem, stream>>>(args)` into `mt_emu_launch(grid, block, stream, k, args)`). A
+ * launch runs the grid's blocks one after another when its stream's turn comes (cuda_emu.cpp); the threads of
+ * a block are fibers (ucontext) on the calling thread, switched at every barrier and shuffle; __shared__
+ * variables become statics, shared by the threads of the running block. Test-only.
  * SPDX-License-Identifier: MIT */
 #ifndef MT_EMU_CUDA_RUNTIME_H
 #define MT_EMU_CUDA_RUNTIME_H
@@ -54,12 +54,15 @@ static inline int max(int a, int b) {
 using std::isfinite;
 
 void mt_emu_run(dim3 grid, dim3 block, const std::function<void()> &body);
+/* Runs fn in stream s's order: at once, or with lazy streams (cuda_emu.cpp) when something waits for it. */
+void mt_emu_enqueue(cudaStream_t s, std::function<void()> fn);
 
 template <typename X> struct mt_emu_same { typedef X type; };
-/* The arguments are converted to the kernel's parameter types at the call (non-deduced), as a launch does. */
+/* The arguments are converted to the kernel's parameter types at the call (non-deduced) and kept by value until
+ * the launch runs, as a launch does. */
 template <typename... P>
-void mt_emu_launch(dim3 grid, dim3 block, void (*kernel)(P...), typename mt_emu_same<P>::type... args) {
-    mt_emu_run(grid, block, [=]() { kernel(args...); });
+void mt_emu_launch(dim3 grid, dim3 block, cudaStream_t s, void (*kernel)(P...), typename mt_emu_same<P>::type... args) {
+    mt_emu_enqueue(s, [=]() { mt_emu_run(grid, block, [=]() { kernel(args...); }); });
 }
 
 #endif

@@ -1,0 +1,83 @@
+/* The CPU emulator's lazy streams (tests/gpu/emu/cuda_emu.cpp, builds with CUDA): the orderings it decides
+ * against the program. Work on a non-blocking stream has not run when another stream reads without waiting
+ * (the reader sees the poisoned allocation), nor after a synchronous copy (which waits for the blocking
+ * streams only); a wait on an event runs the recording stream up to that record and no further, and so does
+ * cudaEventSynchronize; an asynchronous copy from pageable host memory reads it at the call, one into
+ * pageable host memory has run when the call returns, one into pinned memory only when its stream is
+ * synchronised; cudaFree and cudaDeviceSynchronize run everything queued. If the emulator ran every call at
+ * once, the stale reads below would be fresh and the test would fail.
+ * SPDX-License-Identifier: MIT */
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "testutil.h"
+
+enum { N = 64 };
+
+/* The first byte at dev, read straight from the emulated device memory (host memory):
+ * what the device holds now, without making anything run. */
+static unsigned char peek(const void *dev) {
+    return *(const unsigned char *)dev;
+}
+
+int main(void) {
+    cudaStream_t s1, s2;
+    cudaEvent_t e;
+    unsigned char *a = NULL, *b = NULL, *pin = NULL, host[N];
+    CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess &&
+              cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == cudaSuccess &&
+              cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess &&
+              cudaMalloc((void **)&a, N) == cudaSuccess && cudaMalloc((void **)&b, N) == cudaSuccess &&
+              cudaMallocHost((void **)&pin, N) == cudaSuccess,
+          "set up streams, an event and buffers");
+    unsigned char poison = peek(a); /* cudaMalloc's garbage */
+
+    /* a reader on s2 that does not wait for s1's writer reads what was there before */
+    CHECK(cudaMemsetAsync(a, 1, N, s1) == cudaSuccess, "memset on s1");
+    CHECK(cudaMemcpyAsync(b, a, N, cudaMemcpyDeviceToDevice, s2) == cudaSuccess, "copy on s2");
+    CHECK(cudaStreamSynchronize(s2) == cudaSuccess, "sync s2");
+    CHECK(peek(b) == poison && peek(a) == poison, "s2 read %u (poison %u) and s1's memset ran (%u) without a wait",
+          peek(b), poison, peek(a));
+    CHECK(cudaMemcpy(host, a, N, cudaMemcpyDeviceToHost) == cudaSuccess && host[0] == poison,
+          "a synchronous copy waited for the non-blocking s1: %u", host[0]);
+
+    /* waiting for an event runs the recording stream up to the record, and not beyond it */
+    CHECK(cudaEventRecord(e, s1) == cudaSuccess && cudaMemsetAsync(a, 2, N, s1) == cudaSuccess, "record, memset");
+    CHECK(cudaStreamWaitEvent(s2, e, 0) == cudaSuccess &&
+              cudaMemcpyAsync(b, a, N, cudaMemcpyDeviceToDevice, s2) == cudaSuccess &&
+              cudaStreamSynchronize(s2) == cudaSuccess,
+          "wait, copy and sync on s2");
+    CHECK(peek(b) == 1 && peek(a) == 1, "after waiting for the record: read %u, a holds %u (want 1, 1)", peek(b),
+          peek(a));
+    CHECK(cudaEventRecord(e, s1) == cudaSuccess && cudaMemsetAsync(a, 3, N, s1) == cudaSuccess, "record, memset");
+    CHECK(cudaEventSynchronize(e) == cudaSuccess && peek(a) == 2, "cudaEventSynchronize ran to %u (want 2)", peek(a));
+    CHECK(cudaStreamSynchronize(s1) == cudaSuccess && peek(a) == 3, "s1 synchronised: %u (want 3)", peek(a));
+
+    /* asynchronous copies to and from host memory */
+    memset(host, 7, N);
+    CHECK(cudaMemcpyAsync(a, host, N, cudaMemcpyHostToDevice, s1) == cudaSuccess, "copy up from pageable memory");
+    memset(host, 9, N); /* the copy read the pageable source at the call */
+    CHECK(cudaStreamSynchronize(s1) == cudaSuccess && peek(a) == 7, "pageable source read at the call: %u (want 7)",
+          peek(a));
+    CHECK(cudaMemsetAsync(a, 4, N, s1) == cudaSuccess &&
+              cudaMemcpyAsync(host, a, N, cudaMemcpyDeviceToHost, s1) == cudaSuccess && host[0] == 4,
+          "a copy into pageable memory returned before it ran: %u (want 4)", host[0]);
+    memset(pin, 0, N);
+    CHECK(cudaMemsetAsync(a, 5, N, s1) == cudaSuccess &&
+              cudaMemcpyAsync(pin, a, N, cudaMemcpyDeviceToHost, s1) == cudaSuccess && pin[0] == 0,
+          "a copy into pinned memory ran before its stream was synchronised: %u", pin[0]);
+    CHECK(cudaStreamSynchronize(s1) == cudaSuccess && pin[0] == 5, "pinned copy after the sync: %u (want 5)", pin[0]);
+
+    /* the device-wide synchronisations */
+    CHECK(cudaMemsetAsync(b, 6, N, s2) == cudaSuccess && peek(b) != 6, "memset on s2 ran at once");
+    CHECK(cudaDeviceSynchronize() == cudaSuccess && peek(b) == 6, "cudaDeviceSynchronize: %u (want 6)", peek(b));
+    CHECK(cudaMemsetAsync(b, 8, N, s2) == cudaSuccess && cudaMemcpyAsync(pin, b, N, cudaMemcpyDeviceToHost, s2) ==
+                                                               cudaSuccess,
+          "queue on s2");
+    CHECK(cudaFree(a) == cudaSuccess && pin[0] == 8, "cudaFree ran the queued work: %u (want 8)", pin[0]);
+    CHECK(cudaFree(b) == cudaSuccess && cudaFreeHost(pin) == cudaSuccess && cudaEventDestroy(e) == cudaSuccess &&
+              cudaStreamDestroy(s1) == cudaSuccess && cudaStreamDestroy(s2) == cudaSuccess,
+          "tear down");
+    return mt_test_finish("test_emu_streams");
+}
