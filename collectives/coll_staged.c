@@ -1,9 +1,11 @@
 /* The staged backend (device memory without NCCL): each op copies its device input into a pinned host
  * buffer on the caller's stream, waits for that stream, runs the MPI backend's op on the host copy and
- * copies the result back, waiting again, so the op is complete when the call returns. It serves ranks that
- * share a GPU (NCCL refuses two ranks of a communicator on one device), builds or machines without NCCL, and
- * the tests of the GPU engine's communication on a one-GPU machine. It costs two copies over PCIe and a host
- * reduction per op and overlaps nothing: NCCL (priority 80) wins wherever both qualify.
+ * enqueues the copy of the result back on the stream, so, as with NCCL, the result is there in the stream's
+ * order (the completion event is a CUDA event recorded after that copy) and the host goes on; the next op
+ * of the comm waits for that copy before it reuses the buffer. It serves ranks that share a GPU (NCCL
+ * refuses two ranks of a communicator on one device), builds or machines without NCCL, and the tests of the
+ * GPU engine's communication on a one-GPU machine. It costs two copies over PCIe and a host reduction per op
+ * and overlaps little: NCCL (priority 80) wins wherever both qualify.
  * SPDX-License-Identifier: MIT */
 #include <cuda_runtime.h>
 #include <string.h>
@@ -25,6 +27,8 @@ struct staged_ctx {
     int rank, size, device;
     unsigned char *host; /* pinned staging buffer */
     size_t cap;
+    cudaEvent_t out_ev;  /* recorded after the last op's copy out of host (NULL until the first) */
+    bool out_pending;    /* that copy may still be reading host */
     bool in_group;
     struct staged_p2p *ops;
     int n_ops, cap_ops;
@@ -69,8 +73,19 @@ static void release_host(struct staged_ctx *x) {
     }
 }
 
-/* At least bytes of pinned staging memory (grown by doubling, never shrunk until the comm is freed). */
+/* The host buffer is free: the last op's copy out of it has run. */
+static mt_status_t out_wait(struct staged_ctx *x) {
+    if (!x->out_pending) {
+        return MT_OK;
+    }
+    x->out_pending = false;
+    return CUDA_OK(cudaEventSynchronize(x->out_ev));
+}
+
+/* At least bytes of pinned staging memory (grown by doubling, never shrunk until the comm is freed), free to
+ * be written. */
 static mt_status_t reserve(struct staged_ctx *x, size_t bytes) {
+    MT_CHECK(out_wait(x));
     if (bytes <= x->cap) {
         return MT_OK;
     }
@@ -106,6 +121,10 @@ static void staged_free(void *ctx) {
     if (!x) {
         return;
     }
+    if (x->out_ev) {
+        out_wait(x);
+        cudaEventDestroy(x->out_ev);
+    }
     release_host(x);
     if (x->mpi) {
         mpi->free(x->mpi);
@@ -123,6 +142,7 @@ static mt_status_t staged_init(mt_comm_t comm, const struct mt_comm_info *info, 
     x->rank = info->rank;
     x->size = info->size;
     MT_CHECK_GOTO(CUDA_OK(cudaGetDevice(&x->device)), st, fail);
+    MT_CHECK_GOTO(CUDA_OK(cudaEventCreateWithFlags(&x->out_ev, cudaEventDisableTiming)), st, fail);
     MT_CHECK_GOTO(mpi->init(comm, info, &x->mpi), st, fail);
     MT_INFO(MT_LOG_COLL, "comm %s: staged (MPI through pinned host memory) rank %d/%d on device %d", info->name,
             x->rank, x->size, x->device);
@@ -142,10 +162,13 @@ static mt_status_t stage_in(struct staged_ctx *x, size_t room, size_t at, const 
     return sync(stream);
 }
 
-/* bytes at x->host + at copied to the device's dst, complete when it returns. */
+/* bytes at x->host + at copied to the device's dst in stream's order; the next op waits for the copy before
+ * it writes host again (out_wait). */
 static mt_status_t stage_out(struct staged_ctx *x, void *dst, size_t at, size_t bytes, mt_stream_t stream) {
     MT_CHECK(up(dst, x->host + at, bytes, stream));
-    return sync(stream);
+    MT_CHECK(CUDA_OK(cudaEventRecord(x->out_ev, (cudaStream_t)stream)));
+    x->out_pending = true;
+    return MT_OK;
 }
 
 static mt_status_t staged_all_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
@@ -297,7 +320,9 @@ static mt_status_t staged_group_end(void *ctx, mt_stream_t stream) {
         }
         off += slot_bytes(&x->ops[i]);
     }
-    return sync(stream);
+    MT_CHECK(CUDA_OK(cudaEventRecord(x->out_ev, (cudaStream_t)stream)));
+    x->out_pending = true;
+    return MT_OK;
 }
 
 /* Everything before it on stream has run, then every rank has arrived. */
@@ -307,18 +332,38 @@ static mt_status_t staged_barrier(void *ctx, mt_stream_t stream) {
     return mpi->barrier(x->mpi, NULL);
 }
 
-/* Every op is complete when it returns: an event is a token that has always fired. */
+/* The device the comm was created on, current on the calling thread (the watchdog's thread polls events). */
+static void use_device(const struct staged_ctx *x) {
+    int d = -1;
+    if (x && cudaGetDevice(&d) == cudaSuccess && d != x->device) {
+        cudaSetDevice(x->device);
+    }
+}
+
+/* An op's host part is done when it returns; its copy out runs in the stream's order: a CUDA event after it. */
 static mt_status_t staged_event_record(void *ctx, mt_stream_t stream, void **event) {
-    *event = ctx;
+    cudaEvent_t ev = NULL;
+    MT_CHECK(CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)));
+    mt_status_t st = CUDA_OK(cudaEventRecord(ev, (cudaStream_t)stream));
+    if (st != MT_OK) {
+        cudaEventDestroy(ev);
+        return st;
+    }
+    *event = ev;
     return MT_OK;
 }
 
 static mt_status_t staged_event_query(void *ctx, void *event, bool *done) {
-    *done = true;
-    return MT_OK;
+    use_device(ctx);
+    cudaError_t e = cudaEventQuery((cudaEvent_t)event);
+    *done = e == cudaSuccess;
+    return e == cudaSuccess || e == cudaErrorNotReady ? MT_OK : CUDA_OK(e);
 }
 
-static void staged_event_free(void *ctx, void *event) {}
+static void staged_event_free(void *ctx, void *event) {
+    use_device(ctx);
+    cudaEventDestroy((cudaEvent_t)event);
+}
 
 const struct mt_coll_backend mt_coll_backend_staged = {
     .name = "staged",

@@ -1,7 +1,8 @@
 /* The device-memory backends: every op x dtype x reduction x in-place form x counts against the same
  * locally computed values as the MPI backend's test, synchronous (stream-ordered) and through work handles.
  * No argument: NCCL, one CUDA device per rank. `staged`: the staged backend (MPI through pinned host
- * memory), any number of ranks per device; also built against the CPU emulator of CUDA (tests/gpu/emu).
+ * memory), any number of ranks per device; also built against the CPU emulator of CUDA (tests/gpu/emu), where
+ * a staged op's result must land in its stream's order, not at the call (the emulator's lazy streams).
  * Exits 77 ("skipped: ...") without a device.
  * SPDX-License-Identifier: MIT */
 #include <cuda_runtime_api.h>
@@ -12,6 +13,10 @@
 #include "runtime/alloc.h"
 #include "runtime/rt.h"
 #include "testutil.h"
+
+#ifndef MT_CUDA_EMULATED
+#define MT_CUDA_EMULATED 0
+#endif
 
 #define CU(call)                                                                                                       \
     do {                                                                                                               \
@@ -187,6 +192,24 @@ static void test_data_movement(mt_comm_t c, bool async) {
     CHECK_OK(mt_comm_get_async_error(c));
 }
 
+#if MT_CUDA_EMULATED
+/* Under the emulator's lazy streams: a staged op's result lands in its stream's order, as NCCL's does (a reader
+ * on another stream must wait for it), not when the call returns. */
+static void test_stream_order(mt_comm_t c) {
+    cudaStream_t s2;
+    CU(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    float one = 1.0f, *a = (float *)d_a, *b = (float *)d_b;
+    up(d_a, &one, 4);
+    CU(cudaMemset(d_b, 0, 4));
+    CHECK_OK(mt_coll_all_reduce(c, d_a, d_b, 1, MT_COLL_F32, MT_REDOP_SUM, s2, NULL));
+    CHECK(b[0] == 0.0f && a[0] == 1.0f, "staged all_reduce: its result %g was there before its stream ran", b[0]);
+    CU(cudaStreamSynchronize(s2));
+    CHECK(b[0] == (float)mt_comm_size(c), "staged all_reduce after its stream ran: %g, want %d", b[0],
+          mt_comm_size(c));
+    CU(cudaStreamDestroy(s2));
+}
+#endif
+
 int main(int argc, char **argv) {
     bool staged = argc > 1 && !strcmp(argv[1], "staged");
     if (staged) {
@@ -228,6 +251,11 @@ int main(int argc, char **argv) {
         test_data_movement(c, false);
         test_reductions(c, true);
         test_data_movement(c, true);
+#if MT_CUDA_EMULATED
+        if (staged) {
+            test_stream_order(c);
+        }
+#endif
         if (staged) {
             /* the pinned staging buffer is accounted as host communication memory while the comm lives: at
              * least the largest op's input and output (all_to_all of 4099 f64 per rank) */
