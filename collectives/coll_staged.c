@@ -78,8 +78,9 @@ static mt_status_t out_wait(struct staged_ctx *x) {
     if (!x->out_pending) {
         return MT_OK;
     }
+    MT_CHECK(CUDA_OK(cudaEventSynchronize(x->out_ev)));
     x->out_pending = false;
-    return CUDA_OK(cudaEventSynchronize(x->out_ev));
+    return MT_OK;
 }
 
 /* At least bytes of pinned staging memory (grown by doubling, never shrunk until the comm is freed), free to
@@ -162,13 +163,23 @@ static mt_status_t stage_in(struct staged_ctx *x, size_t room, size_t at, const 
     return sync(stream);
 }
 
+/* After the copies out of host were enqueued on stream: the event the next op waits for (if it cannot be
+ * recorded, the stream is synchronised instead, so the buffer is free all the same). */
+static mt_status_t out_mark(struct staged_ctx *x, mt_stream_t stream) {
+    mt_status_t st = CUDA_OK(cudaEventRecord(x->out_ev, (cudaStream_t)stream));
+    if (st != MT_OK) {
+        cudaStreamSynchronize((cudaStream_t)stream);
+        x->out_pending = false;
+    }
+    return st;
+}
+
 /* bytes at x->host + at copied to the device's dst in stream's order; the next op waits for the copy before
  * it writes host again (out_wait). */
 static mt_status_t stage_out(struct staged_ctx *x, void *dst, size_t at, size_t bytes, mt_stream_t stream) {
+    x->out_pending = true; /* from the first copy's enqueue on */
     MT_CHECK(up(dst, x->host + at, bytes, stream));
-    MT_CHECK(CUDA_OK(cudaEventRecord(x->out_ev, (cudaStream_t)stream)));
-    x->out_pending = true;
-    return MT_OK;
+    return out_mark(x, stream);
 }
 
 static mt_status_t staged_all_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
@@ -314,15 +325,14 @@ static mt_status_t staged_group_end(void *ctx, mt_stream_t stream) {
     mt_status_t st2 = mpi->group_end(x->mpi, NULL); /* always: it completes what was posted */
     MT_CHECK(st != MT_OK ? st : st2);
     off = 0;
+    x->out_pending = true;
     for (int i = 0; i < n; i++) {
         if (!x->ops[i].is_send) {
             MT_CHECK(up(x->ops[i].dev, x->host + off, x->ops[i].count * mt_coll_dtype_size(x->ops[i].dtype), stream));
         }
         off += slot_bytes(&x->ops[i]);
     }
-    MT_CHECK(CUDA_OK(cudaEventRecord(x->out_ev, (cudaStream_t)stream)));
-    x->out_pending = true;
-    return MT_OK;
+    return out_mark(x, stream);
 }
 
 /* Everything before it on stream has run, then every rank has arrived. */

@@ -2,11 +2,14 @@
  * against the program. Work on a non-blocking stream has not run when another stream reads without waiting
  * (the reader sees the poisoned allocation), nor after a synchronous copy (which waits for the blocking
  * streams only); a wait on an event runs the recording stream up to that record and no further, and so does
- * cudaEventSynchronize; an asynchronous copy from pageable host memory reads it at the call, one into
+ * cudaEventSynchronize, and a record of the event on another stream run since does not release the wait; a poll
+ * (cudaEventQuery) from another thread answers "not ready" without running anything, the queuing thread's runs
+ * the work; an asynchronous copy from pageable host memory reads it at the call, one into
  * pageable host memory has run when the call returns, one into pinned memory only when its stream is
  * synchronised; cudaFree and cudaDeviceSynchronize run everything queued. If the emulator ran every call at
  * once, the stale reads below would be fresh and the test would fail.
  * SPDX-License-Identifier: MIT */
+#include <pthread.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
@@ -14,6 +17,13 @@
 #include "testutil.h"
 
 enum { N = 64 };
+
+/* cudaEventQuery from a thread other than the one that queues the work (the collectives' watchdog polls so) */
+static void *query_elsewhere(void *e) {
+    static cudaError_t r;
+    r = cudaEventQuery((cudaEvent_t)e);
+    return &r;
+}
 
 /* The first byte at dev, read straight from the emulated device memory (host memory):
  * what the device holds now, without making anything run. */
@@ -53,6 +63,30 @@ int main(void) {
     CHECK(cudaEventRecord(e, s1) == cudaSuccess && cudaMemsetAsync(a, 3, N, s1) == cudaSuccess, "record, memset");
     CHECK(cudaEventSynchronize(e) == cudaSuccess && peek(a) == 2, "cudaEventSynchronize ran to %u (want 2)", peek(a));
     CHECK(cudaStreamSynchronize(s1) == cudaSuccess && peek(a) == 3, "s1 synchronised: %u (want 3)", peek(a));
+
+    /* a wait is for the record at its call: recording the event again on s2 and running that one does not
+     * release s3, which waits for the record on s1 */
+    cudaStream_t s3;
+    CHECK(cudaStreamCreateWithFlags(&s3, cudaStreamNonBlocking) == cudaSuccess, "create s3");
+    CHECK(cudaMemsetAsync(a, 1, N, s1) == cudaSuccess && cudaEventRecord(e, s1) == cudaSuccess &&
+              cudaStreamWaitEvent(s3, e, 0) == cudaSuccess && cudaEventRecord(e, s2) == cudaSuccess &&
+              cudaStreamSynchronize(s2) == cudaSuccess,
+          "memset and record on s1, wait on s3, record on s2");
+    CHECK(cudaMemcpyAsync(b, a, N, cudaMemcpyDeviceToDevice, s3) == cudaSuccess &&
+              cudaStreamSynchronize(s3) == cudaSuccess && peek(b) == 1,
+          "s3 read %u past its wait for s1's record (want 1)", peek(b));
+    CHECK(cudaStreamDestroy(s3) == cudaSuccess, "destroy s3");
+
+    /* another thread's poll answers without running anything; the queuing thread's runs the work */
+    pthread_t th;
+    void *res = NULL;
+    CHECK(cudaMemsetAsync(a, 2, N, s1) == cudaSuccess && cudaEventRecord(e, s1) == cudaSuccess, "memset, record");
+    CHECK(pthread_create(&th, NULL, query_elsewhere, e) == 0 && pthread_join(th, &res) == 0 && res &&
+              *(cudaError_t *)res == cudaErrorNotReady && peek(a) == 1,
+          "a poll from another thread: %d, a holds %u (want not ready, 1)", res ? (int)*(cudaError_t *)res : -1,
+          peek(a));
+    CHECK(cudaEventQuery(e) == cudaSuccess && peek(a) == 2, "the queuing thread's poll ran the memset: %u",
+          peek(a));
 
     /* asynchronous copies to and from host memory */
     memset(host, 7, N);

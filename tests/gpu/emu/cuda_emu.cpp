@@ -19,6 +19,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "cublasLt.h"
@@ -133,7 +135,9 @@ size_t mt_emu_device_bytes(void) {
  * behind it, which runs the recording stream up to that record first. A stream runs no later than that, so
  * a reader on one stream that does not wait for the writer on another reads stale data, and a writer that
  * does not wait for a reader's event overwrites what the reader has not read yet: the orderings a real
- * device leaves to chance are decided against the program. Not lazy: every call completes before it
+ * device leaves to chance are decided against the program. Only the thread that queues work makes it run: a
+ * poll (cudaEventQuery) from another thread, such as the collectives' watchdog, answers without running
+ * anything, so when work runs does not depend on a timer. Not lazy: every call completes before it
  * returns (builds without CUDA, whose host-memory collectives ignore streams). The legacy default stream
  * (0) runs at once, after the blocking streams, as on a device. */
 namespace {
@@ -151,11 +155,24 @@ struct squeue_t {
 };
 std::recursive_mutex smu;
 std::map<uintptr_t, squeue_t> &squeues = *new std::map<uintptr_t, squeue_t>;
-std::map<uintptr_t, uint64_t> &ev_gen = *new std::map<uintptr_t, uint64_t>;  /* records issued */
-std::map<uintptr_t, uint64_t> &ev_done = *new std::map<uintptr_t, uint64_t>; /* records run */
+std::map<uintptr_t, uint64_t> &ev_gen = *new std::map<uintptr_t, uint64_t>; /* records issued */
+/* the records of each event issued and not yet run (an event re-recorded on other streams may run them out
+ * of order): a wait or synchronisation is for one record, the latest at its call */
+std::map<uintptr_t, std::set<uint64_t>> &ev_queued = *new std::map<uintptr_t, std::set<uint64_t>>;
 std::map<uintptr_t, uintptr_t> &ev_where = *new std::map<uintptr_t, uintptr_t>;
 std::map<uintptr_t, double> &event_ms = *new std::map<uintptr_t, double>; /* the last record's run time */
 std::map<uintptr_t, size_t> &pinned = *new std::map<uintptr_t, size_t>;   /* cudaMallocHost blocks */
+
+/* The thread that queues work: only it makes queued work run. Another thread (the collectives' watchdog,
+ * which polls completion events) sees a record not yet run as not ready, so when work runs stays the
+ * program's doing, not a timer's. */
+std::thread::id worker;
+bool worker_set;
+
+bool ran(uintptr_t ev, uint64_t gen) {
+    auto it = ev_queued.find(ev);
+    return it == ev_queued.end() || !it->second.count(gen);
+}
 
 bool lazy() {
     static int v = -1;
@@ -180,8 +197,8 @@ void run_op(sop_t &op) {
         op.fn();
     } else if (op.k == sop_t::RECORD) {
         event_ms[op.ev] = now_ms();
-        ev_done[op.ev] = std::max(ev_done[op.ev], op.gen);
-    } else if (ev_done[op.ev] < op.gen) {
+        ev_queued[op.ev].erase(op.gen);
+    } else if (!ran(op.ev, op.gen)) {
         run_through(op.src, op.ev, op.gen);
     }
 }
@@ -204,7 +221,7 @@ void run_through(uintptr_t s, uintptr_t ev, uint64_t gen) {
         }
     }
     sq.running = false;
-    if (ev && ev_done[ev] < gen) {
+    if (ev && !ran(ev, gen)) {
         fprintf(stderr, "emulator: event %#lx record %lu is not on stream %#lx\n", (unsigned long)ev,
                 (unsigned long)gen, (unsigned long)s);
         abort();
@@ -234,6 +251,10 @@ void drain_all() {
 void enqueue_op(cudaStream_t s, sop_t op) {
     std::lock_guard<std::recursive_mutex> g(smu);
     uintptr_t k = (uintptr_t)s;
+    if (!worker_set) {
+        worker = std::this_thread::get_id();
+        worker_set = true;
+    }
     if (!lazy() || k == 0) { /* at once (the legacy stream: after the blocking streams) */
         if (lazy()) {
             drain_blocking();
@@ -356,6 +377,14 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     emu_api_calls++;
+    std::lock_guard<std::recursive_mutex> g(smu);
+    uintptr_t k = (uintptr_t)e;
+    if (ran(k, ev_gen[k])) { /* a record still queued keeps its entries (CUDA frees the event after it) */
+        ev_gen.erase(k);
+        ev_queued.erase(k);
+        ev_where.erase(k);
+        event_ms.erase(k);
+    }
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
@@ -363,25 +392,32 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     std::lock_guard<std::recursive_mutex> g(smu);
     uint64_t gen = ++ev_gen[(uintptr_t)e];
     ev_where[(uintptr_t)e] = (uintptr_t)s;
+    ev_queued[(uintptr_t)e].insert(gen);
     enqueue_op(s, sop_t{sop_t::RECORD, nullptr, (uintptr_t)e, gen, 0});
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     std::lock_guard<std::recursive_mutex> g(smu);
     uintptr_t k = (uintptr_t)e;
-    if (ev_done[k] < ev_gen[k]) {
+    if (!ran(k, ev_gen[k])) {
         run_through(ev_where[k], k, ev_gen[k]);
     }
     return cudaSuccess;
 }
-/* A poll: runs the work before the record (a lazy stream never gets there by itself). */
+/* A poll. On the thread that queues work it runs the work before the record (a lazy stream never gets there by
+ * itself, and a polling loop would spin); on another thread it only answers. */
 cudaError_t cudaEventQuery(cudaEvent_t e) {
+    std::lock_guard<std::recursive_mutex> g(smu);
+    uintptr_t k = (uintptr_t)e;
+    if (!ran(k, ev_gen[k]) && worker_set && std::this_thread::get_id() != worker) {
+        return cudaErrorNotReady;
+    }
     return cudaEventSynchronize(e);
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     std::lock_guard<std::recursive_mutex> g(smu);
     uintptr_t ka = (uintptr_t)a, kb = (uintptr_t)b;
-    if (ev_done[ka] < ev_gen[ka] || ev_done[kb] < ev_gen[kb]) {
+    if (!ran(ka, ev_gen[ka]) || !ran(kb, ev_gen[kb])) {
         return cudaErrorNotReady; /* as CUDA: a record not yet run */
     }
     auto ia = event_ms.find(ka), ib = event_ms.find(kb);
@@ -637,8 +673,7 @@ static void stats_at_exit() {
     }
 }
 
-void mt_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) {
-    emu_api_calls++;
+void mt_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) { /* counted when issued */
     std::lock_guard<std::recursive_mutex> lg(launch_mu);
     if (n_launches++ == 0) {
         atexit(stats_at_exit);
