@@ -1,8 +1,8 @@
 /* The staged backend (device memory without NCCL): each op copies its device input into a pinned host
  * buffer on the caller's stream, waits for that stream, runs the MPI backend's op on the host copy and
  * enqueues the copy of the result back on the stream, so, as with NCCL, the result is there in the stream's
- * order (the completion event is a CUDA event recorded after that copy) and the host goes on; the next op
- * of the comm waits for that copy before it reuses the buffer. It serves ranks that share a GPU (NCCL
+ * order (the completion event is a CUDA event recorded after that copy) and the host does not wait for it;
+ * the next op of the comm does, before it reuses the buffer. It serves ranks that share a GPU (NCCL
  * refuses two ranks of a communicator on one device), builds or machines without NCCL, and the tests of the
  * GPU engine's communication on a one-GPU machine. It costs two copies over PCIe and a host reduction per op
  * and overlaps little: NCCL (priority 80) wins wherever both qualify.
@@ -27,7 +27,7 @@ struct staged_ctx {
     int rank, size, device;
     unsigned char *host; /* pinned staging buffer */
     size_t cap;
-    cudaEvent_t out_ev;  /* recorded after the last op's copy out of host (NULL until the first) */
+    cudaEvent_t out_ev;  /* recorded after the last op's copy out of host */
     bool out_pending;    /* that copy may still be reading host */
     bool in_group;
     struct staged_p2p *ops;

@@ -12,9 +12,10 @@
  * flight in its own activation set of the trainer), ZeRO slicing the stage's own layout over its dp group.
  * With tp > 1 each rank trains its tensor-parallel shard (Megatron-style, models/cuda/gpt2_cuda.h), the tp
  * group's all-reduces and gathers through NCCL on the compute stream; the model is built sharded by the
- * engine's setup_model. Pipeline and tensor parallelism live in launch/job_cuda_mp.c. The loop's clipping, NaN agreement, metrics and checkpoints work unchanged: the engine
- * syncs twice per step (the loss after backward, the gradient norm after the reductions). Built without CUDA,
- * the engine only refuses, naming what to use instead.
+ * engine's setup_model. Pipeline and tensor parallelism live in launch/job_cuda_mp.c. The loop's clipping,
+ * NaN agreement, metrics and checkpoints work unchanged: the engine syncs twice per step (the loss after
+ * backward, the gradient norm after the reductions). Built without CUDA, the engine only refuses, naming what
+ * to use instead.
  * SPDX-License-Identifier: MIT */
 #include "mt_build_config.h"
 
