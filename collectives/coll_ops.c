@@ -31,8 +31,9 @@ static mt_status_t check_common(mt_comm_t c, const char *fn, size_t count, mt_co
     if ((unsigned)dtype >= MT_COLL_DTYPE_COUNT) {
         return mt_error(MT_ERR_INVALID_ARG, "%s on comm %s: invalid dtype %d", fn, c->name, (int)dtype);
     }
-    /* MPI counts are int (the staged backend's device calls too); NCCL's are size_t */
-    bool int_counts = c->memory != MT_COMM_MEM_DEVICE || strcmp(c->ops[MT_COLL_ALL_REDUCE].be->name, "nccl") != 0;
+    /* MPI counts are int; NCCL's are size_t, and the staged backend's pieces keep each of its MPI calls small */
+    const char *be = c->ops[MT_COLL_ALL_REDUCE].be->name;
+    bool int_counts = c->memory != MT_COMM_MEM_DEVICE || (strcmp(be, "nccl") != 0 && strcmp(be, "staged") != 0);
     if (int_counts && (total > (size_t)INT_MAX || count > (size_t)INT_MAX)) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "%s on comm %s: %zu elements exceed INT_MAX (MPI counts are int): "

@@ -1,11 +1,14 @@
-/* The staged backend (device memory without NCCL): each op copies its device input into a pinned host
- * buffer on the caller's stream, waits for that stream, runs the MPI backend's op on the host copy and
- * enqueues the copy of the result back on the stream, so, as with NCCL, the result is there in the stream's
- * order (the completion event is a CUDA event recorded after that copy) and the host does not wait for it;
- * the next op of the comm does, before it reuses the buffer. It serves ranks that share a GPU (NCCL
- * refuses two ranks of a communicator on one device), builds or machines without NCCL, and the tests of the
- * GPU engine's communication on a one-GPU machine. It costs two copies over PCIe and a host reduction per op
- * and overlaps little: NCCL (priority 80) wins wherever both qualify.
+/* The staged backend (device memory without NCCL): each op copies its device input into pinned host memory
+ * on the caller's stream, waits for that copy, runs the MPI backend's op on the host copy and enqueues the
+ * copy of the result back on the stream, so, as with NCCL, the result is there in the stream's order (the
+ * completion event is a CUDA event recorded after that copy) and the host does not wait for it; the next op
+ * of the comm does, before it reuses the memory. A collective runs in pieces of at most MESHTRAIN_STAGED_CHUNK
+ * bytes of pinned memory (the smallest any rank of the comm asked for), two in flight: piece j+1's copy down is
+ * enqueued before the host reduces piece j, so PCIe copies and the host's MPI work overlap, and a comm pins
+ * two pieces whatever its ops' sizes. It serves ranks that share a GPU (NCCL refuses two ranks of a
+ * communicator on one device), builds or machines without NCCL, and the tests of the GPU engine's
+ * communication on a one-GPU machine. It costs two copies over PCIe and a host reduction per op: NCCL
+ * (priority 80) wins wherever both qualify.
  * SPDX-License-Identifier: MIT */
 #include <cuda_runtime.h>
 #include <string.h>
@@ -27,6 +30,8 @@ struct staged_ctx {
     int rank, size, device;
     unsigned char *host; /* pinned staging buffer */
     size_t cap;
+    size_t piece;        /* pinned bytes per piece of a collective, the same on every rank */
+    cudaEvent_t in_ev[2]; /* recorded after each slot's copy down */
     cudaEvent_t out_ev;  /* recorded after the last op's copy out of host */
     bool out_pending;    /* that copy may still be reading host */
     bool in_group;
@@ -35,6 +40,9 @@ struct staged_ctx {
 };
 
 static const struct mt_coll_backend *const mpi = &mt_coll_backend_mpi;
+
+/* Pinned bytes per piece of a collective (two pieces in flight); below 4 KiB it is 4 KiB, above 1 GiB 1 GiB. */
+MT_PARAM(staged_chunk, "STAGED_CHUNK", 8 << 20)
 
 mt_status_t mt_coll_cuda_status(int err, const char *what, const char *file, int line) {
     if (err == (int)cudaSuccess) {
@@ -126,6 +134,12 @@ static void staged_free(void *ctx) {
         out_wait(x);
         cudaEventDestroy(x->out_ev);
     }
+    for (int i = 0; i < 2; i++) {
+        if (x->in_ev[i]) {
+            cudaEventSynchronize(x->in_ev[i]); /* a failed op may leave a copy down in flight */
+            cudaEventDestroy(x->in_ev[i]);
+        }
+    }
     release_host(x);
     if (x->mpi) {
         mpi->free(x->mpi);
@@ -144,9 +158,16 @@ static mt_status_t staged_init(mt_comm_t comm, const struct mt_comm_info *info, 
     x->size = info->size;
     MT_CHECK_GOTO(CUDA_OK(cudaGetDevice(&x->device)), st, fail);
     MT_CHECK_GOTO(CUDA_OK(cudaEventCreateWithFlags(&x->out_ev, cudaEventDisableTiming)), st, fail);
+    for (int i = 0; i < 2; i++) {
+        MT_CHECK_GOTO(CUDA_OK(cudaEventCreateWithFlags(&x->in_ev[i], cudaEventDisableTiming)), st, fail);
+    }
     MT_CHECK_GOTO(mpi->init(comm, info, &x->mpi), st, fail);
-    MT_INFO(MT_LOG_COLL, "comm %s: staged (MPI through pinned host memory) rank %d/%d on device %d", info->name,
-            x->rank, x->size, x->device);
+    /* every rank must cut an op into the same pieces: the smallest piece any rank asked for */
+    int64_t piece = MT_MIN(MT_MAX(mt_param_staged_chunk(), (int64_t)4096), (int64_t)1 << 30);
+    MT_CHECK_GOTO(mpi->all_reduce(x->mpi, &piece, &piece, 1, MT_COLL_I64, MT_REDOP_MIN, NULL), st, fail);
+    x->piece = (size_t)piece;
+    MT_INFO(MT_LOG_COLL, "comm %s: staged (MPI through pinned host memory) rank %d/%d on device %d, pieces of %zu "
+            "bytes", info->name, x->rank, x->size, x->device, x->piece);
     *ctx = x;
     return MT_OK;
 fail:
@@ -182,62 +203,188 @@ static mt_status_t stage_out(struct staged_ctx *x, void *dst, size_t at, size_t 
     return out_mark(x, stream);
 }
 
+/* A collective in pieces. Piece j covers elements [j*per, min(count, (j+1)*per)) of every rank's block of
+ * count elements (the whole buffer for all_reduce, broadcast and reduce); its pinned slot holds `factor`
+ * such runs (reduce_scatter: the size input runs, then the result; all_gather: the gathered runs, then this
+ * rank's; all_to_all: the size input runs, then the size output runs; reduce: input, then result). A piece
+ * reads and writes only its own element range of each block, so every in-place form stays correct however
+ * the pieces interleave. */
+struct pieces {
+    mt_coll_kind_t kind;
+    const unsigned char *send;
+    unsigned char *recv;
+    size_t count, esize, block; /* block = count * esize: the pitch between ranks' blocks */
+    mt_coll_dtype_t dtype;
+    mt_redop_t op;
+    int root;
+};
+
+static mt_status_t down2d(void *host, size_t hpitch, const void *dev, size_t dpitch, size_t width, size_t rows,
+                          mt_stream_t stream) {
+    if (!width || !rows) {
+        return MT_OK;
+    }
+    return CUDA_OK(cudaMemcpy2DAsync(host, hpitch, dev, dpitch, width, rows, cudaMemcpyDeviceToHost,
+                                     (cudaStream_t)stream));
+}
+
+static mt_status_t up2d(void *dev, size_t dpitch, const void *host, size_t hpitch, size_t width, size_t rows,
+                        mt_stream_t stream) {
+    if (!width || !rows) {
+        return MT_OK;
+    }
+    return CUDA_OK(cudaMemcpy2DAsync(dev, dpitch, host, hpitch, width, rows, cudaMemcpyHostToDevice,
+                                     (cudaStream_t)stream));
+}
+
+static size_t piece_factor(const struct staged_ctx *x, mt_coll_kind_t kind) {
+    switch (kind) {
+    case MT_COLL_REDUCE_SCATTER:
+    case MT_COLL_ALL_GATHER:
+        return (size_t)x->size + 1;
+    case MT_COLL_ALL_TO_ALL:
+        return 2 * (size_t)x->size;
+    case MT_COLL_REDUCE:
+        return 2;
+    default:
+        return 1;
+    }
+}
+
+/* The piece [off, off + len) elements copied from the device into slot h, in stream order. */
+static mt_status_t piece_in(const struct staged_ctx *x, const struct pieces *p, unsigned char *h, size_t off,
+                            size_t len, mt_stream_t stream) {
+    if (!len) {
+        return MT_OK;
+    }
+    size_t o = off * p->esize, b = len * p->esize, n = (size_t)x->size;
+    switch (p->kind) {
+    case MT_COLL_REDUCE_SCATTER:
+    case MT_COLL_ALL_TO_ALL:
+        return down2d(h, b, p->send + o, p->block, b, n, stream);
+    case MT_COLL_ALL_GATHER:
+        return down(h + n * b, p->send + o, b, stream);
+    case MT_COLL_BROADCAST:
+        return x->rank == p->root ? down(h, p->send + o, b, stream) : MT_OK;
+    default: /* all_reduce, reduce */
+        return down(h, p->send + o, b, stream);
+    }
+}
+
+/* The MPI backend's op on the piece in slot h. */
+static mt_status_t piece_host(const struct staged_ctx *x, const struct pieces *p, unsigned char *h, size_t len) {
+    size_t b = len * p->esize, n = (size_t)x->size;
+    switch (p->kind) {
+    case MT_COLL_ALL_REDUCE:
+        return mpi->all_reduce(x->mpi, h, h, len, p->dtype, p->op, NULL);
+    case MT_COLL_REDUCE:
+        return mpi->reduce(x->mpi, h, h + b, len, p->dtype, p->op, p->root, NULL);
+    case MT_COLL_BROADCAST:
+        return mpi->broadcast(x->mpi, h, h, len, p->dtype, p->root, NULL);
+    case MT_COLL_REDUCE_SCATTER:
+        return mpi->reduce_scatter(x->mpi, h, h + n * b, len, p->dtype, p->op, NULL);
+    case MT_COLL_ALL_GATHER:
+        return mpi->all_gather(x->mpi, h + n * b, h, len, p->dtype, NULL);
+    case MT_COLL_ALL_TO_ALL:
+        return mpi->all_to_all(x->mpi, h, h + n * b, len, p->dtype, NULL);
+    default:
+        return mt_error(MT_ERR_INTERNAL, "staged backend: op kind %d is not a collective", (int)p->kind);
+    }
+}
+
+/* The piece's result copied from slot h to the device, in stream order. */
+static mt_status_t piece_out(const struct staged_ctx *x, const struct pieces *p, const unsigned char *h, size_t off,
+                             size_t len, mt_stream_t stream) {
+    if (!len) {
+        return MT_OK;
+    }
+    size_t o = off * p->esize, b = len * p->esize, n = (size_t)x->size;
+    switch (p->kind) {
+    case MT_COLL_REDUCE:
+        return x->rank == p->root ? up(p->recv + o, h + b, b, stream) : MT_OK;
+    case MT_COLL_REDUCE_SCATTER:
+        return up(p->recv + o, h + n * b, b, stream);
+    case MT_COLL_ALL_GATHER:
+        return up2d(p->recv + o, p->block, h, b, b, n, stream);
+    case MT_COLL_ALL_TO_ALL:
+        return up2d(p->recv + o, p->block, h + n * b, b, b, n, stream);
+    default: /* all_reduce, broadcast */
+        return up(p->recv + o, h, b, stream);
+    }
+}
+
+/* The op, piece by piece through two slots: piece j+1 is copied down (after piece j-1's copy up out of the
+ * same slot, by the stream's order) while the host runs piece j. Each rank cuts the same pieces (x->piece
+ * is agreed at init), so the MPI calls match. A zero-count op is one empty piece: one MPI call, as before. */
+static mt_status_t run_pieces(struct staged_ctx *x, const struct pieces *p, mt_stream_t stream) {
+    size_t factor = piece_factor(x, p->kind), unit = p->esize * factor;
+    size_t per = MT_MAX((size_t)1, x->piece / unit);
+    size_t n = p->count ? (p->count + per - 1) / per : 1;
+    size_t slot = n == 1 ? p->count * unit : (per * unit + 63) & ~(size_t)63;
+    MT_CHECK(reserve(x, MT_MAX((size_t)1, n == 1 ? slot : 2 * slot)));
+    x->out_pending = true; /* from the first copy's enqueue on; out_mark clears it where it cannot record */
+    mt_status_t st = MT_OK;
+    MT_CHECK_GOTO(piece_in(x, p, x->host, 0, MT_MIN(per, p->count), stream), st, done);
+    MT_CHECK_GOTO(CUDA_OK(cudaEventRecord(x->in_ev[0], (cudaStream_t)stream)), st, done);
+    for (size_t j = 0; j < n; j++) {
+        unsigned char *h = x->host + (j & 1) * slot;
+        size_t off = j * per, len = MT_MIN(per, p->count - MT_MIN(off, p->count));
+        if (j + 1 < n) {
+            size_t off1 = off + per, len1 = MT_MIN(per, p->count - off1);
+            MT_CHECK_GOTO(piece_in(x, p, x->host + ((j + 1) & 1) * slot, off1, len1, stream), st, done);
+            MT_CHECK_GOTO(CUDA_OK(cudaEventRecord(x->in_ev[(j + 1) & 1], (cudaStream_t)stream)), st, done);
+        }
+        MT_CHECK_GOTO(CUDA_OK(cudaEventSynchronize(x->in_ev[j & 1])), st, done);
+        MT_CHECK_GOTO(piece_host(x, p, h, len), st, done);
+        MT_CHECK_GOTO(piece_out(x, p, h, off, len, stream), st, done);
+    }
+done:; /* even after a failure, the next op waits for what was enqueued here before it reuses the buffer */
+    mt_status_t st2 = out_mark(x, stream);
+    return st != MT_OK ? st : st2;
+}
+
 static mt_status_t staged_all_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                      mt_redop_t op, mt_stream_t stream) {
-    struct staged_ctx *x = ctx;
-    size_t bytes = count * mt_coll_dtype_size(dtype);
-    MT_CHECK(stage_in(x, bytes, 0, send, bytes, stream));
-    MT_CHECK(mpi->all_reduce(x->mpi, x->host, x->host, count, dtype, op, NULL));
-    return stage_out(x, recv, 0, bytes, stream);
+    size_t es = mt_coll_dtype_size(dtype);
+    struct pieces p = {MT_COLL_ALL_REDUCE, send, recv, count, es, count * es, dtype, op, 0};
+    return run_pieces(ctx, &p, stream);
 }
 
-/* The input (size blocks) at the front, the rank's block of the result after it. */
 static mt_status_t staged_reduce_scatter(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                          mt_redop_t op, mt_stream_t stream) {
-    struct staged_ctx *x = ctx;
-    size_t bytes = count * mt_coll_dtype_size(dtype), all = bytes * (size_t)x->size;
-    MT_CHECK(stage_in(x, all + bytes, 0, send, all, stream));
-    MT_CHECK(mpi->reduce_scatter(x->mpi, x->host, x->host + all, count, dtype, op, NULL));
-    return stage_out(x, recv, all, bytes, stream);
+    size_t es = mt_coll_dtype_size(dtype);
+    struct pieces p = {MT_COLL_REDUCE_SCATTER, send, recv, count, es, count * es, dtype, op, 0};
+    return run_pieces(ctx, &p, stream);
 }
 
-/* The gathered blocks at the front, the rank's input after them (read before recv is written). */
 static mt_status_t staged_all_gather(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                      mt_stream_t stream) {
-    struct staged_ctx *x = ctx;
-    size_t bytes = count * mt_coll_dtype_size(dtype), all = bytes * (size_t)x->size;
-    MT_CHECK(stage_in(x, all + bytes, all, send, bytes, stream));
-    MT_CHECK(mpi->all_gather(x->mpi, x->host + all, x->host, count, dtype, NULL));
-    return stage_out(x, recv, 0, all, stream);
+    size_t es = mt_coll_dtype_size(dtype);
+    struct pieces p = {MT_COLL_ALL_GATHER, send, recv, count, es, count * es, dtype, MT_REDOP_SUM, 0};
+    return run_pieces(ctx, &p, stream);
 }
 
-/* send is read on root only (the others stage nothing in). */
+/* send is read on root only. */
 static mt_status_t staged_broadcast(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                     int root, mt_stream_t stream) {
-    struct staged_ctx *x = ctx;
-    size_t bytes = count * mt_coll_dtype_size(dtype);
-    MT_CHECK(stage_in(x, bytes, 0, send, x->rank == root ? bytes : 0, stream));
-    MT_CHECK(mpi->broadcast(x->mpi, x->host, x->host, count, dtype, root, NULL));
-    return stage_out(x, recv, 0, bytes, stream);
+    size_t es = mt_coll_dtype_size(dtype);
+    struct pieces p = {MT_COLL_BROADCAST, send, recv, count, es, count * es, dtype, MT_REDOP_SUM, root};
+    return run_pieces(ctx, &p, stream);
 }
 
 /* recv is written on root only. */
 static mt_status_t staged_reduce(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                  mt_redop_t op, int root, mt_stream_t stream) {
-    struct staged_ctx *x = ctx;
-    size_t bytes = count * mt_coll_dtype_size(dtype);
-    MT_CHECK(stage_in(x, 2 * bytes, 0, send, bytes, stream));
-    MT_CHECK(mpi->reduce(x->mpi, x->host, x->host + bytes, count, dtype, op, root, NULL));
-    return x->rank == root ? stage_out(x, recv, bytes, bytes, stream) : MT_OK;
+    size_t es = mt_coll_dtype_size(dtype);
+    struct pieces p = {MT_COLL_REDUCE, send, recv, count, es, count * es, dtype, op, root};
+    return run_pieces(ctx, &p, stream);
 }
 
 static mt_status_t staged_all_to_all(void *ctx, const void *send, void *recv, size_t count, mt_coll_dtype_t dtype,
                                      mt_stream_t stream) {
-    struct staged_ctx *x = ctx;
-    size_t all = count * mt_coll_dtype_size(dtype) * (size_t)x->size;
-    MT_CHECK(stage_in(x, 2 * all, 0, send, all, stream));
-    MT_CHECK(mpi->all_to_all(x->mpi, x->host, x->host + all, count, dtype, NULL));
-    return stage_out(x, recv, all, all, stream);
+    size_t es = mt_coll_dtype_size(dtype);
+    struct pieces p = {MT_COLL_ALL_TO_ALL, send, recv, count, es, count * es, dtype, MT_REDOP_SUM, 0};
+    return run_pieces(ctx, &p, stream);
 }
 
 static mt_status_t post(struct staged_ctx *x, bool is_send, const void *buf, size_t count, mt_coll_dtype_t dtype,

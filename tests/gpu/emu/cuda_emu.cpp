@@ -311,6 +311,31 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     }
     return cudaSuccess;
 }
+/* height rows of width bytes, with the same pageable-memory semantics as cudaMemcpyAsync. */
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind k, cudaStream_t s) {
+    if (width > dpitch || width > spitch) {
+        return cudaErrorInvalidValue;
+    }
+    auto rows = [=](char *d, const char *sp, size_t sp_pitch) {
+        for (size_t r = 0; r < height; r++) {
+            memmove(d + r * dpitch, sp + r * sp_pitch, width);
+        }
+    };
+    if (k == cudaMemcpyHostToDevice && !is_pinned(src) && height) {
+        auto copy = std::make_shared<std::vector<char>>(width * height);
+        for (size_t r = 0; r < height; r++) {
+            memcpy(copy->data() + r * width, (const char *)src + r * spitch, width);
+        }
+        mt_emu_enqueue(s, [=]() { rows((char *)dst, copy->data(), width); });
+        return cudaSuccess;
+    }
+    mt_emu_enqueue(s, [=]() { rows((char *)dst, (const char *)src, spitch); });
+    if (k == cudaMemcpyDeviceToHost && !is_pinned(dst)) {
+        return cudaStreamSynchronize(s);
+    }
+    return cudaSuccess;
+}
 cudaError_t cudaMemset(void *p, int v, size_t bytes) {
     emu_api_calls++;
     std::lock_guard<std::recursive_mutex> g(smu);
