@@ -218,6 +218,14 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
         MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaEventCreateWithFlags(&g->copied[i], cudaEventDisableTiming)), "event"),
                       st, fail);
     }
+    if (g->tp > 1) {
+        MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaStreamCreateWithFlags(&g->tp_stream, cudaStreamNonBlocking)), "stream"),
+                      st, fail);
+        MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaEventCreateWithFlags(&g->tp_in, cudaEventDisableTiming)), "event"), st,
+                      fail);
+        MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaEventCreateWithFlags(&g->tp_out, cudaEventDisableTiming)), "event"), st,
+                      fail);
+    }
     g->offs = mt_calloc(g->n_params * sizeof(size_t), MT_MEM_OTHER, "gpt2_cuda offsets");
     g->decay = mt_calloc(g->n_params * sizeof(bool), MT_MEM_OTHER, "gpt2_cuda decay");
     g->held = mt_calloc(g->n_params * sizeof(bool), MT_MEM_OTHER, "gpt2_cuda stage");
@@ -477,8 +485,12 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
             cudaEventDestroy(g->copied[i]);
         }
     }
-    cudaEvent_t evs[] = {g->slot_free[0], g->slot_free[1], g->outer_free, g->wready[0],
-                         g->wready[1],    g->wready[2],    g->wmark};
+    if (g->tp_stream) { /* a failed backward may have left a reduction there */
+        cudaStreamSynchronize(g->tp_stream);
+        cudaStreamDestroy(g->tp_stream);
+    }
+    cudaEvent_t evs[] = {g->slot_free[0], g->slot_free[1], g->outer_free, g->wready[0], g->wready[1],
+                         g->wready[2],    g->wmark,        g->tp_in,      g->tp_out};
     for (size_t i = 0; i < MT_ARRAY_LEN(evs); i++) {
         if (evs[i]) {
             cudaEventDestroy(evs[i]);
@@ -529,7 +541,7 @@ mt_status_t gpt2_cuda_prof_mark(mt_gpt2_cuda_t g, int cat) {
  * g forward and f backward: part (N,C) holds this rank's partial sums; *out the group's sum: part itself (an
  * in-place all-reduce; nothing with tp = 1) or, with sequence parallelism, this rank's R rows of it at rows
  * (a reduce-scatter). */
-static mt_status_t tp_reduce(mt_gpt2_cuda_t g, void *part, void *rows, void **out) {
+static mt_status_t tp_reduce_on(mt_gpt2_cuda_t g, void *part, void *rows, void **out, cudaStream_t s) {
     *out = part;
     if (g->tp == 1) {
         return MT_OK;
@@ -537,11 +549,45 @@ static mt_status_t tp_reduce(mt_gpt2_cuda_t g, void *part, void *rows, void **ou
     const mt_gpt2_cuda_tp_ops_t *o = g->p.tp_ops;
     size_t C = (size_t)g->C;
     if (!g->sp) {
-        MT_CHECK(o->all_reduce_sum(o->ctx, part, (size_t)g->N * C, g->dt, g->stream));
+        MT_CHECK(o->all_reduce_sum(o->ctx, part, (size_t)g->N * C, g->dt, s));
     } else {
-        MT_CHECK(o->reduce_scatter_sum(o->ctx, part, rows, (size_t)g->R * C, g->dt, g->stream));
+        MT_CHECK(o->reduce_scatter_sum(o->ctx, part, rows, (size_t)g->R * C, g->dt, s));
         *out = rows;
     }
+    return MT_OK;
+}
+
+static mt_status_t tp_reduce(mt_gpt2_cuda_t g, void *part, void *rows, void **out) {
+    MT_CHECK(tp_reduce_on(g, part, rows, out, g->stream));
+    return g->tp > 1 ? gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP) : MT_OK;
+}
+
+/* Backward, after a column-parallel product's input gradient (part) and before its weight gradient: the
+ * reduction starts on tp_stream once part is complete, and the compute stream goes on with the weight
+ * gradient, which reads neither part nor rows (Megatron's overlap of the input gradient's all-reduce with the
+ * weight gradient). tp_join puts the compute stream behind it, before anything reads *out or the tp group
+ * runs another collective (so the group's calls keep one order on every rank). */
+static mt_status_t tp_reduce_async(mt_gpt2_cuda_t g, void *part, void *rows, void **out) {
+    if (g->tp == 1) {
+        *out = part;
+        return MT_OK;
+    }
+    CK(cudaEventRecord(g->tp_in, g->stream));
+    CK(cudaStreamWaitEvent(g->tp_stream, g->tp_in, 0));
+    MT_CHECK(tp_reduce_on(g, part, rows, out, g->tp_stream));
+    CK(cudaEventRecord(g->tp_out, g->tp_stream));
+    g->tp_pending = true;
+    return MT_OK;
+}
+
+/* The compute stream waits for the reduction tp_reduce_async started; the profile's TP time is then what the
+ * weight gradient did not hide. */
+static mt_status_t tp_join(mt_gpt2_cuda_t g) {
+    if (!g->tp_pending) {
+        return MT_OK;
+    }
+    g->tp_pending = false;
+    CK(cudaStreamWaitEvent(g->stream, g->tp_out, 0));
     return gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP);
 }
 
@@ -850,13 +896,17 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     if (g->last) {
         OP(PROF_CE, mt_cuda_softmax_ce_backward_shard(g->A->logits, g->A->logits, g->A->lse_ce, g->A->targets_d,
                                                       g->A->n_valid, g->v0, N, g->Vr, g->Vl, scale, dt, s));
-        if (g->Vr > 0) {
-            OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(0), NULL, g->A->logits, g->Vl, g->A->lnf,
+        if (g->Vr > 0) { /* d lnf, reduced over tp while dwte += dlogits^T lnf */
+            OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, NULL, NULL, g->A->logits, g->Vl, g->A->lnf,
+                                                            W(0), N, C, g->Vr, dt, NULL, s));
+            MT_CHECK(tp_reduce_async(g, g->da, g->tmp_r, &x));
+            OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, NULL, G(0), NULL, g->A->logits, g->Vl, g->A->lnf,
                                                             W(0), N, C, g->Vr, dt, NULL, s));
         } else { /* tp: no real vocabulary row here, no part of d lnf */
             OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
+            MT_CHECK(tp_reduce_async(g, g->da, g->tmp_r, &x));
         }
-        MT_CHECK(tp_reduce(g, g->da, g->tmp_r, &x));
+        MT_CHECK(tp_join(g));
         OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, RC * es, cs));
         MT_CHECK(ln_grads_begin(g, 1));
         MT_CHECK(ln_backward(g, g->dresid, G(pf), 0, x, RES(L), W(pf), g->A->lnf_mean, g->A->lnf_rstd));
@@ -884,9 +934,12 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->dfg, G(p + FCPW), G(p + FCPB), dfull, C,
                                                         a->fch_gelu, W(p + FCPW), N, Hl, C, dt, g->col_scratch, s));
         OP(PROF_GELU, mt_cuda_gelu_backward_set(g->dfc, a->fch, g->dfg, (size_t)N * Hl, dt, s));
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(p + FCW), G(p + FCB), g->dfc, Hl, a->ln2,
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, NULL, NULL, g->dfc, Hl, a->ln2, W(p + FCW), N,
+                                                        C, Hl, dt, g->col_scratch, s));
+        MT_CHECK(tp_reduce_async(g, g->da, g->tmp_r, &x)); /* tp: each rank's columns' part of d ln2 */
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, NULL, G(p + FCW), G(p + FCB), g->dfc, Hl, a->ln2,
                                                         W(p + FCW), N, C, Hl, dt, g->col_scratch, s));
-        MT_CHECK(tp_reduce(g, g->da, g->tmp_r, &x)); /* tp: each rank's columns' part of d ln2 */
+        MT_CHECK(tp_join(g));
         MT_CHECK(ln_grads_begin(g, 2)); /* sp: ln2's and ln1's weight/bias gradients reduced together, below */
         MT_CHECK(ln_backward(g, g->dresid, G(p + LN2W), 0, x, a->r2, W(p + LN2W), a->ln2_mean, a->ln2_rstd));
         /* attention branch: r2 = x_l + proj(attn(qkv(ln1(x_l)))); dresid now holds d r2 */
@@ -898,9 +951,12 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         OP(PROF_ATTN_BWD,
            mt_cuda_attention_backward(dqkv, g->da, a->qkv, a->atty, a->lse, B, T, Cl, g->NHl, dt, g->attn_scratch, s));
         void *dln1 = g->da; /* (N,C): attention backward has read da (its dout) */
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, dln1, G(p + QKVW), G(p + QKVB), dqkv, 3 * Cl, a->ln1,
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, dln1, NULL, NULL, dqkv, 3 * Cl, a->ln1, W(p + QKVW), N,
+                                                        C, 3 * Cl, dt, g->col_scratch, s));
+        MT_CHECK(tp_reduce_async(g, dln1, g->tmp_r, &x)); /* tp: each rank's heads' part of d ln1 */
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, NULL, G(p + QKVW), G(p + QKVB), dqkv, 3 * Cl, a->ln1,
                                                         W(p + QKVW), N, C, 3 * Cl, dt, g->col_scratch, s));
-        MT_CHECK(tp_reduce(g, dln1, g->tmp_r, &x)); /* tp: each rank's heads' part of d ln1 */
+        MT_CHECK(tp_join(g));
         MT_CHECK(ln_backward(g, g->dresid, G(p + LN1W), 1, x, RES(l), W(p + LN1W), a->ln1_mean, a->ln1_rstd));
         float *lns[] = {G(p + LN2W), G(p + LN1W)};
         MT_CHECK(ln_grads_reduce(g, lns, 2));

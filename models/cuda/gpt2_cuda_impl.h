@@ -39,6 +39,9 @@ struct mt_gpt2_cuda {
     int tp, tpr;                 /* tensor parallelism: the group's size and this rank (1, 0: none) */
     int Cl, NHl, Hl, Vl, v0, Vr; /* this rank's channels, heads, MLP columns, vocabulary rows (and real ones) */
     bool sp;                     /* sequence parallelism (tp > 1): R = N / tp rows outside the sharded regions */
+    cudaStream_t tp_stream;      /* tp: backward's input-gradient reductions, overlapping the weight gradients */
+    cudaEvent_t tp_in, tp_out;   /* tp: the reduction's input is complete (compute stream); its result is there */
+    bool tp_pending;             /* tp: a reduction on tp_stream the compute stream has yet to wait for */
     int R;                       /* rows of the residual stream this rank holds: N, or N / tp */
     void *tmp_r, *lnloc;         /* sp: (R,C) a reduce-scatter's result, a LayerNorm's rows before their gather */
     float *lng; /* sp: (2 x 2C) a block's two LayerNorms' weight and bias gradients over this rank's rows */
