@@ -8,8 +8,12 @@
  * pageable host memory has run when the call returns, one into pinned memory only when its stream is
  * synchronised; cudaFree and cudaDeviceSynchronize run everything queued. If the emulator ran every call at
  * once, the stale reads below would be fresh and the test would fail.
+ * `others` (MESHTRAIN_EMU_LAZY=2): before a host synchronisation runs a stream, the other streams run what
+ * they can without waiting for a record not yet run, so a reader that reaches its writer's work only through
+ * a later wait reads too early; plain lazy streams run the writer first there (both checked below).
  * SPDX-License-Identifier: MIT */
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
@@ -31,7 +35,48 @@ static unsigned char peek(const void *dev) {
     return *(const unsigned char *)dev;
 }
 
-int main(void) {
+/* s1 writes c; s2 reads c without waiting for it, then records an event that s1 waits for; the host
+ * synchronises s1. Plain lazy streams run s1's write, then (through the wait) s2's read: it reads the
+ * write. With other streams first, s2's read runs before s1's write: it reads the old value. */
+static void others_first(bool others) {
+    cudaStream_t s1, s2;
+    cudaEvent_t e;
+    unsigned char *c = NULL, *d = NULL;
+    CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess &&
+              cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == cudaSuccess &&
+              cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess &&
+              cudaMalloc((void **)&c, N) == cudaSuccess && cudaMalloc((void **)&d, N) == cudaSuccess,
+          "set up");
+    unsigned char poison = peek(c);
+    CHECK(cudaMemsetAsync(c, 3, N, s1) == cudaSuccess &&
+              cudaMemcpyAsync(d, c, N, cudaMemcpyDeviceToDevice, s2) == cudaSuccess &&
+              cudaEventRecord(e, s2) == cudaSuccess && cudaStreamWaitEvent(s1, e, 0) == cudaSuccess &&
+              cudaStreamSynchronize(s1) == cudaSuccess,
+          "write on s1, read on s2, s1 waits for s2, sync s1");
+    CHECK(peek(d) == (others ? poison : 3) && peek(c) == 3, "%s: s2 read %u (want %u), c holds %u (want 3)",
+          others ? "other streams first" : "lazy", peek(d), others ? poison : 3, peek(c));
+    /* a stream that waits for a record not yet run does not run past the wait: s2 waits for s1's record, the
+     * host synchronises s1 (s2 runs nothing: nothing waits for it), then s2 */
+    CHECK(cudaMemsetAsync(c, 4, N, s1) == cudaSuccess && cudaEventRecord(e, s1) == cudaSuccess &&
+              cudaStreamWaitEvent(s2, e, 0) == cudaSuccess &&
+              cudaMemcpyAsync(d, c, N, cudaMemcpyDeviceToDevice, s2) == cudaSuccess &&
+              cudaStreamSynchronize(s1) == cudaSuccess,
+          "memset, record on s1; s2 waits, reads; sync s1");
+    CHECK(peek(c) == 4 && peek(d) == (others ? poison : 3), "s1 ran to %u (want 4), s2 read %u early", peek(c),
+          peek(d));
+    CHECK(cudaStreamSynchronize(s2) == cudaSuccess && peek(d) == 4, "s2 read %u after its wait (want 4)", peek(d));
+    CHECK(cudaFree(c) == cudaSuccess && cudaFree(d) == cudaSuccess && cudaEventDestroy(e) == cudaSuccess &&
+              cudaStreamDestroy(s1) == cudaSuccess && cudaStreamDestroy(s2) == cudaSuccess,
+          "tear down");
+}
+
+int main(int argc, char **argv) {
+    bool others = argc > 1 && !strcmp(argv[1], "others");
+    setenv("MESHTRAIN_EMU_LAZY", others ? "2" : "1", 1); /* before the emulator's first call reads it */
+    others_first(others);
+    if (others) {
+        return mt_test_finish("test_emu_streams others");
+    }
     cudaStream_t s1, s2;
     cudaEvent_t e;
     unsigned char *a = NULL, *b = NULL, *pin = NULL, host[N];

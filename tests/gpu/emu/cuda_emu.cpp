@@ -174,13 +174,19 @@ bool ran(uintptr_t ev, uint64_t gen) {
     return it == ev_queued.end() || !it->second.count(gen);
 }
 
-bool lazy() {
+/* 0: eager; 1: lazy; 2: lazy, and other streams first at a host synchronisation (others_first). */
+int lazy_mode() {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("MESHTRAIN_EMU_LAZY");
-        v = e && *e ? atoi(e) != 0 : MT_EMU_LAZY_DEFAULT;
+        v = e && *e ? atoi(e) : MT_EMU_LAZY_DEFAULT;
+        v = v < 0 ? 0 : v > 2 ? 1 : v;
     }
-    return v != 0;
+    return v;
+}
+
+bool lazy() {
+    return lazy_mode() != 0;
 }
 
 double now_ms() {
@@ -225,6 +231,34 @@ void run_through(uintptr_t s, uintptr_t ev, uint64_t gen) {
         fprintf(stderr, "emulator: event %#lx record %lu is not on stream %#lx\n", (unsigned long)ev,
                 (unsigned long)gen, (unsigned long)s);
         abort();
+    }
+}
+
+/* MESHTRAIN_EMU_LAZY=2, before a host synchronisation runs stream s: every other stream runs all it can
+ * without waiting for a record not yet run (what a device may run early does run early). Plain lazy streams
+ * catch a reader that runs before the writer it did not wait for whenever the reader's stream is what the
+ * host synchronises; this catches it when the host synchronises the writer's stream and the reader's queue
+ * reaches the writer's work only through a later wait: the reader runs first. */
+void others_first(uintptr_t s) {
+    if (lazy_mode() != 2) {
+        return;
+    }
+    for (bool again = true; again;) {
+        again = false;
+        for (auto &kv : squeues) {
+            squeue_t &sq = kv.second;
+            if (kv.first == s || sq.running) {
+                continue;
+            }
+            sq.running = true;
+            while (!sq.q.empty() && !(sq.q.front().k == sop_t::WAIT && !ran(sq.q.front().ev, sq.q.front().gen))) {
+                sop_t op = std::move(sq.q.front());
+                sq.q.pop_front();
+                run_op(op);
+                again = true;
+            }
+            sq.running = false;
+        }
     }
 }
 
@@ -375,6 +409,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     if ((uintptr_t)s == 0) {
         drain_blocking();
     } else if (squeues.count((uintptr_t)s)) {
+        others_first((uintptr_t)s);
         run_through((uintptr_t)s, 0, 0);
     }
     return cudaSuccess;
@@ -425,7 +460,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     std::lock_guard<std::recursive_mutex> g(smu);
     uintptr_t k = (uintptr_t)e;
     if (!ran(k, ev_gen[k])) {
-        run_through(ev_where[k], k, ev_gen[k]);
+        others_first(ev_where[k]);
+        if (!ran(k, ev_gen[k])) {
+            run_through(ev_where[k], k, ev_gen[k]);
+        }
     }
     return cudaSuccess;
 }
