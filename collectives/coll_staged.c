@@ -5,12 +5,14 @@
  * of the comm does, before it reuses the memory. A collective runs in pieces of at most MESHTRAIN_STAGED_CHUNK
  * bytes of pinned memory (the smallest any rank of the comm asked for), two in flight: piece j+1's copy down is
  * enqueued before the host reduces piece j, so PCIe copies and the host's MPI work overlap, and a comm pins
- * two pieces whatever its ops' sizes. It serves ranks that share a GPU (NCCL refuses two ranks of a
- * communicator on one device), builds or machines without NCCL, and the tests of the GPU engine's
- * communication on a one-GPU machine. It costs two copies over PCIe and a host reduction per op: NCCL
- * (priority 80) wins wherever both qualify.
+ * two pieces whatever its ops' sizes (more only where a piece cannot hold one element per rank). It serves
+ * ranks that share a GPU (NCCL refuses two ranks of a communicator on one device), builds or machines
+ * without NCCL, and the tests of the GPU engine's communication on a one-GPU machine. It costs two copies
+ * over PCIe and a host reduction per op: NCCL (priority 80) wins wherever both qualify.
  * SPDX-License-Identifier: MIT */
 #include <cuda_runtime.h>
+#include <limits.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "collectives/coll_impl.h"
@@ -31,6 +33,7 @@ struct staged_ctx {
     unsigned char *host; /* pinned staging buffer */
     size_t cap;
     size_t piece;        /* pinned bytes per piece of a collective, the same on every rank */
+    size_t max_pitch;    /* the device's largest 2D-copy pitch (cudaDevAttrMaxPitch) */
     cudaEvent_t in_ev[2]; /* recorded after each slot's copy down */
     cudaEvent_t out_ev;  /* recorded after the last op's copy out of host */
     bool out_pending;    /* that copy may still be reading host */
@@ -156,16 +159,37 @@ static mt_status_t staged_init(mt_comm_t comm, const struct mt_comm_info *info, 
     mt_status_t st = MT_OK;
     x->rank = info->rank;
     x->size = info->size;
-    MT_CHECK_GOTO(CUDA_OK(cudaGetDevice(&x->device)), st, fail);
-    MT_CHECK_GOTO(CUDA_OK(cudaEventCreateWithFlags(&x->out_ev, cudaEventDisableTiming)), st, fail);
-    for (int i = 0; i < 2; i++) {
-        MT_CHECK_GOTO(CUDA_OK(cudaEventCreateWithFlags(&x->in_ev[i], cudaEventDisableTiming)), st, fail);
-    }
     MT_CHECK_GOTO(mpi->init(comm, info, &x->mpi), st, fail);
-    /* every rank must cut an op into the same pieces: the smallest piece any rank asked for */
+    /* this rank's own set-up, then one all-reduce every rank reaches whatever happened: a rank that failed
+     * makes all fail (none is left waiting in a collective), and the ranks agree on the piece size, so they
+     * cut every op into the same pieces (the smallest any rank asked for) */
+    mt_status_t mine = CUDA_OK(cudaGetDevice(&x->device));
+    mine = mine != MT_OK ? mine : CUDA_OK(cudaEventCreateWithFlags(&x->out_ev, cudaEventDisableTiming));
+    for (int i = 0; i < 2 && mine == MT_OK; i++) {
+        mine = CUDA_OK(cudaEventCreateWithFlags(&x->in_ev[i], cudaEventDisableTiming));
+    }
+    char why[256] = "";
+    if (mine != MT_OK) {
+        snprintf(why, sizeof(why), "%s", mt_last_error_msg());
+    }
+    int mp = 0;
+    x->max_pitch = mine == MT_OK && cudaDeviceGetAttribute(&mp, cudaDevAttrMaxPitch, x->device) == cudaSuccess &&
+                           mp > 0
+                       ? (size_t)mp
+                       : (size_t)INT_MAX;
     int64_t piece = MT_MIN(MT_MAX(mt_param_staged_chunk(), (int64_t)4096), (int64_t)1 << 30);
-    MT_CHECK_GOTO(mpi->all_reduce(x->mpi, &piece, &piece, 1, MT_COLL_I64, MT_REDOP_MIN, NULL), st, fail);
-    x->piece = (size_t)piece;
+    int64_t agree[2] = {mine != MT_OK, -piece}; /* by MAX: any rank failed; the smallest piece */
+    MT_CHECK_GOTO(mpi->all_reduce(x->mpi, agree, agree, 2, MT_COLL_I64, MT_REDOP_MAX, NULL), st, fail);
+    if (mine != MT_OK) {
+        st = mt_error(mine, "staged backend: comm %s rank %d: %s", info->name, x->rank, why);
+        goto fail;
+    }
+    if (agree[0]) {
+        st = mt_error(MT_ERR_REMOTE, "staged backend: comm %s: another rank could not set up its CUDA events (its "
+                      "log says why)", info->name);
+        goto fail;
+    }
+    x->piece = (size_t)-agree[1];
     MT_INFO(MT_LOG_COLL, "comm %s: staged (MPI through pinned host memory) rank %d/%d on device %d, pieces of %zu "
             "bytes", info->name, x->rank, x->size, x->device, x->piece);
     *ctx = x;
@@ -219,18 +243,32 @@ struct pieces {
     int root;
 };
 
-static mt_status_t down2d(void *host, size_t hpitch, const void *dev, size_t dpitch, size_t width, size_t rows,
-                          mt_stream_t stream) {
+/* rows runs of width bytes, one per rank's block: one 2D copy, or a copy per row where a pitch exceeds what a
+ * 2D copy takes (blocks over 2 GiB). */
+static mt_status_t down2d(const struct staged_ctx *x, unsigned char *host, size_t hpitch, const unsigned char *dev,
+                          size_t dpitch, size_t width, size_t rows, mt_stream_t stream) {
     if (!width || !rows) {
+        return MT_OK;
+    }
+    if (MT_MAX(hpitch, dpitch) > x->max_pitch) {
+        for (size_t r = 0; r < rows; r++) {
+            MT_CHECK(down(host + r * hpitch, dev + r * dpitch, width, stream));
+        }
         return MT_OK;
     }
     return CUDA_OK(cudaMemcpy2DAsync(host, hpitch, dev, dpitch, width, rows, cudaMemcpyDeviceToHost,
                                      (cudaStream_t)stream));
 }
 
-static mt_status_t up2d(void *dev, size_t dpitch, const void *host, size_t hpitch, size_t width, size_t rows,
-                        mt_stream_t stream) {
+static mt_status_t up2d(const struct staged_ctx *x, unsigned char *dev, size_t dpitch, const unsigned char *host,
+                        size_t hpitch, size_t width, size_t rows, mt_stream_t stream) {
     if (!width || !rows) {
+        return MT_OK;
+    }
+    if (MT_MAX(hpitch, dpitch) > x->max_pitch) {
+        for (size_t r = 0; r < rows; r++) {
+            MT_CHECK(up(dev + r * dpitch, host + r * hpitch, width, stream));
+        }
         return MT_OK;
     }
     return CUDA_OK(cudaMemcpy2DAsync(dev, dpitch, host, hpitch, width, rows, cudaMemcpyHostToDevice,
@@ -261,7 +299,7 @@ static mt_status_t piece_in(const struct staged_ctx *x, const struct pieces *p, 
     switch (p->kind) {
     case MT_COLL_REDUCE_SCATTER:
     case MT_COLL_ALL_TO_ALL:
-        return down2d(h, b, p->send + o, p->block, b, n, stream);
+        return down2d(x, h, b, p->send + o, p->block, b, n, stream);
     case MT_COLL_ALL_GATHER:
         return down(h + n * b, p->send + o, b, stream);
     case MT_COLL_BROADCAST:
@@ -305,9 +343,9 @@ static mt_status_t piece_out(const struct staged_ctx *x, const struct pieces *p,
     case MT_COLL_REDUCE_SCATTER:
         return up(p->recv + o, h + n * b, b, stream);
     case MT_COLL_ALL_GATHER:
-        return up2d(p->recv + o, p->block, h, b, b, n, stream);
+        return up2d(x, p->recv + o, p->block, h, b, b, n, stream);
     case MT_COLL_ALL_TO_ALL:
-        return up2d(p->recv + o, p->block, h + n * b, b, b, n, stream);
+        return up2d(x, p->recv + o, p->block, h + n * b, b, b, n, stream);
     default: /* all_reduce, broadcast */
         return up(p->recv + o, h, b, stream);
     }

@@ -13,7 +13,8 @@
 #if MT_HAVE_CUDA
 #include "launch/job_cuda_impl.h"
 
-/* Tensor parallelism, the trainer's collectives over the tp group on its compute stream (stream): sums of
+/* Tensor parallelism, the trainer's collectives over the tp group on the stream it passes (its compute stream,
+ * or for backward's input-gradient sums its tp stream, which the compute stream then waits for): sums of
  * activations or their gradients in the storage dtype (all-reduce, or with sequence parallelism reduce-scatter
  * and all-gather), of the LayerNorms' f32 gradients (sp), and the gather of the cross-entropy's statistics. Bytes
  * per rank in the bus convention the CPU engines count (parallel/tp.c): all-reduce 2b(n-1)/n of a b-byte buffer,

@@ -473,6 +473,9 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
     if (g->stream) {
         cudaStreamSynchronize(g->stream);
     }
+    if (g->tp_stream) { /* a failed backward may have left a reduction there, into buffers freed below */
+        cudaStreamSynchronize(g->tp_stream);
+    }
     mt_cuda_ctx_destroy(g->ctx);
     for (int i = g->n_bufs - 1; i >= 0; i--) {
         mt_dev_free(g->bufs[i]);
@@ -485,8 +488,7 @@ void mt_gpt2_cuda_free(mt_gpt2_cuda_t g) {
             cudaEventDestroy(g->copied[i]);
         }
     }
-    if (g->tp_stream) { /* a failed backward may have left a reduction there */
-        cudaStreamSynchronize(g->tp_stream);
+    if (g->tp_stream) {
         cudaStreamDestroy(g->tp_stream);
     }
     cudaEvent_t evs[] = {g->slot_free[0], g->slot_free[1], g->outer_free, g->wready[0], g->wready[1],
@@ -562,6 +564,16 @@ static mt_status_t tp_reduce(mt_gpt2_cuda_t g, void *part, void *rows, void **ou
     return g->tp > 1 ? gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP) : MT_OK;
 }
 
+/* After a backward that failed between a tp_reduce_async and its tp_join: the compute stream waits for that
+ * reduction before anything else writes its buffers or uses the tp group. */
+static mt_status_t tp_rejoin(mt_gpt2_cuda_t g) {
+    if (g->tp_pending) {
+        g->tp_pending = false;
+        CK(cudaStreamWaitEvent(g->stream, g->tp_out, 0));
+    }
+    return MT_OK;
+}
+
 /* Backward, after a column-parallel product's input gradient (part) and before its weight gradient: the
  * reduction starts on tp_stream once part is complete, and the compute stream goes on with the weight
  * gradient, which reads neither part nor rows (Megatron's overlap of the input gradient's all-reduce with the
@@ -572,6 +584,7 @@ static mt_status_t tp_reduce_async(mt_gpt2_cuda_t g, void *part, void *rows, voi
         *out = part;
         return MT_OK;
     }
+    MT_CHECK(tp_rejoin(g));
     CK(cudaEventRecord(g->tp_in, g->stream));
     CK(cudaStreamWaitEvent(g->tp_stream, g->tp_in, 0));
     MT_CHECK(tp_reduce_on(g, part, rows, out, g->tp_stream));
@@ -664,6 +677,7 @@ static mt_status_t wouter_fresh(mt_gpt2_cuda_t g) {
 mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const int32_t *targets) {
     int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl, R = g->R;
     void *s = g->stream;
+    MT_CHECK(tp_rejoin(g));
     if ((g->first && !tokens) || (g->last && !targets)) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the %s stage needs the %s", g->first ? "first" : "last",
                         g->first && !tokens ? "tokens" : "targets");
@@ -880,6 +894,7 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-2 keeps no whole gradient: set a gradient hook and "
                                               "the comm stream before backward");
     }
+    MT_CHECK(tp_rejoin(g));
     MT_CHECK(gpt2_cuda_prof_mark(g, MT_GPT2_PROF_START));
     /* recompute = block: the shared internals hold the last block's forward values only if the last forward
      * was this set's and no backward has refilled them since */

@@ -7,6 +7,7 @@
 // Test-only.
 // SPDX-License-Identifier: MIT
 #include <atomic>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,8 +139,9 @@ size_t mt_emu_device_bytes(void) {
  * device leaves to chance are decided against the program. Only the thread that queues work makes it run: a
  * poll (cudaEventQuery) from another thread, such as the collectives' watchdog, answers without running
  * anything, so when work runs does not depend on a timer. Not lazy: every call completes before it
- * returns (builds without CUDA, whose host-memory collectives ignore streams). The legacy default stream
- * (0) runs at once, after the blocking streams, as on a device. */
+ * returns (builds without CUDA, whose host-memory collectives ignore streams). MESHTRAIN_EMU_LAZY=2: lazy,
+ * and a host synchronisation first lets the other streams run what they can (others_first). The legacy
+ * default stream (0) runs at once, after the blocking streams, as on a device. */
 namespace {
 struct sop_t {
     enum { WORK, RECORD, WAIT } k;
@@ -345,9 +347,30 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     }
     return cudaSuccess;
 }
+/* The largest pitch of a 2D copy: INT_MAX bytes, as on devices; MESHTRAIN_EMU_MAX_PITCH lowers it so that a
+ * small test reaches the callers' fallback for larger pitches. */
+static size_t emu_max_pitch() {
+    static size_t v = 0;
+    if (!v) {
+        const char *e = getenv("MESHTRAIN_EMU_MAX_PITCH");
+        long long p = e && *e ? atoll(e) : 0;
+        v = p > 0 && p < INT_MAX ? (size_t)p : (size_t)INT_MAX;
+    }
+    return v;
+}
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
+    if (attr != cudaDevAttrMaxPitch || device != 0) {
+        return cudaErrorInvalidValue;
+    }
+    *value = (int)emu_max_pitch();
+    return cudaSuccess;
+}
 /* height rows of width bytes, with the same pageable-memory semantics as cudaMemcpyAsync. */
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               cudaMemcpyKind k, cudaStream_t s) {
+    if (dpitch > emu_max_pitch() || spitch > emu_max_pitch()) {
+        return cudaErrorInvalidPitchValue;
+    }
     if (width > dpitch || width > spitch) {
         return cudaErrorInvalidValue;
     }

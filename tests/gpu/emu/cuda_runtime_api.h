@@ -15,6 +15,7 @@ typedef enum {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidPitchValue = 12,
     cudaErrorNotReady = 600,
     cudaErrorUnknown = 999
 } cudaError_t;
@@ -38,6 +39,8 @@ cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemGetInfo(size_t *fr, size_t *tot);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k, cudaStream_t s);
+typedef enum { cudaDevAttrMaxPitch = 11 } cudaDeviceAttr;
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device);
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               cudaMemcpyKind k, cudaStream_t s);
 cudaError_t cudaMemset(void *p, int v, size_t bytes);
