@@ -312,6 +312,15 @@ static cross_t crossings(const mt_plan_cluster_t *c, int world, const mt_plan_la
     return x;
 }
 
+/* The stage (of pp, split at bounds) that holds module. */
+static int stage_of(const int *bounds, int pp, int module) {
+    int s = 0;
+    while (s + 1 < pp && module >= bounds[s + 1]) {
+        s++;
+    }
+    return s;
+}
+
 static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c, int world, const mt_plan_layout_t *l,
                            const plan_shape_t *sh, const int64_t (*stage_mem)[MT_MEM_NCAT], cross_t xs,
                            mt_plan_pred_t *out) {
@@ -378,15 +387,20 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
     out->t_pp = p > 1 ? 2.0 * mb * send : 0;
     out->t_bubble = (p - 1) * (micro + (p > 1 ? 2 * send : 0));
 
-    /* data-parallel traffic of the elements this rank's dp group averages */
-    size_t psi = 0;
+    /* data-parallel traffic of the elements this rank's dp group averages; `once`: a tied parameter whose
+     * two users are on different stages (GPT-2's wte on the end stages), which ZeRO-2/3 reduce once per step,
+     * after the last pass, rather than per micro-batch (the engines' MT_ENGINE_PARAM_ONCE; on GPUs on_grads) */
+    size_t psi = 0, once = 0;
     int lo0 = sh->bounds[out->mem_stage], hi0 = sh->bounds[out->mem_stage + 1];
     for (int k = 0; k < mt_model_n_params(sh->m); k++) {
         const mt_param_t *q = mt_model_param(sh->m, k);
         bool on_stage = (q->module >= lo0 && q->module < hi0) || (q->tied_module >= lo0 && q->tied_module < hi0);
         psi += on_stage ? q->numel : 0; /* engines, too, hold only the stage's parameters */
+        bool split = q->tied_module >= 0 && stage_of(sh->bounds, p, q->module) != stage_of(sh->bounds, p,
+                                                                                             q->tied_module);
+        once += on_stage && split ? q->numel : 0;
     }
-    double bytes = (double)psi * sizeof(float);
+    double bytes = (double)psi * sizeof(float), once_b = (double)once * sizeof(float);
     double bwd = micro_compute * 2.0 / 3.0, hide = c->overlap_dp;
     int dp = l->dp;
     bool x = out->dp_cross_node;
@@ -400,12 +414,13 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
                coll_time(c, C_ALLGATHER, dp, bytes, x);
         break;
     case MT_PLAN_ZERO2:
-        t_dp = mb * MT_MAX(0.0, coll_time(c, C_REDUCE_SCATTER, dp, bytes, x) - hide * bwd) +
-               coll_time(c, C_ALLGATHER, dp, bytes, x);
+        t_dp = mb * MT_MAX(0.0, coll_time(c, C_REDUCE_SCATTER, dp, bytes - once_b, x) - hide * bwd) +
+               coll_time(c, C_REDUCE_SCATTER, dp, once_b, x) + coll_time(c, C_ALLGATHER, dp, bytes, x);
         break;
     case MT_PLAN_ZERO3:
         t_dp = mb * MT_MAX(0.0, 2 * coll_time(c, C_ALLGATHER, dp, bytes, x) +
-                                    coll_time(c, C_REDUCE_SCATTER, dp, bytes, x) - hide * micro_compute);
+                                    coll_time(c, C_REDUCE_SCATTER, dp, bytes - once_b, x) - hide * micro_compute) +
+               coll_time(c, C_REDUCE_SCATTER, dp, once_b, x);
         break;
     default:
         t_dp = coll_time(c, C_ALLREDUCE, dp, bytes, x);

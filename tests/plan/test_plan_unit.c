@@ -165,6 +165,35 @@ static void test_layouts(const mt_plan_job_t *job, const mt_plan_cluster_t *c) {
     CHECK(ddp[MT_MEM_ACTIVATIONS] == z3[MT_MEM_ACTIVATIONS], "engines do not change activations");
 }
 
+/* ZeRO-2 under a pipeline: each micro-batch reduce-scatters the stage's gradients but the tied wte, which the
+ * engines reduce once per step after the last pass. Without latency or overlap, on 2 ranks of a node, a
+ * reduce-scatter of x bytes takes x / (2 bw) and DDP's all-reduce x / bw, so going from 2 to 4 micro-batches
+ * adds (B - W) / bw, where DDP's t_dp gives the stage's bytes B (plus the 16 bytes of its two scalar
+ * all-reduces) and W is wte's. */
+static void test_zero2_tied_once(const mt_plan_job_t *job_in, const mt_plan_cluster_t *c_in) {
+    mt_plan_cluster_t c = *c_in;
+    c.intra.latency_s = c.inter.latency_s = 0;
+    c.overlap_dp = 0;
+    c.n_curves = 0;
+    mt_plan_job_t job = *job_in;
+    int b = 2, Vp = job.model.padded_vocab ? job.model.padded_vocab : (job.model.vocab_size + 127) / 128 * 128;
+    double W = (double)Vp * job.model.n_embd * 4, bw = c.intra.bw;
+    mt_plan_pred_t ddp, z2, z4;
+    job.global_batch = b * 2 * 2;
+    mt_plan_layout_t l = lay(1, 2, 2, MT_PLAN_DDP, MT_PLAN_1F1B, b, 2, "tp-dp-pp");
+    CHECK_OK(mt_plan_predict(&job, &c, 4, &l, &ddp));
+    l.engine = MT_PLAN_ZERO2;
+    CHECK_OK(mt_plan_predict(&job, &c, 4, &l, &z2));
+    job.global_batch = b * 4 * 2;
+    l.microbatches = 4;
+    CHECK_OK(mt_plan_predict(&job, &c, 4, &l, &z4));
+    CHECK(!ddp.dp_cross_node && ddp.mem_stage == z2.mem_stage && z2.mem_stage == z4.mem_stage,
+          "the same stage inside a node: %d %d %d", ddp.mem_stage, z2.mem_stage, z4.mem_stage);
+    double B = ddp.t_dp * bw - 16;
+    CHECK(B > 2 * W, "stage bytes %g, wte %g", B, W);
+    CHECK_CLOSE(z4.t_dp - z2.t_dp, (B - W) / bw, 1e-9, 1e-15);
+}
+
 static void test_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t *c) {
     mt_plan_opts_t o = {.world = 8, .micro_batch = 0};
     mt_plan_pred_t *v = NULL;
@@ -250,6 +279,7 @@ int main(void) {
         mt_plan_job_t job;
         CHECK_OK(mt_plan_job_from_config(cfg, &job));
         test_layouts(&job, &c);
+        test_zero2_tied_once(&job, &c);
         test_enumerate(&job, &c);
         test_gpu_cluster(&job);
         mt_config_free(cfg);
