@@ -243,36 +243,23 @@ struct pieces {
     int root;
 };
 
-/* rows runs of width bytes, one per rank's block: one 2D copy, or a copy per row where a pitch exceeds what a
- * 2D copy takes (blocks over 2 GiB). */
-static mt_status_t down2d(const struct staged_ctx *x, unsigned char *host, size_t hpitch, const unsigned char *dev,
-                          size_t dpitch, size_t width, size_t rows, mt_stream_t stream) {
+/* rows runs of width bytes, one per rank's block, in stream order: one 2D copy, or a copy per row where a pitch
+ * exceeds what a 2D copy takes (blocks over 2 GiB). */
+static mt_status_t copy2d(const struct staged_ctx *x, void *dst, size_t dpitch, const void *src, size_t spitch,
+                          size_t width, size_t rows, bool to_host, mt_stream_t stream) {
     if (!width || !rows) {
         return MT_OK;
     }
-    if (MT_MAX(hpitch, dpitch) > x->max_pitch) {
+    cudaStream_t s = (cudaStream_t)stream;
+    int kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice; /* an enum without a typedef in C */
+    if (MT_MAX(dpitch, spitch) > x->max_pitch) {
         for (size_t r = 0; r < rows; r++) {
-            MT_CHECK(down(host + r * hpitch, dev + r * dpitch, width, stream));
+            MT_CHECK(CUDA_OK(
+                cudaMemcpyAsync((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind, s)));
         }
         return MT_OK;
     }
-    return CUDA_OK(cudaMemcpy2DAsync(host, hpitch, dev, dpitch, width, rows, cudaMemcpyDeviceToHost,
-                                     (cudaStream_t)stream));
-}
-
-static mt_status_t up2d(const struct staged_ctx *x, unsigned char *dev, size_t dpitch, const unsigned char *host,
-                        size_t hpitch, size_t width, size_t rows, mt_stream_t stream) {
-    if (!width || !rows) {
-        return MT_OK;
-    }
-    if (MT_MAX(hpitch, dpitch) > x->max_pitch) {
-        for (size_t r = 0; r < rows; r++) {
-            MT_CHECK(up(dev + r * dpitch, host + r * hpitch, width, stream));
-        }
-        return MT_OK;
-    }
-    return CUDA_OK(cudaMemcpy2DAsync(dev, dpitch, host, hpitch, width, rows, cudaMemcpyHostToDevice,
-                                     (cudaStream_t)stream));
+    return CUDA_OK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, kind, s));
 }
 
 static size_t piece_factor(const struct staged_ctx *x, mt_coll_kind_t kind) {
@@ -299,7 +286,7 @@ static mt_status_t piece_in(const struct staged_ctx *x, const struct pieces *p, 
     switch (p->kind) {
     case MT_COLL_REDUCE_SCATTER:
     case MT_COLL_ALL_TO_ALL:
-        return down2d(x, h, b, p->send + o, p->block, b, n, stream);
+        return copy2d(x, h, b, p->send + o, p->block, b, n, true, stream);
     case MT_COLL_ALL_GATHER:
         return down(h + n * b, p->send + o, b, stream);
     case MT_COLL_BROADCAST:
@@ -343,9 +330,9 @@ static mt_status_t piece_out(const struct staged_ctx *x, const struct pieces *p,
     case MT_COLL_REDUCE_SCATTER:
         return up(p->recv + o, h + n * b, b, stream);
     case MT_COLL_ALL_GATHER:
-        return up2d(x, p->recv + o, p->block, h, b, b, n, stream);
+        return copy2d(x, p->recv + o, p->block, h, b, b, n, false, stream);
     case MT_COLL_ALL_TO_ALL:
-        return up2d(x, p->recv + o, p->block, h + n * b, b, b, n, stream);
+        return copy2d(x, p->recv + o, p->block, h + n * b, b, b, n, false, stream);
     default: /* all_reduce, broadcast */
         return up(p->recv + o, h, b, stream);
     }
