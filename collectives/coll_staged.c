@@ -159,11 +159,12 @@ static mt_status_t staged_init(mt_comm_t comm, const struct mt_comm_info *info, 
     mt_status_t st = MT_OK;
     x->rank = info->rank;
     x->size = info->size;
-    MT_CHECK_GOTO(mpi->init(comm, info, &x->mpi), st, fail);
-    /* this rank's own set-up, then one all-reduce every rank reaches whatever happened: a rank that failed
-     * makes all fail (none is left waiting in a collective), and the ranks agree on the piece size, so they
+    /* this rank's own set-up, then one all-reduce every rank reaches whatever happened (on the comm's MPI
+     * communicator itself, so that it does not depend on the MPI backend's set-up either): a rank that failed
+     * makes all fail, none is left waiting in a collective, and the ranks agree on the piece size, so they
      * cut every op into the same pieces (the smallest any rank asked for) */
-    mt_status_t mine = CUDA_OK(cudaGetDevice(&x->device));
+    mt_status_t mine = mpi->init(comm, info, &x->mpi);
+    mine = mine != MT_OK ? mine : CUDA_OK(cudaGetDevice(&x->device));
     mine = mine != MT_OK ? mine : CUDA_OK(cudaEventCreateWithFlags(&x->out_ev, cudaEventDisableTiming));
     for (int i = 0; i < 2 && mine == MT_OK; i++) {
         mine = CUDA_OK(cudaEventCreateWithFlags(&x->in_ev[i], cudaEventDisableTiming));
@@ -179,14 +180,19 @@ static mt_status_t staged_init(mt_comm_t comm, const struct mt_comm_info *info, 
                        : (size_t)INT_MAX;
     int64_t piece = MT_MIN(MT_MAX(mt_param_staged_chunk(), (int64_t)4096), (int64_t)1 << 30);
     int64_t agree[2] = {mine != MT_OK, -piece}; /* by MAX: any rank failed; the smallest piece */
-    MT_CHECK_GOTO(mpi->all_reduce(x->mpi, agree, agree, 2, MT_COLL_I64, MT_REDOP_MAX, NULL), st, fail);
+    int mrc = MPI_Allreduce(MPI_IN_PLACE, agree, 2, MPI_INT64_T, MPI_MAX, info->mpi);
     if (mine != MT_OK) {
         st = mt_error(mine, "staged backend: comm %s rank %d: %s", info->name, x->rank, why);
         goto fail;
     }
+    if (mrc != MPI_SUCCESS) {
+        st = mt_error(MT_ERR_MPI, "staged backend: comm %s rank %d: MPI_Allreduce of the set-up agreement failed "
+                      "(error %d)", info->name, x->rank, mrc);
+        goto fail;
+    }
     if (agree[0]) {
-        st = mt_error(MT_ERR_REMOTE, "staged backend: comm %s: another rank could not set up its CUDA events (its "
-                      "log says why)", info->name);
+        st = mt_error(MT_ERR_REMOTE, "staged backend: comm %s: another rank could not set up its staging (its log "
+                      "says why)", info->name);
         goto fail;
     }
     x->piece = (size_t)-agree[1];

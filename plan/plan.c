@@ -312,6 +312,8 @@ static cross_t crossings(const mt_plan_cluster_t *c, int world, const mt_plan_la
     return x;
 }
 
+static int n_modules_of(const mt_plan_job_t *job);
+
 /* The stage (of pp, split at bounds) that holds module. */
 static int stage_of(const int *bounds, int pp, int module) {
     int s = 0;
@@ -387,11 +389,14 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
     out->t_pp = p > 1 ? 2.0 * mb * send : 0;
     out->t_bubble = (p - 1) * (micro + (p > 1 ? 2 * send : 0));
 
-    /* data-parallel traffic of the elements this rank's dp group averages; `once`: a tied parameter whose
-     * two users are on different stages (GPT-2's wte on the end stages), which ZeRO-2/3 reduce once per step,
-     * after the last pass, rather than per micro-batch (the engines' MT_ENGINE_PARAM_ONCE; on GPUs on_grads) */
-    size_t psi = 0, once = 0;
-    int lo0 = sh->bounds[out->mem_stage], hi0 = sh->bounds[out->mem_stage + 1];
+    /* data-parallel traffic of the elements this rank's dp group averages. `once`: a tied parameter whose two
+     * users are on different stages (GPT-2's wte on the end stages), which ZeRO-2/3 reduce once per step after
+     * the last pass rather than per micro-batch (the CPU engines' MT_ENGINE_PARAM_ONCE, a reduce-scatter; the
+     * GPU engine's on_grads, an all-reduce), and which every engine sums over the two end stages once per step
+     * (charged with the dp traffic after the schedule). `outer`: the embedding's and the head's own parameters (wte, wpe, ln_f), which the GPU
+     * engine's ZeRO-3 keeps whole and gathers once per step (wouter_fresh), the blocks per micro-batch. */
+    size_t psi = 0, once = 0, outer = 0;
+    int lo0 = sh->bounds[out->mem_stage], hi0 = sh->bounds[out->mem_stage + 1], last_mod = n_modules_of(job) - 1;
     for (int k = 0; k < mt_model_n_params(sh->m); k++) {
         const mt_param_t *q = mt_model_param(sh->m, k);
         bool on_stage = (q->module >= lo0 && q->module < hi0) || (q->tied_module >= lo0 && q->tied_module < hi0);
@@ -399,11 +404,14 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
         bool split = q->tied_module >= 0 && stage_of(sh->bounds, p, q->module) != stage_of(sh->bounds, p,
                                                                                              q->tied_module);
         once += on_stage && split ? q->numel : 0;
+        outer += on_stage && (q->module == 0 || q->module == last_mod) ? q->numel : 0;
     }
     double bytes = (double)psi * sizeof(float), once_b = (double)once * sizeof(float);
+    double outer_b = job->gpu && job->model.kind == MT_MODEL_GPT2 ? (double)outer * sizeof(float) : 0.0;
     double bwd = micro_compute * 2.0 / 3.0, hide = c->overlap_dp;
     int dp = l->dp;
     bool x = out->dp_cross_node;
+    coll_t once_op = job->gpu ? C_ALLREDUCE : C_REDUCE_SCATTER;
     double t_dp = 0;
     switch (l->engine) {
     case MT_PLAN_DDP:
@@ -415,19 +423,20 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
         break;
     case MT_PLAN_ZERO2:
         t_dp = mb * MT_MAX(0.0, coll_time(c, C_REDUCE_SCATTER, dp, bytes - once_b, x) - hide * bwd) +
-               coll_time(c, C_REDUCE_SCATTER, dp, once_b, x) + coll_time(c, C_ALLGATHER, dp, bytes, x);
+               coll_time(c, once_op, dp, once_b, x) + coll_time(c, C_ALLGATHER, dp, bytes, x);
         break;
     case MT_PLAN_ZERO3:
-        t_dp = mb * MT_MAX(0.0, 2 * coll_time(c, C_ALLGATHER, dp, bytes, x) +
+        t_dp = mb * MT_MAX(0.0, 2 * coll_time(c, C_ALLGATHER, dp, bytes - outer_b, x) +
                                     coll_time(c, C_REDUCE_SCATTER, dp, bytes - once_b, x) - hide * micro_compute) +
-               coll_time(c, C_REDUCE_SCATTER, dp, once_b, x);
+               coll_time(c, C_ALLGATHER, dp, outer_b, x) + coll_time(c, once_op, dp, once_b, x);
         break;
     default:
         t_dp = coll_time(c, C_ALLREDUCE, dp, bytes, x);
         break;
     }
-    /* the loss and gradient-norm all-reduces: latency */
+    /* the loss and gradient-norm all-reduces: latency; the end stages' sum of the tied wte */
     t_dp += dp > 1 ? 2 * coll_time(c, C_ALLREDUCE, dp, 8, x) : 0;
+    t_dp += coll_time(c, C_ALLREDUCE, 2, once_b, out->pp_cross_node);
     out->t_dp = t_dp;
     /* optimizer: memory-bound pass over what the rank owns (parameter, gradient, state read; parameter and
      * state written) */

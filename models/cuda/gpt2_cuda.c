@@ -587,8 +587,12 @@ static mt_status_t tp_reduce_async(mt_gpt2_cuda_t g, void *part, void *rows, voi
     MT_CHECK(tp_rejoin(g));
     CK(cudaEventRecord(g->tp_in, g->stream));
     CK(cudaStreamWaitEvent(g->tp_stream, g->tp_in, 0));
-    MT_CHECK(tp_reduce_on(g, part, rows, out, g->tp_stream));
-    CK(cudaEventRecord(g->tp_out, g->tp_stream));
+    mt_status_t st = tp_reduce_on(g, part, rows, out, g->tp_stream);
+    st = st != MT_OK ? st : mt_cuda_status(cudaEventRecord(g->tp_out, g->tp_stream), "tp event");
+    if (st != MT_OK) { /* what was queued there must not outlive the call unordered: finish it */
+        cudaStreamSynchronize(g->tp_stream);
+        return st;
+    }
     g->tp_pending = true;
     return MT_OK;
 }

@@ -165,33 +165,60 @@ static void test_layouts(const mt_plan_job_t *job, const mt_plan_cluster_t *c) {
     CHECK(ddp[MT_MEM_ACTIVATIONS] == z3[MT_MEM_ACTIVATIONS], "engines do not change activations");
 }
 
-/* ZeRO-2 under a pipeline: each micro-batch reduce-scatters the stage's gradients but the tied wte, which the
- * engines reduce once per step after the last pass. Without latency or overlap, on 2 ranks of a node, a
- * reduce-scatter of x bytes takes x / (2 bw) and DDP's all-reduce x / bw, so going from 2 to 4 micro-batches
- * adds (B - W) / bw, where DDP's t_dp gives the stage's bytes B (plus the 16 bytes of its two scalar
- * all-reduces) and W is wte's. */
-static void test_zero2_tied_once(const mt_plan_job_t *job_in, const mt_plan_cluster_t *c_in) {
-    mt_plan_cluster_t c = *c_in;
+/* A stand-in for the GPU trainer's sizing (this test links no CUDA code): the timing model is under test. */
+static mt_status_t fake_gpu_requests(mt_model_t m, const mt_gpt2_cuda_params_t *p, size_t *bytes, mt_mem_cat_t *cats,
+                                     int cap, int *n) {
+    bytes[0] = 1 << 20;
+    cats[0] = MT_MEM_PARAMS;
+    *n = 1;
+    return MT_OK;
+}
+
+/* ZeRO-2/3 under a pipeline: each micro-batch reduces the stage's gradients but the tied wte (W bytes), which
+ * the engines reduce once per step after the last pass (the CPU engines a reduce-scatter, the GPU engine an
+ * all-reduce); every engine sums wte over the two end stages once per step; the GPU engine's ZeRO-3 gathers
+ * wte, wpe and ln_f (O bytes on the stage) once per step, the blocks per micro-batch. Without latency or
+ * overlap, on 2 ranks of a node, a reduce-scatter or all-gather of x bytes takes x / (2 bw), an all-reduce
+ * x / bw. DDP's t_dp gives the stage's bytes B (B + 16 for its scalar all-reduces + W for the wte sum). */
+static void test_tied_once(const mt_plan_job_t *job_in, const char *cluster, bool gpu) {
+    mt_plan_cluster_t c;
+    CHECK_OK(mt_plan_cluster_load(cluster, &c, stderr));
+    CHECK(c.gpu == gpu, "%s: device kind", cluster);
     c.intra.latency_s = c.inter.latency_s = 0;
     c.overlap_dp = 0;
     c.n_curves = 0;
+    mt_plan_set_gpu_requests(gpu ? fake_gpu_requests : NULL);
     mt_plan_job_t job = *job_in;
-    int b = 2, Vp = job.model.padded_vocab ? job.model.padded_vocab : (job.model.vocab_size + 127) / 128 * 128;
-    double W = (double)Vp * job.model.n_embd * 4, bw = c.intra.bw;
-    mt_plan_pred_t ddp, z2, z4;
+    int b = 2, C = job.model.n_embd;
+    int Vp = job.model.padded_vocab ? job.model.padded_vocab : (job.model.vocab_size + 127) / 128 * 128;
+    double W = (double)Vp * C * 4, bw = c.intra.bw;
+    mt_plan_pred_t ddp, z[2][2]; /* [ZeRO-2, ZeRO-3][2, 4 micro-batches] */
     job.global_batch = b * 2 * 2;
     mt_plan_layout_t l = lay(1, 2, 2, MT_PLAN_DDP, MT_PLAN_1F1B, b, 2, "tp-dp-pp");
     CHECK_OK(mt_plan_predict(&job, &c, 4, &l, &ddp));
-    l.engine = MT_PLAN_ZERO2;
-    CHECK_OK(mt_plan_predict(&job, &c, 4, &l, &z2));
-    job.global_batch = b * 4 * 2;
-    l.microbatches = 4;
-    CHECK_OK(mt_plan_predict(&job, &c, 4, &l, &z4));
-    CHECK(!ddp.dp_cross_node && ddp.mem_stage == z2.mem_stage && z2.mem_stage == z4.mem_stage,
-          "the same stage inside a node: %d %d %d", ddp.mem_stage, z2.mem_stage, z4.mem_stage);
-    double B = ddp.t_dp * bw - 16;
+    for (int k = 0; k < 2; k++) {
+        l.engine = k ? MT_PLAN_ZERO3 : MT_PLAN_ZERO2;
+        for (int m = 0; m < 2; m++) {
+            l.microbatches = 2 << m;
+            job.global_batch = b * l.microbatches * 2;
+            CHECK_OK(mt_plan_predict(&job, &c, 4, &l, &z[k][m]));
+            CHECK(z[k][m].mem_stage == ddp.mem_stage, "%s: the same stage: %d vs %d", cluster, z[k][m].mem_stage,
+                  ddp.mem_stage);
+        }
+    }
+    CHECK(!ddp.dp_cross_node, "dp inside a node");
+    double B = ddp.t_dp * bw - 16 - W;
+    double O = gpu ? W + (ddp.mem_stage == 0 ? (double)job.model.seq_len * C * 4 : 2.0 * C * 4) : 0;
+    double once = gpu ? W / bw : W / (2 * bw), rest = 16 / bw + W / bw;
     CHECK(B > 2 * W, "stage bytes %g, wte %g", B, W);
-    CHECK_CLOSE(z4.t_dp - z2.t_dp, (B - W) / bw, 1e-9, 1e-15);
+    /* ZeRO-2: per micro-batch (B - W) / (2 bw); once: wte's reduction and the all-gather of B */
+    CHECK_CLOSE(z[0][1].t_dp - z[0][0].t_dp, (B - W) / bw, 1e-9, 1e-15);
+    CHECK_CLOSE(z[0][0].t_dp, 2 * (B - W) / (2 * bw) + once + B / (2 * bw) + rest, 1e-9, 1e-15);
+    /* ZeRO-3: per micro-batch two all-gathers of B - O and the reduce-scatter of B - W; once: O's gather */
+    CHECK_CLOSE(z[1][1].t_dp - z[1][0].t_dp, (2 * (B - O) + (B - W)) / bw, 1e-9, 1e-15);
+    CHECK_CLOSE(z[1][0].t_dp, 2 * (2 * (B - O) + (B - W)) / (2 * bw) + O / (2 * bw) + once + rest, 1e-9, 1e-15);
+    mt_plan_set_gpu_requests(NULL);
+    mt_plan_cluster_free(&c);
 }
 
 static void test_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t *c) {
@@ -279,7 +306,8 @@ int main(void) {
         mt_plan_job_t job;
         CHECK_OK(mt_plan_job_from_config(cfg, &job));
         test_layouts(&job, &c);
-        test_zero2_tied_once(&job, &c);
+        test_tied_once(&job, PLAN_DATA "/tiny_cluster.toml", false);
+        test_tied_once(&job, PLAN_DATA "/tiny_gpu_cluster.toml", true);
         test_enumerate(&job, &c);
         test_gpu_cluster(&job);
         mt_config_free(cfg);

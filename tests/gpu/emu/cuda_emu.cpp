@@ -350,12 +350,11 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
 /* The largest pitch of a 2D copy: INT_MAX bytes, as on devices; MESHTRAIN_EMU_MAX_PITCH lowers it so that a
  * small test reaches the callers' fallback for larger pitches. */
 static size_t emu_max_pitch() {
-    static size_t v = 0;
-    if (!v) {
+    static const size_t v = []() { /* initialised once, thread-safe */
         const char *e = getenv("MESHTRAIN_EMU_MAX_PITCH");
         long long p = e && *e ? atoll(e) : 0;
-        v = p > 0 && p < INT_MAX ? (size_t)p : (size_t)INT_MAX;
-    }
+        return p > 0 && p < INT_MAX ? (size_t)p : (size_t)INT_MAX;
+    }();
     return v;
 }
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
