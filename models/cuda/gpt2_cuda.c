@@ -564,8 +564,9 @@ static mt_status_t tp_reduce(mt_gpt2_cuda_t g, void *part, void *rows, void **ou
     return g->tp > 1 ? gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP) : MT_OK;
 }
 
-/* After a backward that failed between a tp_reduce_async and its tp_join: the compute stream waits for that
- * reduction before anything else writes its buffers or uses the tp group. */
+/* The compute stream waits for the reduction tp_reduce_async left pending, if any (at the start of a forward
+ * or backward: one a failed backward left unjoined), before anything else writes its buffers or uses the tp
+ * group. */
 static mt_status_t tp_rejoin(mt_gpt2_cuda_t g) {
     if (g->tp_pending) {
         g->tp_pending = false;
@@ -600,12 +601,9 @@ static mt_status_t tp_reduce_async(mt_gpt2_cuda_t g, void *part, void *rows, voi
 /* The compute stream waits for the reduction tp_reduce_async started; the profile's TP time is then what the
  * weight gradient did not hide. */
 static mt_status_t tp_join(mt_gpt2_cuda_t g) {
-    if (!g->tp_pending) {
-        return MT_OK;
-    }
-    g->tp_pending = false;
-    CK(cudaStreamWaitEvent(g->stream, g->tp_out, 0));
-    return gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP);
+    bool pending = g->tp_pending;
+    MT_CHECK(tp_rejoin(g));
+    return pending ? gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP) : MT_OK;
 }
 
 /* f forward and g backward with sequence parallelism: every rank's R rows at rows into full (N,C), in rank
