@@ -393,8 +393,9 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
      * users are on different stages (GPT-2's wte on the end stages), which ZeRO-2/3 reduce once per step after
      * the last pass rather than per micro-batch (the CPU engines' MT_ENGINE_PARAM_ONCE, a reduce-scatter; the
      * GPU engine's on_grads, an all-reduce), and which every engine sums over the two end stages once per step
-     * (charged with the dp traffic after the schedule). `outer`: the embedding's and the head's own parameters (wte, wpe, ln_f), which the GPU
-     * engine's ZeRO-3 keeps whole and gathers once per step (wouter_fresh), the blocks per micro-batch. */
+     * (charged with the dp traffic after the schedule). `outer`: the embedding's and the head's own parameters
+     * (wte, wpe, ln_f), which the GPU engine's ZeRO-3 keeps whole and gathers once per step (wouter_fresh),
+     * the blocks per micro-batch. */
     size_t psi = 0, once = 0, outer = 0;
     int lo0 = sh->bounds[out->mem_stage], hi0 = sh->bounds[out->mem_stage + 1], last_mod = n_modules_of(job) - 1;
     for (int k = 0; k < mt_model_n_params(sh->m); k++) {
