@@ -37,6 +37,9 @@
 #ifndef MT_CUDA_EMULATED
 #define MT_CUDA_EMULATED 0
 #endif
+#ifndef MT_CUDA_EMU_NCCL /* the emulator with its emulated NCCL (tests/gpu/emu/emu_nccl.cpp) */
+#define MT_CUDA_EMU_NCCL 0
+#endif
 
 /* What the GPU path cannot run, as a config error naming the key, why, and what to use instead. */
 static mt_status_t cuda_check_config(const mt_config_t *cfg) {
@@ -515,8 +518,8 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     }
     /* the rank's GPU: local rank modulo the visible devices (runtime/topo binds the CPUs near the same one).
      * NCCL cannot put two ranks of a communicator on one GPU: ranks that share one talk through MPI and pinned
-     * host memory (the staged backend), as runtime.gpu_comm = "mpi" asks for everywhere; the emulator has no
-     * NCCL (its device memory is host memory), so it runs the staged backend, device-memory calls and all. */
+     * host memory (the staged backend), as runtime.gpu_comm = "mpi" asks for everywhere; the emulator runs the
+     * staged backend, device-memory calls and all, unless it has its emulated NCCL (MT_CUDA_EMU_NCCL). */
     st = mt_cuda_status(cudaSetDevice(mt_rt_world()->local_rank % ndev), "cudaSetDevice");
     bool multi = e->dp_size > 1 || e->pp > 1 || e->tp > 1;
     const char *gpu_comm = mt_config_str(cfg, "runtime.gpu_comm");
@@ -526,7 +529,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->gpu_first = true;
     bool shared = multi && !MT_CUDA_EMULATED &&
                   gpu_shared(ndev, &la, &lb, shared_bus, sizeof(shared_bus), &e->gpu_sharers, &e->gpu_first);
-    int staged = (MT_CUDA_EMULATED && MT_HAVE_COLL_STAGED) || shared || !strcmp(gpu_comm, "mpi");
+    int staged = (MT_CUDA_EMULATED && !MT_CUDA_EMU_NCCL && MT_HAVE_COLL_STAGED) || shared || !strcmp(gpu_comm, "mpi");
     if (shared && !strcmp(gpu_comm, "nccl") && st == MT_OK) {
         st = mt_error(MT_ERR_INVALID_ARG,
                       "runtime.gpu_comm = \"nccl\": local ranks %d and %d on host %s would both drive GPU %s (each "
@@ -549,7 +552,8 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
             any[0] = 1;
         }
         /* one backend for the whole job (NCCL on one host and MPI on another could never meet) */
-        e->comm_backend = any[1] ? "staged" : !strcmp(gpu_comm, "nccl") && !MT_CUDA_EMULATED ? "nccl" : NULL;
+        bool nccl_named = !strcmp(gpu_comm, "nccl") && (!MT_CUDA_EMULATED || MT_CUDA_EMU_NCCL);
+        e->comm_backend = any[1] ? "staged" : nccl_named ? "nccl" : NULL;
         if (MT_CUDA_EMULATED && !MT_HAVE_COLL_STAGED) {
             e->comm_backend = NULL; /* host memory by priority, above */
         }

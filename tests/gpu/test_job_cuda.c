@@ -60,6 +60,9 @@
 #ifndef MT_CUDA_EMULATED
 #define MT_CUDA_EMULATED 0
 #endif
+#ifndef MT_CUDA_EMU_NCCL /* built with the emulated NCCL (tests/gpu/emu/emu_nccl.cpp): one device per rank */
+#define MT_CUDA_EMU_NCCL 0
+#endif
 
 enum { STEPS = 5 };
 
@@ -105,7 +108,8 @@ static void plan_matches(const mt_config_t *cfg, int tp, int pp, const mt_job_re
     mt_plan_job_t job;
     CHECK_OK(mt_plan_job_from_config(cfg, &job));
     job.gpu = true;
-    job.gpu_staged = MT_CUDA_EMULATED || staged || sharing; /* the staged backend has no device scratch */
+    /* the staged backend has no device scratch */
+    job.gpu_staged = (MT_CUDA_EMULATED && !MT_CUDA_EMU_NCCL) || staged || sharing;
     const char *eng = mt_config_str(cfg, "parallel.engine");
     int zs = (int)mt_config_int(cfg, "parallel.zero_stage");
     mt_plan_layout_t l = {.tp = tp, .pp = pp, .dp = w->size / (tp * pp)};

@@ -50,12 +50,24 @@ static std::atomic<size_t> emu_api_calls;
 size_t mt_emu_api_calls(void) {
     return emu_api_calls.load();
 }
+/* Emulated devices: 1, or MESHTRAIN_EMU_DEVICES (1-64), for the emulated NCCL (emu_nccl.cpp: one device per
+ * rank, as NCCL wants). They share one memory, this process's. */
+static int emu_devices() {
+    static int n = 0;
+    if (n == 0) {
+        const char *e = getenv("MESHTRAIN_EMU_DEVICES");
+        int v = e && *e ? atoi(e) : 1;
+        n = v < 1 ? 1 : v > 64 ? 64 : v;
+    }
+    return n;
+}
+static thread_local int current_device; /* per thread, as CUDA's */
 cudaError_t cudaGetDeviceCount(int *n) {
-    *n = 1;
+    *n = emu_devices();
     return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int *d) {
-    *d = 0;
+    *d = current_device;
     return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) {
@@ -65,7 +77,10 @@ const char *cudaGetErrorString(cudaError_t e) {
     return e == cudaSuccess ? "no error" : e == cudaErrorMemoryAllocation ? "out of memory" : "emulated error";
 }
 cudaError_t cudaDeviceGetPCIBusId(char *bus, int len, int dev) {
-    snprintf(bus, (size_t)len, "0000:00:00.0");
+    if (dev < 0 || dev >= emu_devices()) {
+        return cudaErrorInvalidValue;
+    }
+    snprintf(bus, (size_t)len, "0000:%02x:00.0", dev);
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void **p, size_t bytes) {
@@ -322,6 +337,22 @@ void mt_emu_enqueue(cudaStream_t s, std::function<void()> fn) {
     enqueue_op(s, sop_t{sop_t::WORK, std::move(fn), 0, 0, 0});
 }
 
+/* For the emulated NCCL (emu_nccl.cpp): whether this thread may make queued work run (the thread that queues
+ * it, or any before anything was queued), and e's stream run through e's latest record, with no other stream
+ * first (MESHTRAIN_EMU_LAZY=2 does that at host synchronisations, not here). */
+bool mt_emu_on_worker(void) {
+    std::lock_guard<std::recursive_mutex> g(smu);
+    return !worker_set || std::this_thread::get_id() == worker;
+}
+
+void mt_emu_run_to_event(cudaEvent_t e) {
+    std::lock_guard<std::recursive_mutex> g(smu);
+    uintptr_t k = (uintptr_t)e;
+    if (!ran(k, ev_gen[k])) {
+        run_through(ev_where[k], k, ev_gen[k]);
+    }
+}
+
 extern "C" {
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k) {
     emu_api_calls++;
@@ -523,7 +554,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) {
-    return d == 0 ? cudaSuccess : cudaErrorInvalidValue; /* one emulated device */
+    if (d < 0 || d >= emu_devices()) {
+        return cudaErrorInvalidValue;
+    }
+    current_device = d;
+    return cudaSuccess;
 }
 }
 

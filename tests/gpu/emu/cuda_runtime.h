@@ -56,6 +56,9 @@ using std::isfinite;
 void mt_emu_run(dim3 grid, dim3 block, const std::function<void()> &body);
 /* Runs fn in stream s's order: at once, or with lazy streams (cuda_emu.cpp) when something waits for it. */
 void mt_emu_enqueue(cudaStream_t s, std::function<void()> fn);
+/* For the emulated NCCL (emu_nccl.cpp): may this thread make queued work run; run e's stream through e's record. */
+bool mt_emu_on_worker(void);
+void mt_emu_run_to_event(cudaEvent_t e);
 
 template <typename X> struct mt_emu_same { typedef X type; };
 /* The arguments are converted to the kernel's parameter types at the call (non-deduced) and kept by value until
