@@ -527,7 +527,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     char shared_bus[40];
     e->gpu_sharers = 1;
     e->gpu_first = true;
-    bool shared = multi && !MT_CUDA_EMULATED &&
+    bool shared = multi && (!MT_CUDA_EMULATED || MT_CUDA_EMU_NCCL) &&
                   gpu_shared(ndev, &la, &lb, shared_bus, sizeof(shared_bus), &e->gpu_sharers, &e->gpu_first);
     int staged = (MT_CUDA_EMULATED && !MT_CUDA_EMU_NCCL && MT_HAVE_COLL_STAGED) || shared || !strcmp(gpu_comm, "mpi");
     if (shared && !strcmp(gpu_comm, "nccl") && st == MT_OK) {

@@ -1,8 +1,9 @@
 /* The device-memory backends: every op x dtype x reduction x in-place form x counts against the same
  * locally computed values as the MPI backend's test, synchronous (stream-ordered) and through work handles.
  * No argument: NCCL, one CUDA device per rank. `staged`: the staged backend (MPI through pinned host
- * memory), any number of ranks per device; also built against the CPU emulator of CUDA (tests/gpu/emu), where
- * a staged op's result must land in its stream's order, not at the call (the emulator's lazy streams).
+ * memory), any number of ranks per device. Both are also built against the CPU emulator of CUDA (tests/gpu/emu;
+ * NCCL: its emulated NCCL, emu_nccl.cpp, with MESHTRAIN_EMU_DEVICES devices), where an op's result must land in
+ * its stream's order, not at the call (the emulator's lazy streams).
  * `staged big`: only an all-reduce of more than INT_MAX elements.
  * Exits 77 ("skipped: ...") without a device.
  * SPDX-License-Identifier: MIT */
@@ -195,8 +196,8 @@ static void test_data_movement(mt_comm_t c, bool async) {
 }
 
 #if MT_CUDA_EMULATED
-/* Under the emulator's lazy streams: a staged op's result lands in its stream's order, as NCCL's does (a reader
- * on another stream must wait for it), not when the call returns. */
+/* Under the emulator's lazy streams: an op's result lands in its stream's order (a reader on another stream
+ * must wait for it), not when the call returns: the staged backend's as NCCL's (and the emulated NCCL's). */
 static void test_stream_order(mt_comm_t c) {
     cudaStream_t s2;
     CU(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
@@ -204,9 +205,10 @@ static void test_stream_order(mt_comm_t c) {
     up(d_a, &one, 4);
     CU(cudaMemset(d_b, 0, 4));
     CHECK_OK(mt_coll_all_reduce(c, d_a, d_b, 1, MT_COLL_F32, MT_REDOP_SUM, s2, NULL));
-    CHECK(b[0] == 0.0f && a[0] == 1.0f, "staged all_reduce: its result %g was there before its stream ran", b[0]);
+    CHECK(b[0] == 0.0f && a[0] == 1.0f, "%s all_reduce: its result %g was there before its stream ran", be_name,
+          b[0]);
     CU(cudaStreamSynchronize(s2));
-    CHECK(b[0] == (float)mt_comm_size(c), "staged all_reduce after its stream ran: %g, want %d", b[0],
+    CHECK(b[0] == (float)mt_comm_size(c), "%s all_reduce after its stream ran: %g, want %d", be_name, b[0],
           mt_comm_size(c));
     /* the next op, on another stream, waits for the first one's copy out of the staging buffer before it
      * writes there: both results are their own */
@@ -218,7 +220,7 @@ static void test_stream_order(mt_comm_t c) {
     CU(cudaStreamSynchronize(s2));
     CU(cudaStreamSynchronize(stream));
     CHECK(b[0] == (float)mt_comm_size(c) && b[16] == 5.0f * (float)mt_comm_size(c),
-          "two staged all_reduces on two streams: %g and %g, want %d and %d", b[0], b[16], mt_comm_size(c),
+          "two %s all_reduces on two streams: %g and %g, want %d and %d", be_name, b[0], b[16], mt_comm_size(c),
           5 * mt_comm_size(c));
     CU(cudaStreamDestroy(s2));
 }
@@ -311,7 +313,7 @@ int main(int argc, char **argv) {
         test_data_movement(c, true);
 #if MT_CUDA_EMULATED
         const char *lazy = getenv("MESHTRAIN_EMU_LAZY");
-        if (staged && !(lazy && !strcmp(lazy, "0"))) { /* the emulator's lazy streams (its default here) */
+        if (!(lazy && !strcmp(lazy, "0"))) { /* the emulator's lazy streams (its default here) */
             test_stream_order(c);
         }
 #endif

@@ -7,6 +7,10 @@
  *   cross  rank 2 skips the 3rd all-reduce on 'world' and waits on comm 'pair' {2,3} that rank 3 never
  *          joins: one report, naming rank 2 and where it waits.
  *   kill   rank 2 dies (SIGKILL) before its 3rd all-reduce, as if killed mid-step.
+ * Built with MT_WATCHDOG_DEVICE (against the CPU emulator of CUDA and its emulated NCCL, tests/gpu/emu), the
+ * all-reduces are device-memory ones on the NCCL backend, enqueued on a stream and waited for there, as the GPU
+ * engine's are: a rank blocked in a stream synchronisation behind a collective that never completes must be
+ * reported and ended the same way.
  * SPDX-License-Identifier: MIT */
 #include <signal.h>
 #include <stdlib.h>
@@ -15,6 +19,16 @@
 
 #include "collectives/coll.h"
 #include "runtime/rt.h"
+#ifndef MT_WATCHDOG_DEVICE
+#define MT_WATCHDOG_DEVICE 0
+#endif
+#if MT_WATCHDOG_DEVICE
+#include <cuda_runtime_api.h>
+static cudaStream_t stream;
+#define STREAM ((mt_stream_t)stream)
+#else
+#define STREAM NULL
+#endif
 #include "runtime/watchdog.h"
 #include "testutil.h"
 
@@ -56,7 +70,12 @@ static void registry_checks(void) {
 }
 
 static void all_reduce(mt_comm_t c, float *buf) {
-    mt_status_t st = mt_coll_all_reduce(c, buf, buf, N, MT_COLL_F32, MT_REDOP_SUM, NULL, NULL);
+    mt_status_t st = mt_coll_all_reduce(c, buf, buf, N, MT_COLL_F32, MT_REDOP_SUM, STREAM, NULL);
+#if MT_WATCHDOG_DEVICE
+    if (st == MT_OK && cudaStreamSynchronize(stream) != cudaSuccess) {
+        st = MT_ERR_CUDA;
+    }
+#endif
     if (st != MT_OK) {
         fprintf(stderr, "all_reduce failed: %s\n", mt_last_error_msg());
     }
@@ -68,15 +87,23 @@ int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "clean";
     int culprit = argc > 2 ? atoi(argv[2]) : 2;
     const char *report = argc > 3 ? argv[3] : NULL; /* the report file (skip mode) */
-    static float buf[N];
+    static float host_buf[N];
+    float *buf = host_buf;
+    mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
+#if MT_WATCHDOG_DEVICE /* one emulated device per rank (MESHTRAIN_EMU_DEVICES), as NCCL wants */
+    CHECK(cudaSetDevice(w->local_rank) == cudaSuccess && cudaStreamCreate(&stream) == cudaSuccess &&
+              cudaMalloc((void **)&buf, N * sizeof(float)) == cudaSuccess,
+          "device set-up");
+    cp.memory = MT_COMM_MEM_DEVICE;
+    cp.backend = "nccl";
+#endif
     for (int i = 0; i < N; i++) {
-        buf[i] = 1.0f;
+        buf[i] = 1.0f; /* (emulated device memory is the host's) */
     }
     mt_watchdog_params_t p = MT_WATCHDOG_PARAMS_INIT;
     p.timeout_s = 2.0;
     p.answer_s = 2.0;
     p.report_path = report;
-    mt_comm_params_t cp = MT_COMM_PARAMS_INIT;
     cp.name = "world";
     mt_comm_t world = NULL;
 
@@ -96,7 +123,7 @@ int main(int argc, char **argv) {
                 }
                 all_reduce(world, buf);
                 mt_work_t wk = NULL;
-                CHECK_OK(mt_coll_all_reduce(world, buf, buf, N, MT_COLL_F32, MT_REDOP_MAX, NULL, &wk));
+                CHECK_OK(mt_coll_all_reduce(world, buf, buf, N, MT_COLL_F32, MT_REDOP_MAX, STREAM, &wk));
                 CHECK_OK(mt_work_wait(wk, -1));
                 mt_work_free(wk);
             }

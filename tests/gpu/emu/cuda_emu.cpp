@@ -185,6 +185,39 @@ std::map<uintptr_t, size_t> &pinned = *new std::map<uintptr_t, size_t>;   /* cud
  * program's doing, not a timer's. */
 std::thread::id worker;
 bool worker_set;
+/* the same, readable without smu: a thread that is not the worker must not wait for smu while the worker
+ * runs queued work (an emulated NCCL op waiting for its peers holds it until they come or it is aborted) */
+std::atomic<bool> worker_known;
+std::atomic<std::thread::id> worker_atomic;
+
+/* What a thread other than the worker may ask without smu, which the worker holds while it runs queued work
+ * (an emulated NCCL op waiting for its peers holds it until they come or it is aborted): per event, its latest
+ * record and the records not yet run, kept under a lock of their own. */
+std::mutex mirror_mu;
+std::map<uintptr_t, std::pair<uint64_t, std::set<uint64_t>>> &mirror =
+    *new std::map<uintptr_t, std::pair<uint64_t, std::set<uint64_t>>>;
+void mirror_issue(uintptr_t ev, uint64_t gen) {
+    std::lock_guard<std::mutex> g(mirror_mu);
+    auto &m = mirror[ev];
+    m.first = gen;
+    m.second.insert(gen);
+}
+void mirror_ran(uintptr_t ev, uint64_t gen) {
+    std::lock_guard<std::mutex> g(mirror_mu);
+    auto it = mirror.find(ev);
+    if (it != mirror.end()) {
+        it->second.second.erase(gen);
+    }
+}
+void mirror_drop(uintptr_t ev) {
+    std::lock_guard<std::mutex> g(mirror_mu);
+    mirror.erase(ev);
+}
+bool mirror_latest_ran(uintptr_t ev) {
+    std::lock_guard<std::mutex> g(mirror_mu);
+    auto it = mirror.find(ev);
+    return it == mirror.end() || !it->second.second.count(it->second.first);
+}
 
 bool ran(uintptr_t ev, uint64_t gen) {
     auto it = ev_queued.find(ev);
@@ -221,6 +254,7 @@ void run_op(sop_t &op) {
     } else if (op.k == sop_t::RECORD) {
         event_ms[op.ev] = now_ms();
         ev_queued[op.ev].erase(op.gen);
+        mirror_ran(op.ev, op.gen);
     } else if (!ran(op.ev, op.gen)) {
         run_through(op.src, op.ev, op.gen);
     }
@@ -305,6 +339,8 @@ void enqueue_op(cudaStream_t s, sop_t op) {
     if (!worker_set) {
         worker = std::this_thread::get_id();
         worker_set = true;
+        worker_atomic.store(worker);
+        worker_known.store(true);
     }
     if (!lazy() || k == 0) { /* at once (the legacy stream: after the blocking streams) */
         if (lazy()) {
@@ -341,8 +377,7 @@ void mt_emu_enqueue(cudaStream_t s, std::function<void()> fn) {
  * it, or any before anything was queued), and e's stream run through e's latest record, with no other stream
  * first (MESHTRAIN_EMU_LAZY=2 does that at host synchronisations, not here). */
 bool mt_emu_on_worker(void) {
-    std::lock_guard<std::recursive_mutex> g(smu);
-    return !worker_set || std::this_thread::get_id() == worker;
+    return !worker_known.load() || std::this_thread::get_id() == worker_atomic.load();
 }
 
 void mt_emu_run_to_event(cudaEvent_t e) {
@@ -389,7 +424,7 @@ static size_t emu_max_pitch() {
     return v;
 }
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
-    if (attr != cudaDevAttrMaxPitch || device != 0) {
+    if (attr != cudaDevAttrMaxPitch || device < 0 || device >= emu_devices()) {
         return cudaErrorInvalidValue;
     }
     *value = (int)emu_max_pitch();
@@ -488,14 +523,29 @@ cudaError_t cudaEventCreate(cudaEvent_t *e) {
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
     return cudaEventCreate(e);
 }
+static std::vector<uintptr_t> &deferred_destroy = *new std::vector<uintptr_t>; /* under mirror_mu */
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     emu_api_calls++;
-    std::lock_guard<std::recursive_mutex> g(smu);
     uintptr_t k = (uintptr_t)e;
+    if (!mt_emu_on_worker()) { /* without smu (as cudaEventQuery): the worker forgets it at its next destroy */
+        std::lock_guard<std::mutex> m(mirror_mu);
+        deferred_destroy.push_back(k);
+        return cudaSuccess;
+    }
+    std::lock_guard<std::recursive_mutex> g(smu);
+    std::vector<uintptr_t> later;
+    {
+        std::lock_guard<std::mutex> m(mirror_mu);
+        later.swap(deferred_destroy);
+    }
+    for (uintptr_t d : later) {
+        cudaEventDestroy((cudaEvent_t)d);
+    }
     if (ran(k, ev_gen[k])) { /* a record still queued keeps its entries (CUDA frees the event after it) */
         ev_gen.erase(k);
         ev_queued.erase(k);
         ev_where.erase(k);
+        mirror_drop(k);
         event_ms.erase(k);
     }
     return cudaSuccess;
@@ -506,6 +556,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     uint64_t gen = ++ev_gen[(uintptr_t)e];
     ev_where[(uintptr_t)e] = (uintptr_t)s;
     ev_queued[(uintptr_t)e].insert(gen);
+    mirror_issue((uintptr_t)e, gen);
     enqueue_op(s, sop_t{sop_t::RECORD, nullptr, (uintptr_t)e, gen, 0});
     return cudaSuccess;
 }
@@ -523,10 +574,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 /* A poll. On the thread that queues work it runs the work before the record (a lazy stream never gets there by
  * itself, and a polling loop would spin); on another thread it only answers. */
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-    std::lock_guard<std::recursive_mutex> g(smu);
-    uintptr_t k = (uintptr_t)e;
-    if (!ran(k, ev_gen[k]) && worker_set && std::this_thread::get_id() != worker) {
-        return cudaErrorNotReady;
+    if (!mt_emu_on_worker()) { /* without smu: the worker may hold it while it runs queued work */
+        return mirror_latest_ran((uintptr_t)e) ? cudaSuccess : cudaErrorNotReady;
     }
     return cudaEventSynchronize(e);
 }

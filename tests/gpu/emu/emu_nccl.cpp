@@ -1,21 +1,30 @@
 // An emulated NCCL for the CPU emulator of CUDA (cuda_emu.cpp), so that the NCCL backend
 // (collectives/coll_nccl.c, compiled against the real nccl.h) and the GPU engine over it run in CI without a GPU.
-// Linked into a test executable, its definitions take the place of libnccl's. What it keeps of NCCL:
+// Linked into a test executable as its own objects, its definitions take the place of libnccl's. What it keeps
+// of NCCL:
 //  - every op is enqueued on its stream and runs in the stream's order (the emulator's lazy streams: when
 //    something waits for it), reading its input and writing its output then, not at the call;
-//  - ops between ncclGroupStart and ncclGroupEnd run together (sends and receives posted at once);
-//  - ncclCommInitRank meets the id's other ranks (its creator must be rank 0), ncclCommAbort ends a waiting op,
-//    ncclCommGetAsyncError reports it.
+//  - ops between ncclGroupStart and ncclGroupEnd run together (sends and receives posted at once); an error
+//    inside a group is ncclGroupEnd's, and nothing of the group runs;
+//  - the buffer rules: in place only in each op's documented form (reduce-scatter: recv = send + rank * count,
+//    all-gather: send = recv + rank * count), otherwise no overlap; a send completes only with its receive;
+//  - avg: floating types scale each input by 1/n before the sum (NCCL's pre-multiplied sum), integers divide
+//    the sum held in the type;
+//  - ncclCommInitRank meets the id's other ranks (the id's creator must be rank 0) and refuses two ranks on one
+//    (host, device); ncclCommAbort ends an op waiting for its peers (its output undefined) and
+//    ncclCommGetAsyncError then reports ncclRemoteError.
 // Underneath: MPI, on a communicator made for each NCCL one out of a private duplicate of MPI_COMM_WORLD.
 // Reductions run in rank order in the type's accumulation type (f32 for f16/bf16, rounded after each rank), so
 // results are deterministic but not NCCL's bit for bit.
 //
 // Two things a device does by itself must be made to happen here, or the ranks would wait on each other forever:
 //  - a device runs its streams while the host does something else. Before this rank blocks in an MPI call of
-//    its own (the profiling interface's wrappers below), every op already enqueued runs;
+//    its own (the profiling interface's wrappers below) or in ncclCommInitRank, every op already enqueued runs;
 //  - a device runs independent streams side by side. Here an op first runs every op enqueued before it (any
 //    stream), so each rank runs its ops in the order it issued them, which every rank of a correct program
-//    can follow.
+//    can follow. The price: the work queued ahead of those ops on their streams runs too, so a stream that
+//    reads, after a collective, what another stream wrote before an earlier collective is ordered by that,
+//    not by a wait of its own, and a missing wait of that shape goes unseen.
 // An op that waits longer than MESHTRAIN_EMU_NCCL_TIMEOUT_S (default 240) for its peers prints what it waited
 // for and aborts the process. Test-only.
 // SPDX-License-Identifier: MIT
@@ -28,11 +37,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <deque>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_bf16.h"
@@ -129,13 +140,24 @@ template <> struct conv<__nv_bfloat16, float> {
     static void put(void *p, size_t i, float v) { ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v); }
 };
 
+template <typename T, typename A> A rounded(A v) { // v stored as T and read back
+    T tmp[1];
+    conv<T, A>::put(tmp, 0, v);
+    return conv<T, A>::get(tmp, 0);
+}
+
+// avg as NCCL computes it: floating types scale each input by 1/n before the sum (ncclAvg's pre-multiplied
+// sum, which is why coll_nccl.c sums and divides itself), integers divide the sum held in the type.
 template <typename T, typename A>
 void reduce_t(void *dst, const char *src, size_t stride, int n, size_t count, ncclRedOp_t op) {
     typedef conv<T, A> C;
+    const bool premul = op == ncclAvg && std::is_floating_point<A>::value;
+    const A inv = premul ? (A)1 / (A)n : (A)1;
     for (size_t i = 0; i < count; i++) {
-        A acc = C::get(src, i);
+        A acc = premul ? rounded<T, A>(C::get(src, i) * inv) : C::get(src, i);
         for (int r = 1; r < n; r++) {
             A v = C::get(src + stride * (size_t)r, i);
+            v = premul ? rounded<T, A>(v * inv) : v;
             switch (op) {
             case ncclProd: acc = acc * v; break;
             case ncclMax: acc = v > acc ? v : acc; break;
@@ -143,13 +165,11 @@ void reduce_t(void *dst, const char *src, size_t stride, int n, size_t count, nc
             default: acc = acc + v; break; // sum, avg
             }
             if (r + 1 < n) { // rounded to the type after each rank, as a device's ring stores partial sums
-                T tmp[1];
-                C::put(tmp, 0, acc);
-                acc = C::get(tmp, 0);
+                acc = rounded<T, A>(acc);
             }
         }
-        if (op == ncclAvg) {
-            acc = acc / (A)n; // integers: the sum's truncating division, as NCCL's
+        if (op == ncclAvg && !premul) {
+            acc = rounded<T, A>(acc) / (A)n; // the truncating division of the sum held in the type
         }
         C::put(dst, i, acc);
     }
@@ -201,8 +221,11 @@ double timeout_s() {
     return t;
 }
 
-// Waits for reqs; false if the comm was aborted meanwhile (the op's output is then undefined, as NCCL's).
-bool wait_reqs(std::vector<MPI_Request> &reqs, ncclComm_t c, const op_t &op) {
+// Waits for reqs of ops (a group); false if a comm of theirs was aborted meanwhile (the outputs are then
+// undefined, as NCCL's; the comm reports the abort as its asynchronous error).
+bool wait_reqs(std::vector<MPI_Request> &reqs, const std::vector<op_t> &ops) {
+    const op_t &op = ops[0];
+    ncclComm_t c = op.comm;
     double t0 = now_s();
     long nap = 1000; // ns
     for (;;) {
@@ -211,9 +234,13 @@ bool wait_reqs(std::vector<MPI_Request> &reqs, ncclComm_t c, const op_t &op) {
         if (done) {
             return true;
         }
-        if (c->aborted.load()) {
-            c->async_error.store(ncclRemoteError);
-            return false;
+        for (const op_t &o : ops) {
+            if (o.comm->aborted.load()) {
+                for (const op_t &o2 : ops) {
+                    o2.comm->async_error.store(ncclRemoteError);
+                }
+                return false;
+            }
         }
         if (now_s() - t0 > timeout_s()) {
             int wr = -1;
@@ -230,68 +257,101 @@ bool wait_reqs(std::vector<MPI_Request> &reqs, ncclComm_t c, const op_t &op) {
     }
 }
 
-// The whole of size bytes between ranks in pieces MPI's int counts can carry.
+// Whether an op's bytes (each rank's part, n ranks) fit MPI's int counts.
 bool too_big(size_t bytes, int n) {
     return bytes > (size_t)INT32_MAX / (size_t)(n > 0 ? n : 1);
 }
 
-// Runs one op (a collective whole; a send or receive posted into reqs).
-void run_one(const op_t &op, std::vector<MPI_Request> &reqs) {
+// One op of a group in flight: its input read into in when the op runs (stream order), what arrives in out.
+struct xfer_t {
+    op_t op;
+    std::vector<char> in, out;
+};
+
+// What aborted ops left to MPI: their buffers stay allocated, as MPI may still write into them.
+std::mutex grave_mu;
+std::vector<std::vector<xfer_t>> &graveyard = *new std::vector<std::vector<xfer_t>>;
+
+// Posts op (reading its input now) into reqs.
+void post(xfer_t &x, std::vector<MPI_Request> &reqs) {
+    const op_t &op = x.op;
     ncclComm_t c = op.comm;
-    if (c->aborted.load()) {
-        return;
-    }
     int n = c->size, me = c->rank;
     size_t b = op.count * type_size(op.dt);
-    if (too_big(b * (op.k == REDUCE_SCATTER ? (size_t)n : 1), n)) {
-        fprintf(stderr, "emulated NCCL: nccl%s of %zu bytes is beyond the emulator (MPI int counts)\n",
-                kind_name[op.k], b);
+    size_t in_b = op.k == REDUCE_SCATTER ? b * (size_t)n : b;
+    if (too_big(in_b, n)) {
+        fprintf(stderr, "emulated NCCL: nccl%s of %zu bytes per rank is beyond the emulator (MPI int counts)\n",
+                kind_name[op.k], in_b);
         abort();
     }
-    std::vector<MPI_Request> mine;
+    bool reads = op.k != RECV && (op.k != BROADCAST || me == op.peer);
+    if (reads) {
+        x.in.assign((const char *)op.send, (const char *)op.send + in_b);
+    }
+    reqs.emplace_back();
+    MPI_Request *r = &reqs.back();
     switch (op.k) {
-    case SEND:
-        reqs.emplace_back();
-        PMPI_Isend(op.send, (int)b, MPI_BYTE, op.peer, 7, c->comm, &reqs.back());
+    case SEND: // synchronous mode: NCCL promises no buffering, so neither does this
+        PMPI_Issend(x.in.data(), (int)b, MPI_BYTE, op.peer, 7, c->comm, r);
         return;
     case RECV:
-        reqs.emplace_back();
-        PMPI_Irecv(op.recv, (int)b, MPI_BYTE, op.peer, 7, c->comm, &reqs.back());
+        x.out.resize(b);
+        PMPI_Irecv(x.out.data(), (int)b, MPI_BYTE, op.peer, 7, c->comm, r);
         return;
     case BROADCAST:
-        if (me == op.peer && op.send != op.recv) {
-            memmove(op.recv, op.send, b);
-        }
-        mine.emplace_back();
-        PMPI_Ibcast(op.recv, (int)b, MPI_BYTE, op.peer, c->comm, &mine.back());
-        wait_reqs(mine, c, op);
+        x.out = me == op.peer ? x.in : std::vector<char>(b);
+        PMPI_Ibcast(x.out.data(), (int)b, MPI_BYTE, op.peer, c->comm, r);
         return;
-    case ALL_GATHER: {
-        std::vector<char> in((const char *)op.send, (const char *)op.send + b), all(b * (size_t)n);
-        mine.emplace_back();
-        PMPI_Iallgather(in.data(), (int)b, MPI_BYTE, all.data(), (int)b, MPI_BYTE, c->comm, &mine.back());
-        if (wait_reqs(mine, c, op)) {
-            memcpy(op.recv, all.data(), all.size());
-        }
+    default: // every rank's input to every rank; the reduction when it has arrived
+        x.out.resize(in_b * (size_t)n);
+        PMPI_Iallgather(x.in.data(), (int)in_b, MPI_BYTE, x.out.data(), (int)in_b, MPI_BYTE, c->comm, r);
         return;
     }
+}
+
+// Writes op's output from what arrived.
+void finish(const xfer_t &x) {
+    const op_t &op = x.op;
+    int n = op.comm->size, me = op.comm->rank;
+    size_t b = op.count * type_size(op.dt);
+    switch (op.k) {
+    case SEND: return;
+    case RECV:
+    case BROADCAST:
+    case ALL_GATHER: memcpy(op.recv, x.out.data(), x.out.size()); return;
+    case REDUCE_SCATTER: // rank me's block of every rank's input
+        reduce(op.recv, x.out.data() + b * (size_t)me, x.in.size(), n, op.count, op.dt, op.red);
+        return;
     case ALL_REDUCE:
     case REDUCE:
-    case REDUCE_SCATTER: {
-        size_t in_b = op.k == REDUCE_SCATTER ? b * (size_t)n : b;
-        std::vector<char> in((const char *)op.send, (const char *)op.send + in_b), all(in_b * (size_t)n);
-        mine.emplace_back();
-        PMPI_Iallgather(in.data(), (int)in_b, MPI_BYTE, all.data(), (int)in_b, MPI_BYTE, c->comm, &mine.back());
-        if (!wait_reqs(mine, c, op)) {
-            return;
-        }
-        if (op.k == REDUCE_SCATTER) {
-            reduce(op.recv, all.data() + b * (size_t)me, in_b, n, op.count, op.dt, op.red);
-        } else if (op.k == ALL_REDUCE || me == op.peer) {
-            reduce(op.recv, all.data(), in_b, n, op.count, op.dt, op.red);
+        if (op.k == ALL_REDUCE || me == op.peer) {
+            reduce(op.recv, x.out.data(), b, n, op.count, op.dt, op.red);
         }
         return;
     }
+}
+
+// Runs a group's ops together (one op alone is a group of one).
+void run_group(const std::vector<op_t> &ops) {
+    for (const op_t &op : ops) {
+        if (op.comm->aborted.load()) {
+            return; // nothing of a group on an aborted comm runs
+        }
+    }
+    std::vector<xfer_t> xs;
+    xs.reserve(ops.size());
+    std::vector<MPI_Request> reqs;
+    for (const op_t &op : ops) {
+        xs.push_back(xfer_t{op, {}, {}});
+        post(xs.back(), reqs);
+    }
+    if (!wait_reqs(reqs, ops)) {
+        std::lock_guard<std::mutex> g(grave_mu);
+        graveyard.push_back(std::move(xs));
+        return;
+    }
+    for (const xfer_t &x : xs) {
+        finish(x);
     }
 }
 
@@ -331,13 +391,7 @@ ncclResult_t enqueue(std::vector<op_t> ops) {
     uint64_t seq = ++issued;
     mt_emu_enqueue(s, [ops, seq]() {
         run_before(seq);
-        std::vector<MPI_Request> reqs;
-        for (const op_t &op : ops) {
-            run_one(op, reqs);
-        }
-        if (!reqs.empty()) {
-            wait_reqs(reqs, ops[0].comm, ops[0]);
-        }
+        run_group(ops);
         std::lock_guard<std::recursive_mutex> g2(q_mu);
         done_upto = seq;
     });
@@ -350,31 +404,58 @@ ncclResult_t enqueue(std::vector<op_t> ops) {
 
 thread_local int group_depth;
 thread_local std::vector<op_t> group_ops;
+thread_local ncclResult_t group_error; // the first error inside the group: ncclGroupEnd returns it, runs nothing
 
-ncclResult_t submit(const op_t &op) {
-    if (!op.comm) {
-        return fail(ncclInvalidArgument, "emulated NCCL: comm is NULL");
-    }
-    if (op.comm->aborted.load()) {
-        return fail(ncclInvalidUsage, "emulated NCCL: comm was aborted");
-    }
-    if (type_size(op.dt) == 0 || (unsigned)op.red > ncclAvg) {
-        return fail(ncclInvalidArgument, "emulated NCCL: datatype %d or op %d not emulated", (int)op.dt, (int)op.red);
-    }
-    if ((op.k == REDUCE || op.k == BROADCAST || op.k == SEND || op.k == RECV) &&
-        (op.peer < 0 || op.peer >= op.comm->size)) {
-        return fail(ncclInvalidArgument, "emulated NCCL: nccl%s root/peer %d of %d ranks", kind_name[op.k], op.peer,
-                    op.comm->size);
-    }
-    if (group_depth > 0) {
-        group_ops.push_back(op);
+// NCCL's buffer rules: in place only in the one form each op documents, otherwise no overlap.
+ncclResult_t check_buffers(const op_t &op) {
+    int n = op.comm->size, me = op.comm->rank;
+    size_t b = op.count * type_size(op.dt);
+    if (b == 0 || op.k == SEND || op.k == RECV) {
         return ncclSuccess;
     }
-    if ((op.k == SEND || op.k == RECV) && op.peer == op.comm->rank) {
-        // alone, a send to oneself would wait for its receive forever, as NCCL's would
-        return fail(ncclInvalidUsage, "emulated NCCL: nccl%s to itself outside a group", kind_name[op.k]);
+    bool has_send = op.k != BROADCAST || me == op.peer, has_recv = op.k != REDUCE || me == op.peer;
+    if (!has_send || !has_recv) {
+        return ncclSuccess;
     }
-    return enqueue(std::vector<op_t>{op});
+    const char *s = (const char *)op.send, *r = (const char *)op.recv;
+    size_t s_b = op.k == REDUCE_SCATTER ? b * (size_t)n : b, r_b = op.k == ALL_GATHER ? b * (size_t)n : b;
+    bool in_place = op.k == REDUCE_SCATTER ? r == s + b * (size_t)me : op.k == ALL_GATHER ? s == r + b * (size_t)me
+                                                                                        : s == r;
+    if (in_place || s + s_b <= r || r + r_b <= s) {
+        return ncclSuccess;
+    }
+    return fail(ncclInvalidArgument, "emulated NCCL: nccl%s: send and receive buffers overlap other than in NCCL's "
+                "in-place form", kind_name[op.k]);
+}
+
+ncclResult_t submit(const op_t &op) {
+    ncclResult_t r = ncclSuccess;
+    if (!op.comm) {
+        r = fail(ncclInvalidArgument, "emulated NCCL: comm is NULL");
+    } else if (op.comm->aborted.load()) {
+        r = fail(ncclInvalidUsage, "emulated NCCL: comm was aborted");
+    } else if (type_size(op.dt) == 0 || (unsigned)op.red > ncclAvg) {
+        r = fail(ncclInvalidArgument, "emulated NCCL: datatype %d or op %d not emulated", (int)op.dt, (int)op.red);
+    } else if ((op.k == REDUCE || op.k == BROADCAST || op.k == SEND || op.k == RECV) &&
+               (op.peer < 0 || op.peer >= op.comm->size)) {
+        r = fail(ncclInvalidArgument, "emulated NCCL: nccl%s root/peer %d of %d ranks", kind_name[op.k], op.peer,
+                 op.comm->size);
+    } else if (group_depth == 0 && (op.k == SEND || op.k == RECV) && op.peer == op.comm->rank) {
+        // alone, a send to oneself would wait for its receive forever, as NCCL's would
+        r = fail(ncclInvalidUsage, "emulated NCCL: nccl%s to itself outside a group", kind_name[op.k]);
+    } else {
+        r = check_buffers(op);
+    }
+    if (group_depth > 0) {
+        if (r != ncclSuccess && group_error == ncclSuccess) {
+            group_error = r;
+        }
+        if (r == ncclSuccess) {
+            group_ops.push_back(op);
+        }
+        return r;
+    }
+    return r != ncclSuccess ? r : enqueue(std::vector<op_t>{op});
 }
 
 // Before this rank blocks in MPI: the ops it issued run, as a device would run them meanwhile.
@@ -445,7 +526,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
         return fail(ncclInvalidUsage, "emulated NCCL: rank 0 must be the process that made the id (world rank %d)",
                     b.root_world);
     }
-    int tag = 100 + (int)(b.serial % 30000u);
+    before_mpi(); // NCCL's init blocks until every rank is there: what this rank queued runs meanwhile
+    int tag = 100 + (int)(b.serial % 15000u), reply = tag + 15000;
     std::vector<int> table((size_t)nranks, -1);
     if (rank == 0) {
         table[0] = me;
@@ -458,12 +540,12 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
             table[(size_t)msg[0]] = msg[1];
         }
         for (int i = 1; i < nranks; i++) {
-            PMPI_Send(table.data(), nranks, MPI_INT, table[(size_t)i], tag, emu_world);
+            PMPI_Send(table.data(), nranks, MPI_INT, table[(size_t)i], reply, emu_world);
         }
     } else {
         int msg[2] = {rank, me};
         PMPI_Send(msg, 2, MPI_INT, b.root_world, tag, emu_world);
-        PMPI_Recv(table.data(), nranks, MPI_INT, b.root_world, tag, emu_world, MPI_STATUS_IGNORE);
+        PMPI_Recv(table.data(), nranks, MPI_INT, b.root_world, reply, emu_world, MPI_STATUS_IGNORE);
     }
     MPI_Group world_group, group;
     PMPI_Comm_group(emu_world, &world_group);
@@ -474,6 +556,27 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     PMPI_Group_free(&world_group);
     c->rank = rank;
     c->size = nranks;
+    // NCCL refuses two ranks of a communicator on one GPU: (host, current device) must differ between ranks
+    struct where_t {
+        char host[64];
+        int device;
+    } mine = {}, *all = new where_t[(size_t)nranks];
+    gethostname(mine.host, sizeof(mine.host) - 1);
+    cudaGetDevice(&mine.device);
+    PMPI_Allgather(&mine, (int)sizeof(mine), MPI_BYTE, all, (int)sizeof(mine), MPI_BYTE, c->comm);
+    for (int i = 0; i < nranks; i++) {
+        for (int j = i + 1; j < nranks; j++) {
+            if (all[i].device == all[j].device && !strncmp(all[i].host, all[j].host, sizeof(all[i].host))) {
+                ncclResult_t r = fail(ncclInvalidUsage, "emulated NCCL: Duplicate GPU detected: ranks %d and %d both "
+                                      "on CUDA device %d of host %s", i, j, all[i].device, all[i].host);
+                delete[] all;
+                PMPI_Comm_free(&c->comm);
+                delete c;
+                return r;
+            }
+        }
+    }
+    delete[] all;
     *out = c;
     return ncclSuccess;
 }
@@ -483,9 +586,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
     if (!c) {
         return ncclSuccess;
     }
-    if (mt_emu_on_worker()) {
-        run_before(UINT64_MAX);
-    }
+    run_before(UINT64_MAX); // also from another thread: the comm's memory must outlive its queued ops
     if (!c->aborted.load()) {
         PMPI_Comm_free(&c->comm);
         delete c;
@@ -515,12 +616,17 @@ ncclResult_t ncclGroupEnd(void) {
     if (group_depth == 0) {
         return fail(ncclInvalidUsage, "emulated NCCL: ncclGroupEnd without ncclGroupStart");
     }
-    if (--group_depth > 0 || group_ops.empty()) {
+    if (--group_depth > 0) {
         return ncclSuccess;
     }
     std::vector<op_t> ops;
     ops.swap(group_ops);
-    return enqueue(std::move(ops));
+    ncclResult_t err = group_error;
+    group_error = ncclSuccess;
+    if (err != ncclSuccess) { // as NCCL: the group's error, and none of its ops launched
+        return err;
+    }
+    return ops.empty() ? ncclSuccess : enqueue(std::move(ops));
 }
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t dt, ncclRedOp_t op,
