@@ -276,6 +276,11 @@ int main(int argc, char **argv) {
     }
     CHECK_OK(mt_rt_init(&argc, &argv));
     const mt_world_t *wd = mt_rt_world();
+    if (!staged && wd->local_size > ndev && MT_CUDA_EMULATED) { /* the test's own set-up: not a skip */
+        CHECK(false, "%d ranks on this node but %d emulated device(s): set MESHTRAIN_EMU_DEVICES", wd->local_size,
+              ndev);
+        return mt_test_finish_mpi("test_coll_nccl");
+    }
     if (!staged && wd->local_size > ndev) {
         if (wd->rank == 0) {
             printf("skipped: %d ranks on this node but %d CUDA device(s); NCCL needs one device per rank\n",

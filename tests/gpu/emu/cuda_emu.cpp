@@ -380,6 +380,14 @@ bool mt_emu_on_worker(void) {
     return !worker_known.load() || std::this_thread::get_id() == worker_atomic.load();
 }
 
+bool mt_emu_is_worker(void) {
+    return worker_known.load() && std::this_thread::get_id() == worker_atomic.load();
+}
+
+std::recursive_mutex &mt_emu_streams_lock(void) {
+    return smu;
+}
+
 void mt_emu_run_to_event(cudaEvent_t e) {
     std::lock_guard<std::recursive_mutex> g(smu);
     uintptr_t k = (uintptr_t)e;

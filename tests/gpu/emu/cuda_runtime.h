@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <functional>
+#include <mutex>
 
 #include "cuda_runtime_api.h"
 
@@ -59,6 +60,9 @@ void mt_emu_enqueue(cudaStream_t s, std::function<void()> fn);
 /* For the emulated NCCL (emu_nccl.cpp): may this thread make queued work run; run e's stream through e's record. */
 bool mt_emu_on_worker(void);
 void mt_emu_run_to_event(cudaEvent_t e);
+/* The same, once a thread has queued work: this is that thread. The lock of the emulator's streams. */
+bool mt_emu_is_worker(void);
+std::recursive_mutex &mt_emu_streams_lock(void);
 
 template <typename X> struct mt_emu_same { typedef X type; };
 /* The arguments are converted to the kernel's parameter types at the call (non-deduced) and kept by value until

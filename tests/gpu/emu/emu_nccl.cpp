@@ -360,14 +360,13 @@ struct marker_t {
     uint64_t seq;
     cudaEvent_t ev;
 };
-std::recursive_mutex q_mu;
-std::deque<marker_t> markers;
+std::deque<marker_t> markers; // under the emulator's lock (mt_emu_streams_lock): one lock, one order
 uint64_t issued, done_upto;
 thread_local bool running_before;
 
 // Runs every op issued before seq (all of them: seq = UINT64_MAX). On the emulator's worker thread only.
 void run_before(uint64_t seq) {
-    std::lock_guard<std::recursive_mutex> g(q_mu);
+    std::lock_guard<std::recursive_mutex> g(mt_emu_streams_lock());
     while (!markers.empty() && markers.front().seq < seq) {
         marker_t m = markers.front();
         if (done_upto < m.seq) {
@@ -387,12 +386,12 @@ ncclResult_t enqueue(std::vector<op_t> ops) {
                         "on one)");
         }
     }
-    std::lock_guard<std::recursive_mutex> g(q_mu);
+    std::lock_guard<std::recursive_mutex> g(mt_emu_streams_lock());
     uint64_t seq = ++issued;
     mt_emu_enqueue(s, [ops, seq]() {
         run_before(seq);
         run_group(ops);
-        std::lock_guard<std::recursive_mutex> g2(q_mu);
+        std::lock_guard<std::recursive_mutex> g2(mt_emu_streams_lock());
         done_upto = seq;
     });
     cudaEvent_t ev;
@@ -460,11 +459,11 @@ ncclResult_t submit(const op_t &op) {
 
 // Before this rank blocks in MPI: the ops it issued run, as a device would run them meanwhile.
 void before_mpi() {
-    if (running_before || !mt_emu_on_worker()) {
+    if (running_before || !mt_emu_is_worker()) { // (before anything is queued there is nothing to run)
         return;
     }
     {
-        std::lock_guard<std::recursive_mutex> g(q_mu);
+        std::lock_guard<std::recursive_mutex> g(mt_emu_streams_lock());
         if (markers.empty()) {
             return;
         }
@@ -586,7 +585,12 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
     if (!c) {
         return ncclSuccess;
     }
-    run_before(UINT64_MAX); // also from another thread: the comm's memory must outlive its queued ops
+    if (!mt_emu_on_worker()) {
+        return ncclSuccess; // another thread may not run the ops still queued on it: the comm stays
+    }
+    if (mt_emu_is_worker()) { // queued ops use the comm: they run first (on the thread that queued them)
+        run_before(UINT64_MAX);
+    }
     if (!c->aborted.load()) {
         PMPI_Comm_free(&c->comm);
         delete c;
