@@ -354,6 +354,27 @@ static mt_status_t run_cuda(int n, const char *const *extra, mt_job_result_t *r)
     return run("cuda", n, extra, r);
 }
 
+/* Ranks that share a GPU (the emulated NCCL with fewer devices than ranks): runtime.gpu_comm = "nccl" is refused
+ * on every rank with the message naming the clash and the fix; "auto" trains through MPI (the staged backend)
+ * and gives the CPU's losses (DDP on both). */
+static void nccl_shared(void) {
+    mt_job_result_t r, cpu, gpu;
+    const char *nccl[] = {"--runtime.gpu_comm=nccl"};
+    mt_status_t st = run_cuda(1, nccl, &r);
+    CHECK(st == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "would both drive GPU") &&
+              strstr(mt_last_error_msg(), "NCCL needs one GPU per rank") &&
+              strstr(mt_last_error_msg(), "runtime.gpu_comm = \"mpi\""),
+          "gpu_comm = nccl on a shared GPU: %s (%s)", mt_status_str(st), mt_last_error_msg());
+    if (st == MT_OK) {
+        mt_job_result_free(&r);
+    }
+    CHECK_OK(run("cpu", 0, NULL, &cpu));
+    CHECK_OK(run_cuda(0, NULL, &gpu));
+    same_losses("gpu_comm = auto on a shared GPU (through MPI) vs cpu", &gpu, &cpu, 1e-3);
+    mt_job_result_free(&cpu);
+    mt_job_result_free(&gpu);
+}
+
 /* Whether this rank's GPU has an NVML energy counter (never under the emulator). */
 static bool nvml_energy(void) {
     if (MT_CUDA_EMULATED) {
@@ -1089,7 +1110,7 @@ int main(int argc, char **argv) {
     }
     mt_plan_set_gpu_requests(mt_gpt2_cuda_requests);
     /* ranks on one GPU (more ranks than devices; --staged only): no peak measured, the energy counted once */
-    sharing = !MT_CUDA_EMULATED && ndev < w->local_size;
+    sharing = (!MT_CUDA_EMULATED || MT_CUDA_EMU_NCCL) && ndev < w->local_size;
     /* read once per process by the engine: set before the first job */
     if (MT_CUDA_EMULATED) {
         setenv("MESHTRAIN_PEAK_GFLOPS_PER_GPU", "1000", 1);
@@ -1123,6 +1144,11 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(mode, "tensor")) { /* tensor parallelism alone, tp 2 x dp world / 2 */
         tensor(dir);
+        goto cleanup;
+    }
+    if (!strcmp(mode, "nccl_shared")) { /* ranks sharing a GPU where NCCL would be used */
+        CHECK(sharing, "nccl_shared: %d ranks on this host, %d GPUs: they must share", w->local_size, ndev);
+        nccl_shared();
         goto cleanup;
     }
     if (!strcmp(mode, "tensor_wide")) { /* tp = the world */
