@@ -32,11 +32,14 @@
  *     overflow; an overflow at step 1, then a doubling after step 4), interrupted after step 3 and resumed,
  *     continues with the loss scale and clean-step count its manifest's "precision" section saved: the same
  *     losses, gradient norms, skipped steps and final loss scale as the uninterrupted run.
- * Built twice: against the CUDA runtime (label gpu; exits 77 printing "skipped: no CUDA device" without a
- * device, or with fewer devices than ranks unless --staged) and against the CPU emulator (labels unit;emu),
- * where device-memory communication goes through the staged backend (MPI through host memory) as with
- * --staged (runtime.gpu_comm = "mpi"), which on a device lets several ranks share one GPU: the multi-rank
- * engine on a one-GPU machine (there the GPU's peak is not measured, so MFU is n/a).
+ * Built three times: against the CUDA runtime (label gpu; exits 77 printing "skipped: no CUDA device" without a
+ * device, or with fewer devices than ranks unless --staged), against the CPU emulator (labels unit;emu), where
+ * device-memory communication goes through the staged backend (MPI through host memory) as with --staged
+ * (runtime.gpu_comm = "mpi"), which on a device lets several ranks share one GPU: the multi-rank engine on a
+ * one-GPU machine (there the GPU's peak is not measured, so MFU is n/a), and against the emulator with its
+ * emulated NCCL (MT_CUDA_EMU_NCCL, tests/gpu/emu/emu_nccl.cpp; one emulated device per rank): the engine over
+ * collectives/coll_nccl.c, as on a multi-GPU node. Its mode nccl_shared (fewer emulated devices than ranks):
+ * runtime.gpu_comm = "nccl" refused, "auto" through MPI.
  * SPDX-License-Identifier: MIT */
 #include "mt_build_config.h"
 
