@@ -436,7 +436,11 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     MT_CHECK_GOTO(
         mt_cuda_status(DEV(g, mt_cuda_ctx_create(&g->ctx, g->ws, 32 << 20, p->prec == MT_PREC_TF32)), "cuBLASLt"), st,
         fail);
-    MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaMallocHost((void **)&g->pinned, 4 * N * 4)), "pinned tokens"), st, fail);
+    /* two slots of tokens and targets, then the step's readback */
+    size_t rb_bytes = sizeof(struct gpt2_cuda_readback) + (size_t)g->n_shd * sizeof(double);
+    MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaMallocHost((void **)&g->pinned, 4 * N * 4 + rb_bytes)), "pinned tokens"),
+                  st, fail);
+    g->rb = g->pinned ? (struct gpt2_cuda_readback *)(void *)(g->pinned + 4 * N) : NULL;
     for (int i = 0; i < 2; i++) {
         MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaEventRecord(g->copied[i], g->stream)), "event"), st, fail);
     }

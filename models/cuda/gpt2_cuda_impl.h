@@ -32,6 +32,17 @@ typedef struct {
     int32_t *tokens_d, *targets_d;
 } acts_t;
 
+/* What a step leaves for the host, copied into pinned memory in the stream's order, so the one synchronisation
+ * that follows is the step's only wait (no synchronous copy after it). */
+struct gpt2_cuda_readback {
+    double sumsq;  /* the gradient's sum of squares (unsharded, or tp rank 0's) */
+    float loss;    /* the micro-batch's mean loss */
+    float norm;    /* the gradient's global norm (mt_cuda_clip_coef's) */
+    int found_inf; /* fp16: inf/NaN in the gradients */
+    int pad;
+    double shd[]; /* tp rank > 0: the sharded runs' sums of squares (n_shd) */
+};
+
 struct mt_gpt2_cuda {
     mt_model_t m;
     mt_gpt2_cuda_params_t p;
@@ -98,6 +109,7 @@ struct mt_gpt2_cuda {
     double *sumsq, *sumsq_scratch;
     int *found_inf;
     int32_t *pinned;
+    struct gpt2_cuda_readback *rb; /* pinned, after the token slots: a step's scalars for the host */
     mt_loss_scaler_t scaler;
     int64_t t;      /* AdamW steps taken */
     bool nonfinite; /* the last mt_gpt2_cuda_grad_stats found inf/NaN */

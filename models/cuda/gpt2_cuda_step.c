@@ -115,14 +115,17 @@ mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, flo
 }
 
 mt_status_t mt_gpt2_cuda_step_result(mt_gpt2_cuda_t g, mt_gpt2_cuda_result_t *r) {
+    struct gpt2_cuda_readback *rb = g->rb;
+    CK(cudaMemcpyAsync(&rb->loss, g->A->mean_loss, 4, cudaMemcpyDeviceToHost, g->stream));
+    CK(cudaMemcpyAsync(&rb->norm, g->norm, 4, cudaMemcpyDeviceToHost, g->stream));
+    if (g->scaler.dynamic) {
+        CK(cudaMemcpyAsync(&rb->found_inf, g->found_inf, 4, cudaMemcpyDeviceToHost, g->stream));
+    }
     CK(cudaStreamSynchronize(g->stream));
     MT_CHECK(prof_collect(g));
-    int found = 0;
-    CK(cudaMemcpy(&r->loss, g->A->mean_loss, 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(&r->grad_norm, g->norm, 4, cudaMemcpyDeviceToHost));
-    if (g->scaler.dynamic) {
-        CK(cudaMemcpy(&found, g->found_inf, 4, cudaMemcpyDeviceToHost));
-    }
+    r->loss = rb->loss;
+    r->grad_norm = rb->norm;
+    int found = g->scaler.dynamic ? rb->found_inf : 0;
     r->skipped = false;
     if (g->stepped) {
         r->skipped = mt_loss_scaler_update(&g->scaler, found);
@@ -230,20 +233,24 @@ mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfi
             OP(PROF_OPT, mt_cuda_sumsq(g->shd_sumsq + k, gs + (lo - a0), hi - lo, g->sumsq_scratch, s));
         }
     }
-    CK(cudaStreamSynchronize(g->stream));
-    double ss = 0, part[64];
+    /* the scalars into pinned memory behind the work, then the one wait */
+    struct gpt2_cuda_readback *rb = g->rb;
     if (!shards_only) {
-        CK(cudaMemcpy(&ss, g->sumsq, sizeof(double), cudaMemcpyDeviceToHost));
-    }
-    for (int k0 = 0; shards_only && k0 < g->n_shd; k0 += (int)MT_ARRAY_LEN(part)) {
-        int cnt = MT_MIN(g->n_shd - k0, (int)MT_ARRAY_LEN(part));
-        CK(cudaMemcpy(part, g->shd_sumsq + k0, (size_t)cnt * sizeof(double), cudaMemcpyDeviceToHost));
-        for (int k = 0; k < cnt; k++) {
-            ss += part[k];
-        }
+        CK(cudaMemcpyAsync(&rb->sumsq, g->sumsq, sizeof(double), cudaMemcpyDeviceToHost, g->stream));
+    } else if (g->n_shd > 0) {
+        CK(cudaMemcpyAsync(rb->shd, g->shd_sumsq, (size_t)g->n_shd * sizeof(double), cudaMemcpyDeviceToHost,
+                           g->stream));
     }
     if (g->scaler.dynamic) {
-        CK(cudaMemcpy(&found, g->found_inf, sizeof(int), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpyAsync(&rb->found_inf, g->found_inf, sizeof(int), cudaMemcpyDeviceToHost, g->stream));
+    }
+    CK(cudaStreamSynchronize(g->stream));
+    double ss = shards_only ? 0.0 : rb->sumsq;
+    for (int k = 0; shards_only && k < g->n_shd; k++) {
+        ss += rb->shd[k];
+    }
+    if (g->scaler.dynamic) {
+        found = rb->found_inf;
     }
     double inv = mt_loss_scaler_inv_scale(&g->scaler);
     g->nonfinite = found != 0 || !isfinite(ss);

@@ -39,7 +39,8 @@
  * one-GPU machine (there the GPU's peak is not measured, so MFU is n/a), and against the emulator with its
  * emulated NCCL (MT_CUDA_EMU_NCCL, tests/gpu/emu/emu_nccl.cpp; one emulated device per rank): the engine over
  * collectives/coll_nccl.c, as on a multi-GPU node. Its mode nccl_shared (fewer emulated devices than ranks):
- * runtime.gpu_comm = "nccl" refused, "auto" through MPI.
+ * runtime.gpu_comm = "nccl" refused, "auto" through MPI; its mode host_waits: the host waits of a training step
+ * (the emulator's count) by layout, exactly those docs/gpu.md states.
  * SPDX-License-Identifier: MIT */
 #include "mt_build_config.h"
 
@@ -100,6 +101,10 @@ static const char *base[] = {
  * share a GPU; --shared: ranks free to share a GPU with runtime.gpu_comm = "auto", which must then choose MPI
  * by itself (sharing: more ranks on the host than GPUs). */
 static bool staged, shared_ok, sharing;
+
+#if MT_CUDA_EMULATED
+static size_t run_waits[MT_EMU_WAIT_KINDS]; /* the host waits of run_mesh's last job (mt_job_run), by kind */
+#endif
 
 /* The planner's device memory for the run's layout (plan/plan_mem_gpu.c: the trainer's init sized without a
  * device, the engine's buffers, the allocator's blocks) against what this rank's allocator accounted (its device
@@ -226,7 +231,18 @@ static mt_status_t run_mesh(const char *device, int tp, int pp, int n_extra, con
     if (!strcmp(device, "cuda")) {
         mt_dev_empty_cache(); /* a job starts from an empty allocator, as in a fresh process (and the plan) */
     }
+#if MT_CUDA_EMULATED
+    size_t w0[MT_EMU_WAIT_KINDS];
+    for (int k = 0; k < MT_EMU_WAIT_KINDS; k++) {
+        w0[k] = mt_emu_host_waits(k);
+    }
+#endif
     st = mt_job_run(cfg, &opts, res);
+#if MT_CUDA_EMULATED
+    for (int k = 0; k < MT_EMU_WAIT_KINDS; k++) {
+        run_waits[k] = mt_emu_host_waits(k) - w0[k];
+    }
+#endif
     if (st == MT_OK && !strcmp(device, "cuda")) {
         plan_matches(cfg, tp, pp, res);
     }
@@ -376,6 +392,69 @@ static void nccl_shared(void) {
     same_losses("gpu_comm = auto on a shared GPU (through MPI) vs cpu", &gpu, &cpu, 1e-3);
     mt_job_result_free(&cpu);
     mt_job_result_free(&gpu);
+}
+
+/* Host waits per training step over NCCL (the emulator's count, mt_emu_host_waits: calls that block the host until
+ * device work is done), each layout run for 3 and for 5 steps and the difference halved: the two stream
+ * synchronisations docs/gpu.md states (the micro-batch losses; the gradient's sum of squares, with the fp16
+ * overflow flag, read from pinned memory, no synchronous copy after them) and each forward's guard of its pinned
+ * token slot (one per micro-batch); no event or device synchronisation else, no synchronous copy, no cudaFree. */
+static void host_waits(void) {
+#if MT_CUDA_EMULATED
+    const mt_world_t *w = mt_rt_world();
+    static const char *kinds[] = {"stream", "event", "device", "copy", "free"};
+    struct {
+        const char *name;
+        int tp, pp, ga;
+        const char *extra[4];
+    } lay[] = {
+        {"ddp", 1, 1, 2, {"--parallel.engine=ddp", "--parallel.bucket_mb=0.001"}},
+        {"dp", 1, 1, 2, {"--parallel.engine=dp"}},
+        {"ddp, 4 micro-batches", 1, 1, 4, {"--train.grad_accum=4", "--train.global_batch=16"}},
+        {"fp16", 1, 1, 2, {"--precision.compute=fp16"}},
+        {"bf16", 1, 1, 2, {"--precision.compute=bf16"}},
+        {"zero-1", 1, 1, 2, {"--parallel.engine=zero", "--parallel.zero_stage=1"}},
+        {"zero-2", 1, 1, 2, {"--parallel.engine=zero", "--parallel.zero_stage=2"}},
+        {"zero-3", 1, 1, 2, {"--parallel.engine=zero", "--parallel.zero_stage=3", "--precision.compute=fp16"}},
+        {"pp 2, 1f1b", 1, 2, 2, {"--parallel.schedule=1f1b"}},
+        {"pp 2, gpipe", 1, 2, 2, {"--parallel.schedule=gpipe", "--precision.compute=fp16"}},
+        {"tp 2", 2, 1, 2, {"--precision.compute=fp16"}},
+        {"tp 2, sp", 2, 1, 2, {"--parallel.sequence_parallel=true"}},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(lay); i++) {
+        size_t got[2][MT_EMU_WAIT_KINDS];
+        for (int r = 0; r < 2; r++) {
+            const char *extra[6] = {r ? "--train.steps=5" : "--train.steps=3"};
+            int n = 1;
+            while (n < 5 && lay[i].extra[n - 1]) {
+                extra[n] = lay[i].extra[n - 1];
+                n++;
+            }
+            mt_job_result_t res;
+            memset(run_waits, 0, sizeof(run_waits));
+            mt_status_t st = run_mesh("cuda", lay[i].tp, lay[i].pp, n, extra, &res);
+            CHECK(st == MT_OK, "%s: %s (%s)", lay[i].name, mt_status_str(st), mt_last_error_msg());
+            memcpy(got[r], run_waits, sizeof(run_waits));
+            if (st == MT_OK) {
+                mt_job_result_free(&res);
+            }
+        }
+        char line[256];
+        int len = snprintf(line, sizeof(line), "host waits per step, %s:", lay[i].name);
+        for (int k = 0; k < MT_EMU_WAIT_KINDS; k++) {
+            size_t d = got[1][k] - got[0][k];
+            size_t want = k == MT_EMU_WAIT_STREAM ? 2 : k == MT_EMU_WAIT_EVENT ? (size_t)lay[i].ga : 0;
+            CHECK(got[1][k] >= got[0][k] && d == 2 * want, "%s, rank %d: %zu %s waits in steps 4-5, want %zu per step",
+                  lay[i].name, w->rank, d, kinds[k], want);
+            len += snprintf(line + len, sizeof(line) - (size_t)len, " %s %.1f", kinds[k], (double)d / 2);
+        }
+        if (w->rank == 0) {
+            printf("%s\n", line);
+        }
+    }
+#else
+    CHECK(false, "host_waits counts the CPU emulator's waits: run it in an emulated build");
+#endif
 }
 
 /* Whether this rank's GPU has an NVML energy counter (never under the emulator). */
@@ -1152,6 +1231,10 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "nccl_shared")) { /* ranks sharing a GPU where NCCL would be used */
         CHECK(sharing, "nccl_shared: %d ranks on this host, %d GPUs: they must share", w->local_size, ndev);
         nccl_shared();
+        goto cleanup;
+    }
+    if (!strcmp(mode, "host_waits")) { /* host waits per step, by layout */
+        host_waits();
         goto cleanup;
     }
     if (!strcmp(mode, "tensor_wide")) { /* tp = the world */

@@ -50,6 +50,23 @@ static std::atomic<size_t> emu_api_calls;
 size_t mt_emu_api_calls(void) {
     return emu_api_calls.load();
 }
+static std::atomic<size_t> host_waits[MT_EMU_WAIT_KINDS];
+static thread_local int wait_depth; /* inside a counted wait (or a poll): inner waits are not counted */
+size_t mt_emu_host_waits(int kind) {
+    return kind >= 0 && kind < MT_EMU_WAIT_KINDS ? host_waits[kind].load() : 0;
+}
+namespace {
+struct host_wait { /* kind < 0: a poll, whose inner synchronisation is no wait */
+    explicit host_wait(int kind) {
+        if (wait_depth++ == 0 && kind >= 0) {
+            host_waits[kind]++;
+        }
+    }
+    ~host_wait() {
+        wait_depth--;
+    }
+};
+} // namespace
 /* Emulated devices: 1, or MESHTRAIN_EMU_DEVICES (1-64), for the emulated NCCL (emu_nccl.cpp: one device per
  * rank, as NCCL wants). They share one memory, this process's. */
 static int emu_devices() {
@@ -99,6 +116,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+    host_wait hw(MT_EMU_WAIT_FREE);
     emu_api_calls++;
     if (!p) {
         return cudaSuccess;
@@ -123,6 +141,7 @@ cudaError_t cudaMallocHost(void **p, size_t bytes) {
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFreeHost(void *p) {
+    host_wait hw(MT_EMU_WAIT_FREE);
     emu_api_calls++;
     if (p) {
         cudaDeviceSynchronize(); /* as CUDA */
@@ -398,6 +417,7 @@ void mt_emu_run_to_event(cudaEvent_t e) {
 
 extern "C" {
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k) {
+    host_wait hw(k == cudaMemcpyDeviceToDevice ? -1 : MT_EMU_WAIT_COPY); /* device to device: no host wait */
     emu_api_calls++;
     std::lock_guard<std::recursive_mutex> g(smu);
     if (lazy()) {
@@ -500,6 +520,7 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    host_wait hw(MT_EMU_WAIT_STREAM);
     emu_api_calls++;
     std::lock_guard<std::recursive_mutex> g(smu);
     if ((uintptr_t)s == 0) {
@@ -517,6 +538,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
+    host_wait hw(MT_EMU_WAIT_DEVICE);
     emu_api_calls++;
     std::lock_guard<std::recursive_mutex> g(smu);
     drain_all();
@@ -569,6 +591,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    host_wait hw(MT_EMU_WAIT_EVENT);
     std::lock_guard<std::recursive_mutex> g(smu);
     uintptr_t k = (uintptr_t)e;
     if (!ran(k, ev_gen[k])) {
@@ -585,6 +608,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
     if (!mt_emu_on_worker()) { /* without smu: the worker may hold it while it runs queued work */
         return mirror_latest_ran((uintptr_t)e) ? cudaSuccess : cudaErrorNotReady;
     }
+    host_wait poll(-1);
     return cudaEventSynchronize(e);
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {

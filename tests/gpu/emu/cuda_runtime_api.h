@@ -65,6 +65,18 @@ cudaError_t cudaSetDevice(int d);
  * device state (allocations, copies, sets, streams, events, kernel launches, cuBLASLt handles). */
 size_t mt_emu_device_bytes(void);
 size_t mt_emu_api_calls(void);
+/* Host waits so far, by kind: calls that block the calling thread until device work queued before them is done
+ * (on a device as here). An inner wait of such a call (cudaFree's device synchronisation) is not counted
+ * again; a poll (cudaEventQuery) is not a wait. */
+enum {
+    MT_EMU_WAIT_STREAM, /* cudaStreamSynchronize (also an asynchronous copy into pageable host memory) */
+    MT_EMU_WAIT_EVENT,  /* cudaEventSynchronize */
+    MT_EMU_WAIT_DEVICE, /* cudaDeviceSynchronize */
+    MT_EMU_WAIT_COPY,   /* cudaMemcpy to or from the host */
+    MT_EMU_WAIT_FREE,   /* cudaFree, cudaFreeHost */
+    MT_EMU_WAIT_KINDS
+};
+size_t mt_emu_host_waits(int kind);
 
 #ifdef __cplusplus
 }
