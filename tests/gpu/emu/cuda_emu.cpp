@@ -56,7 +56,7 @@ size_t mt_emu_host_waits(int kind) {
     return kind >= 0 && kind < MT_EMU_WAIT_KINDS ? host_waits[kind].load() : 0;
 }
 namespace {
-struct host_wait { /* kind < 0: a poll, whose inner synchronisation is no wait */
+struct host_wait { /* kind < 0: a poll, or a call CUDA returns from at once: its inner synchronisation is no wait */
     explicit host_wait(int kind) {
         if (wait_depth++ == 0 && kind >= 0) {
             host_waits[kind]++;
@@ -116,11 +116,11 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
-    host_wait hw(MT_EMU_WAIT_FREE);
     emu_api_calls++;
-    if (!p) {
+    if (!p) { /* freeing NULL waits for nothing */
         return cudaSuccess;
     }
+    host_wait hw(MT_EMU_WAIT_FREE);
     cudaDeviceSynchronize(); /* as CUDA: the device's queued work runs first */
     std::lock_guard<std::mutex> g(mem_mu);
     auto it = allocs.find(p);
@@ -141,9 +141,9 @@ cudaError_t cudaMallocHost(void **p, size_t bytes) {
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFreeHost(void *p) {
-    host_wait hw(MT_EMU_WAIT_FREE);
     emu_api_calls++;
     if (p) {
+        host_wait hw(MT_EMU_WAIT_FREE);
         cudaDeviceSynchronize(); /* as CUDA */
         mt_emu_pin(p, 0, false);
     }
@@ -532,6 +532,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    host_wait no_wait(-1); /* CUDA returns at once; the emulator runs the queue here, which no caller waits for */
     cudaStreamSynchronize(s); /* its queued work still runs, as on a device */
     std::lock_guard<std::recursive_mutex> g(smu);
     squeues.erase((uintptr_t)s);
@@ -592,6 +593,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     host_wait hw(MT_EMU_WAIT_EVENT);
+    emu_api_calls++;
     std::lock_guard<std::recursive_mutex> g(smu);
     uintptr_t k = (uintptr_t)e;
     if (!ran(k, ev_gen[k])) {
