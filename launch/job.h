@@ -143,7 +143,17 @@ typedef struct {
      * holds from the driver (*reserved). The metrics then report device bytes in mem_bytes and in the
      * result's mem_peak, with the host's peak next to them. */
     void (*device_mem)(void *ctx, mt_mem_stats_t *stats, int64_t *reserved);
+    /* Optional, both or neither (NULL: evaluation calls run_batch, or the loop's forward, batch by batch):
+     * evaluation without a wait per batch. eval_batch queues the forward of validation batch b into slot i
+     * (0 <= i < MT_JOB_EVAL_CHUNK) and returns without waiting for it; eval_losses waits once for slots
+     * [0, n) and gives losses[i] = this rank's mean loss of slot i's batch, as run_batch's *loss, before
+     * reduce_loss. The loop calls eval_losses after at most MT_JOB_EVAL_CHUNK eval_batch calls. */
+    mt_status_t (*eval_batch)(void *ctx, const mt_batch_t *b, int64_t i);
+    mt_status_t (*eval_losses)(void *ctx, int64_t n, double *losses);
 } mt_job_engine_t;
+
+/* Validation batches an engine with eval_batch holds in flight: one wait per this many (train.eval_batches). */
+#define MT_JOB_EVAL_CHUNK 256
 
 /* The engine of a single process: the model's own flat buffers, one optimizer over every parameter
  * (weight decay on 2-D weights), nothing to communicate. */

@@ -598,10 +598,14 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     mt_gpt2_cuda_shard(e->g, &e->sh_lo, &e->sh_hi, &e->sh_len);
     e->numel = mt_gpt2_cuda_numel(e->g); /* the stage's parameters */
     e->cstream = (cudaStream_t)mt_gpt2_cuda_stream(e->g);
-    MT_CHECK_GOTO(
-        mt_dev_malloc((void **)&e->loss_dev, (size_t)e->ga * 4, MT_MEM_OTHER, "cuda engine losses", e->cstream), st,
-        fail);
-    MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&e->loss_host, (size_t)e->ga * 4), "pinned losses"), st, fail);
+    /* a step's micro-batch losses, or an evaluation's (up to MT_JOB_EVAL_CHUNK batches read at once) */
+    int64_t evals = mt_config_int(info->cfg, "train.eval_every") > 0 ? mt_config_int(info->cfg, "train.eval_batches")
+                                                                       : 1;
+    e->loss_slots = e->ga * MT_MAX(1, MT_MIN(evals, (int64_t)MT_JOB_EVAL_CHUNK));
+    size_t loss_bytes = (size_t)e->loss_slots * 4;
+    MT_CHECK_GOTO(mt_dev_malloc((void **)&e->loss_dev, loss_bytes, MT_MEM_OTHER, "cuda engine losses", e->cstream), st,
+                  fail);
+    MT_CHECK_GOTO(mt_cuda_status(cudaMallocHost((void **)&e->loss_host, loss_bytes), "pinned losses"), st, fail);
     /* a pipeline message: the stage boundary's residual rows (with sequence parallelism this tp rank's share) */
     e->act_elems = (size_t)(e->mb * e->T) * (size_t)mt_model_config(e->model)->n_embd;
     e->act_elems /= mt_model_config(e->model)->sequence_parallel ? (size_t)e->tp : 1u;
@@ -669,15 +673,16 @@ static mt_status_t ce_zero_grads(void *ctx) {
     return mt_gpt2_cuda_zero_grads(e->g);
 }
 
-static mt_status_t ce_run_batch(void *ctx, const mt_batch_t *b, bool backward, double *loss) {
-    cuda_engine_t *e = ctx;
+/* Queues forward (and backward) of batch b's micro-batches on the compute stream, micro-batch k's mean loss into
+ * slots[k] on the device (the last stage's, under pp); waits for nothing but the pinned token slots. */
+static mt_status_t queue_batch(cuda_engine_t *e, const mt_batch_t *b, bool backward, float *slots) {
     if (e->pp > 1) {
-        return cuda_engine_pp_run_batch(e, b, backward, loss);
+        return cuda_engine_pp_queue_batch(e, b, backward, slots);
     }
     size_t n = (size_t)(e->mb * e->T);
     for (int64_t k = 0; k < e->ga; k++) {
         MT_CHECK(mt_gpt2_cuda_forward(e->g, b->inputs + k * n, b->targets + k * n));
-        CU(cudaMemcpyAsync(e->loss_dev + k, mt_gpt2_cuda_loss_dev(e->g), 4, cudaMemcpyDeviceToDevice, e->cstream));
+        CU(cudaMemcpyAsync(slots + k, mt_gpt2_cuda_loss_dev(e->g), 4, cudaMemcpyDeviceToDevice, e->cstream));
         if (backward) {
             /* the gradients are final in the last micro-batch; ZeRO-2 takes every micro-batch's away */
             e->final_pass = k + 1 == e->ga;
@@ -688,15 +693,54 @@ static mt_status_t ce_run_batch(void *ctx, const mt_batch_t *b, bool backward, d
             MT_CHECK(st);
         }
     }
-    /* the one wait of forward/backward: the losses (the all-reduces go on on their own stream) */
-    CU(cudaMemcpyAsync(e->loss_host, e->loss_dev, (size_t)e->ga * 4, cudaMemcpyDeviceToHost, e->cstream));
-    CU(cudaStreamSynchronize(e->cstream));
-    double sum = 0.0;
-    for (int64_t k = 0; k < e->ga; k++) {
-        sum += (double)e->loss_host[k];
-    }
-    *loss = sum / (double)e->ga;
     return MT_OK;
+}
+
+/* The one wait of forward/backward (the all-reduces go on on their own stream): the micro-batch losses of the
+ * n batches queued into the slots, through pinned memory; means[i] = batch i's mean loss (the pipeline's
+ * last stage's, broadcast to every stage). */
+static mt_status_t read_losses(cuda_engine_t *e, int64_t n, double *means) {
+    if (n * e->ga > e->loss_slots) {
+        return mt_error(MT_ERR_INVALID_USAGE, "cuda engine: %lld batches' losses, room for %lld", (long long)n,
+                        (long long)(e->loss_slots / e->ga));
+    }
+    if (e->pp == 1 || e->last) {
+        CU(cudaMemcpyAsync(e->loss_host, e->loss_dev, (size_t)(n * e->ga) * 4, cudaMemcpyDeviceToHost, e->cstream));
+    }
+    CU(cudaStreamSynchronize(e->cstream));
+    for (int64_t i = 0; i < n; i++) {
+        const float *l = e->loss_host + i * e->ga;
+        double sum = 0.0;
+        for (int64_t k = 0; (e->pp == 1 || e->last) && k < e->ga; k++) {
+            sum += (double)l[k];
+        }
+        means[i] = sum / (double)e->ga;
+    }
+    if (e->pp > 1) {
+        MT_CHECK(mt_coll_broadcast(e->pplcomm, means, means, (size_t)n, MT_COLL_F64, e->pp - 1, NULL, NULL));
+        e->sent_other += e->last ? 8.0 * (double)n * (double)(e->pp - 1) / (double)e->pp : 0.0;
+    }
+    return MT_OK;
+}
+
+static mt_status_t ce_run_batch(void *ctx, const mt_batch_t *b, bool backward, double *loss) {
+    cuda_engine_t *e = ctx;
+    MT_CHECK(queue_batch(e, b, backward, e->loss_dev));
+    return read_losses(e, 1, loss);
+}
+
+/* Evaluation: batch after batch on the compute stream, one wait for all their losses (MT_JOB_EVAL_CHUNK). */
+static mt_status_t ce_eval_batch(void *ctx, const mt_batch_t *b, int64_t i) {
+    cuda_engine_t *e = ctx;
+    if (i < 0 || (i + 1) * e->ga > e->loss_slots) {
+        return mt_error(MT_ERR_INVALID_USAGE, "cuda engine: evaluation slot %lld of %lld", (long long)i,
+                        (long long)(e->loss_slots / e->ga));
+    }
+    return queue_batch(e, b, false, e->loss_dev + i * e->ga);
+}
+
+static mt_status_t ce_eval_losses(void *ctx, int64_t n, double *losses) {
+    return read_losses(ctx, n, losses);
 }
 
 static mt_status_t ce_finish_grads(void *ctx) {
@@ -914,6 +958,8 @@ static const mt_job_engine_t cuda_engine = {
     .ckpt_set_step = ce_ckpt_set_step,
     .ckpt_loaded = ce_ckpt_loaded,
     .run_batch = ce_run_batch,
+    .eval_batch = ce_eval_batch,
+    .eval_losses = ce_eval_losses,
     .any_precision = true,
     .own_activations = true,
     .pipelines = true,

@@ -49,8 +49,9 @@ typedef struct {
     double sent_tp, sent_pp;  /* bytes this rank sent in the step (docs/metrics.md): tp collectives, pipeline */
     double sent_dp;           /* ... and data-parallel gradients and weights (their sum: comm_bytes "model") */
     double sent_other;        /* ... and the rest (loss, norm) */
-    float *loss_dev;          /* ga floats on the device: each micro-batch's mean loss */
-    float *loss_host;         /* pinned ga floats */
+    float *loss_dev;          /* loss_slots floats on the device: each micro-batch's mean loss, batch after batch */
+    float *loss_host;         /* pinned loss_slots floats */
+    int64_t loss_slots;       /* ga x the most batches read at once (1; an evaluation's, up to MT_JOB_EVAL_CHUNK) */
     float *h_m, *h_v;         /* host staging of AdamW's moments for checkpoints (allocated on first use) */
     mt_nvml_t nvml;           /* NULL: no energy figures */
     mt_energy_steps_t energy; /* per-step energy from the counter (runtime/nvml.h) */
@@ -88,11 +89,12 @@ mt_status_t cuda_engine_axis_comms(const cuda_engine_t *e, const mt_job_info_t *
 
 /* job_cuda_mp.c: the pipeline's communicators (activations, scalars, the tied wte's pair), the tp group's
  * device communicator, the norm's host communicator (tp x pp, x dp under ZeRO), each collective over
- * info->comm; one step's batch through this rank's stage; e->tp_ops, the trainer's tp collectives. */
+ * info->comm; one batch through this rank's stage, queued (its losses into slots on the last stage);
+ * e->tp_ops, the trainer's tp collectives. */
 mt_status_t cuda_engine_pp_comms_init(cuda_engine_t *e, const mt_job_info_t *info);
 mt_status_t cuda_engine_tp_comms_init(cuda_engine_t *e, const mt_job_info_t *info);
 mt_status_t cuda_engine_norm_comm_init(cuda_engine_t *e, const mt_job_info_t *info);
-mt_status_t cuda_engine_pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool backward, double *loss);
+mt_status_t cuda_engine_pp_queue_batch(cuda_engine_t *e, const mt_batch_t *b, bool backward, float *slots);
 void cuda_engine_tp_ops(cuda_engine_t *e);
 
 #endif /* MT_JOB_CUDA_IMPL_H */

@@ -131,10 +131,10 @@ static mt_status_t pp_exchange(cuda_engine_t *e, pp_send_t *pend, void *rbuf, in
     return st != MT_OK ? st : end;
 }
 
-/* The pipeline's forward (and backward) of one step's batch b on this stage, by the schedule: activations
+/* The pipeline's forward (and backward) of one batch b on this stage, by the schedule, queued: activations
  * and their gradients through NCCL send/recv on the compute stream, each micro-batch in flight in its own
- * activation set of the trainer. *loss: the last stage's mean loss, broadcast to every stage. */
-mt_status_t cuda_engine_pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool backward, double *loss) {
+ * activation set of the trainer; on the last stage micro-batch k's mean loss into slots[k] on the device. */
+mt_status_t cuda_engine_pp_queue_batch(cuda_engine_t *e, const mt_batch_t *b, bool backward, float *slots) {
     size_t n = (size_t)(e->mb * e->T), es = mt_dtype_size(mt_prec_storage(e->prec)), bytes = e->act_elems * es;
     int m = (int)e->ga, ops[2 * MT_JOB_CUDA_MAX_PP_MICROBATCHES];
     if (2 * m > (int)MT_ARRAY_LEN(ops)) {
@@ -162,8 +162,7 @@ mt_status_t cuda_engine_pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool
             MT_CHECK(mt_gpt2_cuda_forward(e->g, tok, tgt));
             void *out = mt_gpt2_cuda_stage_output(e->g);
             if (e->last) {
-                CU(cudaMemcpyAsync(e->loss_dev + k, mt_gpt2_cuda_loss_dev(e->g), 4, cudaMemcpyDeviceToDevice,
-                                   e->cstream));
+                CU(cudaMemcpyAsync(slots + k, mt_gpt2_cuda_loss_dev(e->g), 4, cudaMemcpyDeviceToDevice, e->cstream));
             } else {
                 CU(cudaMemcpyAsync(e->sendbuf, out, bytes, cudaMemcpyDeviceToDevice, e->cstream));
                 pend = (pp_send_t){e->sendbuf, e->stage + 1};
@@ -183,19 +182,7 @@ mt_status_t cuda_engine_pp_run_batch(cuda_engine_t *e, const mt_batch_t *b, bool
             pend = (pp_send_t){e->sendbuf, e->stage - 1};
         }
     }
-    MT_CHECK(pp_exchange(e, &pend, NULL, -1));
-    double mean = 0.0;
-    if (e->last) {
-        CU(cudaMemcpyAsync(e->loss_host, e->loss_dev, (size_t)e->ga * 4, cudaMemcpyDeviceToHost, e->cstream));
-    }
-    CU(cudaStreamSynchronize(e->cstream));
-    for (int64_t k = 0; e->last && k < e->ga; k++) {
-        mean += (double)e->loss_host[k] / (double)e->ga;
-    }
-    MT_CHECK(mt_coll_broadcast(e->pplcomm, &mean, &mean, 1, MT_COLL_F64, e->pp - 1, NULL, NULL));
-    e->sent_other += e->last ? 8.0 * (double)(e->pp - 1) / (double)e->pp : 0.0;
-    *loss = mean;
-    return MT_OK;
+    return pp_exchange(e, &pend, NULL, -1);
 }
 
 #endif /* MT_HAVE_CUDA */

@@ -1,6 +1,6 @@
 /* Per-rank device memory of a layout on the GPU engine (launch/job_cuda.c), by allocator category: the device
  * trainer's own allocations, sized by its init code run without a device (mt_gpt2_cuda_requests, registered by
- * builds with the GPU path), with the parameters the engine passes it, then the engine's (the step's losses, a
+ * builds with the GPU path), with the parameters the engine passes it, then the engine's (the losses, a
  * pipeline stage's send buffer), all replayed in order through the caching allocator (mt_cuda_alloc_replay) so
  * each counts as the block it would take; plus NCCL's scratch per device communicator.
  * SPDX-License-Identifier: MIT */
@@ -52,9 +52,10 @@ mt_status_t plan_stage_mem_gpu(const mt_plan_job_t *job, mt_model_t m, const int
     mt_mem_cat_t cats[CAP];
     int n = 0;
     MT_CHECK(gpu_requests(m, &gp, bytes, cats, CAP - 2, &n));
-    /* the engine's, after the trainer's and on its stream: each micro-batch's loss, the pipeline's send buffer
-     * (the stage boundary's rows: with sequence parallelism this tp rank's share) */
-    bytes[n] = (size_t)l->microbatches * 4;
+    /* the engine's, after the trainer's and on its stream: each micro-batch's loss (of every batch an evaluation
+     * reads at once), the pipeline's send buffer (the stage boundary's rows: with sequence parallelism this tp
+     * rank's share) */
+    bytes[n] = (size_t)l->microbatches * (size_t)MT_MAX(job->eval_batches, 1) * 4;
     cats[n++] = MT_MEM_OTHER;
     if (l->pp > 1) {
         size_t rows = (size_t)l->micro_batch * (size_t)job->seq_len / (mc->sequence_parallel ? (size_t)l->tp : 1u);

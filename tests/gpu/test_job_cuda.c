@@ -398,7 +398,9 @@ static void nccl_shared(void) {
  * device work is done), each layout run for 3 and for 5 steps and the difference halved: the two stream
  * synchronisations docs/gpu.md states (the micro-batch losses; the gradient's sum of squares, with the fp16
  * overflow flag, read from pinned memory, no synchronous copy after them) and each forward's guard of its pinned
- * token slot (one per micro-batch); no event or device synchronisation else, no synchronous copy, no cudaFree. */
+ * token slot (one per micro-batch); no event or device synchronisation else, no synchronous copy, no cudaFree.
+ * And a 3-step run with an evaluation of 3 batches at its end against one without: the evaluation's batches
+ * queued back to back and one stream synchronisation for all their losses (each forward's token guard aside). */
 static void host_waits(void) {
 #if MT_CUDA_EMULATED
     const mt_world_t *w = mt_rt_world();
@@ -422,13 +424,17 @@ static void host_waits(void) {
         {"tp 2, sp", 2, 1, 2, {"--parallel.sequence_parallel=true"}},
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(lay); i++) {
-        size_t got[2][MT_EMU_WAIT_KINDS];
-        for (int r = 0; r < 2; r++) {
-            const char *extra[6] = {r ? "--train.steps=5" : "--train.steps=3"};
+        size_t got[3][MT_EMU_WAIT_KINDS];
+        for (int r = 0; r < 3; r++) { /* 3 steps, 5 steps, 3 steps and an evaluation of 3 batches at the end */
+            const char *extra[8] = {r == 1 ? "--train.steps=5" : "--train.steps=3"};
             int n = 1;
             while (n < 5 && lay[i].extra[n - 1]) {
                 extra[n] = lay[i].extra[n - 1];
                 n++;
+            }
+            if (r == 2) {
+                extra[n++] = "--train.eval_every=100";
+                extra[n++] = "--train.eval_batches=3";
             }
             mt_job_result_t res;
             memset(run_waits, 0, sizeof(run_waits));
@@ -439,7 +445,7 @@ static void host_waits(void) {
                 mt_job_result_free(&res);
             }
         }
-        char line[256];
+        char line[512];
         int len = snprintf(line, sizeof(line), "host waits per step, %s:", lay[i].name);
         for (int k = 0; k < MT_EMU_WAIT_KINDS; k++) {
             size_t d = got[1][k] - got[0][k];
@@ -447,6 +453,15 @@ static void host_waits(void) {
             CHECK(got[1][k] >= got[0][k] && d == 2 * want, "%s, rank %d: %zu %s waits in steps 4-5, want %zu per step",
                   lay[i].name, w->rank, d, kinds[k], want);
             len += snprintf(line + len, sizeof(line) - (size_t)len, " %s %.1f", kinds[k], (double)d / 2);
+        }
+        /* the evaluation queues its batches back to back: one stream synchronisation for the 3 batches' losses */
+        len += snprintf(line + len, sizeof(line) - (size_t)len, "; evaluation of 3 batches:");
+        for (int k = 0; k < MT_EMU_WAIT_KINDS; k++) {
+            size_t d = got[2][k] - got[0][k];
+            size_t want = k == MT_EMU_WAIT_STREAM ? 1 : k == MT_EMU_WAIT_EVENT ? 3 * (size_t)lay[i].ga : 0;
+            CHECK(got[2][k] >= got[0][k] && d == want, "%s, rank %d: an evaluation of 3 batches made %zu %s waits, "
+                  "want %zu", lay[i].name, w->rank, d, kinds[k], want);
+            len += snprintf(line + len, sizeof(line) - (size_t)len, " %s %zu", kinds[k], d);
         }
         if (w->rank == 0) {
             printf("%s\n", line);
@@ -700,7 +715,8 @@ static void zero_comm_bytes(const char *dir) {
  * itself tested equal to the single process): the GPipe and 1F1B schedules give the CPU pipeline's losses
  * and gradient norms (1e-3; the norm counts the tied wte once) and each other's (SAME_TOL: the same
  * operations in another order), model.recompute = "block" (the activation sets sharing one block's internals)
- * 1F1B's, and evaluation (forward only) the CPU pipeline's validation losses; a
+ * 1F1B's, and evaluation (forward only, 70 batches queued and read with one wait) the CPU pipeline's
+ * validation losses, with their loss slots in the planner's device memory; a
  * pipeline checkpoint resumes on the GPU pipeline (SAME_TOL) and on the
  * CPU pipeline (1e-3); each stage holds only its parameters (device parameter bytes below 0.75 of the whole
  * model's on one GPU); ZeRO-2 with dp = 1 trains as without it (ZeRO over dp with a pipeline: `test_job_cuda
@@ -715,9 +731,10 @@ static void pipeline(const char *dir) {
     const char *l4[] = {"--model.n_layer=4", "--parallel.schedule=1f1b"};
     CHECK_OK(run("cuda", 1, l4, &whole)); /* dp 2: the whole model on each GPU */
     const char *l4g[] = {"--model.n_layer=4", "--parallel.schedule=gpipe"};
-    const char *l4e[] = {"--model.n_layer=4", "--parallel.schedule=1f1b", "--train.eval_every=2"};
-    CHECK_OK(run_pp("cpu", pp, 3, l4e, &cpu));
-    CHECK_OK(run_pp("cuda", pp, 3, l4e, &g1));
+    const char *l4e[] = {"--model.n_layer=4", "--parallel.schedule=1f1b", "--train.eval_every=4",
+                         "--train.eval_batches=70"}; /* 140 loss slots: 560 bytes, past one 512-byte block */
+    CHECK_OK(run_pp("cpu", pp, 4, l4e, &cpu));
+    CHECK_OK(run_pp("cuda", pp, 4, l4e, &g1));
     /* evaluation runs the pipeline's forward only: the CPU pipeline's validation losses */
     CHECK(g1.n_evals == cpu.n_evals && g1.n_evals >= 2, "pp 2: %lld evaluations, cpu pipeline %lld",
           (long long)g1.n_evals, (long long)cpu.n_evals);
