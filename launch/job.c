@@ -293,8 +293,10 @@ static mt_status_t run_batch(job_t *j, const mt_batch_t *b, bool backward, doubl
 }
 
 /* The validation loss: the mean over train.eval_batches batches of each batch's global mean loss. An engine with
- * eval_batch queues up to MT_JOB_EVAL_CHUNK batches back to back and reads their losses with one wait; each is
- * then reduced on its own, as run_batch's, so the figure is the same either way. */
+ * eval_batch queues up to MT_JOB_EVAL_CHUNK batches back to back and reads their losses with one wait; others run
+ * a chunk's batches one by one. Each loss is then reduced on its own, as before, so the figure is the same either
+ * way; the chunk's reductions come after its batches on every rank alike, so each communicator still sees one
+ * order of collectives on all ranks. */
 static mt_status_t evaluate(job_t *j, double *val_loss) {
     int64_t nb = mt_config_int(j->cfg, "train.eval_batches");
     bool queued = j->engine->eval_batch && j->engine->eval_losses;

@@ -143,7 +143,8 @@ typedef struct {
      * holds from the driver (*reserved). The metrics then report device bytes in mem_bytes and in the
      * result's mem_peak, with the host's peak next to them. */
     void (*device_mem)(void *ctx, mt_mem_stats_t *stats, int64_t *reserved);
-    /* Optional, both or neither (NULL: evaluation calls run_batch, or the loop's forward, batch by batch):
+    /* Optional, both or neither (NULL: evaluation calls run_batch, or the loop's forward, batch by batch, and
+     * reduce_loss after each chunk of them):
      * evaluation without a wait per batch. eval_batch queues the forward of validation batch b into slot i
      * (0 <= i < MT_JOB_EVAL_CHUNK) and returns without waiting for it; eval_losses waits once for slots
      * [0, n) and gives losses[i] = this rank's mean loss of slot i's batch, as run_batch's *loss, before

@@ -674,7 +674,8 @@ static mt_status_t ce_zero_grads(void *ctx) {
 }
 
 /* Queues forward (and backward) of batch b's micro-batches on the compute stream, micro-batch k's mean loss into
- * slots[k] on the device (the last stage's, under pp); waits for nothing but the pinned token slots. */
+ * slots[k] on the device (the last stage's, under pp); waits for nothing but the pinned token slots (and, with
+ * runtime.gpu_comm = "mpi", the staged collectives, which block the host). */
 static mt_status_t queue_batch(cuda_engine_t *e, const mt_batch_t *b, bool backward, float *slots) {
     if (e->pp > 1) {
         return cuda_engine_pp_queue_batch(e, b, backward, slots);
@@ -733,8 +734,8 @@ static mt_status_t ce_run_batch(void *ctx, const mt_batch_t *b, bool backward, d
 static mt_status_t ce_eval_batch(void *ctx, const mt_batch_t *b, int64_t i) {
     cuda_engine_t *e = ctx;
     if (i < 0 || (i + 1) * e->ga > e->loss_slots) {
-        return mt_error(MT_ERR_INVALID_USAGE, "cuda engine: evaluation slot %lld of %lld", (long long)i,
-                        (long long)(e->loss_slots / e->ga));
+        return mt_error(MT_ERR_INVALID_USAGE, "cuda engine: evaluation slot %lld, room for %lld batches (sized from "
+                        "train.eval_batches at init)", (long long)i, (long long)(e->loss_slots / e->ga));
     }
     return queue_batch(e, b, false, e->loss_dev + i * e->ga);
 }
