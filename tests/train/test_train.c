@@ -1,6 +1,7 @@
 /* The training loop end to end on one process: synthetic data is learnt (loss below a stated bound),
  * the same seed reproduces every loss bit for bit, gradient accumulation over k micro-batches matches one
- * batch, prefetching changes nothing, and bad input is refused with MT_ERR_INVALID_ARG and a message.
+ * batch, prefetching changes nothing, bad input is refused with MT_ERR_INVALID_ARG and a message, and an
+ * engine's queued evaluation (eval_batch/eval_losses, in chunks) gives the loop's own validation loss.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
 #include <stdlib.h>
@@ -323,6 +324,99 @@ static void test_engine_and_on_nan(void) {
     mt_job_result_free(&r);
 }
 
+/* The loop's evaluation through an engine's eval_batch/eval_losses: 300 validation batches are queued in two
+ * chunks (slots 0..255, read at once, then 0..43) and give exactly the validation losses of the loop's own
+ * batch-by-batch forward. The engine computes each batch's loss at queueing time with its own activations, as
+ * the loop does (the mean of its micro-batch losses). */
+static struct {
+    mt_model_t model;
+    mt_acts_t acts;
+    int64_t mb, T, ga;
+    double slot[MT_JOB_EVAL_CHUNK];
+    int queued, reads, read_n[4], max_slot;
+} evspy;
+
+static mt_status_t evspy_init(const mt_job_info_t *info, void **ctx) {
+    evspy.model = info->model;
+    evspy.mb = info->micro_batch;
+    evspy.T = info->seq_len;
+    evspy.ga = info->grad_accum;
+    MT_CHECK(mt_acts_init(info->model, (int)evspy.mb, (int)evspy.T, &evspy.acts));
+    return mt_job_engine_local()->init(info, ctx);
+}
+
+static mt_status_t evspy_batch(void *ctx, const mt_batch_t *b, int64_t i) {
+    if (i < 0 || i >= MT_JOB_EVAL_CHUNK) {
+        return mt_error(MT_ERR_INTERNAL, "evaluation slot %lld", (long long)i);
+    }
+    int n = mt_model_n_modules(evspy.model);
+    double sum = 0.0;
+    for (int64_t k = 0; k < evspy.ga; k++) {
+        float l = 0.0f;
+        const int64_t off = k * evspy.mb * evspy.T;
+        MT_CHECK(mt_model_forward(evspy.model, evspy.acts, 0, n, b->inputs + off, b->targets + off, NULL, NULL, &l));
+        sum += (double)l;
+    }
+    evspy.slot[i] = sum / (double)evspy.ga;
+    evspy.queued++;
+    evspy.max_slot = (int)MT_MAX(evspy.max_slot, i);
+    return MT_OK;
+}
+
+static mt_status_t evspy_losses(void *ctx, int64_t n, double *losses) {
+    if (evspy.reads < (int)MT_ARRAY_LEN(evspy.read_n)) {
+        evspy.read_n[evspy.reads] = (int)n;
+    }
+    evspy.reads++;
+    memcpy(losses, evspy.slot, (size_t)n * sizeof(double));
+    return MT_OK;
+}
+
+static void evspy_free(void *ctx) {
+    mt_acts_free(evspy.acts);
+    evspy.acts = NULL;
+    mt_job_engine_local()->free(ctx);
+}
+
+static mt_status_t local_zero(void *ctx) {
+    return mt_job_engine_local()->zero_grads(ctx);
+}
+static mt_status_t local_finish(void *ctx) {
+    return mt_job_engine_local()->finish_grads(ctx);
+}
+static mt_status_t local_sumsq(void *ctx, double *total) {
+    return mt_job_engine_local()->grad_sumsq(ctx, total);
+}
+
+static const mt_job_engine_t evspy_engine = {.name = "evspy", .init = evspy_init, .zero_grads = local_zero,
+                                             .finish_grads = local_finish, .grad_sumsq = local_sumsq,
+                                             .step = spy_step, .reduce_loss = spy_loss, .free = evspy_free,
+                                             .eval_batch = evspy_batch, .eval_losses = evspy_losses};
+
+static void test_eval_hooks(void) {
+    const char *extra[] = {"--train.steps=2", "--train.micro_batch=2", "--train.eval_every=2",
+                           "--train.eval_batches=300"};
+    mt_job_result_t plain, q;
+    CHECK_OK(run(4, extra, true, NULL, &plain));
+    mt_config_t *cfg = config(4, extra);
+    memset(&evspy, 0, sizeof(evspy));
+    mt_job_opts_t opts = MT_JOB_OPTS_INIT;
+    opts.engine = &evspy_engine;
+    CHECK_OK(cfg ? mt_job_run(cfg, &opts, &q) : MT_ERR_INVALID_ARG);
+    mt_config_free(cfg);
+    CHECK(evspy.queued == 300 && evspy.reads == 2 && evspy.read_n[0] == MT_JOB_EVAL_CHUNK && evspy.read_n[1] == 44 &&
+              evspy.max_slot == MT_JOB_EVAL_CHUNK - 1,
+          "300 validation batches: %d queued, %d reads (%d, %d), highest slot %d; want 300 in reads of 256 and 44",
+          evspy.queued, evspy.reads, evspy.read_n[0], evspy.read_n[1], evspy.max_slot);
+    CHECK(plain.n_evals == 1 && q.n_evals == 1 && plain.val_loss[0] == q.val_loss[0] &&
+              memcmp(plain.loss, q.loss, 2 * sizeof(double)) == 0,
+          "queued evaluation: validation loss %.17g, the loop's own %.17g (%lld, %lld evaluations)",
+          q.n_evals ? q.val_loss[0] : NAN, plain.n_evals ? plain.val_loss[0] : NAN, (long long)q.n_evals,
+          (long long)plain.n_evals);
+    mt_job_result_free(&q);
+    mt_job_result_free(&plain);
+}
+
 /* model.init = "llmc:PATH": a checkpoint of the seed-7 initial weights trains exactly as seed 7's random
  * initialisation does (same data: same train.seed), and one of seed 8's does not; a config value that
  * contradicts the checkpoint is refused naming both. */
@@ -382,5 +476,6 @@ int main(int argc, char **argv) {
     test_bad_input();
     test_llmc_init();
     test_engine_and_on_nan();
+    test_eval_hooks();
     return mt_test_finish_mpi("test_train");
 }
