@@ -324,16 +324,21 @@ static void test_engine_and_on_nan(void) {
     mt_job_result_free(&r);
 }
 
-/* The loop's evaluation through an engine's eval_batch/eval_losses: 300 validation batches are queued in two
- * chunks (slots 0..255, read at once, then 0..43) and give exactly the validation losses of the loop's own
- * batch-by-batch forward. The engine computes each batch's loss at queueing time with its own activations, as
- * the loop does (the mean of its micro-batch losses). */
+/* The loop's evaluation through an engine's eval_batch/eval_losses: two evaluations of 300 validation batches
+ * (after steps 2 and 3), each queued in two chunks (slots 0..255, read at once, then 0..43), give exactly the
+ * validation losses of the loop's own batch-by-batch forward and the same training losses. The engine computes
+ * each batch's loss at queueing time with its own activations, as the loop does (the mean of its micro-batch
+ * losses), and checks the protocol: slots filled in order from 0 after each read, a read of exactly the slots
+ * queued, each read loss reduced (reduce_loss) before the next batch is queued. Its own mean of the losses it
+ * handed out must be each evaluation's figure. */
+#define EVSPY_BATCHES 300
 static struct {
     mt_model_t model;
     mt_acts_t acts;
     int64_t mb, T, ga;
     double slot[MT_JOB_EVAL_CHUNK];
-    int queued, reads, read_n[4], max_slot;
+    double seen[2 * EVSPY_BATCHES]; /* every loss handed out, in order */
+    int queued, since_read, reads, read_n[4], pending, reduced, bad;
 } evspy;
 
 static mt_status_t evspy_init(const mt_job_info_t *info, void **ctx) {
@@ -341,13 +346,20 @@ static mt_status_t evspy_init(const mt_job_info_t *info, void **ctx) {
     evspy.mb = info->micro_batch;
     evspy.T = info->seq_len;
     evspy.ga = info->grad_accum;
-    MT_CHECK(mt_acts_init(info->model, (int)evspy.mb, (int)evspy.T, &evspy.acts));
-    return mt_job_engine_local()->init(info, ctx);
+    MT_CHECK(mt_job_engine_local()->init(info, ctx));
+    mt_status_t st = mt_acts_init(info->model, (int)evspy.mb, (int)evspy.T, &evspy.acts);
+    if (st != MT_OK) {
+        mt_job_engine_local()->free(*ctx);
+        *ctx = NULL;
+    }
+    return st;
 }
 
 static mt_status_t evspy_batch(void *ctx, const mt_batch_t *b, int64_t i) {
-    if (i < 0 || i >= MT_JOB_EVAL_CHUNK) {
-        return mt_error(MT_ERR_INTERNAL, "evaluation slot %lld", (long long)i);
+    if (i != evspy.since_read || i >= MT_JOB_EVAL_CHUNK || evspy.pending != 0) {
+        evspy.bad++;
+        return mt_error(MT_ERR_INTERNAL, "evaluation slot %lld queued after %d batches, %d losses unreduced",
+                        (long long)i, evspy.since_read, evspy.pending);
     }
     int n = mt_model_n_modules(evspy.model);
     double sum = 0.0;
@@ -359,17 +371,30 @@ static mt_status_t evspy_batch(void *ctx, const mt_batch_t *b, int64_t i) {
     }
     evspy.slot[i] = sum / (double)evspy.ga;
     evspy.queued++;
-    evspy.max_slot = (int)MT_MAX(evspy.max_slot, i);
+    evspy.since_read++;
     return MT_OK;
 }
 
 static mt_status_t evspy_losses(void *ctx, int64_t n, double *losses) {
+    if (n < 1 || n != evspy.since_read || evspy.queued > 2 * EVSPY_BATCHES) {
+        evspy.bad++;
+        return mt_error(MT_ERR_INTERNAL, "a read of %lld losses after %d queued", (long long)n, evspy.since_read);
+    }
     if (evspy.reads < (int)MT_ARRAY_LEN(evspy.read_n)) {
         evspy.read_n[evspy.reads] = (int)n;
     }
     evspy.reads++;
     memcpy(losses, evspy.slot, (size_t)n * sizeof(double));
+    memcpy(evspy.seen + evspy.queued - n, evspy.slot, (size_t)n * sizeof(double));
+    evspy.since_read = 0;
+    evspy.pending = (int)n;
     return MT_OK;
+}
+
+static mt_status_t evspy_reduce(void *ctx, double *loss) {
+    evspy.pending -= evspy.pending > 0;
+    evspy.reduced++;
+    return mt_job_engine_local()->reduce_loss(ctx, loss);
 }
 
 static void evspy_free(void *ctx) {
@@ -387,16 +412,19 @@ static mt_status_t local_finish(void *ctx) {
 static mt_status_t local_sumsq(void *ctx, double *total) {
     return mt_job_engine_local()->grad_sumsq(ctx, total);
 }
+static mt_status_t local_step(void *ctx, float lr, float scale) {
+    return mt_job_engine_local()->step(ctx, lr, scale);
+}
 
 static const mt_job_engine_t evspy_engine = {.name = "evspy", .init = evspy_init, .zero_grads = local_zero,
                                              .finish_grads = local_finish, .grad_sumsq = local_sumsq,
-                                             .step = spy_step, .reduce_loss = spy_loss, .free = evspy_free,
+                                             .step = local_step, .reduce_loss = evspy_reduce, .free = evspy_free,
                                              .eval_batch = evspy_batch, .eval_losses = evspy_losses};
 
 static void test_eval_hooks(void) {
-    const char *extra[] = {"--train.steps=2", "--train.micro_batch=2", "--train.eval_every=2",
+    const char *extra[] = {"--train.steps=3", "--train.micro_batch=2", "--train.eval_every=2",
                            "--train.eval_batches=300"};
-    mt_job_result_t plain, q;
+    mt_job_result_t plain = {0}, q = {0};
     CHECK_OK(run(4, extra, true, NULL, &plain));
     mt_config_t *cfg = config(4, extra);
     memset(&evspy, 0, sizeof(evspy));
@@ -404,15 +432,27 @@ static void test_eval_hooks(void) {
     opts.engine = &evspy_engine;
     CHECK_OK(cfg ? mt_job_run(cfg, &opts, &q) : MT_ERR_INVALID_ARG);
     mt_config_free(cfg);
-    CHECK(evspy.queued == 300 && evspy.reads == 2 && evspy.read_n[0] == MT_JOB_EVAL_CHUNK && evspy.read_n[1] == 44 &&
-              evspy.max_slot == MT_JOB_EVAL_CHUNK - 1,
-          "300 validation batches: %d queued, %d reads (%d, %d), highest slot %d; want 300 in reads of 256 and 44",
-          evspy.queued, evspy.reads, evspy.read_n[0], evspy.read_n[1], evspy.max_slot);
-    CHECK(plain.n_evals == 1 && q.n_evals == 1 && plain.val_loss[0] == q.val_loss[0] &&
-              memcmp(plain.loss, q.loss, 2 * sizeof(double)) == 0,
-          "queued evaluation: validation loss %.17g, the loop's own %.17g (%lld, %lld evaluations)",
-          q.n_evals ? q.val_loss[0] : NAN, plain.n_evals ? plain.val_loss[0] : NAN, (long long)q.n_evals,
-          (long long)plain.n_evals);
+    CHECK(evspy.bad == 0 && evspy.queued == 2 * EVSPY_BATCHES && evspy.reads == 4 &&
+              evspy.read_n[0] == MT_JOB_EVAL_CHUNK && evspy.read_n[1] == 44 && evspy.read_n[2] == MT_JOB_EVAL_CHUNK &&
+              evspy.read_n[3] == 44 && evspy.pending == 0 && evspy.reduced == 3 + 2 * EVSPY_BATCHES,
+          "2 evaluations of 300 batches: %d queued, %d reads (%d, %d, %d, %d), %d reductions (want 603: one per "
+          "step and per batch), %d unreduced, %d protocol errors",
+          evspy.queued, evspy.reads, evspy.read_n[0], evspy.read_n[1], evspy.read_n[2], evspy.read_n[3],
+          evspy.reduced, evspy.pending, evspy.bad);
+    CHECK(plain.n_evals == 2 && q.n_evals == 2 && memcmp(plain.val_loss, q.val_loss, 2 * sizeof(double)) == 0 &&
+              memcmp(plain.loss, q.loss, 3 * sizeof(double)) == 0,
+          "queued evaluation: validation losses %.17g %.17g, the loop's own %.17g %.17g (%lld, %lld evaluations)",
+          q.n_evals > 0 ? q.val_loss[0] : NAN, q.n_evals > 1 ? q.val_loss[1] : NAN,
+          plain.n_evals > 0 ? plain.val_loss[0] : NAN, plain.n_evals > 1 ? plain.val_loss[1] : NAN,
+          (long long)q.n_evals, (long long)plain.n_evals);
+    for (int e = 0; e < 2 && e < q.n_evals; e++) {
+        double sum = 0.0; /* the loop's figure: the mean of the losses in the order handed out */
+        for (int i = 0; i < EVSPY_BATCHES; i++) {
+            sum += evspy.seen[e * EVSPY_BATCHES + i];
+        }
+        CHECK(sum / EVSPY_BATCHES == q.val_loss[e], "evaluation %d: %.17g, the mean of the engine's losses %.17g",
+              e + 1, q.val_loss[e], sum / EVSPY_BATCHES);
+    }
     mt_job_result_free(&q);
     mt_job_result_free(&plain);
 }
