@@ -33,6 +33,13 @@ void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out) {
     mt_model_config_keys(cfg, out); /* the one mapping: models/model_config.c */
 }
 
+int64_t mt_job_eval_chunk(const mt_config_t *cfg) {
+    if (mt_config_int(cfg, "train.eval_every") <= 0) {
+        return 0;
+    }
+    return MT_MIN(mt_config_int(cfg, "train.eval_batches"), (int64_t)MT_JOB_EVAL_CHUNK);
+}
+
 void mt_job_optim_config(const mt_config_t *cfg, mt_optim_params_t *optim, mt_lr_sched_t *sched) {
     mt_optim_params_t o = MT_OPTIM_PARAMS_INIT;
     o.kind = strcmp(mt_config_str(cfg, "optimizer.kind"), "sgd") ? MT_OPTIM_ADAMW : MT_OPTIM_SGD;

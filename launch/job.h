@@ -258,6 +258,11 @@ void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out);
 /* Fills optimizer parameters and the learning-rate schedule from optimizer.* and train.steps. */
 void mt_job_optim_config(const mt_config_t *cfg, mt_optim_params_t *optim, mt_lr_sched_t *sched);
 
+/* Validation batches an evaluation queues before one read of their losses (eval_batch/eval_losses):
+ * train.eval_batches up to MT_JOB_EVAL_CHUNK, 0 without evaluation (train.eval_every = 0). The GPU engine sizes
+ * its loss slots by it and the planner counts them. */
+int64_t mt_job_eval_chunk(const mt_config_t *cfg);
+
 #ifdef __cplusplus
 }
 #endif

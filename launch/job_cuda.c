@@ -599,9 +599,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->numel = mt_gpt2_cuda_numel(e->g); /* the stage's parameters */
     e->cstream = (cudaStream_t)mt_gpt2_cuda_stream(e->g);
     /* a step's micro-batch losses, or an evaluation's (up to MT_JOB_EVAL_CHUNK batches read at once) */
-    int64_t evals = mt_config_int(info->cfg, "train.eval_every") > 0 ? mt_config_int(info->cfg, "train.eval_batches")
-                                                                       : 1;
-    e->loss_slots = e->ga * MT_MAX(1, MT_MIN(evals, (int64_t)MT_JOB_EVAL_CHUNK));
+    e->loss_slots = e->ga * MT_MAX(1, mt_job_eval_chunk(info->cfg));
     size_t loss_bytes = (size_t)e->loss_slots * 4;
     MT_CHECK_GOTO(mt_dev_malloc((void **)&e->loss_dev, loss_bytes, MT_MEM_OTHER, "cuda engine losses", e->cstream), st,
                   fail);

@@ -80,9 +80,7 @@ mt_status_t mt_plan_job_from_config(const mt_config_t *cfg, mt_plan_job_t *out) 
     out->bucket_mb = mt_config_float(cfg, "parallel.bucket_mb");
     out->grad_clip = mt_config_float(cfg, "optimizer.grad_clip");
     out->persist_threshold = mt_config_int(cfg, "parallel.zero_persist_threshold");
-    if (mt_config_int(cfg, "train.eval_every") > 0) {
-        out->eval_batches = MT_MIN(mt_config_int(cfg, "train.eval_batches"), (int64_t)MT_JOB_EVAL_CHUNK);
-    }
+    out->eval_batches = mt_job_eval_chunk(cfg);
     out->cpu_only = !strcmp(mt_config_str(cfg, "runtime.device"), "cpu");
     out->gpu_staged = !strcmp(mt_config_str(cfg, "runtime.gpu_comm"), "mpi");
     mt_model_t m = NULL;
