@@ -593,6 +593,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     if (e->tp > 1) {
         cuda_engine_tp_ops(e);
         gp.tp_ops = &e->tp_ops;
+        gp.tp_chunks = (int)mt_config_int(cfg, "parallel.tp_comm_chunks");
     }
     MT_CHECK_GOTO(mt_gpt2_cuda_init(e->model, &gp, &e->g), st, fail);
     mt_gpt2_cuda_shard(e->g, &e->sh_lo, &e->sh_hi, &e->sh_len);

@@ -64,6 +64,8 @@ static const mt_cfg_schema_t schema[] = {
     I("parallel.microbatches", "0", 0, BIG, "pipeline micro-batches; 0 = derived, else must agree"),
     S("parallel.stage_layers", "", NULL, "blocks per pipeline stage, e.g. \"3,3,2,2\"; empty = balanced"),
     B("parallel.sequence_parallel", "false", "split LayerNorm/residual regions along the sequence over tp"),
+    I("parallel.tp_comm_chunks", "1", 1, 64,
+      "GPU tp: forward's row-parallel products in this many row chunks, each one's collective overlapping the next"),
     S("parallel.dp_reduce", "auto", "auto|engine|allreduce",
       "tp/pp jobs: dp gradients by parallel.engine, one all-reduce, or auto"),
     /* [precision] */

@@ -99,6 +99,10 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p, boo
                         "middle stage",
                         p->stage_lo, hi, c->n_layer);
     }
+    if (p->tp_chunks < 1 || p->tp_chunks > 64) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: tp_chunks = %d: expected 1 to 64 (parallel.tp_comm_chunks)",
+                        p->tp_chunks);
+    }
     if (p->act_sets < 1 || p->act_sets > 4096) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: act_sets = %d: expected 1 to 4096", p->act_sets);
     }
@@ -621,6 +625,63 @@ static mt_status_t tp_gather(mt_gpt2_cuda_t g, const void *rows, void *full) {
     return gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP);
 }
 
+/* Forward, a row-parallel product into g->tmp_c (inp (N, Cin): this rank's heads or MLP columns; w its rows of the
+ * weight; bias tp rank 0's) and its reduction over tp (g), *x as tp_reduce gives it. With params.tp_chunks = k > 1
+ * the rows go in k chunks: chunk j's collective starts on tp_stream as soon as its product is written and runs
+ * while the compute stream computes chunk j + 1, and the compute stream waits for the last before anything reads
+ * *x (the row-parallel output's communication overlapped with its product: only the last chunk's is exposed).
+ * With sequence parallelism chunk j holds, for each rank r, rows [j0, j1) of r's R rows (one product per rank),
+ * packed rank after rank, so its reduce-scatter leaves rows [j0, j1) of this rank's R at the same rows of
+ * tmp_r. Each row's product is the unchunked one's, and each element's sum is over the same ranks. */
+static mt_status_t rowpar_forward(mt_gpt2_cuda_t g, const void *inp, int Cin, const void *w, const void *bias,
+                                  void **x) {
+    int N = g->N, C = g->C, R = g->R, dt = g->dt, k = g->p.tp_chunks, tp = g->tp;
+    void *s = g->stream;
+    if (tp == 1 || k <= 1) {
+        OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, inp, w, bias, N, Cin, C, dt, s));
+        return tp_reduce(g, g->tmp_c, g->tmp_r, x);
+    }
+    const mt_gpt2_cuda_tp_ops_t *o = g->p.tp_ops;
+    const char *in = inp;
+    char *out = g->tmp_c;
+    size_t es = g->es;
+    int rows = g->sp ? R : N; /* what is cut into chunks: each rank's R rows, or all N */
+    bool queued = false;      /* a collective is on tp_stream: an error must not leave it unordered */
+    mt_status_t st = MT_OK;
+    for (int j = 0; j < k && st == MT_OK; j++) {
+        int j0 = (int)((int64_t)rows * j / k), n = (int)((int64_t)rows * (j + 1) / k) - j0;
+        if (n == 0) { /* more chunks than rows: the same on every rank */
+            continue;
+        }
+        char *pack = out + (size_t)(g->sp ? tp : 1) * (size_t)j0 * C * es;
+        for (int r = 0; r < (g->sp ? tp : 1) && st == MT_OK; r++) { /* r > 0 only with sequence parallelism */
+            st = mt_cuda_status(mt_cuda_matmul_forward(g->ctx, pack + (size_t)r * n * C * es, C, NULL,
+                                                       in + ((size_t)r * R + j0) * Cin * es, w, bias, n, Cin,
+                                                       C, dt, s),
+                                "row-parallel product");
+            st = st != MT_OK ? st : gpt2_cuda_prof_mark(g, MT_GPT2_PROF_MATMUL_FWD);
+        }
+        st = st != MT_OK ? st : mt_cuda_status(cudaEventRecord(g->tp_in, s), "tp event");
+        st = st != MT_OK ? st : mt_cuda_status(cudaStreamWaitEvent(g->tp_stream, g->tp_in, 0), "tp event wait");
+        if (st == MT_OK) {
+            queued = true;
+            st = g->sp ? o->reduce_scatter_sum(o->ctx, pack, (char *)g->tmp_r + (size_t)j0 * C * es, (size_t)n * C,
+                                               dt, g->tp_stream)
+                       : o->all_reduce_sum(o->ctx, pack, (size_t)n * C, dt, g->tp_stream);
+        }
+    }
+    st = st != MT_OK ? st : mt_cuda_status(cudaEventRecord(g->tp_out, g->tp_stream), "tp event");
+    st = st != MT_OK ? st : mt_cuda_status(cudaStreamWaitEvent(s, g->tp_out, 0), "tp event wait");
+    if (st != MT_OK) {
+        if (queued) {
+            cudaStreamSynchronize(g->tp_stream);
+        }
+        return st;
+    }
+    *x = g->sp ? g->tmp_r : g->tmp_c;
+    return gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP);
+}
+
 /* Where a LayerNorm whose output enters a column-parallel region writes: full (N,C) itself, or with sequence
  * parallelism this rank's R rows, which tp_gather then gathers into full. */
 #define LN_DST(full) (g->sp ? g->lnloc : (full))
@@ -745,9 +806,7 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
         OP(PROF_MATMUL_FWD,
            mt_cuda_matmul_forward(g->ctx, a->qkv, 3 * Cl, NULL, a->ln1, W(p + QKVW), W(p + QKVB), N, C, 3 * Cl, dt, s));
         OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, Cl, g->NHl, dt, s));
-        OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->atty, W(p + PROJW),
-                                                   ROW_BIAS(p + PROJB), N, Cl, C, dt, s));
-        MT_CHECK(tp_reduce(g, g->tmp_c, g->tmp_r, &x));
+        MT_CHECK(rowpar_forward(g, a->atty, Cl, W(p + PROJW), ROW_BIAS(p + PROJB), &x));
         OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, LN_DST(a->ln2), a->ln2_mean, a->ln2_rstd, x, RES(l),
                                                            W(p + LN2W), W(p + LN2B), R, C, dt, s));
         MT_CHECK(tp_gather(g, g->lnloc, a->ln2));
@@ -759,9 +818,7 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
                mt_cuda_matmul_forward(g->ctx, a->fch, Hl, NULL, a->ln2, W(p + FCW), W(p + FCB), N, C, Hl, dt, s));
             OP(PROF_GELU, mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * Hl, dt, s));
         }
-        OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->fch_gelu, W(p + FCPW),
-                                                   ROW_BIAS(p + FCPB), N, Hl, C, dt, s));
-        MT_CHECK(tp_reduce(g, g->tmp_c, g->tmp_r, &x));
+        MT_CHECK(rowpar_forward(g, a->fch_gelu, Hl, W(p + FCPW), ROW_BIAS(p + FCPB), &x));
         if (l + 1 < g->hi) {
             layer_acts_t *nx = LA(l + 1);
             int pn = p + NBP;

@@ -44,13 +44,15 @@ typedef struct {
     int stage_hi;         /* -1: n_layer (with stage_lo 0: the whole model) */
     int act_sets;         /* micro-batches whose activations are kept at once (mt_gpt2_cuda_use_acts) */
     const mt_gpt2_cuda_tp_ops_t *tp_ops; /* the tp group's collectives: required when the model's tp_size > 1 */
+    int tp_chunks; /* tp: forward's row-parallel products reduced in this many row chunks (1-64), each chunk's
+                    * collective overlapping the next chunk's product; 1: one product, then its collective */
 } mt_gpt2_cuda_params_t;
 
 #define MT_GPT2_CUDA_PARAMS_INIT                                                                                       \
     {                                                                                                                  \
         .size = sizeof(mt_gpt2_cuda_params_t), .prec = MT_PREC_FP32, .B = 4, .T = 64, .init_scale = 65536.0f,          \
         .scale_window = 1000, .fused_gelu = true, .shard_count = 1, .shard_index = 0, .shard_grads = false,            \
-        .shard_weights = false, .stage_lo = 0, .stage_hi = -1, .act_sets = 1, .tp_ops = NULL                           \
+        .shard_weights = false, .stage_lo = 0, .stage_hi = -1, .act_sets = 1, .tp_ops = NULL, .tp_chunks = 1           \
     }
 
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;

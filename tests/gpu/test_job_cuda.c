@@ -421,7 +421,7 @@ static void host_waits(void) {
         {"pp 2, 1f1b", 1, 2, 2, {"--parallel.schedule=1f1b"}},
         {"pp 2, gpipe", 1, 2, 2, {"--parallel.schedule=gpipe", "--precision.compute=fp16"}},
         {"tp 2", 2, 1, 2, {"--precision.compute=fp16"}},
-        {"tp 2, sp", 2, 1, 2, {"--parallel.sequence_parallel=true"}},
+        {"tp 2, sp, 3 comm chunks", 2, 1, 2, {"--parallel.sequence_parallel=true", "--parallel.tp_comm_chunks=3"}},
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(lay); i++) {
         size_t got[3][MT_EMU_WAIT_KINDS];
@@ -910,6 +910,34 @@ static void tensor(const char *dir) {
     CHECK(sp.mem_peak[MT_MEM_ACTIVATIONS] > 0 && sp.mem_peak[MT_MEM_ACTIVATIONS] < g.mem_peak[MT_MEM_ACTIVATIONS],
           "tp 2: device activation bytes %lld with sequence parallelism, %lld without",
           (long long)sp.mem_peak[MT_MEM_ACTIVATIONS], (long long)g.mem_peak[MT_MEM_ACTIVATIONS]);
+    /* parallel.tp_comm_chunks = 3: forward's row-parallel products and their collectives in uneven row chunks (32
+     * rows: 10, 11, 11; with sequence parallelism 5, 5, 6 of each rank's 16, one product per rank), each chunk's
+     * collective on the tp stream behind its product: the unchunked runs' function, in fp32 and in bf16 (rows of
+     * 2-byte elements), without and with sequence parallelism */
+    {
+        mt_job_result_t c32, cbf, csp;
+        const char *ch[] = {ev[0], ev[1], "--parallel.tp_comm_chunks=3"};
+        CHECK_OK(run_mesh("cuda", 2, 1, 3, ch, &c32));
+        same_losses("tp 2, 3 comm chunks vs 1", &c32, &g, SAME_TOL);
+        same_norms("tp 2, 3 comm chunks vs 1", &c32, &g, SAME_TOL);
+        CHECK(c32.n_evals == g.n_evals, "tp 2, 3 comm chunks: %lld evaluations, 1 chunk %lld",
+              (long long)c32.n_evals, (long long)g.n_evals);
+        for (int64_t v = 0; v < c32.n_evals && v < g.n_evals; v++) {
+            CHECK(fabs(c32.val_loss[v] - g.val_loss[v]) <= SAME_TOL * g.val_loss[v],
+                  "tp 2, 3 comm chunks, evaluation %lld: %.9g, 1 chunk %.9g", (long long)v + 1, c32.val_loss[v],
+                  g.val_loss[v]);
+        }
+        const char *chb[] = {b16[0], b16[1], ch[2]};
+        CHECK_OK(run_mesh("cuda", 2, 1, 3, chb, &cbf));
+        same_losses("tp 2 bf16, 3 comm chunks vs 1", &cbf, &bf, SAME_TOL);
+        const char *chs[] = {spa[0], spa[1], spa[2], ch[2]};
+        CHECK_OK(run_mesh("cuda", 2, 1, 4, chs, &csp));
+        same_losses("tp 2 + sp, 3 comm chunks vs 1", &csp, &sp, SAME_TOL);
+        same_norms("tp 2 + sp, 3 comm chunks vs 1", &csp, &sp, SAME_TOL);
+        mt_job_result_free(&c32);
+        mt_job_result_free(&cbf);
+        mt_job_result_free(&csp);
+    }
     if (w->size == 2) {
         tp_comm_bytes(dir);
     }
