@@ -682,6 +682,62 @@ static mt_status_t rowpar_forward(mt_gpt2_cuda_t g, const void *inp, int Cin, co
     return gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP);
 }
 
+/* Forward, a column-parallel region's entry: with sequence parallelism every rank's R rows of the LayerNorm output
+ * (at g->lnloc) gathered into full (N, C), which backward keeps; then out (N, ldo) = full @ w^T + bias, OC columns
+ * (gelu_pre: the fc layer's fused epilogue; OC = 0: the gather alone). With params.tp_chunks = k > 1 and sequence
+ * parallelism the gather goes in k chunks on tp_stream (chunk j: rows [j0, j1) of every rank's R, packed rank
+ * after rank into g->tmp_c, free here), and the compute stream, once chunk j is there, copies it to its rows of
+ * full and computes their products (one per rank) while chunk j + 1 is gathered. */
+static mt_status_t colpar_forward(mt_gpt2_cuda_t g, void *full, void *out, int ldo, void *gelu_pre, const void *w,
+                                  const void *bias, int OC) {
+    int N = g->N, C = g->C, R = g->R, dt = g->dt, k = g->p.tp_chunks, tp = g->tp;
+    void *s = g->stream;
+    if (!g->sp || k <= 1) {
+        MT_CHECK(tp_gather(g, g->lnloc, full));
+        if (OC > 0) {
+            OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, out, ldo, gelu_pre, full, w, bias, N, C, OC, dt, s));
+        }
+        return MT_OK;
+    }
+    const mt_gpt2_cuda_tp_ops_t *o = g->p.tp_ops;
+    size_t es = g->es, rowb = (size_t)C * es, outb = (size_t)ldo * es;
+    bool queued = false; /* a collective is on tp_stream: an error must not leave it unordered */
+    mt_status_t st = mt_cuda_status(cudaEventRecord(g->tp_in, s), "tp event"); /* lnloc is written */
+    st = st != MT_OK ? st : mt_cuda_status(cudaStreamWaitEvent(g->tp_stream, g->tp_in, 0), "tp event wait");
+    for (int j = 0; j < k && st == MT_OK; j++) {
+        int j0 = (int)((int64_t)R * j / k), n = (int)((int64_t)R * (j + 1) / k) - j0;
+        if (n == 0) { /* more chunks than rows: the same on every rank */
+            continue;
+        }
+        char *pack = (char *)g->tmp_c + (size_t)tp * j0 * rowb;
+        queued = true;
+        st = o->all_gather(o->ctx, (const char *)g->lnloc + (size_t)j0 * rowb, pack, (size_t)n * C, dt,
+                           g->tp_stream);
+        st = st != MT_OK ? st : mt_cuda_status(cudaEventRecord(g->tp_out, g->tp_stream), "tp event");
+        st = st != MT_OK ? st : mt_cuda_status(cudaStreamWaitEvent(s, g->tp_out, 0), "tp event wait");
+        st = st != MT_OK ? st : gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP);
+        /* rank r's n rows to rows r R + j0 of full */
+        st = st != MT_OK ? st
+                         : mt_cuda_status(cudaMemcpy2DAsync((char *)full + (size_t)j0 * rowb, (size_t)R * rowb, pack,
+                                                            (size_t)n * rowb, (size_t)n * rowb, (size_t)tp,
+                                                            cudaMemcpyDeviceToDevice, s),
+                                          "gathered rows");
+        st = st != MT_OK ? st : gpt2_cuda_prof_mark(g, MT_GPT2_PROF_OTHER);
+        for (int r = 0; r < tp && OC > 0 && st == MT_OK; r++) {
+            size_t row = (size_t)r * R + j0;
+            st = mt_cuda_status(mt_cuda_matmul_forward(g->ctx, (char *)out + row * outb, ldo,
+                                                       gelu_pre ? (char *)gelu_pre + row * OC * es : NULL,
+                                                       pack + (size_t)r * n * rowb, w, bias, n, C, OC, dt, s),
+                                "column-parallel product");
+            st = st != MT_OK ? st : gpt2_cuda_prof_mark(g, MT_GPT2_PROF_MATMUL_FWD);
+        }
+    }
+    if (st != MT_OK && queued) {
+        cudaStreamSynchronize(g->tp_stream);
+    }
+    return st;
+}
+
 /* Where a LayerNorm whose output enters a column-parallel region writes: full (N,C) itself, or with sequence
  * parallelism this rank's R rows, which tp_gather then gathers into full. */
 #define LN_DST(full) (g->sp ? g->lnloc : (full))
@@ -791,8 +847,9 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     if (g->lo == g->hi && g->last) { /* no block to fuse ln_f into */
         OP(PROF_LN_FWD, mt_cuda_layernorm_forward(LN_DST(g->A->lnf), g->A->lnf_mean, g->A->lnf_rstd, RES(L), W(pf),
                                                   W(pf + 1), R, C, dt, s));
-        MT_CHECK(tp_gather(g, g->lnloc, g->A->lnf));
     }
+    /* each LayerNorm output entering a column-parallel region (ln_1, ln_2, ln_f) is gathered by the region's
+     * colpar_forward (sequence parallelism), after the ZeRO-3 weight waits */
     for (int l = g->lo; l < g->hi; l++) {
         layer_acts_t *a = LA(l);
         int p = BLOCK0 + l * NBP;
@@ -800,22 +857,17 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
         if (l == g->lo) { /* later blocks get ln_1 from the previous block's fused residual + LayerNorm */
             OP(PROF_LN_FWD, mt_cuda_layernorm_forward(LN_DST(a->ln1), a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W),
                                                       W(p + LN1B), R, C, dt, s));
-            MT_CHECK(tp_gather(g, g->lnloc, a->ln1));
         }
         void *x = NULL; /* a row-parallel region's output: the group's sum (sp: this rank's rows of it) */
-        OP(PROF_MATMUL_FWD,
-           mt_cuda_matmul_forward(g->ctx, a->qkv, 3 * Cl, NULL, a->ln1, W(p + QKVW), W(p + QKVB), N, C, 3 * Cl, dt, s));
+        MT_CHECK(colpar_forward(g, a->ln1, a->qkv, 3 * Cl, NULL, W(p + QKVW), W(p + QKVB), 3 * Cl));
         OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, Cl, g->NHl, dt, s));
         MT_CHECK(rowpar_forward(g, a->atty, Cl, W(p + PROJW), ROW_BIAS(p + PROJB), &x));
         OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, LN_DST(a->ln2), a->ln2_mean, a->ln2_rstd, x, RES(l),
                                                            W(p + LN2W), W(p + LN2B), R, C, dt, s));
-        MT_CHECK(tp_gather(g, g->lnloc, a->ln2));
         if (g->p.fused_gelu) {
-            OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, a->fch_gelu, Hl, a->fch, a->ln2, W(p + FCW),
-                                                       W(p + FCB), N, C, Hl, dt, s));
+            MT_CHECK(colpar_forward(g, a->ln2, a->fch_gelu, Hl, a->fch, W(p + FCW), W(p + FCB), Hl));
         } else {
-            OP(PROF_MATMUL_FWD,
-               mt_cuda_matmul_forward(g->ctx, a->fch, Hl, NULL, a->ln2, W(p + FCW), W(p + FCB), N, C, Hl, dt, s));
+            MT_CHECK(colpar_forward(g, a->ln2, a->fch, Hl, NULL, W(p + FCW), W(p + FCB), Hl));
             OP(PROF_GELU, mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * Hl, dt, s));
         }
         MT_CHECK(rowpar_forward(g, a->fch_gelu, Hl, W(p + FCPW), ROW_BIAS(p + FCPB), &x));
@@ -825,12 +877,10 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
             OP(PROF_LN_FWD,
                mt_cuda_residual_layernorm_forward(RES(l + 1), LN_DST(nx->ln1), nx->ln1_mean, nx->ln1_rstd, x, a->r2,
                                                   W(pn + LN1W), W(pn + LN1B), R, C, dt, s));
-            MT_CHECK(tp_gather(g, g->lnloc, nx->ln1));
         } else if (g->last) {
             OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(RES(L), LN_DST(g->A->lnf), g->A->lnf_mean,
                                                                g->A->lnf_rstd, x, a->r2, W(pf), W(pf + 1), R, C, dt,
                                                                s));
-            MT_CHECK(tp_gather(g, g->lnloc, g->A->lnf));
         } else { /* the stage's output x_hi, for the next stage (unfused: its ln_1 is there) */
             OP(PROF_OTHER, mt_cuda_residual_forward(RES(l + 1), x, a->r2, (size_t)R * C, dt, s));
         }
@@ -840,10 +890,7 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     }
     /* logits (N, Vl): the Vr real columns; padded columns are never read. tp: this rank's vocabulary rows, the
      * cross-entropy from every rank's per-row statistics */
-    if (g->Vr > 0) {
-        OP(PROF_MATMUL_FWD,
-           mt_cuda_matmul_forward(g->ctx, g->A->logits, g->Vl, NULL, g->A->lnf, W(0), NULL, N, C, g->Vr, dt, s));
-    }
+    MT_CHECK(colpar_forward(g, g->A->lnf, g->A->logits, g->Vl, NULL, W(0), NULL, g->Vr));
     if (g->tp == 1) {
         OP(PROF_CE, mt_cuda_softmax_ce_forward(g->A->losses, g->A->lse_ce, g->A->mean_loss, g->A->n_valid,
                                                g->A->logits, g->A->targets_d, N, g->V, g->Vp, dt, s));

@@ -910,10 +910,11 @@ static void tensor(const char *dir) {
     CHECK(sp.mem_peak[MT_MEM_ACTIVATIONS] > 0 && sp.mem_peak[MT_MEM_ACTIVATIONS] < g.mem_peak[MT_MEM_ACTIVATIONS],
           "tp 2: device activation bytes %lld with sequence parallelism, %lld without",
           (long long)sp.mem_peak[MT_MEM_ACTIVATIONS], (long long)g.mem_peak[MT_MEM_ACTIVATIONS]);
-    /* parallel.tp_comm_chunks = 3: forward's row-parallel products and their collectives in uneven row chunks (32
-     * rows: 10, 11, 11; with sequence parallelism 5, 5, 6 of each rank's 16, one product per rank), each chunk's
-     * collective on the tp stream behind its product: the unchunked runs' function, in fp32 and in bf16 (rows of
-     * 2-byte elements), without and with sequence parallelism */
+    /* parallel.tp_comm_chunks = 3: forward's row-parallel products and their collectives, and with sequence
+     * parallelism the LayerNorm outputs' gathers and the column-parallel products after them, in uneven row chunks
+     * (32 rows: 10, 11, 11; with sequence parallelism 5, 5, 6 of each rank's 16, one product per rank), each
+     * chunk's collective on the tp stream: the unchunked runs' function, in fp32 and in bf16 (rows of 2-byte
+     * elements), without and with sequence parallelism */
     {
         mt_job_result_t c32, cbf, csp;
         const char *ch[] = {ev[0], ev[1], "--parallel.tp_comm_chunks=3"};
