@@ -1,7 +1,7 @@
 // The CPU emulator behind the headers of this directory (see cuda_runtime.h): runtime API over host memory,
 // kernel launches whose block threads are fibers (ucontext) scheduled round-robin on the calling thread and
 // switched at __syncthreads and warp shuffles (a thread that returns counts as arrived, as on sm_70+),
-// shuffles through per-thread slots between two group barriers, and the cuBLASLt matmul subset. Streams are
+// shuffles through double per-thread slots and one group barrier, and the cuBLASLt matmul subset. Streams are
 // lazy queues (below: work runs when something waits for it) or, not lazy, every launch and copy completes
 // before it returns; an event keeps the host time its record ran at, so elapsed times are the emulation's.
 // Test-only.
@@ -691,6 +691,8 @@ struct fiber_t {
     char *stack;
     fstate state;
     unsigned mask; /* F_GROUP: the shuffle's lane mask */
+    unsigned gen;  /* shuffles this thread has made: its next value goes to slot half gen % 2 */
+    unsigned rgen; /* the shuffle its last group release completed (gen - 1 then): readers take that half */
 };
 
 enum { STACK_BYTES = 256 << 10 };
@@ -797,7 +799,9 @@ bool release() {
         if (all) {
             for (int lane = 0; lane < 32; lane++) {
                 if (mask & (1u << lane)) {
-                    L->f[warp * 32 + lane].state = F_RUN;
+                    fiber_t &u = L->f[warp * 32 + lane];
+                    u.state = F_RUN;
+                    u.rgen = u.gen - 1u;
                 }
             }
             any = true;
@@ -835,24 +839,31 @@ void __syncwarp(unsigned mask) {
     wait_as(F_GROUP, mask);
 }
 
+/* A shuffle: each lane leaves its value in its slot, the group's barrier, each lane reads its source's. The slots
+ * are double: a lane's next shuffle writes the other half, so a lane that went on to its next shuffle cannot
+ * overwrite a value a slower lane of the group has yet to read. (A lane runs at most once per scheduling round
+ * and a group is released between rounds, so a source is at most one shuffle ahead of its readers: every
+ * reader of the group runs in the round after the release, before the source's next release.) */
+namespace {
+template <typename V> V shuffle(std::vector<V> &slots, unsigned mask, V v, int src_lane) {
+    int t = L->cur, u = (t & ~31) | src_lane, half = (int)slots.size() / 2;
+    fiber_t &me = L->f[(size_t)t];
+    slots[(size_t)((me.gen & 1u) * half + t)] = v;
+    me.gen++;
+    wait_as(F_GROUP, mask);
+    unsigned g = u < L->n ? L->f[(size_t)u].rgen : 0u; /* a lane past the block's end: its slot's zero */
+    return slots[(size_t)((g & 1u) * half + u)];
+}
+} // namespace
+
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask, int width) {
-    int t = L->cur, lane = t & 31, warp = t >> 5;
-    int src = (lane & ~(width - 1)) | ((lane ^ lane_mask) & (width - 1));
-    L->slots[t] = v;
-    wait_as(F_GROUP, mask);
-    float r = L->slots[warp * 32 + src];
-    wait_as(F_GROUP, mask);
-    return r;
+    int lane = L->cur & 31;
+    return shuffle(L->slots, mask, v, (lane & ~(width - 1)) | ((lane ^ lane_mask) & (width - 1)));
 }
 
 unsigned __shfl_sync(unsigned mask, unsigned v, int src_lane, int width) {
-    int t = L->cur, lane = t & 31, warp = t >> 5;
-    int src = (lane & ~(width - 1)) | (src_lane & (width - 1));
-    L->uslots[t] = v;
-    wait_as(F_GROUP, mask);
-    unsigned r = L->uslots[warp * 32 + src];
-    wait_as(F_GROUP, mask);
-    return r;
+    int lane = L->cur & 31;
+    return shuffle(L->uslots, mask, v, (lane & ~(width - 1)) | (src_lane & (width - 1)));
 }
 
 float atomicAdd(float *p, float v) {
@@ -892,8 +903,8 @@ void mt_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) { /* c
         abort();
     }
     self.f.resize((size_t)self.n);
-    self.slots.assign((size_t)((self.n + 31) / 32 * 32), 0.0f);
-    self.uslots.assign((size_t)((self.n + 31) / 32 * 32), 0u);
+    self.slots.assign((size_t)((self.n + 31) / 32 * 32) * 2, 0.0f); /* two halves: shuffle() */
+    self.uslots.assign((size_t)((self.n + 31) / 32 * 32) * 2, 0u);
     self.body = &body;
     self.block = block;
     blockDim = block;
@@ -916,6 +927,7 @@ void mt_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) { /* c
             fiber_t &fb = self.f[(size_t)t];
             start_fiber(fb);
             fb.state = F_RUN;
+            fb.gen = fb.rgen = 0;
         }
         for (;;) {
             bool ran = false, done = true;
