@@ -685,8 +685,10 @@ mt_emu_switch:
 #define MT_EMU_FAST_SWITCH 0
 #endif
 
-struct fiber_t {
+struct fiber_t { /* small: the scheduler walks every thread's each round */
+#if !MT_EMU_FAST_SWITCH
     ucontext_t ctx;
+#endif
     void *sp;
     char *stack;
     fstate state;
@@ -702,7 +704,9 @@ struct launch_t {
     std::vector<fiber_t> f;
     std::vector<float> slots;
     std::vector<unsigned> uslots;
+#if !MT_EMU_FAST_SWITCH
     ucontext_t sched;
+#endif
     void *sched_sp;
     int cur;
     int or_flag;
@@ -715,6 +719,10 @@ std::recursive_mutex launch_mu;
 
 void set_thread(int t) {
     L->cur = t;
+    if (L->block.y == 1 && L->block.z == 1) { /* most launches: no divisions per switch */
+        threadIdx = dim3((unsigned)t, 0, 0);
+        return;
+    }
     threadIdx =
         dim3((unsigned)t % L->block.x, (unsigned)t / L->block.x % L->block.y, (unsigned)t / (L->block.x * L->block.y));
 }
