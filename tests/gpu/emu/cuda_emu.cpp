@@ -1129,13 +1129,25 @@ static void lt_matmul(const mt_emu_op &o, float al, const void *A, const mt_emu_
                       const mt_emu_layout &bd, float be, const void *C, const mt_emu_layout &cd, void *D,
                       const mt_emu_layout &dd, uint64_t m, uint64_t n, uint64_t k, bool bias, bool gelu) {
     const mt_emu_op *op = &o;
+    /* op(A) row by row and op(B) column by column as doubles (exact), so each dot product runs over contiguous
+     * memory, in the same order */
+    std::vector<double> ar(m * k), bc(n * k);
+    for (uint64_t i = 0; i < m; i++) {
+        for (uint64_t l = 0; l < k; l++) {
+            ar[i * k + l] = ld_el(A, ad.t, op->ta == CUBLAS_OP_T ? l + i * ad.ld : i + l * ad.ld);
+        }
+    }
+    for (uint64_t j = 0; j < n; j++) {
+        for (uint64_t l = 0; l < k; l++) {
+            bc[j * k + l] = ld_el(B, bd.t, op->tb == CUBLAS_OP_T ? j + l * bd.ld : l + j * bd.ld);
+        }
+    }
     for (uint64_t j = 0; j < n; j++) {
         for (uint64_t i = 0; i < m; i++) {
+            const double *x = &ar[i * k], *y = &bc[j * k];
             double acc = 0.0;
             for (uint64_t l = 0; l < k; l++) {
-                size_t ai = op->ta == CUBLAS_OP_T ? l + i * ad.ld : i + l * ad.ld;
-                size_t bi = op->tb == CUBLAS_OP_T ? j + l * bd.ld : l + j * bd.ld;
-                acc += ld_el(A, ad.t, ai) * ld_el(B, bd.t, bi);
+                acc += x[l] * y[l];
             }
             double v = al * acc;
             if (be != 0.0f) {
