@@ -3,9 +3,9 @@
 # GPU tests, measures the dense matrix peak, GPT-2 124M training throughput and MFU in fp32/tf32/bf16/fp16
 # (gpu_bench's loop, and `meshtrain train --runtime.device=cuda` in bf16), the attention kernels against the
 # plain version, the NCCL collective benchmark on the GPU and peak device memory, then prints a short table; on
-# a machine with 2 or more GPUs also `meshtrain train` on 2 of them with dp 2, tp 2 (forward's row-parallel
-# reductions unchunked and in 4 chunks), tp 2 + sequence parallelism and pp 2, against one GPU. Full logs go
-# to the directory given as the argument.
+# a machine with 2 or more GPUs also `meshtrain train` on 2 of them with dp 2, tp 2 and tp 2 + sequence
+# parallelism (each with forward's tp collectives unchunked and in 4 chunks, parallel.tp_comm_chunks) and pp 2,
+# against one GPU. Full logs go to the directory given as the argument.
 #   usage: bench/gpu_check.sh LOGDIR
 #   environment: MT_GPU_CHECK_BUILD (build directory, default build-gpu-check), MT_GPU_CHECK_B (micro-batch,
 #   default 16), MT_GPU_CHECK_STEPS (timed steps per mode, default 10), MT_GPU_CHECK_EXTRA_B (more bf16
@@ -183,7 +183,7 @@ run plan-check 30 "$MT" plan "$SRC/launch/configs/gpt2-124m.toml" --cluster "$SR
     --parallel.engine=ddp --data.kind=synthetic --train.global_batch="$B" --train.micro_batch="$B" \
     --train.grad_accum=1
 
-# ---- two GPUs (when there are): the same model over dp 2, tp 2 (1 and 4 comm chunks), tp 2 + sp and pp 2 ---------
+# ---- two GPUs (when there are): the same model over dp 2, tp 2 and tp 2 + sp (1 and 4 comm chunks), pp 2 ---------
 MPIRUN=${MT_PACKED_MPIEXEC:-$(sed -n 's/^MPIEXEC_EXECUTABLE:[A-Z]*=//p' "$BUILD/CMakeCache.txt")}
 LAYOUTS2=()
 if [ "$NGPU" -ge 2 ] && [ -x "$MPIRUN" ]; then
@@ -193,6 +193,8 @@ if [ "$NGPU" -ge 2 ] && [ -x "$MPIRUN" ]; then
         "tp2|--parallel.tp=2 --train.global_batch=$B $ONE"
         "tp2c4|--parallel.tp=2 --parallel.tp_comm_chunks=4 --train.global_batch=$B $ONE"
         "tp2sp|--parallel.tp=2 --parallel.sequence_parallel=true --train.global_batch=$B $ONE"
+        "tp2spc4|--parallel.tp=2 --parallel.sequence_parallel=true --parallel.tp_comm_chunks=4 --train.global_batch=$B
+            $ONE"
         "pp2|--parallel.tp=1 --parallel.pp=2 --parallel.schedule=1f1b --train.global_batch=$((2 * B))
             --train.micro_batch=$((B / 2)) --train.grad_accum=4")
     for lay in "${LAYOUTS2[@]}"; do
@@ -310,7 +312,7 @@ field() { # field FILE KEY: value of KEY=... on the RESULT line of FILE
         m2=$(sed -n 's/.*steady state (steps [0-9]*-[0-9]*): [0-9]* tok\/s, MFU \([0-9.]*%\).*/\1/p' "$f2" | tail -1)
         if [ -n "$t2" ]; then
             eff=$(awk -v a="$t2" -v b="${toks:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / (2 * b); else print "n/a" }')
-            printf "2 GPUs, meshtrain train bf16, %-6s %s tokens/s, MFU %s, %s of 2 x one GPU's rate\n" "$name:" "$t2" \
+            printf "2 GPUs, meshtrain train bf16, %-8s %s tokens/s, MFU %s, %s of 2 x one GPU's rate\n" "$name:" "$t2" \
                 "${m2:-n/a}" "$eff"
         else
             echo "2 GPUs, meshtrain train bf16, $name: FAILED (see $f2)"

@@ -279,6 +279,17 @@ static void same_norms(const char *what, const mt_job_result_t *a, const mt_job_
     }
 }
 
+/* Both ran the same evaluations, each validation loss of a within tol (relative) of b's. */
+static void same_evals(const char *what, const mt_job_result_t *a, const mt_job_result_t *b, double tol) {
+    CHECK(a->n_evals == b->n_evals && a->n_evals >= 1, "%s: %lld and %lld evaluations", what, (long long)a->n_evals,
+          (long long)b->n_evals);
+    for (int64_t v = 0; v < a->n_evals && v < b->n_evals; v++) {
+        double d = fabs(a->val_loss[v] - b->val_loss[v]) / b->val_loss[v];
+        CHECK(d <= tol, "%s: evaluation %lld %.9g vs %.9g (relative %.2e > %.0e)", what, (long long)v + 1,
+              a->val_loss[v], b->val_loss[v], d, tol);
+    }
+}
+
 /* A run resumed from the checkpoint after step 3: it starts there, runs to STEPS, and its losses are ref's
  * within tol. */
 static void resumed_losses(const char *what, const mt_job_result_t *r, const mt_job_result_t *ref, double tol) {
@@ -421,6 +432,7 @@ static void host_waits(void) {
         {"pp 2, 1f1b", 1, 2, 2, {"--parallel.schedule=1f1b"}},
         {"pp 2, gpipe", 1, 2, 2, {"--parallel.schedule=gpipe", "--precision.compute=fp16"}},
         {"tp 2", 2, 1, 2, {"--precision.compute=fp16"}},
+        {"tp 2, sp", 2, 1, 2, {"--parallel.sequence_parallel=true"}},
         {"tp 2, sp, 3 comm chunks", 2, 1, 2, {"--parallel.sequence_parallel=true", "--parallel.tp_comm_chunks=3"}},
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(lay); i++) {
@@ -910,34 +922,36 @@ static void tensor(const char *dir) {
     CHECK(sp.mem_peak[MT_MEM_ACTIVATIONS] > 0 && sp.mem_peak[MT_MEM_ACTIVATIONS] < g.mem_peak[MT_MEM_ACTIVATIONS],
           "tp 2: device activation bytes %lld with sequence parallelism, %lld without",
           (long long)sp.mem_peak[MT_MEM_ACTIVATIONS], (long long)g.mem_peak[MT_MEM_ACTIVATIONS]);
-    /* parallel.tp_comm_chunks = 3: forward's row-parallel products and their collectives, and with sequence
-     * parallelism the LayerNorm outputs' gathers and the column-parallel products after them, in uneven row chunks
-     * (32 rows: 10, 11, 11; with sequence parallelism 5, 5, 6 of each rank's 16, one product per rank), each
-     * chunk's collective on the tp stream: the unchunked runs' function, in fp32 and in bf16 (rows of 2-byte
-     * elements), without and with sequence parallelism */
+    /* parallel.tp_comm_chunks: forward's row-parallel products and their collectives, and with sequence parallelism
+     * the LayerNorm outputs' gathers and the column-parallel products after them, in row chunks, each chunk's
+     * collective on the tp stream: the unchunked runs' function. 3 chunks cut unevenly (32 rows: 10, 11, 11; with
+     * sequence parallelism 5, 5, 6 of each rank's 16, one product per rank): fp32 without sequence parallelism,
+     * and bf16 (rows of 2-byte elements) with it, against the same runs unchunked; 40 chunks of each rank's 16
+     * rows (24 empty) with sequence parallelism and the default padding (rank 1 holds no vocabulary row: the head
+     * gathers ln_f and computes no product) against the unchunked run without sequence parallelism (which gives
+     * the same losses, above). */
     {
-        mt_job_result_t c32, cbf, csp;
+        mt_job_result_t c32, bsp, cbsp, c40;
         const char *ch[] = {ev[0], ev[1], "--parallel.tp_comm_chunks=3"};
         CHECK_OK(run_mesh("cuda", 2, 1, 3, ch, &c32));
         same_losses("tp 2, 3 comm chunks vs 1", &c32, &g, SAME_TOL);
         same_norms("tp 2, 3 comm chunks vs 1", &c32, &g, SAME_TOL);
-        CHECK(c32.n_evals == g.n_evals, "tp 2, 3 comm chunks: %lld evaluations, 1 chunk %lld",
-              (long long)c32.n_evals, (long long)g.n_evals);
-        for (int64_t v = 0; v < c32.n_evals && v < g.n_evals; v++) {
-            CHECK(fabs(c32.val_loss[v] - g.val_loss[v]) <= SAME_TOL * g.val_loss[v],
-                  "tp 2, 3 comm chunks, evaluation %lld: %.9g, 1 chunk %.9g", (long long)v + 1, c32.val_loss[v],
-                  g.val_loss[v]);
+        same_evals("tp 2, 3 comm chunks vs 1", &c32, &g, SAME_TOL);
+        const char *bs[] = {b16[0], b16[1], spa[0], spa[2], ch[2]};
+        CHECK_OK(run_mesh("cuda", 2, 1, 4, bs, &bsp));
+        CHECK_OK(run_mesh("cuda", 2, 1, 5, bs, &cbsp));
+        same_losses("tp 2 + sp bf16, 3 comm chunks vs 1", &cbsp, &bsp, SAME_TOL);
+        same_norms("tp 2 + sp bf16, 3 comm chunks vs 1", &cbsp, &bsp, SAME_TOL);
+        same_evals("tp 2 + sp bf16, 3 comm chunks vs 1", &cbsp, &bsp, SAME_TOL);
+        const char *c40a[] = {ev[0], spa[2], "--parallel.tp_comm_chunks=40"};
+        CHECK_OK(run_mesh("cuda", 2, 1, 3, c40a, &c40));
+        const char *c40w = "tp 2 + sp, 40 comm chunks, an empty vocabulary shard, vs 1 chunk without sp";
+        same_losses(c40w, &c40, &eg, SAME_TOL);
+        same_evals(c40w, &c40, &eg, SAME_TOL);
+        mt_job_result_t *cr[] = {&c32, &bsp, &cbsp, &c40};
+        for (size_t i = 0; i < MT_ARRAY_LEN(cr); i++) {
+            mt_job_result_free(cr[i]);
         }
-        const char *chb[] = {b16[0], b16[1], ch[2]};
-        CHECK_OK(run_mesh("cuda", 2, 1, 3, chb, &cbf));
-        same_losses("tp 2 bf16, 3 comm chunks vs 1", &cbf, &bf, SAME_TOL);
-        const char *chs[] = {spa[0], spa[1], spa[2], ch[2]};
-        CHECK_OK(run_mesh("cuda", 2, 1, 4, chs, &csp));
-        same_losses("tp 2 + sp, 3 comm chunks vs 1", &csp, &sp, SAME_TOL);
-        same_norms("tp 2 + sp, 3 comm chunks vs 1", &csp, &sp, SAME_TOL);
-        mt_job_result_free(&c32);
-        mt_job_result_free(&cbf);
-        mt_job_result_free(&csp);
     }
     if (w->size == 2) {
         tp_comm_bytes(dir);
