@@ -420,39 +420,52 @@ static void host_waits(void) {
         const char *name;
         int tp, pp, ga;
         const char *extra[4];
+        bool big_eval; /* also an evaluation of 300 batches: two reads of the losses (MT_JOB_EVAL_CHUNK) */
     } lay[] = {
-        {"ddp", 1, 1, 2, {"--parallel.engine=ddp", "--parallel.bucket_mb=0.001"}},
-        {"dp", 1, 1, 2, {"--parallel.engine=dp"}},
-        {"ddp, 4 micro-batches", 1, 1, 4, {"--train.grad_accum=4", "--train.global_batch=16"}},
-        {"fp16", 1, 1, 2, {"--precision.compute=fp16"}},
-        {"bf16", 1, 1, 2, {"--precision.compute=bf16"}},
-        {"zero-1", 1, 1, 2, {"--parallel.engine=zero", "--parallel.zero_stage=1"}},
-        {"zero-2", 1, 1, 2, {"--parallel.engine=zero", "--parallel.zero_stage=2"}},
-        {"zero-3", 1, 1, 2, {"--parallel.engine=zero", "--parallel.zero_stage=3", "--precision.compute=fp16"}},
-        {"pp 2, 1f1b", 1, 2, 2, {"--parallel.schedule=1f1b"}},
-        {"pp 2, gpipe", 1, 2, 2, {"--parallel.schedule=gpipe", "--precision.compute=fp16"}},
-        {"tp 2", 2, 1, 2, {"--precision.compute=fp16"}},
-        {"tp 2, sp", 2, 1, 2, {"--parallel.sequence_parallel=true"}},
-        {"tp 2, sp, 3 comm chunks", 2, 1, 2, {"--parallel.sequence_parallel=true", "--parallel.tp_comm_chunks=3"}},
+        {"ddp", 1, 1, 2, {"--parallel.engine=ddp", "--parallel.bucket_mb=0.001"}, false},
+        {"dp", 1, 1, 2, {"--parallel.engine=dp"}, false},
+        {"ddp, 4 micro-batches", 1, 1, 4, {"--train.grad_accum=4", "--train.global_batch=16"}, false},
+        {"fp16", 1, 1, 2, {"--precision.compute=fp16"}, false},
+        {"bf16", 1, 1, 2, {"--precision.compute=bf16"}, false},
+        {"zero-1", 1, 1, 2, {"--parallel.engine=zero", "--parallel.zero_stage=1"}, false},
+        {"zero-2", 1, 1, 2, {"--parallel.engine=zero", "--parallel.zero_stage=2"}, false},
+        {"zero-3", 1, 1, 2, {"--parallel.engine=zero", "--parallel.zero_stage=3", "--precision.compute=fp16"}, false},
+        {"pp 2, 1f1b", 1, 2, 2, {"--parallel.schedule=1f1b"}, true},
+        {"pp 2, gpipe", 1, 2, 2, {"--parallel.schedule=gpipe", "--precision.compute=fp16"}, false},
+        {"tp 2", 2, 1, 2, {"--precision.compute=fp16"}, false},
+        {"tp 2, sp", 2, 1, 2, {"--parallel.sequence_parallel=true"}, false},
+        {"tp 2, sp, 3 comm chunks", 2, 1, 2, {"--parallel.sequence_parallel=true", "--parallel.tp_comm_chunks=3"},
+         false},
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(lay); i++) {
-        size_t got[3][MT_EMU_WAIT_KINDS];
-        for (int r = 0; r < 3; r++) { /* 3 steps, 5 steps, 3 steps and an evaluation of 3 batches at the end */
+        size_t got[4][MT_EMU_WAIT_KINDS];
+        /* 3 steps, 5 steps, 3 steps and an evaluation of 3 batches at the end (and of 300) */
+        for (int r = 0; r < (lay[i].big_eval ? 4 : 3); r++) {
             const char *extra[8] = {r == 1 ? "--train.steps=5" : "--train.steps=3"};
             int n = 1;
             while (n < 5 && lay[i].extra[n - 1]) {
                 extra[n] = lay[i].extra[n - 1];
                 n++;
             }
-            if (r == 2) {
+            if (r >= 2) {
                 extra[n++] = "--train.eval_every=100";
-                extra[n++] = "--train.eval_batches=3";
+                extra[n++] = r == 2 ? "--train.eval_batches=3" : "--train.eval_batches=300";
             }
             mt_job_result_t res;
             memset(run_waits, 0, sizeof(run_waits));
             mt_status_t st = run_mesh("cuda", lay[i].tp, lay[i].pp, n, extra, &res);
             CHECK(st == MT_OK, "%s: %s (%s)", lay[i].name, mt_status_str(st), mt_last_error_msg());
             memcpy(got[r], run_waits, sizeof(run_waits));
+            if (st == MT_OK && r == 3) { /* 300 batches in two reads: the CPU engine's validation loss */
+                mt_job_result_t cpu;
+                CHECK_OK(run_mesh("cpu", lay[i].tp, lay[i].pp, n, extra, &cpu));
+                CHECK(res.n_evals == 1 && cpu.n_evals == 1 &&
+                          fabs(res.val_loss[0] - cpu.val_loss[0]) <= 1e-3 * cpu.val_loss[0],
+                      "%s: an evaluation of 300 batches: %lld evaluations, validation loss %.9g, cpu %.9g",
+                      lay[i].name, (long long)res.n_evals, res.n_evals ? res.val_loss[0] : 0.0,
+                      cpu.n_evals ? cpu.val_loss[0] : 0.0);
+                mt_job_result_free(&cpu);
+            }
             if (st == MT_OK) {
                 mt_job_result_free(&res);
             }
@@ -474,6 +487,14 @@ static void host_waits(void) {
             CHECK(got[2][k] >= got[0][k] && d == want, "%s, rank %d: an evaluation of 3 batches made %zu %s waits, "
                   "want %zu", lay[i].name, w->rank, d, kinds[k], want);
             len += snprintf(line + len, sizeof(line) - (size_t)len, " %s %zu", kinds[k], d);
+        }
+        /* 300 batches: read in two chunks of at most MT_JOB_EVAL_CHUNK (256 + 44), one synchronisation each */
+        for (int k = 0; k < MT_EMU_WAIT_KINDS && lay[i].big_eval; k++) {
+            size_t d = got[3][k] - got[0][k];
+            size_t want = k == MT_EMU_WAIT_STREAM ? 2 : k == MT_EMU_WAIT_EVENT ? 300 * (size_t)lay[i].ga : 0;
+            CHECK(got[3][k] >= got[0][k] && d == want, "%s, rank %d: an evaluation of 300 batches made %zu %s waits, "
+                  "want %zu", lay[i].name, w->rank, d, kinds[k], want);
+            len += snprintf(line + len, sizeof(line) - (size_t)len, "%s %s %zu", k ? "" : "; of 300:", kinds[k], d);
         }
         if (w->rank == 0) {
             printf("%s\n", line);
