@@ -557,6 +557,11 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         if (MT_CUDA_EMULATED && !MT_HAVE_COLL_STAGED) {
             e->comm_backend = NULL; /* host memory by priority, above */
         }
+        if (any[1] && e->tp > 1 && mt_config_int(cfg, "parallel.tp_comm_chunks") > 1 && mt_rt_world()->rank == 0) {
+            MT_WARN("cuda engine: parallel.tp_comm_chunks = %lld through MPI (the staged backend): each chunk's "
+                    "collective blocks the host in turn, so nothing overlaps (NCCL, one rank per GPU, overlaps them)",
+                    (long long)mt_config_int(cfg, "parallel.tp_comm_chunks"));
+        }
         if (any[0] && st == MT_OK) {
             st = mt_error(MT_ERR_CUDA, "cuda engine: another rank could not select its GPU (its message is above)");
         }

@@ -167,6 +167,14 @@ static mt_status_t mp_init(const mt_job_info_t *info, void **ctx) {
     c->model = info->model;
     c->sgd = info->optim.kind == MT_OPTIM_SGD;
     MT_CHECK(mt_par3d_attach(c->p3, c->model));
+    int wrank = 0;
+    MPI_Comm_rank(info->comm, &wrank);
+    if (c->tp_size > 1 && wrank == 0 &&
+        mt_config_source(info->cfg, "parallel.tp_comm_chunks") != MT_CFG_SRC_DEFAULT) {
+        MT_WARN("parallel.tp_comm_chunks = %lld applies to the GPU engine only (runtime.device = \"cuda\"): the CPU "
+                "tensor-parallel engine sends each collective whole",
+                (long long)mt_config_int(info->cfg, "parallel.tp_comm_chunks"));
+    }
     c->pl = mt_par3d_pipeline(c->p3);
     mt_engine_t e = mt_par3d_engine(c->p3);
     int dp = mt_comm_size(mt_par3d_comm(c->p3, MT_AXIS_DP));
