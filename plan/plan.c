@@ -81,6 +81,7 @@ mt_status_t mt_plan_job_from_config(const mt_config_t *cfg, mt_plan_job_t *out) 
     out->grad_clip = mt_config_float(cfg, "optimizer.grad_clip");
     out->persist_threshold = mt_config_int(cfg, "parallel.zero_persist_threshold");
     out->eval_batches = mt_job_eval_chunk(cfg);
+    out->tp_chunks = (int)mt_config_int(cfg, "parallel.tp_comm_chunks");
     out->cpu_only = !strcmp(mt_config_str(cfg, "runtime.device"), "cpu");
     out->gpu_staged = !strcmp(mt_config_str(cfg, "runtime.gpu_comm"), "mpi");
     mt_model_t m = NULL;

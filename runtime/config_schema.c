@@ -65,7 +65,7 @@ static const mt_cfg_schema_t schema[] = {
     S("parallel.stage_layers", "", NULL, "blocks per pipeline stage, e.g. \"3,3,2,2\"; empty = balanced"),
     B("parallel.sequence_parallel", "false", "split LayerNorm/residual regions along the sequence over tp"),
     I("parallel.tp_comm_chunks", "1", 1, 64,
-      "GPU tp: forward's row-parallel reductions (and sp gathers) in row chunks overlapping their products"),
+      "GPU tp: row-parallel reductions and sp gathers in row chunks overlapping their products"),
     S("parallel.dp_reduce", "auto", "auto|engine|allreduce",
       "tp/pp jobs: dp gradients by parallel.engine, one all-reduce, or auto"),
     /* [precision] */

@@ -411,7 +411,10 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     size_t cs = mt_cuda_colsum_scratch_floats(MT_MAX(g->Hl, g->C)), ls = mt_cuda_layernorm_scratch_floats(g->C);
     size_t as = mt_cuda_attention_scratch_floats(g->B, g->T, g->NHl), ss = mt_cuda_sumsq_scratch_doubles();
     size_t Hl = (size_t)g->Hl, ce = g->tp > 1 ? N * 3 * 4 : 0, rep = (size_t)g->n_shd * 8;
-    size_t scratch = 3 * MT_DIV_UP(N * C * es, 256) * 256 + 2 * MT_DIV_UP(N * Hl * es, 256) * 256 +
+    /* dfc (N, Hl) also packs rowpar_backward's chunked gathers, (N, C) */
+    size_t dfc_w = g->sp && p->tp_chunks > 1 ? MT_MAX(Hl, C) : Hl;
+    size_t scratch = 3 * MT_DIV_UP(N * C * es, 256) * 256 + MT_DIV_UP(N * Hl * es, 256) * 256 +
+                     MT_DIV_UP(N * dfc_w * es, 256) * 256 +
                      MT_DIV_UP(cs * 4, 256) * 256 + MT_DIV_UP(ls * 4, 256) * 256 + MT_DIV_UP(as * 4, 256) * 256 +
                      MT_DIV_UP(ss * 8, 256) * 256 + 6 * 256 + MT_DIV_UP(ce, 256) * 256 +
                      MT_DIV_UP(ce * (size_t)g->tp, 256) * 256 + MT_DIV_UP(rep, 256) * 256 +
@@ -421,7 +424,7 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     g->dresid = carve(&cur, R * C * es);
     g->da = carve(&cur, N * C * es);
     g->dfg = carve(&cur, N * Hl * es);
-    g->dfc = carve(&cur, N * Hl * es);
+    g->dfc = carve(&cur, N * dfc_w * es);
     g->col_scratch = carve(&cur, cs * 4);
     g->ln_scratch = carve(&cur, ls * 4);
     g->attn_scratch = carve(&cur, as * 4);
@@ -682,12 +685,34 @@ static mt_status_t rowpar_forward(mt_gpt2_cuda_t g, const void *inp, int Cin, co
     return gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP);
 }
 
+/* Sequence parallelism with params.tp_chunks > 1, one chunk of a gather (f forward, g backward): rows [j0, j0 + n)
+ * of every rank's R rows at src gathered on tp_stream into pack, rank after rank, the compute stream put behind
+ * it, and rank r's n rows copied to rows r R + j0 of full (N,C). The caller has ordered tp_stream after src's
+ * writer and after pack's last reader; *queued is set once a collective is on tp_stream. */
+static mt_status_t sp_gather_chunk(mt_gpt2_cuda_t g, const void *src, char *pack, void *full, int j0, int n,
+                                   bool *queued) {
+    const mt_gpt2_cuda_tp_ops_t *o = g->p.tp_ops;
+    size_t rowb = (size_t)g->C * g->es, R = (size_t)g->R;
+    *queued = true;
+    mt_status_t st = o->all_gather(o->ctx, (const char *)src + (size_t)j0 * rowb, pack, (size_t)n * g->C, g->dt,
+                                   g->tp_stream);
+    st = st != MT_OK ? st : mt_cuda_status(cudaEventRecord(g->tp_out, g->tp_stream), "tp event");
+    st = st != MT_OK ? st : mt_cuda_status(cudaStreamWaitEvent(g->stream, g->tp_out, 0), "tp event wait");
+    st = st != MT_OK ? st : gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP);
+    st = st != MT_OK ? st
+                     : mt_cuda_status(cudaMemcpy2DAsync((char *)full + (size_t)j0 * rowb, R * rowb, pack,
+                                                        (size_t)n * rowb, (size_t)n * rowb, (size_t)g->tp,
+                                                        cudaMemcpyDeviceToDevice, g->stream),
+                                      "gathered rows");
+    return st != MT_OK ? st : gpt2_cuda_prof_mark(g, MT_GPT2_PROF_OTHER);
+}
+
 /* Forward, a column-parallel region's entry: with sequence parallelism every rank's R rows of the LayerNorm output
  * (at g->lnloc) gathered into full (N, C), which backward keeps; then out (N, ldo) = full @ w^T + bias, OC columns
  * (gelu_pre: the fc layer's fused epilogue; OC = 0: the gather alone). With params.tp_chunks = k > 1 and sequence
- * parallelism the gather goes in k chunks on tp_stream (chunk j: rows [j0, j1) of every rank's R, packed rank
- * after rank into g->tmp_c, free here), and the compute stream, once chunk j is there, copies it to its rows of
- * full and computes their products (one per rank) while chunk j + 1 is gathered. */
+ * parallelism the gather goes in k chunks on tp_stream (sp_gather_chunk, packed into g->tmp_c, free here), and
+ * the compute stream, once chunk j is in its rows of full, computes their products (one per rank) while chunk
+ * j + 1 is gathered. */
 static mt_status_t colpar_forward(mt_gpt2_cuda_t g, void *full, void *out, int ldo, void *gelu_pre, const void *w,
                                   const void *bias, int OC) {
     int N = g->N, C = g->C, R = g->R, dt = g->dt, k = g->p.tp_chunks, tp = g->tp;
@@ -699,7 +724,6 @@ static mt_status_t colpar_forward(mt_gpt2_cuda_t g, void *full, void *out, int l
         }
         return MT_OK;
     }
-    const mt_gpt2_cuda_tp_ops_t *o = g->p.tp_ops;
     size_t es = g->es, rowb = (size_t)C * es, outb = (size_t)ldo * es;
     bool queued = false; /* a collective is on tp_stream: an error must not leave it unordered */
     mt_status_t st = mt_cuda_status(cudaEventRecord(g->tp_in, s), "tp event"); /* lnloc is written */
@@ -710,19 +734,7 @@ static mt_status_t colpar_forward(mt_gpt2_cuda_t g, void *full, void *out, int l
             continue;
         }
         char *pack = (char *)g->tmp_c + (size_t)tp * j0 * rowb;
-        queued = true;
-        st = o->all_gather(o->ctx, (const char *)g->lnloc + (size_t)j0 * rowb, pack, (size_t)n * C, dt,
-                           g->tp_stream);
-        st = st != MT_OK ? st : mt_cuda_status(cudaEventRecord(g->tp_out, g->tp_stream), "tp event");
-        st = st != MT_OK ? st : mt_cuda_status(cudaStreamWaitEvent(s, g->tp_out, 0), "tp event wait");
-        st = st != MT_OK ? st : gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP);
-        /* rank r's n rows to rows r R + j0 of full */
-        st = st != MT_OK ? st
-                         : mt_cuda_status(cudaMemcpy2DAsync((char *)full + (size_t)j0 * rowb, (size_t)R * rowb, pack,
-                                                            (size_t)n * rowb, (size_t)n * rowb, (size_t)tp,
-                                                            cudaMemcpyDeviceToDevice, s),
-                                          "gathered rows");
-        st = st != MT_OK ? st : gpt2_cuda_prof_mark(g, MT_GPT2_PROF_OTHER);
+        st = sp_gather_chunk(g, g->lnloc, pack, full, j0, n, &queued);
         for (int r = 0; r < tp && OC > 0 && st == MT_OK; r++) {
             size_t row = (size_t)r * R + j0;
             st = mt_cuda_status(mt_cuda_matmul_forward(g->ctx, (char *)out + row * outb, ldo,
@@ -736,6 +748,54 @@ static mt_status_t colpar_forward(mt_gpt2_cuda_t g, void *full, void *out, int l
         cudaStreamSynchronize(g->tp_stream);
     }
     return st;
+}
+
+/* Backward, a row-parallel region's product (inp (N, Cin) and w as rowpar_forward's): dinp (N, Cin) = dout @ w,
+ * dw += dout^T inp and db += dout's column sums (NULL: tp ranks but 0 have no bias), where dout (N,C) is the
+ * gradient of the region's output, dresid: with sequence parallelism every rank's R rows of it gathered into
+ * g->tmp_c (g backward). With params.tp_chunks = k > 1 the gather goes in k chunks on tp_stream (sp_gather_chunk,
+ * packed into g->dfc, free here: its last reader is enqueued before), and the compute stream computes chunk j's
+ * rows of dinp (one product per rank) while chunk j + 1 is gathered; dw and db then read the whole of tmp_c, as
+ * unchunked. */
+static mt_status_t rowpar_backward(mt_gpt2_cuda_t g, void *dinp, const void *inp, int Cin, const void *w, float *dw,
+                                   float *db) {
+    int N = g->N, C = g->C, R = g->R, dt = g->dt, k = g->p.tp_chunks, tp = g->tp;
+    void *s = g->stream;
+    if (!g->sp || k <= 1) {
+        MT_CHECK(tp_gather(g, g->dresid, g->tmp_c));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, dinp, dw, db, g->sp ? g->tmp_c : g->dresid, C, inp,
+                                                        w, N, Cin, C, dt, g->col_scratch, s));
+        return MT_OK;
+    }
+    size_t es = g->es, rowb = (size_t)C * es;
+    bool queued = false; /* a collective is on tp_stream: an error must not leave it unordered */
+    mt_status_t st = mt_cuda_status(cudaEventRecord(g->tp_in, s), "tp event"); /* dresid is complete */
+    st = st != MT_OK ? st : mt_cuda_status(cudaStreamWaitEvent(g->tp_stream, g->tp_in, 0), "tp event wait");
+    for (int j = 0; j < k && st == MT_OK; j++) {
+        int j0 = (int)((int64_t)R * j / k), n = (int)((int64_t)R * (j + 1) / k) - j0;
+        if (n == 0) { /* more chunks than rows: the same on every rank */
+            continue;
+        }
+        char *pack = (char *)g->dfc + (size_t)tp * j0 * rowb;
+        st = sp_gather_chunk(g, g->dresid, pack, g->tmp_c, j0, n, &queued);
+        for (int r = 0; r < tp && st == MT_OK; r++) {
+            size_t row = (size_t)r * R + j0;
+            st = mt_cuda_status(mt_cuda_matmul_backward_set(g->ctx, (char *)dinp + row * Cin * es, NULL, NULL,
+                                                            pack + (size_t)r * n * rowb, C, NULL, w, n, Cin, C,
+                                                            dt, NULL, s),
+                                "row-parallel input gradient");
+            st = st != MT_OK ? st : gpt2_cuda_prof_mark(g, MT_GPT2_PROF_MATMUL_BWD);
+        }
+    }
+    if (st != MT_OK) {
+        if (queued) {
+            cudaStreamSynchronize(g->tp_stream);
+        }
+        return st;
+    }
+    OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, NULL, dw, db, g->tmp_c, C, inp, w, N, Cin, C, dt,
+                                                    g->col_scratch, s));
+    return MT_OK;
 }
 
 /* Where a LayerNorm whose output enters a column-parallel region writes: full (N,C) itself, or with sequence
@@ -797,8 +857,29 @@ static mt_status_t wouter_fresh(mt_gpt2_cuda_t g) {
     return MT_OK;
 }
 
+/* Block l from its ln_1 output (a->ln1, or with sequence parallelism this rank's rows of it at g->lnloc) up to
+ * gelu(fc): the attention branch, its residual and ln_2, and the MLP's column-parallel product. */
+static mt_status_t block_forward_to_gelu(mt_gpt2_cuda_t g, int l) {
+    int N = g->N, C = g->C, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl, R = g->R;
+    void *s = g->stream;
+    layer_acts_t *a = LA(l);
+    int p = BLOCK0 + l * NBP;
+    void *x = NULL; /* a row-parallel region's output: the group's sum (sp: this rank's rows of it) */
+    MT_CHECK(colpar_forward(g, a->ln1, a->qkv, 3 * Cl, NULL, W(p + QKVW), W(p + QKVB), 3 * Cl));
+    OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, Cl, g->NHl, dt, s));
+    MT_CHECK(rowpar_forward(g, a->atty, Cl, W(p + PROJW), ROW_BIAS(p + PROJB), &x));
+    OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, LN_DST(a->ln2), a->ln2_mean, a->ln2_rstd, x, RES(l),
+                                                       W(p + LN2W), W(p + LN2B), R, C, dt, s));
+    if (g->p.fused_gelu) {
+        return colpar_forward(g, a->ln2, a->fch_gelu, Hl, a->fch, W(p + FCW), W(p + FCB), Hl);
+    }
+    MT_CHECK(colpar_forward(g, a->ln2, a->fch, Hl, NULL, W(p + FCW), W(p + FCB), Hl));
+    OP(PROF_GELU, mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * Hl, dt, s));
+    return MT_OK;
+}
+
 mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const int32_t *targets) {
-    int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl, R = g->R;
+    int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt, Hl = g->Hl, R = g->R;
     void *s = g->stream;
     MT_CHECK(tp_rejoin(g));
     if ((g->first && !tokens) || (g->last && !targets)) {
@@ -858,18 +939,8 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
             OP(PROF_LN_FWD, mt_cuda_layernorm_forward(LN_DST(a->ln1), a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W),
                                                       W(p + LN1B), R, C, dt, s));
         }
+        MT_CHECK(block_forward_to_gelu(g, l));
         void *x = NULL; /* a row-parallel region's output: the group's sum (sp: this rank's rows of it) */
-        MT_CHECK(colpar_forward(g, a->ln1, a->qkv, 3 * Cl, NULL, W(p + QKVW), W(p + QKVB), 3 * Cl));
-        OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, Cl, g->NHl, dt, s));
-        MT_CHECK(rowpar_forward(g, a->atty, Cl, W(p + PROJW), ROW_BIAS(p + PROJB), &x));
-        OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, LN_DST(a->ln2), a->ln2_mean, a->ln2_rstd, x, RES(l),
-                                                           W(p + LN2W), W(p + LN2B), R, C, dt, s));
-        if (g->p.fused_gelu) {
-            MT_CHECK(colpar_forward(g, a->ln2, a->fch_gelu, Hl, a->fch, W(p + FCW), W(p + FCB), Hl));
-        } else {
-            MT_CHECK(colpar_forward(g, a->ln2, a->fch, Hl, NULL, W(p + FCW), W(p + FCB), Hl));
-            OP(PROF_GELU, mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * Hl, dt, s));
-        }
         MT_CHECK(rowpar_forward(g, a->fch_gelu, Hl, W(p + FCPW), ROW_BIAS(p + FCPB), &x));
         if (l + 1 < g->hi) {
             layer_acts_t *nx = LA(l + 1);
@@ -923,36 +994,16 @@ static mt_status_t grads_done(mt_gpt2_cuda_t g, int p0, int p1, cudaEvent_t ev) 
     return MT_OK;
 }
 
-/* recompute = block: refills the shared internals of block l from its input resid[l] with the forward's
- * kernels (ln_1 unfused here: the fused kernel normalises the stored sum, so the bits are the same), up to
- * gelu(fc): the block's output is not needed again. g->tmp_c is free during backward. */
+/* recompute = block: refills the shared internals of block l from its input resid[l] with the forward's kernels
+ * and collectives, chunked as the forward's (ln_1 unfused here: the fused kernel normalises the stored sum, so
+ * the bits are the same), up to gelu(fc): the block's output is not needed again. g->tmp_c is free during
+ * backward. */
 static mt_status_t block_recompute(mt_gpt2_cuda_t g, int l) {
-    int N = g->N, C = g->C, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl, R = g->R;
-    void *s = g->stream;
     layer_acts_t *a = LA(l);
     int p = BLOCK0 + l * NBP;
     OP(PROF_LN_FWD, mt_cuda_layernorm_forward(LN_DST(a->ln1), a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W),
-                                              W(p + LN1B), R, C, dt, s));
-    MT_CHECK(tp_gather(g, g->lnloc, a->ln1));
-    void *x = NULL;
-    OP(PROF_MATMUL_FWD,
-       mt_cuda_matmul_forward(g->ctx, a->qkv, 3 * Cl, NULL, a->ln1, W(p + QKVW), W(p + QKVB), N, C, 3 * Cl, dt, s));
-    OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, Cl, g->NHl, dt, s));
-    OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->tmp_c, C, NULL, a->atty, W(p + PROJW), ROW_BIAS(p + PROJB),
-                                               N, Cl, C, dt, s));
-    MT_CHECK(tp_reduce(g, g->tmp_c, g->tmp_r, &x));
-    OP(PROF_LN_FWD, mt_cuda_residual_layernorm_forward(a->r2, LN_DST(a->ln2), a->ln2_mean, a->ln2_rstd, x, RES(l),
-                                                       W(p + LN2W), W(p + LN2B), R, C, dt, s));
-    MT_CHECK(tp_gather(g, g->lnloc, a->ln2));
-    if (g->p.fused_gelu) {
-        OP(PROF_MATMUL_FWD,
-           mt_cuda_matmul_forward(g->ctx, a->fch_gelu, Hl, a->fch, a->ln2, W(p + FCW), W(p + FCB), N, C, Hl, dt, s));
-    } else {
-        OP(PROF_MATMUL_FWD,
-           mt_cuda_matmul_forward(g->ctx, a->fch, Hl, NULL, a->ln2, W(p + FCW), W(p + FCB), N, C, Hl, dt, s));
-        OP(PROF_GELU, mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * Hl, dt, s));
-    }
-    return MT_OK;
+                                              W(p + LN1B), g->R, g->C, g->dt, g->stream));
+    return block_forward_to_gelu(g, l);
 }
 
 /* LayerNorm backward over this rank's R rows: dinp (R,C) += ..., and the gradients of its weight and bias (C each,
@@ -995,7 +1046,6 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl;
     size_t NC = (size_t)N * C, RC = (size_t)g->R * C, es = g->es;
     void *x = NULL;           /* f backward's result: the group's sum of an input gradient (sp: this rank's rows) */
-    const void *dfull = NULL; /* dresid as (N,C) rows for a row-parallel region's backward (sp: gathered) */
     void *s = g->stream;
     cudaStream_t cs = g->stream;
     int pf = BLOCK0 + L * NBP;
@@ -1054,10 +1104,7 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
          * da, dfg, dfc, dln1 are written (not accumulated): no zeroing before the products. sp: the row-parallel
          * region reads every rank's rows of dresid, gathered into tmp_c (free in backward), and its bias gradient
          * sums all N rows, whole on every rank */
-        MT_CHECK(tp_gather(g, g->dresid, g->tmp_c));
-        dfull = g->sp ? g->tmp_c : g->dresid;
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->dfg, G(p + FCPW), G(p + FCPB), dfull, C,
-                                                        a->fch_gelu, W(p + FCPW), N, Hl, C, dt, g->col_scratch, s));
+        MT_CHECK(rowpar_backward(g, g->dfg, a->fch_gelu, Hl, W(p + FCPW), G(p + FCPW), G(p + FCPB)));
         OP(PROF_GELU, mt_cuda_gelu_backward_set(g->dfc, a->fch, g->dfg, (size_t)N * Hl, dt, s));
         OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, NULL, NULL, g->dfc, Hl, a->ln2, W(p + FCW), N,
                                                         C, Hl, dt, g->col_scratch, s));
@@ -1068,9 +1115,7 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         MT_CHECK(ln_grads_begin(g, 2)); /* sp: ln2's and ln1's weight/bias gradients reduced together, below */
         MT_CHECK(ln_backward(g, g->dresid, G(p + LN2W), 0, x, a->r2, W(p + LN2W), a->ln2_mean, a->ln2_rstd));
         /* attention branch: r2 = x_l + proj(attn(qkv(ln1(x_l)))); dresid now holds d r2 */
-        MT_CHECK(tp_gather(g, g->dresid, g->tmp_c));
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->da, G(p + PROJW), G(p + PROJB), dfull, C, a->atty,
-                                                        W(p + PROJW), N, Cl, C, dt, g->col_scratch, s));
+        MT_CHECK(rowpar_backward(g, g->da, a->atty, Cl, W(p + PROJW), G(p + PROJW), G(p + PROJB)));
         void *dqkv = g->dfg; /* (N,3Cl) fits in (N,Hl) */
         OP(PROF_OTHER, cudaMemsetAsync(dqkv, 0, 3 * (size_t)N * Cl * es, cs));
         OP(PROF_ATTN_BWD,
@@ -1089,9 +1134,8 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     }
     if (g->first) { /* a later stage leaves d x_lo in dresid for the previous one; sp: every rank's rows */
         MT_CHECK(tp_gather(g, g->dresid, g->tmp_c));
-        dfull = g->sp ? g->tmp_c : g->dresid;
-        OP(PROF_EMBED,
-           mt_cuda_embedding_backward_shard(G(0), G(1), dfull, g->A->tokens_d, g->v0, g->Vl, B, T, C, dt, s));
+        OP(PROF_EMBED, mt_cuda_embedding_backward_shard(G(0), G(1), g->sp ? g->tmp_c : g->dresid, g->A->tokens_d,
+                                                        g->v0, g->Vl, B, T, C, dt, s));
     }
     return grads_done(g, 0, BLOCK0, g->outer_free); /* wte and wpe; on the last stage only wte, from the head */
 }

@@ -45,8 +45,9 @@ typedef struct {
     int act_sets;         /* micro-batches whose activations are kept at once (mt_gpt2_cuda_use_acts) */
     const mt_gpt2_cuda_tp_ops_t *tp_ops; /* the tp group's collectives: required when the model's tp_size > 1 */
     int tp_chunks; /* tp: forward's row-parallel products and their reductions (and with sequence parallelism
-                    * the gathers before the column-parallel ones) in this many row chunks (1-64), each chunk's
-                    * collective overlapping a neighbouring chunk's products; 1: unchunked */
+                    * the gathers before the column-parallel ones, and backward's before the row-parallel ones) in
+                    * this many row chunks (1-64), each chunk's collective overlapping a neighbouring chunk's
+                    * products; 1: unchunked */
 } mt_gpt2_cuda_params_t;
 
 #define MT_GPT2_CUDA_PARAMS_INIT                                                                                       \

@@ -944,13 +944,14 @@ static void tensor(const char *dir) {
           "tp 2: device activation bytes %lld with sequence parallelism, %lld without",
           (long long)sp.mem_peak[MT_MEM_ACTIVATIONS], (long long)g.mem_peak[MT_MEM_ACTIVATIONS]);
     /* parallel.tp_comm_chunks: forward's row-parallel products and their collectives, and with sequence parallelism
-     * the LayerNorm outputs' gathers and the column-parallel products after them, in row chunks, each chunk's
-     * collective on the tp stream: the unchunked runs' function. 3 chunks cut unevenly (32 rows: 10, 11, 11; with
-     * sequence parallelism 5, 5, 6 of each rank's 16, one product per rank): fp32 without sequence parallelism,
-     * and bf16 (rows of 2-byte elements) with it, against the same runs unchunked; 40 chunks of each rank's 16
-     * rows (24 empty) with sequence parallelism and the default padding (rank 1 holds no vocabulary row: the head
-     * gathers ln_f and computes no product) against the unchunked run without sequence parallelism (which gives
-     * the same losses, above). */
+     * the LayerNorm outputs' gathers and the column-parallel products after them and backward's gathers of the
+     * row-parallel products' output gradients and their input gradients, in row chunks, each chunk's collective on
+     * the tp stream: the unchunked runs' function. 3 chunks cut unevenly (32 rows: 10, 11, 11; with sequence
+     * parallelism 5, 5, 6 of each rank's 16, one product per rank): fp32 without sequence parallelism, and bf16
+     * (rows of 2-byte elements) with it, against the same runs unchunked; 40 chunks of each rank's 16 rows (24
+     * empty) with sequence parallelism, recompute = block (backward's recomputation chunked as the forward) and
+     * the default padding (rank 1 holds no vocabulary row: the head gathers ln_f and computes no product) against
+     * the unchunked run without sequence parallelism and recomputation (which give the same losses, above). */
     {
         mt_job_result_t c32, bsp, cbsp, c40;
         const char *ch[] = {ev[0], ev[1], "--parallel.tp_comm_chunks=3"};
@@ -964,9 +965,9 @@ static void tensor(const char *dir) {
         same_losses("tp 2 + sp bf16, 3 comm chunks vs 1", &cbsp, &bsp, SAME_TOL);
         same_norms("tp 2 + sp bf16, 3 comm chunks vs 1", &cbsp, &bsp, SAME_TOL);
         same_evals("tp 2 + sp bf16, 3 comm chunks vs 1", &cbsp, &bsp, SAME_TOL);
-        const char *c40a[] = {ev[0], spa[2], "--parallel.tp_comm_chunks=40"};
+        const char *c40a[] = {ev[0], spa[2], "--parallel.tp_comm_chunks=40", "--model.recompute=block"};
         CHECK_OK(run_mesh("cuda", 2, 1, 3, c40a, &c40));
-        const char *c40w = "tp 2 + sp, 40 comm chunks, an empty vocabulary shard, vs 1 chunk without sp";
+        const char *c40w = "tp 2 + sp + recompute, 40 comm chunks, an empty vocabulary shard, vs 1 chunk without sp";
         same_losses(c40w, &c40, &eg, SAME_TOL);
         same_evals(c40w, &c40, &eg, SAME_TOL);
         mt_job_result_t *cr[] = {&c32, &bsp, &cbsp, &c40};
