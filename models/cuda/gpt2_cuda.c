@@ -425,6 +425,7 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     g->da = carve(&cur, N * C * es);
     g->dfg = carve(&cur, N * Hl * es);
     g->dfc = carve(&cur, N * dfc_w * es);
+    g->dfc_numel = N * dfc_w;
     g->col_scratch = carve(&cur, cs * 4);
     g->ln_scratch = carve(&cur, ls * 4);
     g->attn_scratch = carve(&cur, as * 4);
@@ -768,6 +769,7 @@ static mt_status_t rowpar_backward(mt_gpt2_cuda_t g, void *dinp, const void *inp
         return MT_OK;
     }
     size_t es = g->es, rowb = (size_t)C * es;
+    MT_ASSERT(g->dfc_numel >= (size_t)N * C); /* every chunk's pack fits */
     bool queued = false; /* a collective is on tp_stream: an error must not leave it unordered */
     mt_status_t st = mt_cuda_status(cudaEventRecord(g->tp_in, s), "tp event"); /* dresid is complete */
     st = st != MT_OK ? st : mt_cuda_status(cudaStreamWaitEvent(g->tp_stream, g->tp_in, 0), "tp event wait");

@@ -104,7 +104,9 @@ struct mt_gpt2_cuda {
     acts_t *A;            /* the set forward and backward use (mt_gpt2_cuda_use_acts) */
     acts_t *last_fwd;     /* the set of the last forward, until a backward (recompute: whose internals are there) */
     layer_acts_t *la_all; /* every set's block views */
-    void *tmp_c, *dresid, *da, *dfg, *dfc; /* (N,C) (R,C) (N,C) (N,Hl) (N,Hl) */
+    void *tmp_c, *dresid, *da, *dfg, *dfc; /* (N,C) (R,C) (N,C) (N,Hl) (N,Hl); dfc (N,C) if that is more and
+                                            * rowpar_backward packs chunks in it */
+    size_t dfc_numel;
     float *col_scratch, *ln_scratch, *attn_scratch, *coef, *norm;
     double *sumsq, *sumsq_scratch;
     int *found_inf;

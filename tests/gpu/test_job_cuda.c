@@ -1131,20 +1131,24 @@ static void tensor(const char *dir) {
 
 /* Tensor parallelism as wide as the world (`test_job_cuda tensor_wide`, 8 ranks: tp 8, 8 heads of size 4, the MLP's
  * 4C/tp columns fewer than C, one rank holding every real vocabulary row): fp32 losses and gradient norms within
- * 1e-3 of the CPU model-parallel engine, with and without sequence parallelism (4 rows per rank). */
+ * 1e-3 of the CPU model-parallel engine, with and without sequence parallelism (4 rows per rank), and with it in
+ * 3 `parallel.tp_comm_chunks` (rows 1, 1, 2: backward's packed chunks outgrow the MLP's (N, 4C/tp) buffer that
+ * holds them, which grows to (N, C), as the planner's sizing says; the CPU engine ignores the key). */
 static void tensor_wide(void) {
     const mt_world_t *w = mt_rt_world();
-    for (int with_sp = 0; with_sp < 2; with_sp++) {
+    static const char *what[] = {"tp = world: gpu vs cpu", "tp = world + sp: gpu vs cpu",
+                                 "tp = world + sp, 3 comm chunks: gpu vs cpu"};
+    for (int v = 0; v < 3; v++) {
         mt_job_result_t c, g;
-        const char *a[] = {"--model.n_head=8", with_sp ? "--parallel.sequence_parallel=true" : "--train.log_every=1"};
-        CHECK_OK(run_mesh("cpu", w->size, 1, 2, a, &c));
-        CHECK_OK(run_mesh("cuda", w->size, 1, 2, a, &g));
-        const char *what = with_sp ? "tp = world + sp: gpu vs cpu" : "tp = world: gpu vs cpu";
-        same_losses(what, &g, &c, 1e-3);
-        same_norms(what, &g, &c, 1e-3);
+        const char *a[] = {"--model.n_head=8", v ? "--parallel.sequence_parallel=true" : "--train.log_every=1",
+                           "--parallel.tp_comm_chunks=3"};
+        CHECK_OK(run_mesh("cpu", w->size, 1, v == 2 ? 3 : 2, a, &c));
+        CHECK_OK(run_mesh("cuda", w->size, 1, v == 2 ? 3 : 2, a, &g));
+        same_losses(what[v], &g, &c, 1e-3);
+        same_norms(what[v], &g, &c, 1e-3);
         if (w->rank == 0) {
-            printf("tp %d%s on the gpu: losses %.6f .. %.6f (cpu %.6f .. %.6f)\n", w->size, with_sp ? " + sp" : "",
-                   g.loss[0], g.loss[STEPS - 1], c.loss[0], c.loss[STEPS - 1]);
+            printf("%s: losses %.6f .. %.6f (cpu %.6f .. %.6f)\n", what[v], g.loss[0], g.loss[STEPS - 1], c.loss[0],
+                   c.loss[STEPS - 1]);
         }
         mt_job_result_free(&c);
         mt_job_result_free(&g);
