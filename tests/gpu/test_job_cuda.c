@@ -872,7 +872,8 @@ static void tp_comm_bytes(const char *dir) {
  * 16 blocks a stage ZeRO-2 holds under 0.8 of ZeRO-1's gradient bytes and
  * ZeRO-3 under 0.8 of its weight bytes; tp 2 x dp 2: ZeRO-1, -2 and -3 over each tp
  * rank's shard give the DDP losses (SAME_TOL, ZeRO-2 also with sequence parallelism), and tp 2 x pp 2 (4 blocks,
- * 1F1B), with and without sequence parallelism, the CPU's losses and norms (1e-3). */
+ * 1F1B), with and without sequence parallelism (with it also in 3 tp comm chunks), the CPU's losses and norms
+ * (1e-3). */
 static void tensor(const char *dir) {
     const mt_world_t *w = mt_rt_world();
     CHECK(w->size % 2 == 0, "test_job_cuda tensor runs tp 2 over an even number of ranks, not %d", w->size);
@@ -1113,6 +1114,14 @@ static void tensor(const char *dir) {
             const char *what = with_sp ? "tp 2 x pp 2 + sp: gpu vs cpu" : "tp 2 x pp 2: gpu vs cpu";
             same_losses(what, &pg, &pc, 1e-3);
             same_norms(what, &pg, &pc, 1e-3);
+            if (with_sp) { /* and in 3 tp comm chunks: a stage's received output gradient gathered in chunks */
+                mt_job_result_t pk;
+                const char *l4k[] = {l4[0], l4[1], l4[2], l4[3], "--parallel.tp_comm_chunks=3"};
+                CHECK_OK(run_mesh("cuda", 2, 2, 5, l4k, &pk));
+                same_losses("tp 2 x pp 2 + sp, 3 comm chunks: gpu vs cpu", &pk, &pc, 1e-3);
+                same_norms("tp 2 x pp 2 + sp, 3 comm chunks: gpu vs cpu", &pk, &pc, 1e-3);
+                mt_job_result_free(&pk);
+            }
             mt_job_result_free(&pc);
             mt_job_result_free(&pg);
         }
