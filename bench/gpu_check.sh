@@ -4,7 +4,7 @@
 # (gpu_bench's loop, and `meshtrain train --runtime.device=cuda` in bf16), the attention kernels against the
 # plain version, the NCCL collective benchmark on the GPU and peak device memory, then prints a short table; on
 # a machine with 2 or more GPUs also `meshtrain train` on 2 of them with dp 2, tp 2 and tp 2 + sequence
-# parallelism (each with forward's tp collectives unchunked and in 4 chunks, parallel.tp_comm_chunks) and pp 2,
+# parallelism (each with the tp collectives unchunked and in 4 chunks, parallel.tp_comm_chunks) and pp 2,
 # against one GPU. Full logs go to the directory given as the argument.
 #   usage: bench/gpu_check.sh LOGDIR
 #   environment: MT_GPU_CHECK_BUILD (build directory, default build-gpu-check), MT_GPU_CHECK_B (micro-batch,

@@ -752,7 +752,7 @@ static mt_status_t colpar_forward(mt_gpt2_cuda_t g, void *full, void *out, int l
 }
 
 /* Backward, a row-parallel region's product (inp (N, Cin) and w as rowpar_forward's): dinp (N, Cin) = dout @ w,
- * dw += dout^T inp and db += dout's column sums (NULL: tp ranks but 0 have no bias), where dout (N,C) is the
+ * dw += dout^T inp and db += dout's column sums (whole on every tp rank), where dout (N,C) is the
  * gradient of the region's output, dresid: with sequence parallelism every rank's R rows of it gathered into
  * g->tmp_c (g backward). With params.tp_chunks = k > 1 the gather goes in k chunks on tp_stream (sp_gather_chunk,
  * packed into g->dfc, free here: its last reader is enqueued before), and the compute stream computes chunk j's
