@@ -50,13 +50,6 @@ static mt_status_t cuda_check_config(const mt_config_t *cfg) {
                         "set model.kind = \"gpt2\", or runtime.device = \"cpu\"",
                         dev, mt_config_str(cfg, "model.kind"));
     }
-    int64_t tp = mt_config_int(cfg, "parallel.tp");
-    if (tp > 1 && !strcmp(mt_config_str(cfg, "model.recompute"), "block")) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "runtime.device = \"%s\": model.recompute = \"block\" with parallel.tp = %lld: the "
-                        "tensor-parallel model does not recompute (as on the CPU): set model.recompute = \"none\"",
-                        dev, (long long)tp);
-    }
     if (strcmp(mt_config_str(cfg, "optimizer.kind"), "adamw") != 0) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "runtime.device = \"%s\": optimizer.kind = \"%s\": the GPU step is a fused AdamW: set "
@@ -436,6 +429,10 @@ static mt_status_t ce_setup_model(const mt_job_info_t *info, mt_model_config_t *
     }
     MT_CHECK(mt_tp_init(e->tplcomm, &e->tpseam));
     mt_tp_model_config(e->tpseam, mt_config_bool(info->cfg, "parallel.sequence_parallel"), mc);
+    /* recompute = block: the device trainer's (repeating each block's forward collectives in its backward, as
+     * Megatron's full recomputation does); the host model of shards, which never runs a step here, without it */
+    e->recompute_block = mc->recompute == MT_RECOMPUTE_BLOCK;
+    mc->recompute = MT_RECOMPUTE_NONE;
     return MT_OK;
 }
 
@@ -599,6 +596,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         cuda_engine_tp_ops(e);
         gp.tp_ops = &e->tp_ops;
         gp.tp_chunks = (int)mt_config_int(cfg, "parallel.tp_comm_chunks");
+        gp.recompute_block = e->recompute_block;
     }
     MT_CHECK_GOTO(mt_gpt2_cuda_init(e->model, &gp, &e->g), st, fail);
     mt_gpt2_cuda_shard(e->g, &e->sh_lo, &e->sh_hi, &e->sh_len);

@@ -66,6 +66,8 @@ typedef struct {
     int n_slots;              /* the trainer's activation sets: the most micro-batches in flight on the stage */
     size_t act_elems;         /* B x T x C: one activation message */
     int tp, tpr;              /* tensor parallelism: the group's size and this rank's index in it (1, 0: none) */
+    bool recompute_block;     /* tp > 1 and model.recompute = "block": the device trainer recomputes, the host
+                               * model of shards (which cannot) is built without it */
     mt_comm_t tpcomm;         /* tp > 1: activations and their gradients (device memory) */
     mt_comm_t tplcomm;        /* tp > 1: host communicator of the group (the CPU model's seam) */
     mt_tp_t tpseam;           /* tp > 1: parallel/tp.c over tplcomm, which the sharded host model is built with */

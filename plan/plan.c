@@ -121,8 +121,9 @@ static mt_status_t check_layout(const mt_plan_job_t *job, int world, const mt_pl
             return mt_error(MT_ERR_INVALID_ARG, "model.padded_vocab = %d is not divisible by parallel.tp = %d",
                             mc->padded_vocab, l->tp);
         }
-        if (rc_block(l->recompute)) {
-            return mt_error(MT_ERR_INVALID_ARG, "model.recompute = \"block\" is refused with parallel.tp > 1");
+        if (rc_block(l->recompute) && !job->gpu) { /* the GPU engine's trainer recomputes sharded blocks */
+            return mt_error(MT_ERR_INVALID_ARG, "model.recompute = \"block\" is refused with parallel.tp > 1 on "
+                                                "CPUs");
         }
         if (l->sp && ((int64_t)l->micro_batch * job->seq_len) % l->tp != 0) {
             return mt_error(MT_ERR_INVALID_ARG, "sequence parallelism needs micro_batch x seq_len divisible by tp");
@@ -370,9 +371,10 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
                 blocks += i > 0 && i < mt_model_n_modules(sh->m) - 1;
             }
             /* Megatron layers: 2 all-reduces forward and 2 backward per block (sequence parallelism: an
-             * all-gather + reduce-scatter pair each, the same bus traffic), 1 for the vocabulary-parallel
-             * embedding and 1 for the head's input gradient */
-            int n_ar = 4 * blocks + (lo == 0) + (hi == mt_model_n_modules(sh->m));
+             * all-gather + reduce-scatter pair each, the same bus traffic), 2 more per block when backward
+             * recomputes its forward (the GPU engine), 1 for the vocabulary-parallel embedding and 1 for the
+             * head's input gradient */
+            int n_ar = (rc_block(l->recompute) ? 6 : 4) * blocks + (lo == 0) + (hi == mt_model_n_modules(sh->m));
             coll_t op = l->sp ? C_ALLGATHER : C_ALLREDUCE;
             double t1 = l->sp ? coll_time(c, C_ALLGATHER, l->tp, act_bytes, out->tp_cross_node) +
                                     coll_time(c, C_REDUCE_SCATTER, l->tp, act_bytes, out->tp_cross_node)

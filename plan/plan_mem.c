@@ -47,6 +47,10 @@ mt_status_t plan_build_model(const mt_plan_job_t *job, int tp, bool sp, mt_plan_
     c.tp_ops = tp > 1 ? &plan_tp_ops : NULL;
     c.sequence_parallel = sp && tp > 1;
     c.recompute = rc == MT_PLAN_RC_BLOCK || rc == MT_PLAN_RC_BLOCK_ATTN ? MT_RECOMPUTE_BLOCK : MT_RECOMPUTE_NONE;
+    if (tp > 1 && job->gpu) { /* the GPU engine's host model of shards does not recompute; its trainer does
+                               * (plan_stage_mem_gpu passes it the layout's recomputation) */
+        c.recompute = MT_RECOMPUTE_NONE;
+    }
     c.attn_recompute = rc == MT_PLAN_RC_ATTN || rc == MT_PLAN_RC_BLOCK_ATTN;
     return mt_model_init(&c, out);
 }
@@ -263,7 +267,9 @@ mt_status_t plan_check_3d(const mt_plan_job_t *job, int world, const mt_plan_lay
     p.optim = job->optim;
     mt_model_config_t mc = job->model;
     bool block = l->recompute == MT_PLAN_RC_BLOCK || l->recompute == MT_PLAN_RC_BLOCK_ATTN;
-    mc.recompute = block ? MT_RECOMPUTE_BLOCK : MT_RECOMPUTE_NONE;
+    /* the GPU engine's trainer recomputes sharded blocks (its host model of shards, which the 3-D path's check
+     * describes, does not) */
+    mc.recompute = block && !(job->gpu && l->tp > 1) ? MT_RECOMPUTE_BLOCK : MT_RECOMPUTE_NONE;
     mc.attn_recompute = l->recompute == MT_PLAN_RC_ATTN || l->recompute == MT_PLAN_RC_BLOCK_ATTN;
     return mt_par3d_check(&p, world, &mc);
 }

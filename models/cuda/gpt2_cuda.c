@@ -78,12 +78,6 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p, boo
                         "(params.tp_ops: all_reduce_sum, all_gather%s)",
                         c->tp_size, sp ? ", reduce_scatter_sum" : "");
     }
-    if (c->tp_size > 1 && c->recompute == MT_RECOMPUTE_BLOCK) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "gpt2_cuda: model.recompute = \"block\" with tp_size %d: the tensor-parallel model does not "
-                        "recompute (as on the CPU): set model.recompute = \"none\"",
-                        c->tp_size);
-    }
     if (sp && ((size_t)p->B * p->T) % (size_t)c->tp_size != 0) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "gpt2_cuda: sequence parallelism splits the B*T = %d x %d rows of a micro-batch over tp = %d "
@@ -213,7 +207,7 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     g->hi = p->stage_hi < 0 ? g->L : p->stage_hi;
     g->first = g->lo == 0;
     g->last = g->hi == g->L;
-    g->recompute = c->recompute == MT_RECOMPUTE_BLOCK;
+    g->recompute = c->recompute == MT_RECOMPUTE_BLOCK || p->recompute_block;
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es;
     MT_CHECK_GOTO(mt_loss_scaler_init(&g->scaler, p->prec, p->init_scale, p->scale_window), st, fail);
     MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking)), "stream"), st,

@@ -48,13 +48,17 @@ typedef struct {
                     * the gathers before the column-parallel ones, and backward's before the row-parallel ones) in
                     * this many row chunks (1-64), each chunk's collective overlapping a neighbouring chunk's
                     * products; 1: unchunked */
+    bool recompute_block; /* model.recompute = "block" whatever the model's config says: a tensor-parallel host
+                           * model holds the shards but does not recompute (models/gpt2/gpt2_tp.c refuses it),
+                           * while this trainer does, repeating the block's forward collectives */
 } mt_gpt2_cuda_params_t;
 
 #define MT_GPT2_CUDA_PARAMS_INIT                                                                                       \
     {                                                                                                                  \
         .size = sizeof(mt_gpt2_cuda_params_t), .prec = MT_PREC_FP32, .B = 4, .T = 64, .init_scale = 65536.0f,          \
         .scale_window = 1000, .fused_gelu = true, .shard_count = 1, .shard_index = 0, .shard_grads = false,            \
-        .shard_weights = false, .stage_lo = 0, .stage_hi = -1, .act_sets = 1, .tp_ops = NULL, .tp_chunks = 1           \
+        .shard_weights = false, .stage_lo = 0, .stage_hi = -1, .act_sets = 1, .tp_ops = NULL, .tp_chunks = 1,          \
+        .recompute_block = false                                                                                       \
     }
 
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;

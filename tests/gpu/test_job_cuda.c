@@ -302,8 +302,8 @@ static void resumed_losses(const char *what, const mt_job_result_t *r, const mt_
 }
 
 /* `meshtrain plan` on a GPU cluster lists only what the GPU engine runs (no attn_recompute variants, no all-reduce
- * path with dp > 1), ZeRO-2/3 with a pipeline among them, each layout once, with the device memory of its
- * fullest stage as mt_plan_stage_mem sizes it. */
+ * path with dp > 1), ZeRO-2/3 with a pipeline among them and tp with recompute = block (which the CPU engines
+ * refuse), each layout once, with the device memory of its fullest stage as mt_plan_stage_mem sizes it. */
 static void plan_gpu_layouts(void) {
     mt_plan_cluster_t c;
     CHECK_OK(mt_plan_cluster_load(MT_SOURCE_DIR "/tests/plan/data/tiny_gpu_cluster.toml", &c, stderr));
@@ -325,13 +325,14 @@ static void plan_gpu_layouts(void) {
     CHECK_OK(mt_plan_enumerate(&job, &c, &o, &v, &n));
     CHECK(n > 10, "%d GPU layouts of 4 ranks", n);
     job.gpu = true; /* as the planner places it on this cluster */
-    int zero_pp = 0;
+    int zero_pp = 0, tp_rc = 0;
     for (int i = 0; i < n; i++) {
         const mt_plan_layout_t *l = &v[i].l;
         char name[96];
         mt_plan_layout_str(l, name, sizeof(name));
         CHECK(l->recompute != MT_PLAN_RC_ATTN && l->recompute != MT_PLAN_RC_BLOCK_ATTN, "%s: attn_recompute", name);
         zero_pp += l->pp > 1 && (l->engine == MT_PLAN_ZERO2 || l->engine == MT_PLAN_ZERO3);
+        tp_rc += l->tp > 1 && l->recompute == MT_PLAN_RC_BLOCK;
         CHECK(!(l->engine == MT_PLAN_ALLREDUCE && l->dp > 1), "%s: the all-reduce path", name);
         int64_t mem[MT_MEM_NCAT], total = 0;
         CHECK_OK(mt_plan_stage_mem(&job, l, v[i].mem_stage, mem));
@@ -342,6 +343,7 @@ static void plan_gpu_layouts(void) {
               v[i].mem_stage, (long long)total);
     }
     CHECK(zero_pp >= 2, "%d GPU layouts with ZeRO-2/3 and a pipeline", zero_pp);
+    CHECK(tp_rc >= 1, "%d GPU layouts with tp > 1 and recompute = block", tp_rc);
     free(v);
     mt_config_free(cfg);
     mt_plan_cluster_free(&c);
@@ -944,6 +946,19 @@ static void tensor(const char *dir) {
     CHECK(sp.mem_peak[MT_MEM_ACTIVATIONS] > 0 && sp.mem_peak[MT_MEM_ACTIVATIONS] < g.mem_peak[MT_MEM_ACTIVATIONS],
           "tp 2: device activation bytes %lld with sequence parallelism, %lld without",
           (long long)sp.mem_peak[MT_MEM_ACTIVATIONS], (long long)g.mem_peak[MT_MEM_ACTIVATIONS]);
+    { /* recompute = block: the trainer refills a sharded block's internals, its forward collectives again, in
+       * backward (the CPU engine refuses it): the run without it, with fewer activation bytes */
+        mt_job_result_t rc;
+        const char *rca[] = {ev[0], ev[1], "--model.recompute=block"};
+        CHECK_OK(run_mesh("cuda", 2, 1, 3, rca, &rc));
+        same_losses("tp 2, recompute = block vs none on the gpu", &rc, &g, SAME_TOL);
+        same_norms("tp 2, recompute = block vs none on the gpu", &rc, &g, SAME_TOL);
+        same_evals("tp 2, recompute = block vs none on the gpu", &rc, &g, SAME_TOL);
+        CHECK(rc.mem_peak[MT_MEM_ACTIVATIONS] > 0 && rc.mem_peak[MT_MEM_ACTIVATIONS] < g.mem_peak[MT_MEM_ACTIVATIONS],
+              "tp 2: device activation bytes %lld with recompute = block, %lld without",
+              (long long)rc.mem_peak[MT_MEM_ACTIVATIONS], (long long)g.mem_peak[MT_MEM_ACTIVATIONS]);
+        mt_job_result_free(&rc);
+    }
     /* parallel.tp_comm_chunks: forward's row-parallel products and their collectives, and with sequence parallelism
      * the LayerNorm outputs' gathers and the column-parallel products after them and backward's gathers of the
      * row-parallel products' output gradients and their input gradients, in row chunks, each chunk's collective on
@@ -967,7 +982,7 @@ static void tensor(const char *dir) {
         same_norms("tp 2 + sp bf16, 3 comm chunks vs 1", &cbsp, &bsp, SAME_TOL);
         same_evals("tp 2 + sp bf16, 3 comm chunks vs 1", &cbsp, &bsp, SAME_TOL);
         const char *c40a[] = {ev[0], spa[2], "--parallel.tp_comm_chunks=40", "--model.recompute=block"};
-        CHECK_OK(run_mesh("cuda", 2, 1, 3, c40a, &c40));
+        CHECK_OK(run_mesh("cuda", 2, 1, 4, c40a, &c40));
         const char *c40w = "tp 2 + sp + recompute, 40 comm chunks, an empty vocabulary shard, vs 1 chunk without sp";
         same_losses(c40w, &c40, &eg, SAME_TOL);
         same_evals(c40w, &c40, &eg, SAME_TOL);
