@@ -50,12 +50,6 @@ static mt_status_t cuda_check_config(const mt_config_t *cfg) {
                         "set model.kind = \"gpt2\", or runtime.device = \"cpu\"",
                         dev, mt_config_str(cfg, "model.kind"));
     }
-    if (strcmp(mt_config_str(cfg, "optimizer.kind"), "adamw") != 0) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "runtime.device = \"%s\": optimizer.kind = \"%s\": the GPU step is a fused AdamW: set "
-                        "optimizer.kind = \"adamw\", or runtime.device = \"cpu\"",
-                        dev, mt_config_str(cfg, "optimizer.kind"));
-    }
     return MT_OK;
 }
 
@@ -592,6 +586,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     gp.shard_index = e->zero ? e->dp_rank : 0;
     gp.shard_grads = e->zero2;
     gp.shard_weights = e->zero3;
+    gp.opt_state = mt_optim_state_buffers(&e->optim);
     if (e->tp > 1) {
         cuda_engine_tp_ops(e);
         gp.tp_ops = &e->tp_ops;
@@ -839,10 +834,11 @@ static void ce_comm_bytes_groups(void *ctx, double *tp, double *pp, double *dp) 
     *dp = e->sent_dp;
 }
 
-/* The parameters and their AdamW moments, staged in host memory: save copies the device state there first
- * and lists what this rank writes (dp rank 0 its stage's, the replicas being equal; under ZeRO every rank
- * the weights and moments of its slice), a load lists what the rank holds (every weight of its stage, the
- * moments of its slice) and ce_ckpt_loaded uploads them. */
+/* The parameters and their optimizer state (AdamW's moments "adamw.m" and "adamw.v", SGD's momentum
+ * "sgd.momentum", plain SGD none: the CPU engines' names), staged in host memory: save copies the device state
+ * there first and lists what this rank writes (dp rank 0 its stage's, the replicas being equal; under ZeRO every
+ * rank the weights and state of its slice), a load lists what the rank holds (every weight of its stage, the
+ * state of its slice) and ce_ckpt_loaded uploads them. */
 static mt_status_t ce_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **pieces, int *n) {
     cuda_engine_t *e = ctx;
     *pieces = NULL;
@@ -851,11 +847,15 @@ static mt_status_t ce_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **pieces
         return MT_OK;
     }
     size_t lo = e->sh_lo, hi = e->sh_hi;
-    if (!e->h_m) {
-        e->h_m = mt_calloc(MT_MAX(hi - lo, 1) * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
-        e->h_v = mt_calloc(MT_MAX(hi - lo, 1) * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
-        if (!e->h_m || !e->h_v) {
-            return mt_error(MT_ERR_OOM, "checkpoint: no host memory to stage %zu optimizer values", 2 * (hi - lo));
+    int n_state = mt_optim_state_buffers(&e->optim);
+    const char *state_kind[2] = {e->optim.kind == MT_OPTIM_SGD ? "sgd.momentum" : "adamw.m", "adamw.v"};
+    float **stage[2] = {&e->h_m, &e->h_v};
+    for (int k = 0; k < n_state; k++) {
+        if (!*stage[k]) {
+            *stage[k] = mt_calloc(MT_MAX(hi - lo, 1) * 4, MT_MEM_OPTIMIZER, "cuda engine checkpoint staging");
+            if (!*stage[k]) {
+                return mt_error(MT_ERR_OOM, "checkpoint: no host memory to stage %zu optimizer values", hi - lo);
+            }
         }
     }
     float *params = mt_model_params_flat(e->model);
@@ -876,11 +876,8 @@ static mt_status_t ce_ckpt_pieces(void *ctx, bool save, mt_ckpt_piece_t **pieces
         /* the weights (in the model's host layout): the slice's part on save, whole on a load */
         size_t wa = save ? a : 0, wb = save ? b : p->numel;
         st = mt_plist_push_flat(&l, "param", p, e->tp, e->tpr, wa, wb, params + p->offset + wa);
-        if (st == MT_OK && a < b) {
-            st = mt_plist_push_flat(&l, "adamw.m", p, e->tp, e->tpr, a, b, e->h_m + (off + a - lo));
-        }
-        if (st == MT_OK && a < b) {
-            st = mt_plist_push_flat(&l, "adamw.v", p, e->tp, e->tpr, a, b, e->h_v + (off + a - lo));
+        for (int k = 0; k < n_state && st == MT_OK && a < b; k++) {
+            st = mt_plist_push_flat(&l, state_kind[k], p, e->tp, e->tpr, a, b, *stage[k] + (off + a - lo));
         }
     }
     if (st != MT_OK) {

@@ -492,17 +492,12 @@ static mt_plan_job_t placed(const mt_plan_job_t *job, const mt_plan_cluster_t *c
     return j;
 }
 
-/* What the GPU engine trains at all (launch/job_cuda.c cuda_check_config): GPT-2 with AdamW. */
+/* What the GPU engine trains at all (launch/job_cuda.c cuda_check_config): GPT-2 (with AdamW or SGD). */
 static mt_status_t check_gpu_job(const mt_plan_job_t *job) {
     if (job->gpu && job->model.kind != MT_MODEL_GPT2) {
         return mt_error(MT_ERR_INVALID_ARG, "the cluster's devices are GPUs (device.kind = \"gpu\") and the GPU "
                                             "engine trains model.kind = \"gpt2\" only: plan with runtime.device = "
                                             "\"cpu\" to run it on the hosts");
-    }
-    if (job->gpu && job->optim.kind != MT_OPTIM_ADAMW) {
-        return mt_error(MT_ERR_INVALID_ARG, "the cluster's devices are GPUs (device.kind = \"gpu\") and the GPU "
-                                            "engine's step is AdamW: set optimizer.kind = \"adamw\", or plan with "
-                                            "runtime.device = \"cpu\"");
     }
     return MT_OK;
 }

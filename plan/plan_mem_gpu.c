@@ -42,6 +42,7 @@ mt_status_t plan_stage_mem_gpu(const mt_plan_job_t *job, mt_model_t m, const int
     gp.shard_grads = zero && l->engine >= MT_PLAN_ZERO2;
     gp.shard_weights = zero && l->engine == MT_PLAN_ZERO3;
     gp.tp_chunks = MT_MAX(job->tp_chunks, 1);
+    gp.opt_state = mt_optim_state_buffers(&job->optim);
     gp.recompute_block = l->recompute == MT_PLAN_RC_BLOCK || l->recompute == MT_PLAN_RC_BLOCK_ATTN;
     if (l->pp > 1) { /* modules: 0 the embeddings, 1 .. L the blocks, L + 1 the head */
         mt_pp_schedule_t sched = l->schedule == MT_PLAN_GPIPE ? MT_PP_GPIPE : MT_PP_1F1B;

@@ -1,4 +1,4 @@
-/* Fused AdamW over a flat f32 buffer on the device: one pass reads the parameter, its gradient and both
+/* Fused AdamW (and SGD with momentum) over a flat f32 buffer on the device: one pass reads the parameter, its gradient and both
  * moments and writes them back (and, in bf16/fp16, the rounded compute copy), with the gradient
  * multiplier (clip coefficient x 1/loss scale) and the fp16 skip decision read from device memory so the
  * host never waits on the device inside a step. The arithmetic is mt_adamw_update's (optim.c), operation
@@ -38,6 +38,33 @@ static __global__ void adamw_kernel(float *param, const float *grad, float *m, f
     }
 }
 
+/* g = grad * scale + wd p;  buf = first ? g : buf mu + g (with momentum);  p -= lr buf (or lr g). */
+template <typename L>
+static __global__ void sgd_kernel(float *param, const float *grad, float *buf, size_t n, float lr, float momentum,
+                                  float weight_decay, bool first, float grad_scale, const float *grad_scale_dev,
+                                  const int *skip, L *lowp) {
+    if (skip && *skip) {
+        return;
+    }
+    float gs = grad_scale_dev ? grad_scale * *grad_scale_dev : grad_scale;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = grad[i] * gs;
+        float p = param[i];
+        if (weight_decay != 0.0f) {
+            g = g + weight_decay * p;
+        }
+        if (momentum != 0.0f && buf) {
+            g = first ? g : buf[i] * momentum + g;
+            buf[i] = g;
+        }
+        p = p - lr * g;
+        param[i] = p;
+        if (lowp) {
+            lowp[i] = from_f32<L>(p);
+        }
+    }
+}
+
 /* ======================================== launchers ======================================== */
 
 extern "C" cudaError_t mt_cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr,
@@ -61,5 +88,20 @@ extern "C" cudaError_t mt_cuda_adamw(float *param, const float *grad, float *m, 
                    adamw_kernel<L><<<g, 256, 0, s>>>(param, grad, m, v, n, step_size, bc2_sqrt, decay,
                                                      weight_decay != 0.0f, one_minus_b1, beta2, one_minus_b2, eps,
                                                      grad_scale, grad_scale_dev, skip, (L *)lowp));
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t mt_cuda_sgd(float *param, const float *grad, float *buf, size_t n, float lr, float momentum,
+                                   float weight_decay, bool first, float grad_scale, const float *grad_scale_dev,
+                                   const int *skip, void *lowp, int lowp_dt, void *stream) {
+    MT_CU_CHECK_SHAPE(param && grad && (buf || momentum == 0.0f));
+    if (n == 0) {
+        return cudaSuccess;
+    }
+    cudaStream_t s = (cudaStream_t)stream;
+    unsigned g = mt_cu_blocks(n, 256, 132 * 16);
+    MT_CU_DISPATCH(lowp_dt, L,
+                   sgd_kernel<L><<<g, 256, 0, s>>>(param, grad, buf, n, lr, momentum, weight_decay, first, grad_scale,
+                                                   grad_scale_dev, skip, (L *)lowp));
     return cudaGetLastError();
 }

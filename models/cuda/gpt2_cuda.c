@@ -93,6 +93,10 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p, boo
                         "middle stage",
                         p->stage_lo, hi, c->n_layer);
     }
+    if (p->opt_state < 0 || p->opt_state > 2) {
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: opt_state = %d: expected 0 (plain SGD), 1 (SGD with "
+                        "momentum) or 2 (AdamW)", p->opt_state);
+    }
     if (p->tp_chunks < 1 || p->tp_chunks > 64) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: tp_chunks = %d: expected 1 to 64 (parallel.tp_comm_chunks)",
                         p->tp_chunks);
@@ -338,10 +342,14 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     } else {
         MT_CHECK_GOTO(dalloc(g, (void **)&g->grads, g->numel * 4, MT_MEM_GRADS, "gpt2_cuda grads"), st, fail);
     }
-    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_m, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam m"), st, fail);
-    MT_CHECK_GOTO(dalloc(g, (void **)&g->adam_v, MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, "gpt2_cuda adam v"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaMemsetAsync(g->adam_m, 0, slice * 4, g->stream)), "memset"), st, fail);
-    MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaMemsetAsync(g->adam_v, 0, slice * 4, g->stream)), "memset"), st, fail);
+    /* the optimizer's state of the slice: AdamW's m and v, SGD's momentum in adam_m, or none */
+    float **state[2] = {&g->adam_m, &g->adam_v};
+    static const char *const state_name[2] = {"gpt2_cuda optimizer m (SGD: momentum)", "gpt2_cuda optimizer v"};
+    for (int i = 0; i < p->opt_state; i++) {
+        MT_CHECK_GOTO(dalloc(g, (void **)state[i], MT_MAX(slice, 1) * 4, MT_MEM_OPTIMIZER, state_name[i]), st, fail);
+        MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaMemsetAsync(*state[i], 0, slice * 4, g->stream)), "memset"), st,
+                      fail);
+    }
     if (!dry) {
         MT_CHECK_GOTO(gpt2_cuda_upload_weights(g, NULL), st, fail);
     }

@@ -51,6 +51,8 @@ typedef struct {
     bool recompute_block; /* model.recompute = "block" whatever the model's config says: a tensor-parallel host
                            * model holds the shards but does not recompute (models/gpt2/gpt2_tp.c refuses it),
                            * while this trainer does, repeating the block's forward collectives */
+    int opt_state; /* optimizer state buffers of the slice (mt_optim_state_buffers): 2 AdamW's moments, 1 SGD's
+                    * momentum, 0 plain SGD; the step's optimizer must match */
 } mt_gpt2_cuda_params_t;
 
 #define MT_GPT2_CUDA_PARAMS_INIT                                                                                       \
@@ -58,7 +60,7 @@ typedef struct {
         .size = sizeof(mt_gpt2_cuda_params_t), .prec = MT_PREC_FP32, .B = 4, .T = 64, .init_scale = 65536.0f,          \
         .scale_window = 1000, .fused_gelu = true, .shard_count = 1, .shard_index = 0, .shard_grads = false,            \
         .shard_weights = false, .stage_lo = 0, .stage_hi = -1, .act_sets = 1, .tp_ops = NULL, .tp_chunks = 1,          \
-        .recompute_block = false                                                                                       \
+        .recompute_block = false, .opt_state = 2                                                                       \
     }
 
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
@@ -249,10 +251,10 @@ mt_loss_scaler_t *mt_gpt2_cuda_scaler(mt_gpt2_cuda_t g);
 
 /* Checkpoint state (any pointer may be NULL; waits). get: the f32 master weights of the model's slice [lo, hi)
  * (mt_gpt2_cuda_shard; everything when unsharded) into params[lo .. hi) of a numel-float array, and AdamW's m
- * and v of the slice into hi - lo floats each. set: params whole (numel floats: the compute copy is
- * whole; the master weights take their slice; the gradients are zeroed), m and v of the slice (hi - lo floats
- * each). AdamW's step
- * count: get / set. */
+ * and v (SGD: the momentum in m; a buffer params.opt_state does not hold is neither read nor written) of the
+ * slice into hi - lo floats each. set: params whole (numel floats: the compute copy is whole; the master
+ * weights take their slice; the gradients are zeroed), m and v of the slice (hi - lo floats each). The step
+ * count (AdamW's bias correction, SGD's first step): get / set. */
 mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, float *v);
 mt_status_t mt_gpt2_cuda_set_state(mt_gpt2_cuda_t g, const float *params, const float *m, const float *v);
 int64_t mt_gpt2_cuda_get_step(mt_gpt2_cuda_t g);

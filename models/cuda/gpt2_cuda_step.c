@@ -1,4 +1,4 @@
-/* The device GPT-2 trainer's optimizer step (fused AdamW over the slice, the device-side clip, the fp16 skip),
+/* The device GPT-2 trainer's optimizer step (fused AdamW or SGD over the slice, the device-side clip, the fp16 skip),
  * the gradient statistics an engine reduces over its ranks, the per-kernel profile, and the state engines and
  * checkpoints read and set (models/cuda/gpt2_cuda.c builds the trainer and runs forward and backward).
  * SPDX-License-Identifier: MIT */
@@ -52,10 +52,23 @@ static mt_status_t prof_collect(mt_gpt2_cuda_t g) {
     return MT_OK;
 }
 
-/* Fused AdamW over every parameter of the slice at step g->t: one launch per run of consecutive parameters
- * with the same weight-decay flag, each gradient times grad_scale (and *coef when given on the device; skip: a device
- * flag that, when set, makes the update change nothing), refreshing the low-precision compute copy. */
-static mt_status_t adamw_all(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,
+/* The optimizer (op: params.opt_state's) as the CPU's mt_optim_step would run it, before g->t counts the step: its
+ * state buffers allocated, or an error naming the mismatch. */
+static mt_status_t check_optim(mt_gpt2_cuda_t g, const mt_optim_params_t *op) {
+    int need = mt_optim_state_buffers(op);
+    if (need != g->p.opt_state) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the %s step keeps %d state buffer(s), the trainer was "
+                        "built with params.opt_state = %d", op->kind == MT_OPTIM_SGD ? "SGD" : "AdamW", need,
+                        g->p.opt_state);
+    }
+    return MT_OK;
+}
+
+/* The fused optimizer (AdamW, or SGD with or without momentum) over every parameter of the slice at step g->t: one
+ * launch per run of consecutive parameters with the same weight-decay flag, each gradient times grad_scale (and
+ * *coef when given on the device; skip: a device flag that, when set, makes the update change nothing),
+ * refreshing the low-precision compute copy. */
+static mt_status_t optim_all(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,
                              const float *coef, const int *skip) {
     void *s = g->stream;
     for (int i = 0; i < g->n_params;) {
@@ -73,8 +86,13 @@ static mt_status_t adamw_all(mt_gpt2_cuda_t g, const mt_optim_params_t *op, floa
                        : g->zero3         ? (char *)g->wslice + k * g->es
                                           : (char *)g->wc + lo * g->es;
             const float *gr = g->zero2 ? g->gshard + k : g->grads + lo;
-            OP(PROF_OPT, mt_cuda_adamw(g->master + k, gr, g->adam_m + k, g->adam_v + k, hi - lo, lr, op->beta1,
-                                       op->beta2, op->eps, wd, g->t, grad_scale, coef, skip, lp, g->dt, s));
+            if (op->kind == MT_OPTIM_SGD) { /* the momentum buffer, if any, in adam_m; the first step sets it */
+                OP(PROF_OPT, mt_cuda_sgd(g->master + k, gr, g->adam_m ? g->adam_m + k : NULL, hi - lo, lr,
+                                         op->momentum, wd, g->t == 1, grad_scale, coef, skip, lp, g->dt, s));
+            } else {
+                OP(PROF_OPT, mt_cuda_adamw(g->master + k, gr, g->adam_m + k, g->adam_v + k, hi - lo, lr, op->beta1,
+                                           op->beta2, op->eps, wd, g->t, grad_scale, coef, skip, lp, g->dt, s));
+            }
         }
         i = j;
     }
@@ -86,9 +104,7 @@ static mt_status_t adamw_all(mt_gpt2_cuda_t g, const mt_optim_params_t *op, floa
 }
 
 mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float max_norm) {
-    if (op->kind != MT_OPTIM_ADAMW) {
-        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the GPU step implements AdamW (optimizer.kind = \"adamw\")");
-    }
+    MT_CHECK(check_optim(g, op));
     if (g->stepped) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: call mt_gpt2_cuda_step_result after each step");
     }
@@ -109,7 +125,7 @@ mt_status_t mt_gpt2_cuda_step(mt_gpt2_cuda_t g, const mt_optim_params_t *op, flo
     OP(PROF_OPT, mt_cuda_sumsq(g->sumsq, g->grads, g->numel, g->sumsq_scratch, s));
     OP(PROF_OPT, mt_cuda_clip_coef(g->coef, g->norm, g->sumsq, max_norm, mt_loss_scaler_inv_scale(&g->scaler), s));
     g->t++;
-    MT_CHECK(adamw_all(g, op, lr, 1.0f, g->coef, skip));
+    MT_CHECK(optim_all(g, op, lr, 1.0f, g->coef, skip));
     g->stepped = true;
     return MT_OK;
 }
@@ -130,7 +146,8 @@ mt_status_t mt_gpt2_cuda_step_result(mt_gpt2_cuda_t g, mt_gpt2_cuda_result_t *r)
     if (g->stepped) {
         r->skipped = mt_loss_scaler_update(&g->scaler, found);
         if (r->skipped) {
-            g->t--; /* the device left everything untouched: the step does not count for bias correction */
+            g->t--; /* the device left everything untouched: the step does not count (bias correction; SGD's
+                     * first step) */
         }
         g->stepped = false;
     }
@@ -313,9 +330,7 @@ void mt_gpt2_cuda_set_weight_hook(mt_gpt2_cuda_t g, mt_gpt2_cuda_weight_hook_t f
 
 mt_status_t mt_gpt2_cuda_step_scaled(mt_gpt2_cuda_t g, const mt_optim_params_t *op, float lr, float grad_scale,
                                      bool *skipped) {
-    if (op->kind != MT_OPTIM_ADAMW) {
-        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the GPU step implements AdamW (optimizer.kind = \"adamw\")");
-    }
+    MT_CHECK(check_optim(g, op));
     float inv = mt_loss_scaler_inv_scale(&g->scaler); /* the scale backward used, before the update */
     bool skip = false;
     if (g->scaler.dynamic) {
@@ -329,7 +344,7 @@ mt_status_t mt_gpt2_cuda_step_scaled(mt_gpt2_cuda_t g, const mt_optim_params_t *
     }
     g->t++;
     MT_CHECK(gpt2_cuda_prof_mark(g, MT_GPT2_PROF_START));
-    return adamw_all(g, op, lr, grad_scale * inv, NULL, NULL);
+    return optim_all(g, op, lr, grad_scale * inv, NULL, NULL);
 }
 
 float mt_gpt2_cuda_loss_scale(mt_gpt2_cuda_t g) {
@@ -346,7 +361,7 @@ mt_status_t mt_gpt2_cuda_get_state(mt_gpt2_cuda_t g, float *params, float *m, fl
     size_t n = g->sh_hi - g->sh_lo;
     float *src[2] = {g->adam_m, g->adam_v}, *dst[2] = {m, v};
     for (int i = 0; i < 2; i++) {
-        if (dst[i]) {
+        if (dst[i] && src[i]) {
             CK(cudaMemcpyAsync(dst[i], src[i], n * 4, cudaMemcpyDeviceToHost, g->stream));
         }
     }
@@ -370,7 +385,7 @@ mt_status_t mt_gpt2_cuda_set_state(mt_gpt2_cuda_t g, const float *params, const 
     float *dst[2] = {g->adam_m, g->adam_v};
     const float *src[2] = {m, v};
     for (int i = 0; i < 2; i++) {
-        if (src[i]) {
+        if (src[i] && dst[i]) {
             CK(cudaMemcpyAsync(dst[i], src[i], n * 4, cudaMemcpyHostToDevice, g->stream));
         }
     }

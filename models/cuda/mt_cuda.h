@@ -205,6 +205,12 @@ cudaError_t mt_cuda_softmax_ce_backward_shard(void *dlogits, const void *logits,
 cudaError_t mt_cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
                           float beta2, float eps, float weight_decay, int64_t t, float grad_scale,
                           const float *grad_scale_dev, const int *skip, void *lowp, int lowp_dt, void *stream);
+/* The update of mt_sgd_update (torch.optim.SGD: L2 weight decay added to the gradient, momentum buffer buf =
+ * g on the first step, then buf mu + g; buf may be NULL when momentum is 0), with mt_cuda_adamw's gradient
+ * multiplier, skip flag and compute copy. */
+cudaError_t mt_cuda_sgd(float *param, const float *grad, float *buf, size_t n, float lr, float momentum,
+                        float weight_decay, bool first, float grad_scale, const float *grad_scale_dev, const int *skip,
+                        void *lowp, int lowp_dt, void *stream);
 
 #ifdef __cplusplus
 }

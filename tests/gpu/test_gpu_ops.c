@@ -737,6 +737,56 @@ static void test_vocab_parallel(void) {
     }
 }
 
+/* The fused SGD (mt_cuda_sgd) against mt_sgd_update: with momentum over 3 steps (the first sets the buffer) and
+ * L2 weight decay, its fp16 compute copy the rounded master; plain SGD without a buffer; a skipped step changes
+ * nothing. (Part of the "adamw" family: the optimizer kernels.) */
+static void test_sgd(void) {
+    enum { N = 10000 };
+    for (int with_m = 0; with_m < 2; with_m++) {
+        float mu = with_m ? 0.9f : 0.0f;
+        float *p = hrand(N, 1, MT_CU_F32), *buf = with_m ? calloc(N, 4) : NULL;
+        void *dp = dup_dt(p, N, MT_CU_F32), *dbuf = with_m ? dup_dt(buf, N, MT_CU_F32) : NULL, *dlow = NULL;
+        CHECK_OK(mt_dev_malloc(&dlow, N * 2, MT_MEM_OTHER, "t", NULL));
+        float coef = 0.75f;
+        int skip = 0;
+        void *dcoef = dup_bytes(&coef, 4), *dskip = dup_bytes(&skip, 4);
+        for (int t = 1; t <= 3; t++) {
+            float *g = hrand(N, 1, MT_CU_F32);
+            void *dg = dup_dt(g, N, MT_CU_F32);
+            mt_sgd_update(p, g, buf, N, 0.05f, mu, 0.1f, t == 1, 0.5f * coef);
+            CHECK_OK(mt_cuda_status(mt_cuda_sgd(dp, dg, dbuf, N, 0.05f, mu, 0.1f, t == 1, 0.5f, dcoef, dskip, dlow,
+                                                MT_CU_F16, NULL),
+                                    "sgd"));
+            mt_dev_free(dg);
+            free(g);
+        }
+        float *gp = down(dp, N, MT_CU_F32), *gl = down(dlow, N, MT_CU_F16);
+        EXPECT_CLOSE(with_m ? "sgd (momentum) params" : "sgd params", gp, p, N, 1e-6);
+        if (with_m) {
+            float *gb = down(dbuf, N, MT_CU_F32);
+            EXPECT_CLOSE("sgd momentum buffer", gb, buf, N, 1e-6);
+            free(gb);
+        }
+        bool low_ok = true;
+        for (int i = 0; i < N; i++) {
+            low_ok &= gl[i] == mt_f16_to_f32(mt_f32_to_f16(gp[i]));
+        }
+        CHECK(low_ok, "sgd: the fp16 copy is the rounded master");
+        skip = 1;
+        CHECK(cudaMemcpy(dskip, &skip, 4, cudaMemcpyHostToDevice) == cudaSuccess, "skip");
+        void *dg = dup_dt(p, N, MT_CU_F32);
+        CHECK_OK(mt_cuda_status(mt_cuda_sgd(dp, dg, dbuf, N, 0.05f, mu, 0.1f, false, 1.0f, NULL, dskip, NULL, 0, NULL),
+                                "sgd"));
+        float *gp2 = down(dp, N, MT_CU_F32);
+        CHECK(memcmp(gp, gp2, N * 4) == 0, "sgd: a skipped step leaves the parameters bit-identical");
+        void *dev[] = {dp, dbuf, dlow, dcoef, dskip, dg};
+        for (size_t i = 0; i < MT_ARRAY_LEN(dev); i++) {
+            mt_dev_free(dev[i]);
+        }
+        free(p), free(buf), free(gp), free(gl), free(gp2);
+    }
+}
+
 static void test_adamw(void) {
     enum { N = 10000 };
     float *p = hrand(N, 1, MT_CU_F32), *m = calloc(N, 4), *v = calloc(N, 4);
@@ -781,6 +831,7 @@ static void test_adamw(void) {
         mt_dev_free(dev[i]);
     }
     free(p), free(m), free(v), free(gp), free(gm), free(gv), free(gl), free(gp2);
+    test_sgd();
 }
 
 /* Column sums (the bias gradient) over more rows than the kernel's 64 x 8 row lanes, so each thread sums

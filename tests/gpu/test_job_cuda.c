@@ -1153,6 +1153,58 @@ static void tensor(const char *dir) {
     }
 }
 
+/* optimizer.kind = "sgd" on the GPU (mt_cuda_sgd: mt_sgd_update's arithmetic, torch.optim.SGD's): with momentum
+ * 0.9 and L2 weight decay the CPU engine's losses and gradient norms (1e-3), plain SGD (no state buffer) the CPU's
+ * losses; device optimizer bytes half of AdamW's (adamw: that run) with momentum and fewer without; a checkpoint
+ * after step 3 (the momentum under the CPU engines' name, "sgd.momentum") resumes on the GPU with the
+ * uninterrupted run's losses and on the CPU with the CPU's; on 2 ranks ZeRO-1, -2 and -3 give DDP's losses. */
+static void sgd(const char *dir, const mt_job_result_t *adamw) {
+    const mt_world_t *w = mt_rt_world();
+    mt_job_result_t c, g, pc, pg, part, res, oncpu;
+    char carg[300], step3[320];
+    snprintf(carg, sizeof(carg), "--checkpoint.dir=%s/sgdckpt", dir);
+    snprintf(step3, sizeof(step3), "--checkpoint.resume=%s/sgdckpt/step-00000003", dir);
+    const char *mom[] = {"--optimizer.kind=sgd", "--optimizer.momentum=0.9", "--optimizer.weight_decay=0.1",
+                         "--optimizer.lr=0.2", carg, "--checkpoint.every=3"};
+    CHECK_OK(run("cpu", 4, mom, &c));
+    CHECK_OK(run_cuda(6, mom, &g));
+    same_losses("sgd with momentum: gpu vs cpu", &g, &c, 1e-3);
+    same_norms("sgd with momentum: gpu vs cpu", &g, &c, 1e-3);
+    CHECK(g.loss[STEPS - 1] < g.loss[0], "sgd with momentum trains on the gpu: %g -> %g", g.loss[0],
+          g.loss[STEPS - 1]);
+    int64_t og = g.mem_peak[MT_MEM_OPTIMIZER], oa = adamw->mem_peak[MT_MEM_OPTIMIZER];
+    CHECK(og > 0 && 2 * og == oa, "device optimizer bytes: %lld with sgd's momentum, %lld with adamw's moments",
+          (long long)og, (long long)oa);
+    const char *plain[] = {"--optimizer.kind=sgd", "--optimizer.lr=0.2"};
+    CHECK_OK(run("cpu", 2, plain, &pc));
+    CHECK_OK(run_cuda(2, plain, &pg));
+    same_losses("plain sgd: gpu vs cpu", &pg, &pc, 1e-3);
+    CHECK(pg.mem_peak[MT_MEM_OPTIMIZER] < og, "device optimizer bytes: %lld with plain sgd, %lld with momentum",
+          (long long)pg.mem_peak[MT_MEM_OPTIMIZER], (long long)og);
+    /* the checkpoint the momentum run wrote after step 3: resumed on the GPU, and on the CPU */
+    const char *again[] = {mom[0], mom[1], mom[2], mom[3], step3};
+    CHECK_OK(run_cuda(5, again, &res));
+    CHECK_OK(run("cpu", 5, again, &oncpu));
+    resumed_losses("sgd checkpoint resumed on the gpu", &res, &g, SAME_TOL);
+    resumed_losses("sgd gpu checkpoint resumed on the cpu", &oncpu, &c, 1e-3);
+    if (w->size > 1) { /* ZeRO over dp: the slices' momentum */
+        for (int zs = 1; zs <= 3; zs++) {
+            char stage[64];
+            snprintf(stage, sizeof(stage), "--parallel.zero_stage=%d", zs);
+            const char *z[] = {mom[0], mom[1], mom[2], mom[3], "--parallel.engine=zero", stage};
+            CHECK_OK(run_cuda(6, z, &part));
+            char what[64];
+            snprintf(what, sizeof(what), "sgd with momentum: zero-%d vs ddp on the gpu", zs);
+            same_losses(what, &part, &g, SAME_TOL);
+            mt_job_result_free(&part);
+        }
+    }
+    mt_job_result_t *all[] = {&c, &g, &pc, &pg, &res, &oncpu};
+    for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) {
+        mt_job_result_free(all[i]);
+    }
+}
+
 /* Tensor parallelism as wide as the world (`test_job_cuda tensor_wide`, 8 ranks: tp 8, 8 heads of size 4, the MLP's
  * 4C/tp columns fewer than C, one rank holding every real vocabulary row): fp32 losses and gradient norms within
  * 1e-3 of the CPU model-parallel engine, with and without sequence parallelism (4 rows per rank), and with it in
@@ -1412,6 +1464,7 @@ int main(int argc, char **argv) {
     zero_memory();
     zero_comm_bytes(dir);
     pipeline(dir);
+    sgd(dir, &gpu);
     /* fp16 resumed: the loss scale and its clean-step count come back from the checkpoint. Under the
      * emulator, from 2^20 steps 1-3 are clean, the scale doubles and step 4 overflows (a resume at the
      * initial scale would not skip it); from 2^21 step 1 overflows, steps 2-4 are clean and the scale

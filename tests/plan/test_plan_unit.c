@@ -272,14 +272,15 @@ static void test_gpu_cluster(const mt_plan_job_t *job_in) {
     CHECK(st == MT_ERR_INVALID_USAGE && strstr(mt_last_error_msg(), "built without the GPU path"),
           "GPU cluster without the sizing: %s: %s", mt_status_str(st), mt_last_error_msg());
     free(v);
-    mt_plan_job_t sgd = *job_in;
-    sgd.optim.kind = MT_OPTIM_SGD;
-    st = mt_plan_enumerate(&sgd, &g, &o, &v, &n);
+    mt_plan_job_t mlp = *job_in;
+    mlp.model.kind = MT_MODEL_MLP;
+    st = mt_plan_enumerate(&mlp, &g, &o, &v, &n);
     CHECK(st == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "runtime.device = \"cpu\""),
-          "SGD on a GPU cluster: %s: %s", mt_status_str(st), mt_last_error_msg());
-    sgd.cpu_only = true; /* runtime.device = "cpu": the host engines, whatever the devices */
+          "an MLP on a GPU cluster: %s: %s", mt_status_str(st), mt_last_error_msg());
+    mt_plan_job_t host = *job_in;
+    host.cpu_only = true; /* runtime.device = "cpu": the host engines, whatever the devices */
     v = NULL;
-    CHECK_OK(mt_plan_enumerate(&sgd, &g, &o, &v, &n));
+    CHECK_OK(mt_plan_enumerate(&host, &g, &o, &v, &n));
     CHECK(n > 0, "runtime.device = cpu on a GPU cluster: %d layouts", n);
     free(v);
     mt_plan_cluster_free(&g);
