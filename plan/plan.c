@@ -225,9 +225,10 @@ static double coll_time(const mt_plan_cluster_t *c, coll_t op, int n, double byt
  * *mm = 6 x (elements of the parameters each module multiplies by: its own, a tied weight at the module that
  * multiplies by it, no position embedding, no padded vocabulary rows); *att = 12 C T per transformer block
  * (attention's score and value products). Block recomputation adds the block's forward again (2 x elements
- * to *mm, 4 C T to *att); attention recomputation the attention forward (4 C T to *att; inside a recomputed
- * block, again). Global shapes: the caller divides by tp. */
-static void stage_flops(mt_model_t m, int lo, int hi, int T, mt_plan_rc_t rc, double *mm, double *att) {
+ * to *mm, 4 C T to *att; gpu: the GPU trainer's recomputation stops at gelu(fc), without the MLP's output
+ * projection); attention recomputation the attention forward (4 C T to *att; inside a recomputed block,
+ * again). Global shapes: the caller divides by tp. */
+static void stage_flops(mt_model_t m, int lo, int hi, int T, mt_plan_rc_t rc, bool gpu, double *mm, double *att) {
     const mt_model_config_t *c = mt_model_config(m);
     double f = 0;
     for (int k = 0; k < mt_model_n_params(m); k++) {
@@ -245,7 +246,8 @@ static void stage_flops(mt_model_t m, int lo, int hi, int T, mt_plan_rc_t rc, do
         }
         double e = rows * (double)p->global_shape[1];
         bool in_block = c->kind == MT_MODEL_GPT2 && p->module > 0 && p->module < mt_model_n_modules(m) - 1;
-        f += 6 * e + (rc_block(rc) && in_block ? 2 * e : 0);
+        bool again = rc_block(rc) && in_block && !(gpu && strstr(p->name, "mlp.proj."));
+        f += 6 * e + (again ? 2 * e : 0);
     }
     *mm = f;
     *att = 0;
@@ -362,7 +364,7 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
     for (int s = 0; s < p; s++) {
         int lo = sh->bounds[s], hi = sh->bounds[s + 1];
         double f_mm = 0, f_att = 0;
-        stage_flops(sh->m, lo, hi, T, l->recompute, &f_mm, &f_att);
+        stage_flops(sh->m, lo, hi, T, l->recompute, job->gpu, &f_mm, &f_att);
         double fc = (f_mm + f_att / c->attention_efficiency) * tokens / l->tp / rate;
         double ftp = 0;
         if (l->tp > 1) {
@@ -371,15 +373,20 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
                 blocks += i > 0 && i < mt_model_n_modules(sh->m) - 1;
             }
             /* Megatron layers: 2 all-reduces forward and 2 backward per block (sequence parallelism: an
-             * all-gather + reduce-scatter pair each, the same bus traffic), 2 more per block when backward
-             * recomputes its forward (the GPU engine), 1 for the vocabulary-parallel embedding and 1 for the
-             * head's input gradient */
-            int n_ar = (rc_block(l->recompute) ? 6 : 4) * blocks + (lo == 0) + (hi == mt_model_n_modules(sh->m));
-            coll_t op = l->sp ? C_ALLGATHER : C_ALLREDUCE;
-            double t1 = l->sp ? coll_time(c, C_ALLGATHER, l->tp, act_bytes, out->tp_cross_node) +
-                                    coll_time(c, C_REDUCE_SCATTER, l->tp, act_bytes, out->tp_cross_node)
-                              : coll_time(c, op, l->tp, act_bytes, out->tp_cross_node);
-            ftp = n_ar * t1;
+             * all-gather + reduce-scatter pair each, the same bus traffic), 1 for the vocabulary-parallel
+             * embedding and 1 for the head's input gradient */
+            int n_ar = 4 * blocks + (lo == 0) + (hi == mt_model_n_modules(sh->m));
+            bool x = out->tp_cross_node;
+            double ag = coll_time(c, C_ALLGATHER, l->tp, act_bytes, x);
+            double rs = coll_time(c, C_REDUCE_SCATTER, l->tp, act_bytes, x);
+            double ar = coll_time(c, C_ALLREDUCE, l->tp, act_bytes, x);
+            ftp = n_ar * (l->sp ? ag + rs : ar);
+            if (rc_block(l->recompute)) { /* the GPU trainer's recomputation, up to gelu(fc), in every block (at
+                                           * most one fewer: a stage's last block when its forward was the last):
+                                           * the attention projection's all-reduce again, or with sequence
+                                           * parallelism the gathers before qkv and fc and its reduce-scatter */
+                ftp += blocks * (l->sp ? 2 * ag + rs : ar);
+            }
         }
         if (fc + ftp > micro) {
             micro = fc + ftp;
