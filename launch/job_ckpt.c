@@ -766,6 +766,36 @@ static mt_status_t read_scaler(const mt_json_t *man, const char *path, job_t *j,
     return MT_OK;
 }
 
+/* Rank 0: a warning when the checkpoint holds optimizer state this run's optimizer has no buffer for (AdamW's
+ * moments resumed under SGD; SGD's momentum under AdamW or plain SGD; state the run needs and the checkpoint
+ * lacks is fill_pieces's error): the weights and the step count resume, that state does not. */
+static void warn_unused_state(const char *dir, const mt_json_t *man, const mt_config_t *cfg) {
+    bool sgd = !strcmp(mt_config_str(cfg, "optimizer.kind"), "sgd");
+    bool mom = sgd && mt_config_float(cfg, "optimizer.momentum") > 0.0;
+    static const char *const kinds[] = {"adamw.m", "adamw.v", "sgd.momentum"};
+    bool used[] = {!sgd, !sgd, mom}, held[] = {false, false, false};
+    const mt_json_t *tensors = mt_json_get(man, "tensors");
+    for (int k = 0; tensors && tensors->kind == MT_JSON_ARRAY && k < tensors->n; k++) {
+        const char *nm = mt_json_get_str(tensors->items[k], "name");
+        for (size_t i = 0; nm && i < MT_ARRAY_LEN(kinds); i++) {
+            size_t kl = strlen(kinds[i]);
+            held[i] |= !strncmp(nm, kinds[i], kl) && nm[kl] == '/';
+        }
+    }
+    char list[64] = "";
+    for (size_t i = 0; i < MT_ARRAY_LEN(kinds); i++) {
+        if (held[i] && !used[i]) {
+            snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", list[0] ? ", " : "", kinds[i]);
+        }
+    }
+    if (list[0]) {
+        MT_WARN("checkpoint %s holds optimizer state (%s) that optimizer.kind = \"%s\"%s does not use: the weights "
+                "and the step count resume, that state is left behind (resume with the optimizer.* of the "
+                "checkpoint's config.toml to keep it)",
+                dir, list, mt_config_str(cfg, "optimizer.kind"), sgd && !mom ? " without momentum" : "");
+    }
+}
+
 mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
     if (!c || !c->resume[0]) {
         return MT_OK;
@@ -833,6 +863,9 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
     }
     if (st == MT_OK) {
         st = fill_pieces(c->resume, man, pc, n, mt_model_config(j->model)->vocab_size);
+    }
+    if (st == MT_OK && j->rank == 0) {
+        warn_unused_state(c->resume, man, j->cfg);
     }
     free(pc);
     mt_json_free(man);
