@@ -423,8 +423,9 @@ static mt_status_t ce_setup_model(const mt_job_info_t *info, mt_model_config_t *
     }
     MT_CHECK(mt_tp_init(e->tplcomm, &e->tpseam));
     mt_tp_model_config(e->tpseam, mt_config_bool(info->cfg, "parallel.sequence_parallel"), mc);
-    /* recompute = block: the device trainer's (repeating each block's forward collectives in its backward, as
-     * Megatron's full recomputation does); the host model of shards, which never runs a step here, without it */
+    /* recompute = block: the device trainer's (repeating a block's forward collectives up to gelu(fc) in its
+     * backward, as Megatron's full recomputation does); the host model of shards, which never runs a step here,
+     * without it */
     e->recompute_block = mc->recompute == MT_RECOMPUTE_BLOCK;
     mc->recompute = MT_RECOMPUTE_NONE;
     return MT_OK;

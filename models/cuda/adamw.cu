@@ -1,27 +1,41 @@
-/* Fused AdamW (and SGD with momentum) over a flat f32 buffer on the device: one pass reads the parameter, its gradient and both
- * moments and writes them back (and, in bf16/fp16, the rounded compute copy), with the gradient
- * multiplier (clip coefficient x 1/loss scale) and the fp16 skip decision read from device memory so the
- * host never waits on the device inside a step. The arithmetic is mt_adamw_update's (optim.c), operation
- * for operation, so the CPU and GPU optimizers agree to f32 rounding.
+/* Fused AdamW and SGD (with or without momentum) over a flat f32 buffer on the device: one pass reads the
+ * parameter, its gradient and the optimizer's state and writes them back (and, in bf16/fp16, the rounded
+ * compute copy), with the gradient multiplier (clip coefficient x 1/loss scale) and the fp16 skip decision
+ * read from device memory so the host never waits on the device inside a step. The arithmetic is
+ * mt_adamw_update's and mt_sgd_update's (optim.c), operation for operation, so the CPU and GPU optimizers
+ * agree to f32 rounding (nvcc may fuse a multiply-add).
  * SPDX-License-Identifier: MIT */
 #include "models/cuda/cuda_impl.h"
 
 /* ======================================== kernels ======================================== */
 
-/* g = grad * scale;  p *= 1 - lr wd;  m += (g - m)(1 - b1);  v = v b2 + (1 - b2) g^2;
- * p -= step_size m / (sqrt(v)/sqrt(bc2) + eps), step_size = lr / bc1. */
-template <typename L>
-static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n, float step_size,
-                                    float bc2_sqrt, float decay, bool use_decay, float one_minus_b1, float beta2,
-                                    float one_minus_b2, float eps, float grad_scale, const float *grad_scale_dev,
-                                    const int *skip, L *lowp) {
+/* The optimizers' one pass: unless *skip, every element's gradient times the multiplier (grad_scale, times
+ * *grad_scale_dev when given), the rule's new parameter from (i, g, p), written to param and, when lowp is
+ * set, rounded into the compute copy. */
+template <typename L, typename Rule>
+static __global__ void update_kernel(float *param, const float *grad, size_t n, float grad_scale,
+                                     const float *grad_scale_dev, const int *skip, L *lowp, Rule rule) {
     if (skip && *skip) {
         return;
     }
     float gs = grad_scale_dev ? grad_scale * *grad_scale_dev : grad_scale;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float g = grad[i] * gs;
-        float p = param[i];
+        float p = rule(i, grad[i] * gs, param[i]);
+        param[i] = p;
+        if (lowp) {
+            lowp[i] = from_f32<L>(p);
+        }
+    }
+}
+
+/* AdamW: p *= 1 - lr wd;  m += (g - m)(1 - b1);  v = v b2 + (1 - b2) g^2;
+ * p -= step_size m / (sqrt(v)/sqrt(bc2) + eps), step_size = lr / bc1. */
+struct adamw_rule {
+    float *m, *v;
+    float step_size, bc2_sqrt, decay;
+    bool use_decay;
+    float one_minus_b1, beta2, one_minus_b2, eps;
+    __device__ float operator()(size_t i, float g, float p) const {
         if (use_decay) {
             p *= decay;
         }
@@ -30,26 +44,16 @@ static __global__ void adamw_kernel(float *param, const float *grad, float *m, f
         m[i] = mi;
         v[i] = vi;
         float denom = sqrtf(vi) / bc2_sqrt + eps;
-        p = p - step_size * (mi / denom);
-        param[i] = p;
-        if (lowp) {
-            lowp[i] = from_f32<L>(p);
-        }
+        return p - step_size * (mi / denom);
     }
-}
+};
 
-/* g = grad * scale + wd p;  buf = first ? g : buf mu + g (with momentum);  p -= lr buf (or lr g). */
-template <typename L>
-static __global__ void sgd_kernel(float *param, const float *grad, float *buf, size_t n, float lr, float momentum,
-                                  float weight_decay, bool first, float grad_scale, const float *grad_scale_dev,
-                                  const int *skip, L *lowp) {
-    if (skip && *skip) {
-        return;
-    }
-    float gs = grad_scale_dev ? grad_scale * *grad_scale_dev : grad_scale;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float g = grad[i] * gs;
-        float p = param[i];
+/* SGD: g += wd p;  buf = first ? g : buf mu + g (with momentum);  p -= lr buf (or lr g). */
+struct sgd_rule {
+    float *buf;
+    float lr, momentum, weight_decay;
+    bool first;
+    __device__ float operator()(size_t i, float g, float p) const {
         if (weight_decay != 0.0f) {
             g = g + weight_decay * p;
         }
@@ -57,13 +61,9 @@ static __global__ void sgd_kernel(float *param, const float *grad, float *buf, s
             g = first ? g : buf[i] * momentum + g;
             buf[i] = g;
         }
-        p = p - lr * g;
-        param[i] = p;
-        if (lowp) {
-            lowp[i] = from_f32<L>(p);
-        }
+        return p - lr * g;
     }
-}
+};
 
 /* ======================================== launchers ======================================== */
 
@@ -84,10 +84,11 @@ extern "C" cudaError_t mt_cuda_adamw(float *param, const float *grad, float *m, 
     float one_minus_b1 = (float)(1.0 - (double)beta1), one_minus_b2 = (float)(1.0 - (double)beta2);
     cudaStream_t s = (cudaStream_t)stream;
     unsigned g = mt_cu_blocks(n, 256, 132 * 16);
+    adamw_rule rule = {m,     v,     step_size,    bc2_sqrt, decay, weight_decay != 0.0f, one_minus_b1,
+                       beta2, one_minus_b2, eps};
     MT_CU_DISPATCH(lowp_dt, L,
-                   adamw_kernel<L><<<g, 256, 0, s>>>(param, grad, m, v, n, step_size, bc2_sqrt, decay,
-                                                     weight_decay != 0.0f, one_minus_b1, beta2, one_minus_b2, eps,
-                                                     grad_scale, grad_scale_dev, skip, (L *)lowp));
+                   update_kernel<L, adamw_rule><<<g, 256, 0, s>>>(param, grad, n, grad_scale, grad_scale_dev, skip,
+                                                          (L *)lowp, rule));
     return cudaGetLastError();
 }
 
@@ -100,8 +101,9 @@ extern "C" cudaError_t mt_cuda_sgd(float *param, const float *grad, float *buf, 
     }
     cudaStream_t s = (cudaStream_t)stream;
     unsigned g = mt_cu_blocks(n, 256, 132 * 16);
+    sgd_rule rule = {buf, lr, momentum, weight_decay, first};
     MT_CU_DISPATCH(lowp_dt, L,
-                   sgd_kernel<L><<<g, 256, 0, s>>>(param, grad, buf, n, lr, momentum, weight_decay, first, grad_scale,
-                                                   grad_scale_dev, skip, (L *)lowp));
+                   update_kernel<L, sgd_rule><<<g, 256, 0, s>>>(param, grad, n, grad_scale, grad_scale_dev, skip,
+                                                          (L *)lowp, rule));
     return cudaGetLastError();
 }
