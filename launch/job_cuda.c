@@ -1,4 +1,4 @@
-/* The GPU engine of the training loop (runtime.device = "cuda"): GPT-2 on this rank's GPU through
+/* The GPU engine of the training loop (runtime.device = "cuda"): GPT-2 or the MLP on this rank's GPU through
  * models/cuda/gpt2_cuda.h in precision.compute, and with dp > 1 replicas whose gradients are averaged over
  * NCCL on a stream of their own, bucket by bucket while backward still runs (parallel.engine = "ddp") or in
  * one all-reduce after it ("dp"). ZeRO-1 (parallel.engine = "zero", zero_stage = 1) shards the optimizer:
@@ -40,18 +40,6 @@
 #ifndef MT_CUDA_EMU_NCCL /* the emulator with its emulated NCCL (tests/gpu/emu/emu_nccl.cpp) */
 #define MT_CUDA_EMU_NCCL 0
 #endif
-
-/* What the GPU path cannot run, as a config error naming the key, why, and what to use instead. */
-static mt_status_t cuda_check_config(const mt_config_t *cfg) {
-    const char *dev = mt_config_str(cfg, "runtime.device");
-    if (strcmp(mt_config_str(cfg, "model.kind"), "gpt2") != 0) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "runtime.device = \"%s\": model.kind = \"%s\" has no GPU model (the GPU path trains GPT-2): "
-                        "set model.kind = \"gpt2\", or runtime.device = \"cpu\"",
-                        dev, mt_config_str(cfg, "model.kind"));
-    }
-    return MT_OK;
-}
 
 /* Devices this rank sees (0 without CUDA, a driver or a device). */
 static int cuda_devices(void) {
@@ -136,13 +124,9 @@ mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use,
     mine[1] = world == 1 || !gpu_shared(n, &la, &lb, bus, sizeof(bus), NULL, NULL);
     MT_MPI_CHECK(MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MIN, comm));
     int min_n = all[0];
-    mt_status_t fit = cuda_check_config(cfg);
     if (!strcmp(dev, "auto")) {
-        if (min_n > 0 && fit == MT_OK && (all[1] || !strcmp(mt_config_str(cfg, "runtime.gpu_comm"), "mpi"))) {
+        if (min_n > 0 && (all[1] || !strcmp(mt_config_str(cfg, "runtime.gpu_comm"), "mpi"))) {
             *use = true;
-        } else if (min_n > 0 && note_len && fit != MT_OK) {
-            snprintf(note, note_len, "runtime.device = \"auto\": GPUs present, but %s; training on the CPU",
-                     mt_last_error_msg());
         } else if (min_n > 0 && note_len) {
             snprintf(note, note_len,
                      "runtime.device = \"auto\": GPUs present, but two ranks of a host would share one (NCCL needs "
@@ -150,7 +134,6 @@ mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use,
         }
         return MT_OK;
     }
-    MT_CHECK(fit); /* the same config on every rank: the same verdict */
     if (!MT_HAVE_CUDA) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "runtime.device = \"cuda\": this meshtrain was built without CUDA (configure it where the "
@@ -403,7 +386,6 @@ static mt_status_t ce_setup_model(const mt_job_info_t *info, mt_model_config_t *
     if (tp == 1) {
         return MT_OK;
     }
-    MT_CHECK(cuda_check_config(info->cfg));
     cuda_engine_t *e = calloc(1, sizeof(*e));
     if (!e) {
         return mt_error(MT_ERR_OOM, "cuda engine: out of memory");
@@ -432,7 +414,6 @@ static mt_status_t ce_setup_model(const mt_job_info_t *info, mt_model_config_t *
 }
 
 static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
-    MT_CHECK(cuda_check_config(info->cfg));
     int ndev = mt_cuda_device_count();
     if (ndev == 0) {
         return mt_error(MT_ERR_INVALID_ARG,
@@ -499,6 +480,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         if (st == MT_OK) { /* modules: 0 the embeddings, 1 .. L the blocks, L + 1 the head */
             gp.stage_lo = MT_MAX(bounds[e->stage], 1) - 1;
             gp.stage_hi = MT_MIN(bounds[e->stage + 1], L + 1) - 1;
+            gp.stage_ends = (bounds[e->stage] == 0) | (bounds[e->stage + 1] == L + 2) << 1;
         }
         /* an activation set per micro-batch in flight: GPipe all of them, 1F1B min(pp - stage, m) */
         e->n_slots = mt_pipeline_max_in_flight(e->sched, e->pp, e->stage, (int)e->ga);
@@ -976,7 +958,6 @@ static const mt_job_engine_t cuda_engine = {
 
 static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     *ctx = NULL;
-    MT_CHECK(cuda_check_config(info->cfg));
     return mt_error(MT_ERR_INVALID_ARG,
                     "runtime.device = \"%s\": this meshtrain was built without CUDA (configure it where the CUDA "
                     "Toolkit is installed), or set runtime.device = \"cpu\"",

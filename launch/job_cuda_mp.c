@@ -44,10 +44,13 @@ void cuda_engine_tp_ops(cuda_engine_t *e) {
 }
 
 /* The pipeline's communicators, collectively over info->comm: activations (device), scalars (host), and on
- * the first and last stage the tied wte's gradient. */
+ * the first and last stage the tied wte's gradient (GPT-2's head reads wte; the MLP's has its own weight). */
 mt_status_t cuda_engine_pp_comms_init(cuda_engine_t *e, const mt_job_info_t *info) {
     MT_CHECK(cuda_engine_axis_comms(e, info, MT_AXIS_PP, "pp-acts", "pp-scalars", e->pp, e->stage, "stage",
                                     &e->ppcomm, &e->pplcomm));
+    if (mt_model_param(e->model, 0)->tied_module < 0) {
+        return MT_OK;
+    }
     if (e->pp == 2) {
         e->embcomm = e->ppcomm;
     } else if (e->first || e->last) {

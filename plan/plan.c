@@ -405,8 +405,8 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
      * the last pass rather than per micro-batch (the CPU engines' MT_ENGINE_PARAM_ONCE, a reduce-scatter; the
      * GPU engine's on_grads, an all-reduce), and which every engine sums over the two end stages once per step
      * (charged with the dp traffic after the schedule). `outer`: the embedding's and the head's own parameters
-     * (wte, wpe, ln_f), which the GPU engine's ZeRO-3 keeps whole and gathers once per step (wouter_fresh),
-     * the blocks per micro-batch. */
+     * (gpt2 wte, wpe, ln_f; mlp wte and the head's), which the GPU engine's ZeRO-3 keeps whole and gathers once
+     * per step (wouter_fresh), the blocks per micro-batch. */
     size_t psi = 0, once = 0, outer = 0;
     int lo0 = sh->bounds[out->mem_stage], hi0 = sh->bounds[out->mem_stage + 1], last_mod = n_modules_of(job) - 1;
     for (int k = 0; k < mt_model_n_params(sh->m); k++) {
@@ -419,7 +419,7 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
         outer += on_stage && (q->module == 0 || q->module == last_mod) ? q->numel : 0;
     }
     double bytes = (double)psi * sizeof(float), once_b = (double)once * sizeof(float);
-    double outer_b = job->gpu && job->model.kind == MT_MODEL_GPT2 ? (double)outer * sizeof(float) : 0.0;
+    double outer_b = job->gpu ? (double)outer * sizeof(float) : 0.0;
     double bwd = micro_compute * 2.0 / 3.0, hide = c->overlap_dp;
     int dp = l->dp;
     bool x = out->dp_cross_node;
@@ -499,16 +499,6 @@ static mt_plan_job_t placed(const mt_plan_job_t *job, const mt_plan_cluster_t *c
     return j;
 }
 
-/* What the GPU engine trains at all (launch/job_cuda.c cuda_check_config): GPT-2 (with AdamW or SGD). */
-static mt_status_t check_gpu_job(const mt_plan_job_t *job) {
-    if (job->gpu && job->model.kind != MT_MODEL_GPT2) {
-        return mt_error(MT_ERR_INVALID_ARG, "the cluster's devices are GPUs (device.kind = \"gpu\") and the GPU "
-                                            "engine trains model.kind = \"gpt2\" only: plan with runtime.device = "
-                                            "\"cpu\" to run it on the hosts");
-    }
-    return MT_OK;
-}
-
 /* model.attn_recompute changes nothing on the GPU engine (its attention never stores the probabilities): the
  * enumeration lists each layout once, without it; a run with it is planned as without. */
 static mt_plan_rc_t gpu_rc(const mt_plan_job_t *job, mt_plan_rc_t rc) {
@@ -522,7 +512,6 @@ mt_status_t mt_plan_predict(const mt_plan_job_t *job_in, const mt_plan_cluster_t
                             const mt_plan_layout_t *l_in, mt_plan_pred_t *out) {
     mt_plan_job_t placed_job = placed(job_in, c, world);
     const mt_plan_job_t *job = &placed_job;
-    MT_CHECK(check_gpu_job(job));
     mt_plan_layout_t gl = *l_in;
     gl.recompute = gpu_rc(job, gl.recompute);
     const mt_plan_layout_t *l = &gl;
@@ -621,7 +610,6 @@ mt_status_t mt_plan_enumerate(const mt_plan_job_t *job_in, const mt_plan_cluster
     int world = o->world;
     mt_plan_job_t placed_job = placed(job_in, c, world);
     const mt_plan_job_t *job = &placed_job;
-    MT_CHECK(check_gpu_job(job));
     pred_vec_t pv = {0};
     int n_refused = 0;
     char refused[256] = "";

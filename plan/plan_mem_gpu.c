@@ -49,6 +49,7 @@ mt_status_t plan_stage_mem_gpu(const mt_plan_job_t *job, mt_model_t m, const int
         gp.act_sets = mt_pipeline_max_in_flight(sched, l->pp, s, l->microbatches);
         gp.stage_lo = MT_MAX(bounds[s], 1) - 1;
         gp.stage_hi = MT_MIN(bounds[s + 1], L + 1) - 1;
+        gp.stage_ends = (bounds[s] == 0) | (bounds[s + 1] == L + 2) << 1;
     }
     enum { CAP = 64 };
     size_t bytes[CAP];
@@ -67,7 +68,7 @@ mt_status_t plan_stage_mem_gpu(const mt_plan_job_t *job, mt_model_t m, const int
     }
     MT_CHECK(mt_cuda_alloc_replay(bytes, cats, n, mem, NULL));
     if (!job->gpu_staged) { /* NCCL's scratch: dp gradients, pipeline activations (+ the tied pair), tp */
-        bool end = s == 0 || s == l->pp - 1;
+        bool end = (s == 0 || s == l->pp - 1) && mt_model_param(m, 0)->tied_module >= 0; /* the tied pair */
         int comms = (l->dp > 1) + (l->pp > 1) + (l->pp > 2 && end) + (l->tp > 1);
         mem[MT_MEM_COMM] += (int64_t)comms * NCCL_SCRATCH;
     }

@@ -8,7 +8,8 @@
  * channels of NHl = NH/tp heads, Hl = 4C/tp MLP columns and Vl = Vp/tp vocabulary rows (the first Vr of them
  * real, from global row v0) per rank; the activations outside the sharded regions (residual stream, LayerNorm
  * statistics) are whole on every rank, or with sequence parallelism R = N/tp rows of them (rank r's rows
- * [r R, (r + 1) R)); without it R = N.
+ * [r R, (r + 1) R)); without it R = N. The MLP (models/mlp/mlp.c) shares everything but its forward and backward
+ * (mlp_forward, mlp_backward): its hidden layers are the blocks, of C columns.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
 #include <string.h>
@@ -52,6 +53,9 @@ static void *carve(char **cursor, size_t bytes) {
 
 static size_t layer_bytes(mt_gpt2_cuda_t g) {
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es, r = 0;
+    if (g->mlp) { /* a hidden layer's pre-activation */
+        return MT_DIV_UP(N * C * es, 256) * 256;
+    }
     size_t Cl = (size_t)g->Cl, Hl = (size_t)g->Hl, R = (size_t)g->R;
     size_t sizes[] = {N * C * es, 3 * N * Cl * es, N * Cl * es, R * C * es,
                       N * C * es, N * Hl * es,     N * Hl * es, R * 4,
@@ -64,8 +68,9 @@ static size_t layer_bytes(mt_gpt2_cuda_t g) {
 
 static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p, bool dry) {
     const mt_model_config_t *c = mt_model_config(m);
-    if (c->kind != MT_MODEL_GPT2) {
-        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the GPU path trains model.kind = \"gpt2\" only");
+    if (c->kind != MT_MODEL_GPT2 && (c->kind != MT_MODEL_MLP || c->tp_size > 1)) {
+        return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: the GPU path trains model.kind = \"gpt2\", and \"mlp\" "
+                                              "without tensor parallelism");
     }
     if (!p || p->size != sizeof(*p) || (unsigned)p->prec >= MT_PREC_COUNT) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: parameters not initialised with MT_GPT2_CUDA_PARAMS_INIT");
@@ -92,6 +97,14 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p, boo
                         "gpt2_cuda: stage blocks [%d, %d) of %d: expected 0 <= lo <= hi <= n_layer, lo < hi in a "
                         "middle stage",
                         p->stage_lo, hi, c->n_layer);
+    }
+    int e = p->stage_ends;
+    if (e < -1 || e > 3 || (e >= 0 && (((e & 1) && p->stage_lo != 0) || ((e & 2) && hi != c->n_layer) ||
+                                        (p->stage_lo == hi && e == 0)))) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "gpt2_cuda: stage_ends = %d with blocks [%d, %d) of %d: expected -1, or bit 0 (the embedding) "
+                        "only from block 0, bit 1 (the head) only to block n_layer, and one of them without blocks",
+                        e, p->stage_lo, hi, c->n_layer);
     }
     if (p->opt_state < 0 || p->opt_state > 2) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: opt_state = %d: expected 0 (plain SGD), 1 (SGD with "
@@ -141,7 +154,7 @@ mt_status_t gpt2_cuda_upload_weights(mt_gpt2_cuda_t g, const float *flat) {
     for (int i = 0; g->zero2 && i < 3; i++) { /* the pool's last consumer is done with it */
         CK(cudaStreamWaitEvent(g->stream, i < 2 ? g->slot_free[i] : g->outer_free, 0));
     }
-    int pf = BLOCK0 + g->L * NBP;
+    int pf = g->pf;
     for (int i = 0; i < g->n_params; i++) {
         const mt_param_t *pp = mt_model_param(g->m, i);
         if (!g->held[i]) {
@@ -161,7 +174,7 @@ mt_status_t gpt2_cuda_upload_weights(mt_gpt2_cuda_t g, const float *flat) {
         }
         if (!g->zero3 && !f32) {
             CK(mt_cuda_convert((char *)g->wc + off * g->es, g->dt, stage, MT_CU_F32, n, 1.0f, g->stream));
-        } else if (g->zero3 && (i < BLOCK0 || i >= pf)) { /* wte, wpe, ln_f: whole on every rank */
+        } else if (g->zero3 && (i < g->b0 || i >= pf)) { /* wte, wpe, ln_f: whole on every rank */
             CK(mt_cuda_convert(W(i), g->dt, stage, MT_CU_F32, n, 1.0f, g->stream));
         }
     }
@@ -197,11 +210,20 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     g->m = m;
     g->p = *p;
     g->L = c->n_layer, g->C = c->n_embd, g->NH = c->n_head, g->V = c->vocab_size, g->Vp = c->padded_vocab;
+    g->mlp = c->kind == MT_MODEL_MLP;
+    g->tied = !g->mlp;
+    g->b0 = g->mlp ? 1 : 2;
+    g->nbp = g->mlp ? MLP_NBP : GPT2_NBP;
+    g->pf = g->b0 + g->L * g->nbp;
     g->B = p->B, g->T = p->T, g->N = p->B * p->T;
     g->tp = MT_MAX(c->tp_size, 1), g->tpr = g->tp > 1 ? c->tp_rank : 0;
     g->sp = g->tp > 1 && c->sequence_parallel;
     g->R = g->sp ? g->N / g->tp : g->N;
     g->Cl = g->C / g->tp, g->NHl = g->NH / g->tp, g->Hl = 4 * g->C / g->tp, g->Vl = g->Vp / g->tp;
+    if (g->mlp) { /* no attention; a hidden layer's width is C */
+        g->NH = g->NHl = 0;
+        g->Hl = g->C;
+    }
     g->v0 = g->tpr * g->Vl;
     g->Vr = MT_MAX(0, MT_MIN(g->Vl, g->V - g->v0));
     g->dt = (int)mt_prec_storage(p->prec);
@@ -209,8 +231,8 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     g->n_params = mt_model_n_params(m);
     g->lo = p->stage_lo;
     g->hi = p->stage_hi < 0 ? g->L : p->stage_hi;
-    g->first = g->lo == 0;
-    g->last = g->hi == g->L;
+    g->first = p->stage_ends < 0 ? g->lo == 0 : (p->stage_ends & 1) != 0;
+    g->last = p->stage_ends < 0 ? g->hi == g->L : (p->stage_ends & 2) != 0;
     g->recompute = c->recompute == MT_RECOMPUTE_BLOCK || p->recompute_block;
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es;
     MT_CHECK_GOTO(mt_loss_scaler_init(&g->scaler, p->prec, p->init_scale, p->scale_window), st, fail);
@@ -239,14 +261,17 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
         st = mt_error(MT_ERR_OOM, "gpt2_cuda: no host memory");
         goto fail;
     }
-    /* the stage's parameters, in registration order: wte (first or last stage: the head reads it), wpe (first),
-     * its blocks, ln_f (last) */
-    int pf = BLOCK0 + g->L * NBP;
+    /* the stage's parameters, in registration order: gpt2 wte (first or last stage: the head reads it), wpe
+     * (first), its blocks, ln_f (last); mlp wte (first), its layers, the head (last) */
+    int pf = g->pf;
     g->numel = 0;
     for (int i = 0; i < g->n_params; i++) {
         const mt_param_t *pp = mt_model_param(m, i);
-        int blk = i >= BLOCK0 && i < pf ? (i - BLOCK0) / NBP : -1;
-        g->held[i] = i == 0 ? g->first || g->last : i == 1 ? g->first : i >= pf ? g->last : blk >= g->lo && blk < g->hi;
+        int blk = i >= g->b0 && i < pf ? (i - g->b0) / g->nbp : -1;
+        g->held[i] = i == 0 && g->tied ? g->first || g->last
+                     : i < g->b0       ? g->first
+                     : i >= pf         ? g->last
+                                       : blk >= g->lo && blk < g->hi;
         g->offs[i] = g->numel;
         g->decay[i] = pp->is_weight2d;
         g->numel += g->held[i] ? pp->numel : 0;
@@ -271,8 +296,9 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
             }
         }
     }
-    for (int l = 0; l < g->L; l++) { /* ln_backward takes a LayerNorm's weight and bias gradients as one run */
-        int p0 = BLOCK0 + l * NBP;
+    /* gpt2: ln_backward takes a LayerNorm's weight and bias gradients as one run */
+    for (int l = 0; !g->mlp && l < g->L; l++) {
+        int p0 = g->b0 + l * g->nbp;
         MT_ASSERT(g->offs[p0 + LN1B] == g->offs[p0 + LN1W] + (g->held[p0] ? (size_t)g->C : 0) &&
                   g->offs[p0 + LN2B] == g->offs[p0 + LN2W] + (g->held[p0] ? (size_t)g->C : 0));
     }
@@ -287,9 +313,9 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
      * the slice (other storage), gradients, AdamW moments of the slice */
     g->zero3 = p->shard_weights;
     /* one block's parameters (every block has the same), from the stage's first block: a stage holds no other */
-    g->blk_numel = g->hi > g->lo ? g->offs[BLOCK0 + (g->lo + 1) * NBP] - g->offs[BLOCK0 + g->lo * NBP] : 0;
+    g->blk_numel = g->hi > g->lo ? g->offs[g->b0 + (g->lo + 1) * g->nbp] - g->offs[g->b0 + g->lo * g->nbp] : 0;
     if (g->zero3) { /* the slice (master; a copy in the storage dtype), three block slots, wte/wpe/ln_f */
-        size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
+        size_t outer = g->offs[g->b0] + (g->numel - g->offs[pf]);
         MT_CHECK_GOTO(dalloc(g, (void **)&g->master, MT_MAX(slice, 1) * 4, MT_MEM_PARAMS, "gpt2_cuda master weights"),
                       st, fail);
         if (g->dt == MT_CU_F32) {
@@ -322,9 +348,9 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     g->zero2 = p->shard_grads;
     /* a pipeline's end stage under ZeRO-2: its copy of the tied wte is summed with the other end stage's once per
      * step, so its gradient accumulates over the step's passes (the first offs[1] elements of gouter) */
-    g->tied_acc = g->zero2 && g->held[0] && !(g->first && g->last) ? g->offs[1] : 0;
+    g->tied_acc = g->zero2 && g->tied && g->held[0] && !(g->first && g->last) ? g->offs[1] : 0;
     if (g->zero2) {
-        size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
+        size_t outer = g->offs[g->b0] + (g->numel - g->offs[pf]);
         MT_CHECK_GOTO(
             dalloc(g, (void **)&g->gpool, MT_MAX(2 * g->blk_numel, 1) * 4, MT_MEM_GRADS, "gpt2_cuda gradient slots"),
             st, fail);
@@ -355,9 +381,9 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     }
     /* activations: one allocation for everything backward reads, per set */
     size_t lb = layer_bytes(g), head = 0;
-    size_t hx = g->last ? 1 : 0; /* ln_f's output and the logits on the last stage only */
+    size_t hx = g->last ? 1 : 0, fx = g->mlp ? 0 : hx; /* ln_f's output (gpt2), the logits: on the last stage */
     size_t R = (size_t)g->R; /* the rows of the residual stream and of the LayerNorm statistics */
-    size_t head_sizes[] = {hx * N * C * es, R * 4, R * 4, hx * N * (size_t)g->Vl * es, N * 4, N * 4, 256, 256,
+    size_t head_sizes[] = {fx * N * C * es, fx * R * 4, fx * R * 4, hx * N * (size_t)g->Vl * es, N * 4, N * 4, 256, 256,
                            N * 4,           N * 4};
     for (size_t i = 0; i < MT_ARRAY_LEN(head_sizes); i++) {
         head += MT_DIV_UP(head_sizes[i], 256) * 256;
@@ -374,9 +400,9 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
         acts_t *A = &g->sets[k];
         A->la = g->la_all + (size_t)k * (size_t)MT_MAX(nb, 1);
         A->resid = carve(&cur, (size_t)(nb + 1) * resid_bytes);
-        A->lnf = carve(&cur, hx * N * C * es);
-        A->lnf_mean = carve(&cur, R * 4);
-        A->lnf_rstd = carve(&cur, R * 4);
+        A->lnf = carve(&cur, fx * N * C * es);
+        A->lnf_mean = carve(&cur, fx * R * 4);
+        A->lnf_rstd = carve(&cur, fx * R * 4);
         A->logits = carve(&cur, hx * N * (size_t)g->Vl * es);
         A->losses = carve(&cur, N * 4);
         A->lse_ce = carve(&cur, N * 4);
@@ -387,6 +413,10 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     }
     for (int i = 0; i < n_int; i++) { /* set i / n_la's block i % n_la (recompute: the one shared set) */
         layer_acts_t *a = &g->sets[i / n_la].la[i % n_la];
+        if (g->mlp) { /* a hidden layer's pre-activation */
+            a->fch = carve(&cur, N * C * es);
+            continue;
+        }
         a->ln1 = carve(&cur, N * C * es);
         a->qkv = carve(&cur, 3 * N * (size_t)g->Cl * es);
         a->atty = carve(&cur, N * (size_t)g->Cl * es);
@@ -410,7 +440,8 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     }
     g->A = g->last_fwd = &g->sets[0];
     /* scratch shared by the layers (forward temporaries, backward gradients, reductions) */
-    size_t cs = mt_cuda_colsum_scratch_floats(MT_MAX(g->Hl, g->C)), ls = mt_cuda_layernorm_scratch_floats(g->C);
+    size_t cs = mt_cuda_colsum_scratch_floats(MT_MAX(MT_MAX(g->Hl, g->C), g->mlp ? g->V : 0)); /* mlp: head bias */
+    size_t ls = mt_cuda_layernorm_scratch_floats(g->C);
     size_t as = mt_cuda_attention_scratch_floats(g->B, g->T, g->NHl), ss = mt_cuda_sumsq_scratch_doubles();
     size_t Hl = (size_t)g->Hl, ce = g->tp > 1 ? N * 3 * 4 : 0, rep = (size_t)g->n_shd * 8;
     /* dfc (N, Hl) also packs rowpar_backward's chunked gathers, (N, C) */
@@ -817,8 +848,8 @@ static mt_status_t wfetch(mt_gpt2_cuda_t g, int l) {
     }
     CK(cudaEventRecord(g->wmark, g->stream));
     CK(cudaStreamWaitEvent(g->consumer, g->wmark, 0));
-    size_t b0 = g->offs[BLOCK0 + l * NBP];
-    MT_CHECK(g->whook(g->whook_arg, b0, b0 + g->blk_numel, W(BLOCK0 + l * NBP)));
+    size_t b0 = g->offs[g->b0 + l * g->nbp];
+    MT_CHECK(g->whook(g->whook_arg, b0, b0 + g->blk_numel, W(g->b0 + l * g->nbp)));
     CK(cudaEventRecord(g->wready[l % 3], g->consumer));
     g->wslot[l % 3] = l;
     return MT_OK;
@@ -850,10 +881,10 @@ static mt_status_t wouter_fresh(mt_gpt2_cuda_t g) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-3 keeps a slice of the weights: set a weight hook and "
                                               "the comm stream before forward");
     }
-    int pf = BLOCK0 + g->L * NBP;
+    int pf = g->pf;
     CK(cudaEventRecord(g->wmark, g->stream));
     CK(cudaStreamWaitEvent(g->consumer, g->wmark, 0));
-    MT_CHECK(g->whook(g->whook_arg, 0, g->offs[BLOCK0], W(0)));
+    MT_CHECK(g->whook(g->whook_arg, 0, g->offs[g->b0], W(0)));
     MT_CHECK(g->whook(g->whook_arg, g->offs[pf], g->numel, W(pf)));
     CK(cudaEventRecord(g->wmark, g->consumer));
     CK(cudaStreamWaitEvent(g->stream, g->wmark, 0));
@@ -867,7 +898,7 @@ static mt_status_t block_forward_to_gelu(mt_gpt2_cuda_t g, int l) {
     int N = g->N, C = g->C, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl, R = g->R;
     void *s = g->stream;
     layer_acts_t *a = LA(l);
-    int p = BLOCK0 + l * NBP;
+    int p = g->b0 + l * g->nbp;
     void *x = NULL; /* a row-parallel region's output: the group's sum (sp: this rank's rows of it) */
     MT_CHECK(colpar_forward(g, a->ln1, a->qkv, 3 * Cl, NULL, W(p + QKVW), W(p + QKVB), 3 * Cl));
     OP(PROF_ATTN_FWD, mt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, Cl, g->NHl, dt, s));
@@ -879,6 +910,40 @@ static mt_status_t block_forward_to_gelu(mt_gpt2_cuda_t g, int l) {
     }
     MT_CHECK(colpar_forward(g, a->ln2, a->fch, Hl, NULL, W(p + FCW), W(p + FCB), Hl));
     OP(PROF_GELU, mt_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * Hl, dt, s));
+    return MT_OK;
+}
+
+/* model.kind = "mlp" (models/mlp/mlp.c), forward of the stage once the tokens and targets are on the device: the
+ * embedding (first stage) into resid[0], each hidden layer l from its input resid[l] to resid[l + 1] =
+ * gelu(resid[l] W^T + b) (the bias and GELU in the product's epilogue, the pre-activation kept for backward in
+ * LA(l)->fch), the head's logits = resid[L] Wh^T + bh and the fused softmax + cross-entropy (last stage). */
+static mt_status_t mlp_forward(mt_gpt2_cuda_t g) {
+    int N = g->N, C = g->C, dt = g->dt;
+    void *s = g->stream;
+    if (g->first) {
+        OP(PROF_EMBED, mt_cuda_embedding_forward_shard(RES(0), g->A->tokens_d, W(0), NULL, 0, g->Vl, g->B, g->T, C,
+                                                       dt, s));
+    }
+    for (int l = g->lo; l < g->hi; l++) {
+        int p = g->b0 + l * g->nbp;
+        MT_CHECK(wneed(g, l, +1));
+        if (g->p.fused_gelu) {
+            OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, RES(l + 1), C, LA(l)->fch, RES(l), W(p + MLP_W),
+                                                       W(p + MLP_B), N, C, C, dt, s));
+        } else {
+            OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, LA(l)->fch, C, NULL, RES(l), W(p + MLP_W),
+                                                       W(p + MLP_B), N, C, C, dt, s));
+            OP(PROF_GELU, mt_cuda_gelu_forward(RES(l + 1), LA(l)->fch, (size_t)N * C, dt, s));
+        }
+    }
+    if (!g->last) {
+        return MT_OK;
+    }
+    int pf = g->pf;
+    OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->A->logits, g->Vl, NULL, RES(g->L), W(pf + MLP_W),
+                                               W(pf + MLP_B), N, C, g->V, dt, s));
+    OP(PROF_CE, mt_cuda_softmax_ce_forward(g->A->losses, g->A->lse_ce, g->A->mean_loss, g->A->n_valid, g->A->logits,
+                                           g->A->targets_d, N, g->V, g->Vl, dt, s));
     return MT_OK;
 }
 
@@ -921,6 +986,9 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
     MT_CHECK(wouter_fresh(g));
     g->last_fwd = g->A;
     MT_CHECK(gpt2_cuda_prof_mark(g, MT_GPT2_PROF_START));
+    if (g->mlp) {
+        return mlp_forward(g);
+    }
     if (g->first) { /* later stages find their input in resid[lo] (mt_gpt2_cuda_stage_input) */
         /* tp: each token's row from its rank and wpe from rank 0, summed (sp: this rank's rows of the sum) */
         void *emb = g->sp ? g->tmp_c : RES(0), *x = NULL;
@@ -928,7 +996,7 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
                                                        dt, s));
         MT_CHECK(tp_reduce(g, emb, RES(0), &x));
     }
-    int pf = BLOCK0 + L * NBP;       /* ln_f */
+    int pf = g->pf;       /* ln_f */
     if (g->lo == g->hi && g->last) { /* no block to fuse ln_f into */
         OP(PROF_LN_FWD, mt_cuda_layernorm_forward(LN_DST(g->A->lnf), g->A->lnf_mean, g->A->lnf_rstd, RES(L), W(pf),
                                                   W(pf + 1), R, C, dt, s));
@@ -937,7 +1005,7 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
      * colpar_forward (sequence parallelism), after the ZeRO-3 weight waits */
     for (int l = g->lo; l < g->hi; l++) {
         layer_acts_t *a = LA(l);
-        int p = BLOCK0 + l * NBP;
+        int p = g->b0 + l * g->nbp;
         MT_CHECK(wneed(g, l, +1));
         if (l == g->lo) { /* later blocks get ln_1 from the previous block's fused residual + LayerNorm */
             OP(PROF_LN_FWD, mt_cuda_layernorm_forward(LN_DST(a->ln1), a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W),
@@ -948,7 +1016,7 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
         MT_CHECK(rowpar_forward(g, a->fch_gelu, Hl, W(p + FCPW), ROW_BIAS(p + FCPB), &x));
         if (l + 1 < g->hi) {
             layer_acts_t *nx = LA(l + 1);
-            int pn = p + NBP;
+            int pn = p + g->nbp;
             OP(PROF_LN_FWD,
                mt_cuda_residual_layernorm_forward(RES(l + 1), LN_DST(nx->ln1), nx->ln1_mean, nx->ln1_rstd, x, a->r2,
                                                   W(pn + LN1W), W(pn + LN1B), R, C, dt, s));
@@ -1004,7 +1072,7 @@ static mt_status_t grads_done(mt_gpt2_cuda_t g, int p0, int p1, cudaEvent_t ev) 
  * backward. */
 static mt_status_t block_recompute(mt_gpt2_cuda_t g, int l) {
     layer_acts_t *a = LA(l);
-    int p = BLOCK0 + l * NBP;
+    int p = g->b0 + l * g->nbp;
     OP(PROF_LN_FWD, mt_cuda_layernorm_forward(LN_DST(a->ln1), a->ln1_mean, a->ln1_rstd, RES(l), W(p + LN1W),
                                               W(p + LN1B), g->R, g->C, g->dt, g->stream));
     return block_forward_to_gelu(g, l);
@@ -1046,13 +1114,55 @@ static mt_status_t ln_grads_reduce(mt_gpt2_cuda_t g, float *const *dwb, int n) {
     return MT_OK;
 }
 
+/* model.kind = "mlp", backward of the stage after mt_gpt2_cuda_backward's set-up (scale: the loss gradient's;
+ * fresh: the shared internals under recompute = block hold the last layer's forward values). dresid carries the
+ * gradient of the current layer's output down the stage, overwritten by each product's input gradient (it is
+ * read only by the GELU backward before it): the head's d resid[L] (last stage; a stage before it finds d
+ * resid[hi] there, mt_gpt2_cuda_stage_grad), each layer's d resid[l], then the embedding's gradient. */
+static mt_status_t mlp_backward(mt_gpt2_cuda_t g, float scale, bool fresh) {
+    int N = g->N, C = g->C, dt = g->dt, pf = g->pf;
+    void *s = g->stream;
+    if (g->last) { /* dlogits in place; d resid[L], dWh and dbh */
+        OP(PROF_CE, mt_cuda_softmax_ce_backward(g->A->logits, g->A->logits, g->A->lse_ce, g->A->targets_d,
+                                                g->A->n_valid, N, g->V, g->Vl, scale, dt, s));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->dresid, G(pf + MLP_W), G(pf + MLP_B),
+                                                        g->A->logits, g->Vl, RES(g->L), W(pf + MLP_W), N, C, g->V, dt,
+                                                        g->col_scratch, s));
+        MT_CHECK(grads_done(g, pf, g->n_params, NULL));
+    }
+    for (int l = g->hi - 1; l >= g->lo; l--) {
+        int p = g->b0 + l * g->nbp;
+        void *pre = LA(l)->fch;
+        MT_CHECK(wneed(g, l, -1));
+        if (g->recompute && (l + 1 < g->hi || !fresh)) { /* the forward's product again (the same kernel: the same
+                                                          * bits), its GELU output into tmp_c, free in backward */
+            OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->p.fused_gelu ? g->tmp_c : pre, C,
+                                                       g->p.fused_gelu ? pre : NULL, RES(l), W(p + MLP_W),
+                                                       W(p + MLP_B), N, C, C, dt, s));
+        }
+        if (g->zero2) { /* the slot's previous layer has been consumed */
+            CK(cudaStreamWaitEvent(g->stream, g->slot_free[l % 2], 0));
+            OP(PROF_OTHER, cudaMemsetAsync(G(p), 0, g->blk_numel * 4, g->stream));
+        }
+        OP(PROF_GELU, mt_cuda_gelu_backward_set(g->dfc, pre, g->dresid, (size_t)N * C, dt, s));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->dresid, G(p + MLP_W), G(p + MLP_B), g->dfc, C,
+                                                        RES(l), W(p + MLP_W), N, C, C, dt, g->col_scratch, s));
+        MT_CHECK(grads_done(g, p, p + g->nbp, g->slot_free[l % 2]));
+    }
+    if (g->first) {
+        OP(PROF_EMBED, mt_cuda_embedding_backward_shard(G(0), NULL, g->dresid, g->A->tokens_d, 0, g->Vl, g->B, g->T,
+                                                        C, dt, s));
+    }
+    return grads_done(g, 0, g->b0, g->outer_free);
+}
+
 mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     int N = g->N, C = g->C, L = g->L, B = g->B, T = g->T, dt = g->dt, Cl = g->Cl, Hl = g->Hl;
     size_t NC = (size_t)N * C, RC = (size_t)g->R * C, es = g->es;
     void *x = NULL;           /* f backward's result: the group's sum of an input gradient (sp: this rank's rows) */
     void *s = g->stream;
     cudaStream_t cs = g->stream;
-    int pf = BLOCK0 + L * NBP;
+    int pf = g->pf;
     float scale = loss_grad_scale * mt_loss_scaler_scale(&g->scaler);
     if (g->zero2 && (!g->hook || !g->consumer)) {
         return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: ZeRO-2 keeps no whole gradient: set a gradient hook and "
@@ -1067,8 +1177,11 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     if (g->zero2) { /* every pass starts from zero: the consumer accumulated the last one into its slice (a
                      * pipeline's tied wte accumulates here until the step's end: zero_grads clears it) */
         CK(cudaStreamWaitEvent(cs, g->outer_free, 0));
-        size_t outer = g->offs[BLOCK0] + (g->numel - g->offs[pf]);
+        size_t outer = g->offs[g->b0] + (g->numel - g->offs[pf]);
         OP(PROF_OTHER, cudaMemsetAsync(g->gouter + g->tied_acc, 0, (outer - g->tied_acc) * 4, cs));
+    }
+    if (g->mlp) {
+        return mlp_backward(g, scale, fresh);
     }
     /* head: dlogits in place, dlnf = dlogits @ wte (and dwte += dlogits^T lnf), ln_f backward; a stage before
      * the last finds d x_hi in dresid (mt_gpt2_cuda_stage_grad) */
@@ -1095,7 +1208,7 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     }
     for (int l = g->hi - 1; l >= g->lo; l--) {
         layer_acts_t *a = LA(l);
-        int p = BLOCK0 + l * NBP;
+        int p = g->b0 + l * g->nbp;
         MT_CHECK(wneed(g, l, -1));
         if (g->recompute && (l + 1 < g->hi || !fresh)) {
             MT_CHECK(block_recompute(g, l));
@@ -1134,12 +1247,12 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
         MT_CHECK(ln_backward(g, g->dresid, G(p + LN1W), 1, x, RES(l), W(p + LN1W), a->ln1_mean, a->ln1_rstd));
         float *lns[] = {G(p + LN2W), G(p + LN1W)};
         MT_CHECK(ln_grads_reduce(g, lns, 2));
-        MT_CHECK(grads_done(g, p, p + NBP, g->slot_free[l % 2]));
+        MT_CHECK(grads_done(g, p, p + g->nbp, g->slot_free[l % 2]));
     }
     if (g->first) { /* a later stage leaves d x_lo in dresid for the previous one; sp: every rank's rows */
         MT_CHECK(tp_gather(g, g->dresid, g->tmp_c));
         OP(PROF_EMBED, mt_cuda_embedding_backward_shard(G(0), G(1), g->sp ? g->tmp_c : g->dresid, g->A->tokens_d,
                                                         g->v0, g->Vl, B, T, C, dt, s));
     }
-    return grads_done(g, 0, BLOCK0, g->outer_free); /* wte and wpe; on the last stage only wte, from the head */
+    return grads_done(g, 0, g->b0, g->outer_free); /* wte and wpe; on the last stage only wte, from the head */
 }

@@ -1,5 +1,6 @@
 /* GPT-2 training on one GPU from the CUDA kernels: the same model as models/gpt2 (same parameters, same
- * registration order and flat layout, same math; the CPU code stays the reference it is tested against),
+ * registration order and flat layout, same math; the CPU code stays the reference it is tested against), and
+ * the same for the MLP of models/mlp (model.kind = "mlp": its hidden layers take the blocks' place, no tp),
  * with f32 master weights, gradients and AdamW state on the device, compute in precision.compute
  * (fp32 / tf32 / bf16 / fp16 with dynamic loss scaling), and a step that never waits on the device except
  * where the caller reads a result (mt_gpt2_cuda_step_result). Used by the GPU engine of `meshtrain train`
@@ -42,6 +43,10 @@ typedef struct {
     bool shard_weights;   /* ZeRO-3 (with shard_grads): no whole weights, see mt_gpt2_cuda_set_weight_hook */
     int stage_lo;         /* a pipeline stage: blocks [stage_lo, stage_hi) (see mt_gpt2_cuda_stage_input) */
     int stage_hi;         /* -1: n_layer (with stage_lo 0: the whole model) */
+    int stage_ends;       /* the model's ends on the stage: bit 0 the embedding, bit 1 the head (gpt2: ln_f and the
+                           * head); -1: stage_lo == 0 and stage_hi == n_layer say it, which cannot tell a first
+                           * stage without blocks (blocks [0, 0)) from the next (blocks [0, k)): a pipeline engine
+                           * sets it from its module split */
     int act_sets;         /* micro-batches whose activations are kept at once (mt_gpt2_cuda_use_acts) */
     const mt_gpt2_cuda_tp_ops_t *tp_ops; /* the tp group's collectives: required when the model's tp_size > 1 */
     int tp_chunks; /* tp: forward's row-parallel products and their reductions (and with sequence parallelism
@@ -59,14 +64,14 @@ typedef struct {
     {                                                                                                                  \
         .size = sizeof(mt_gpt2_cuda_params_t), .prec = MT_PREC_FP32, .B = 4, .T = 64, .init_scale = 65536.0f,          \
         .scale_window = 1000, .fused_gelu = true, .shard_count = 1, .shard_index = 0, .shard_grads = false,            \
-        .shard_weights = false, .stage_lo = 0, .stage_hi = -1, .act_sets = 1, .tp_ops = NULL, .tp_chunks = 1,          \
-        .recompute_block = false, .opt_state = 2                                                                       \
+        .shard_weights = false, .stage_lo = 0, .stage_hi = -1, .stage_ends = -1, .act_sets = 1, .tp_ops = NULL,        \
+        .tp_chunks = 1, .recompute_block = false, .opt_state = 2                                                       \
     }
 
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
 
-/* Builds the device model from m (a GPT-2 whose parameters are bound and initialised on the host; with tp_size > 1
- * this rank's shards, trained Megatron-style as models/gpt2/gpt2_tp.c does on the CPU: attention heads, MLP columns
+/* Builds the device model from m (a GPT-2, or an MLP, whose parameters are bound and initialised on the host; a
+ * GPT-2 with tp_size > 1: this rank's shards, trained Megatron-style as models/gpt2/gpt2_tp.c does on the CPU: attention heads, MLP columns
  * and vocabulary rows split over the tp group, one all-reduce of the activations (or their gradients) per attention
  * and per MLP forward and backward, the embedding's sum, and the cross-entropy's per-row statistics gathered; the
  * row-parallel biases added by tp rank 0; with the model's sequence_parallel the residual stream and LayerNorms
@@ -161,8 +166,8 @@ void *mt_gpt2_cuda_stream(mt_gpt2_cuda_t g);
  * backward, right after their last launch was enqueued on the compute stream (so an event recorded on it
  * then orders a consumer after them): elements [lo, hi) of the flat layout, stored contiguously at grads.
  * The runs come in backward order and tile the layout from the end: ln_f, block L-1, ..., block 0, then wte
- * and wpe (wte's gradient is complete only after the embedding's backward); each run's hi is the previous
- * run's lo. A failing hook stops the backward with its status. fn NULL: none.
+ * and wpe (the MLP: the head, layer L-1, ..., layer 0, then wte) (wte's gradient is complete only after the
+ * embedding's backward); each run's hi is the previous run's lo. A failing hook stops the backward with its status. fn NULL: none.
  * Without ZeRO-2, grads is mt_gpt2_cuda_grads() + lo and backward accumulates there over micro-batches.
  * Under ZeRO-2 (params.shard_grads) it is a pool: each backward pass writes fresh gradients (not
  * accumulated) into one of two block-sized slots (block l: slot l % 2) or the buffer of wte, wpe and ln_f,

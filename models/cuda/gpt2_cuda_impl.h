@@ -10,8 +10,10 @@
 #include "models/cuda/cuda_backend.h"
 #include "models/cuda/gpt2_cuda.h"
 
-enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, NBP };
-#define BLOCK0 2
+/* A GPT-2 block's parameters, from its first (g->b0 + l * g->nbp for block l) */
+enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, GPT2_NBP };
+/* The MLP's hidden layer's (models/mlp/mlp.c) and its head's, from the first after the layers (g->pf) */
+enum { MLP_W, MLP_B, MLP_NBP };
 #define MAX_BUFS 64
 #define PROF_MARKS 1024
 
@@ -47,6 +49,10 @@ struct mt_gpt2_cuda {
     mt_model_t m;
     mt_gpt2_cuda_params_t p;
     int L, C, NH, V, Vp, B, T, N, dt;
+    bool mlp;        /* model.kind = "mlp" (models/mlp/mlp.c): L hidden layers as the blocks, no tp */
+    bool tied;       /* gpt2: the head reads wte (parameter 0), so wte is on the first and the last stage */
+    int b0, nbp, pf; /* the layout: parameters before the first block (gpt2: wte, wpe; mlp: wte), per block, and the
+                      * first after the blocks (gpt2: ln_f; mlp: the head's weight, then its bias) */
     int tp, tpr;                 /* tensor parallelism: the group's size and this rank (1, 0: none) */
     int Cl, NHl, Hl, Vl, v0, Vr; /* this rank's channels, heads, MLP columns, vocabulary rows (and real ones) */
     bool sp;                     /* sequence parallelism (tp > 1): R = N / tp rows outside the sharded regions */
@@ -88,7 +94,8 @@ struct mt_gpt2_cuda {
     size_t sh_lo, sh_hi, sh_len; /* the slice this model updates, the slice length */
     bool zero2;                  /* ZeRO-2: no whole gradient (grads NULL): backward writes the pool below */
     float *gpool;                /* zero2: two block-sized slots, block l's gradients in slot l % 2 */
-    float *gouter;               /* zero2: wte, wpe [0, offs[BLOCK0]), then ln_f [offs[pf], numel) */
+    float *gouter;               /* zero2: the parameters before the blocks [0, offs[b0]), then those after them,
+                                  * [offs[pf], numel) */
     float *gshard;               /* zero2: the slice's gradient, accumulated by the hook's consumer */
     size_t tied_acc;             /* zero2 on a pipeline's end stage: wte's elements (gouter's first), which
                                   * accumulate over a step's passes (0: none; every pass starts from zero) */
@@ -138,15 +145,14 @@ static inline void *weight_ptr(mt_gpt2_cuda_t g, int i) {
     if (!g->zero3) {
         return (char *)g->wc + g->offs[i] * g->es;
     }
-    int pf = BLOCK0 + g->L * NBP;
-    if (i < BLOCK0) {
+    if (i < g->b0) {
         return (char *)g->wouter + g->offs[i] * g->es;
     }
-    if (i >= pf) {
-        return (char *)g->wouter + (g->offs[BLOCK0] + g->offs[i] - g->offs[pf]) * g->es;
+    if (i >= g->pf) {
+        return (char *)g->wouter + (g->offs[g->b0] + g->offs[i] - g->offs[g->pf]) * g->es;
     }
-    int l = (i - BLOCK0) / NBP;
-    return (char *)g->wpool + ((size_t)(l % 3) * g->blk_numel + g->offs[i] - g->offs[BLOCK0 + l * NBP]) * g->es;
+    int l = (i - g->b0) / g->nbp;
+    return (char *)g->wpool + ((size_t)(l % 3) * g->blk_numel + g->offs[i] - g->offs[g->b0 + l * g->nbp]) * g->es;
 }
 #define G(i) grad_ptr(g, i)
 
@@ -155,15 +161,14 @@ static inline float *grad_ptr(mt_gpt2_cuda_t g, int i) {
     if (!g->zero2) {
         return g->grads + g->offs[i];
     }
-    int pf = BLOCK0 + g->L * NBP;
-    if (i < BLOCK0) {
+    if (i < g->b0) {
         return g->gouter + g->offs[i];
     }
-    if (i >= pf) {
-        return g->gouter + g->offs[BLOCK0] + (g->offs[i] - g->offs[pf]);
+    if (i >= g->pf) {
+        return g->gouter + g->offs[g->b0] + (g->offs[i] - g->offs[g->pf]);
     }
-    int l = (i - BLOCK0) / NBP;
-    return g->gpool + (size_t)(l % 2) * g->blk_numel + (g->offs[i] - g->offs[BLOCK0 + l * NBP]);
+    int l = (i - g->b0) / g->nbp;
+    return g->gpool + (size_t)(l % 2) * g->blk_numel + (g->offs[i] - g->offs[g->b0 + l * g->nbp]);
 }
 
 /* Records the end of a launch of category cat (or, cat < 0, the start of a timed stretch) when profiling. */

@@ -222,7 +222,7 @@ mt_status_t mt_gpt2_cuda_grad_stats(mt_gpt2_cuda_t g, double *sumsq, bool *nonfi
     MT_CHECK(gpt2_cuda_prof_mark(g, MT_GPT2_PROF_START));
     const float *gs = g->zero2 ? g->gshard : g->grads + g->sh_lo;
     size_t n = g->sh_hi - g->sh_lo, a0 = g->sh_lo; /* gs holds the layout's [a0, a0 + n) */
-    if (g->last && !g->first && a0 < g->offs[1]) { /* the tied wte's second copy: the first stage's counts */
+    if (g->tied && g->last && !g->first && a0 < g->offs[1]) { /* the tied wte's second copy: the first stage's counts */
         size_t skip = MT_MIN(g->offs[1], a0 + n) - a0;
         gs += skip;
         n -= skip;

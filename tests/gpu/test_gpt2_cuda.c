@@ -41,22 +41,32 @@ enum { B = 2, T = 32, STEPS = 6 }; /* the CPU emulator runs every block thread i
 enum { B = 2, T = 32, STEPS = 10 };
 #endif
 
-static mt_model_t build_layers(mt_recompute_t rc, int n_layer) {
+/* A host model of kind (GPT-2: 2 heads; the MLP of models/mlp/mlp.c) with n_layer blocks or hidden layers of 64
+ * and a vocabulary of 100 (the head's width not a multiple of 16), initialised. */
+static mt_model_t build_kind(mt_model_kind_t kind, mt_recompute_t rc, int n_layer) {
     mt_model_config_t c = MT_MODEL_CONFIG_INIT;
     c.recompute = rc;
-    c.kind = MT_MODEL_GPT2;
+    c.kind = kind;
     c.n_layer = n_layer;
     c.n_head = 2;
     c.n_embd = 64;
     c.seq_len = T;
     c.vocab_size = 100;
-    c.seed = 7;
+    c.seed = kind == MT_MODEL_MLP ? 11 : 7;
     mt_model_t m = NULL;
     CHECK_OK(mt_model_init(&c, &m));
     CHECK_OK(mt_model_alloc_params(m));
     CHECK_OK(mt_model_alloc_grads(m));
     mt_model_init_weights(m);
     return m;
+}
+
+static mt_model_t build_layers(mt_recompute_t rc, int n_layer) {
+    return build_kind(MT_MODEL_GPT2, rc, n_layer);
+}
+
+static mt_model_t build_mlp(mt_recompute_t rc) {
+    return build_kind(MT_MODEL_MLP, rc, 3);
 }
 
 static mt_model_t build_rc(mt_recompute_t rc) {
@@ -87,9 +97,10 @@ static void data(int32_t *tok, int32_t *tgt) {
     tgt[5] = -1;
 }
 
-static void compare_grads(mt_prec_t prec) {
+/* One micro-batch's loss and every parameter's gradient from the trainer against the CPU model's, m's (built by the
+ * caller, freed here), in prec; each parameter's largest error relative to its largest gradient element. */
+static void compare_grads_of(mt_model_t m, mt_prec_t prec) {
     static const double loss_tol[] = {1e-4, 1e-2, 3e-2, 1e-2}, grad_tol[] = {1e-3, 5e-2, 2e-1, 1e-1};
-    mt_model_t m = build();
     int32_t tok[B * T], tgt[B * T];
     data(tok, tgt);
     mt_acts_t a;
@@ -108,7 +119,8 @@ static void compare_grads(mt_prec_t prec) {
     float *gg = malloc(n * 4);
     CHECK_OK(mt_gpt2_cuda_get_grads(g, gg));
     float unscale = prec == MT_PREC_FP16 ? 1.0f / 1024.0f : 1.0f;
-    const char *pn = mt_prec_name(prec);
+    char pn[32];
+    snprintf(pn, sizeof(pn), "%s %s", mt_model_config(m)->kind == MT_MODEL_MLP ? "mlp" : "gpt2", mt_prec_name(prec));
     CHECK(fabs(gpu_loss - cpu_loss) <= loss_tol[prec] * cpu_loss, "%s loss %.7g vs cpu %.7g", pn, gpu_loss, cpu_loss);
     for (int i = 0; i < mt_model_n_params(m); i++) {
         const mt_param_t *pp = mt_model_param(m, i);
@@ -131,6 +143,12 @@ static void compare_grads(mt_prec_t prec) {
     mt_gpt2_cuda_free(g);
     mt_acts_free(a);
     mt_model_free(m);
+}
+
+static void compare_grads(mt_prec_t prec) {
+    compare_grads_of(build(), prec);
+    compare_grads_of(build_mlp(MT_RECOMPUTE_NONE), prec);
+    compare_grads_of(build_mlp(MT_RECOMPUTE_BLOCK), prec);
 }
 
 /* STEPS AdamW steps on the GPU; the CPU reference for fp32. Returns the first and last losses. */

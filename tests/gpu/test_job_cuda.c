@@ -171,7 +171,8 @@ static void plan_matches(const mt_config_t *cfg, int tp, int pp, const mt_job_re
 
 /* Runs the job with base + extra on the world over a tp x dp x pp mesh (tp-dp-pp order) when tp or pp > 1; device
  * "cuda" takes the GPU engine, else the CPU engine the layout calls for (the model-parallel one for tp or pp > 1);
- * the GPU engine's device memory is checked against the planner's (plan_matches). */
+ * the GPU engine's device memory is checked against the planner's (plan_matches) unless parallel.stage_layers
+ * splits the pipeline by hand. */
 
 static mt_status_t run_mesh(const char *device, int tp, int pp, int n_extra, const char *const *extra,
                             mt_job_result_t *res) {
@@ -243,8 +244,8 @@ static mt_status_t run_mesh(const char *device, int tp, int pp, int n_extra, con
         run_waits[k] = mt_emu_host_waits(k) - w0[k];
     }
 #endif
-    if (st == MT_OK && !strcmp(device, "cuda")) {
-        plan_matches(cfg, tp, pp, res);
+    if (st == MT_OK && !strcmp(device, "cuda") && !*mt_config_str(cfg, "parallel.stage_layers")) {
+        plan_matches(cfg, tp, pp, res); /* the planner splits by compute: a split by hand is not planned */
     }
     mt_config_free(cfg);
     mt_mesh_free(mesh);
@@ -802,6 +803,18 @@ static void pipeline(const char *dir) {
     CHECK_OK(run_pp("cuda", pp, 3, again, &res));
     resumed_losses("pp 2 checkpoint resumed on the gpu pipeline", &res, &g1, SAME_TOL);
     resumed_losses("pp 2 gpu checkpoint resumed on the cpu pipeline", &rcpu, &cpu, 1e-3);
+    if (pp == 3 || pp == 4) { /* the end stages without blocks: the embedding alone (blocks [0, 0)) before a stage
+                               * from block 0, ln_f and the head alone ([L, L)) after one to block L */
+        const char *sl = pp == 3 ? "--parallel.stage_layers=0,4,0" : "--parallel.stage_layers=0,2,2,0";
+        mt_job_result_t ec, eg;
+        const char *e0[] = {l4[0], l4[1], sl};
+        CHECK_OK(run_pp("cpu", pp, 3, e0, &ec));
+        CHECK_OK(run_pp("cuda", pp, 3, e0, &eg));
+        same_losses("pipeline, end stages without blocks: gpu vs cpu", &eg, &ec, 1e-3);
+        same_norms("pipeline, end stages without blocks: gpu vs cpu", &eg, &ec, 1e-3);
+        mt_job_result_free(&ec);
+        mt_job_result_free(&eg);
+    }
     /* ZeRO with dp = 1 has nothing to shard: the stage trains as without it */
     const char *zp[] = {l4[0], l4[1], "--parallel.engine=zero", "--parallel.zero_stage=2"};
     CHECK_OK(run_pp("cuda", pp, 4, zp, &z));
@@ -816,6 +829,100 @@ static void pipeline(const char *dir) {
     for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) {
         mt_job_result_free(all[i]);
     }
+}
+
+/* model.kind = "mlp" on the GPU engine (the device trainer's MLP, models/cuda/gpt2_cuda.c): on dp = the world,
+ * fp32 against the CPU engine, recompute = block as without it, bf16 and fp16 close to the CPU, ZeRO-1/2/3 as DDP, a
+ * checkpoint resumed on the GPU and on the CPU; with pp > 1 (pipeline mode: the world as stages, and on 4 ranks
+ * pp 2 x dp 2 under ZeRO-2 and ZeRO-3; else pp 2 when the world is even) against the CPU pipeline. A vocabulary
+ * of 37: the head's odd width, and its bias, in one product. */
+static void mlp(const char *dir, bool pipeline_only) {
+    const mt_world_t *w = mt_rt_world();
+    mt_job_result_t cpu, g, r;
+    const char *a[] = {"--model.kind=mlp", "--model.n_layer=3", "--model.vocab_size=37", "--parallel.engine=ddp",
+                       "--parallel.bucket_mb=0.001", "", "", ""};
+    enum { NA = 5 }; /* a's fixed keys; up to 3 more */
+    if (!pipeline_only) {
+        CHECK_OK(run("cpu", NA, a, &cpu));
+        CHECK_OK(run_cuda(NA, a, &g));
+        same_losses("mlp: fp32 gpu vs cpu", &g, &cpu, 1e-3);
+        same_norms("mlp: fp32 gpu vs cpu", &g, &cpu, 1e-3);
+        CHECK(g.loss[STEPS - 1] < g.loss[0], "mlp trains on the gpu: %g -> %g", g.loss[0], g.loss[STEPS - 1]);
+        a[NA] = "--model.recompute=block";
+        CHECK_OK(run_cuda(NA + 1, a, &r));
+        same_losses("mlp: recompute = block vs none", &r, &g, SAME_TOL);
+        mt_job_result_free(&r);
+        a[NA] = "--precision.compute=bf16";
+        CHECK_OK(run_cuda(NA + 1, a, &r));
+        same_losses("mlp: bf16 gpu vs cpu fp32", &r, &cpu, 3e-2);
+        mt_job_result_free(&r);
+        a[NA] = "--precision.compute=fp16";
+        a[NA + 1] = "--precision.init_scale=1024";
+        CHECK_OK(run_cuda(NA + 2, a, &r));
+        same_losses("mlp: fp16 gpu vs cpu fp32", &r, &cpu, 1e-2);
+        mt_job_result_free(&r);
+        a[NA] = "--parallel.engine=zero";
+        static const char *const stage[] = {"--parallel.zero_stage=1", "--parallel.zero_stage=2",
+                                            "--parallel.zero_stage=3"};
+        for (int zs = 1; zs <= 3 && w->size > 1; zs++) {
+            a[NA + 1] = stage[zs - 1];
+            CHECK_OK(run_cuda(NA + 2, a, &r));
+            char what[64];
+            snprintf(what, sizeof(what), "mlp: zero-%d vs ddp on the gpu", zs);
+            same_losses(what, &r, &g, SAME_TOL);
+            mt_job_result_free(&r);
+        }
+        char carg[300], step3[320];
+        snprintf(carg, sizeof(carg), "--checkpoint.dir=%s/mlpckpt", dir);
+        snprintf(step3, sizeof(step3), "--checkpoint.resume=%s/mlpckpt/step-00000003", dir);
+        a[NA] = carg;
+        a[NA + 1] = "--checkpoint.every=3";
+        a[NA + 2] = "--stop-after=3";
+        CHECK_OK(run_cuda(NA + 3, a, &r));
+        CHECK(r.n_steps == 3, "mlp: interrupted run: %lld steps", (long long)r.n_steps);
+        mt_job_result_free(&r);
+        a[NA] = step3;
+        CHECK_OK(run("cpu", NA + 1, a, &r));
+        resumed_losses("mlp: gpu checkpoint resumed on the cpu", &r, &cpu, 1e-3);
+        mt_job_result_free(&r);
+        a[NA] = carg;
+        CHECK_OK(run_cuda(NA + 2, a, &r));
+        resumed_losses("mlp: gpu checkpoint resumed on the gpu", &r, &g, SAME_TOL);
+        mt_job_result_free(&r);
+        mt_job_result_free(&g);
+        mt_job_result_free(&cpu);
+    }
+    int pp = pipeline_only ? w->size : 2;
+    if (w->size < 2 || w->size % pp != 0) {
+        return;
+    }
+    a[NA] = "--parallel.schedule=1f1b";
+    CHECK_OK(run_pp("cpu", pp, NA + 1, a, &cpu));
+    CHECK_OK(run_pp("cuda", pp, NA + 1, a, &g));
+    char what[80];
+    snprintf(what, sizeof(what), "mlp: pp %d gpu vs cpu pipeline", pp);
+    same_losses(what, &g, &cpu, 1e-3);
+    same_norms(what, &g, &cpu, 1e-3);
+    a[NA + 1] = "--model.recompute=block";
+    CHECK_OK(run_pp("cuda", pp, NA + 2, a, &r));
+    snprintf(what, sizeof(what), "mlp: pp %d, recompute = block vs none", pp);
+    same_losses(what, &r, &g, SAME_TOL);
+    mt_job_result_free(&r);
+    mt_job_result_free(&g);
+    if (pipeline_only && w->size == 4) { /* pp 2 x dp 2: ZeRO-2 and ZeRO-3 across the stages' slices */
+        mt_job_result_free(&cpu);
+        CHECK_OK(run_pp("cpu", 2, NA + 1, a, &cpu));
+        a[NA] = "--parallel.engine=zero";
+        static const char *const stage[] = {"--parallel.zero_stage=2", "--parallel.zero_stage=3"};
+        for (int k = 0; k < 2; k++) {
+            a[NA + 1] = stage[k];
+            CHECK_OK(run_pp("cuda", 2, NA + 2, a, &r));
+            snprintf(what, sizeof(what), "mlp: pp 2 x dp 2, zero-%d gpu vs cpu pipeline", k + 2);
+            same_losses(what, &r, &cpu, 1e-3);
+            mt_job_result_free(&r);
+        }
+    }
+    mt_job_result_free(&cpu);
 }
 
 /* The tp collectives' bytes per step (tp 2 on 2 ranks, dp 1, fp32, 2 micro-batches of N = 32 rows, C = 32, L = 2,
@@ -1384,6 +1491,7 @@ int main(int argc, char **argv) {
     snprintf(ckpt_arg, sizeof(ckpt_arg), "--checkpoint.dir=%s", ckpt);
     if (!strcmp(mode, "pipeline")) { /* the pipeline alone, the world as its stages */
         pipeline(dir);
+        mlp(dir, true);
         goto cleanup;
     }
     if (!strcmp(mode, "tensor")) { /* tensor parallelism alone, tp 2 x dp world / 2 */
@@ -1464,6 +1572,7 @@ int main(int argc, char **argv) {
     zero_memory();
     zero_comm_bytes(dir);
     pipeline(dir);
+    mlp(dir, false);
     sgd(dir, &gpu);
     /* fp16 resumed: the loss scale and its clean-step count come back from the checkpoint. Under the
      * emulator, from 2^20 steps 1-3 are clean, the scale doubles and step 4 overflows (a resume at the

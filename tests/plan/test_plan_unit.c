@@ -259,8 +259,8 @@ static void test_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t *c)
 }
 
 /* A GPU cluster: device.kind read; without the GPU trainer's sizing registered (this test links no CUDA
- * code) planning is refused naming the build; a job the GPU engine cannot train is refused naming
- * runtime.device = "cpu", which plans it on the host engines instead. */
+ * code) planning is refused naming the build, for either model; runtime.device = "cpu" plans the job on the host
+ * engines instead. */
 static void test_gpu_cluster(const mt_plan_job_t *job_in) {
     mt_plan_cluster_t g;
     CHECK_OK(mt_plan_cluster_load(PLAN_DATA "/tiny_gpu_cluster.toml", &g, stderr));
@@ -275,8 +275,8 @@ static void test_gpu_cluster(const mt_plan_job_t *job_in) {
     mt_plan_job_t mlp = *job_in;
     mlp.model.kind = MT_MODEL_MLP;
     st = mt_plan_enumerate(&mlp, &g, &o, &v, &n);
-    CHECK(st == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "runtime.device = \"cpu\""),
-          "an MLP on a GPU cluster: %s: %s", mt_status_str(st), mt_last_error_msg());
+    CHECK(st == MT_ERR_INVALID_USAGE && strstr(mt_last_error_msg(), "built without the GPU path"),
+          "an MLP on a GPU cluster without the sizing: %s: %s", mt_status_str(st), mt_last_error_msg());
     mt_plan_job_t host = *job_in;
     host.cpu_only = true; /* runtime.device = "cpu": the host engines, whatever the devices */
     v = NULL;
