@@ -225,7 +225,7 @@ static double coll_time(const mt_plan_cluster_t *c, coll_t op, int n, double byt
  * *mm = 6 x (elements of the parameters each module multiplies by: its own, a tied weight at the module that
  * multiplies by it, no position embedding, no padded vocabulary rows); *att = 12 C T per transformer block
  * (attention's score and value products). Block recomputation adds the block's forward again (2 x elements
- * to *mm, 4 C T to *att; gpu: the GPU trainer's recomputation stops at gelu(fc), without the MLP's output
+ * to *mm, the MLP's hidden layer's product included, 4 C T to *att; gpu: the GPU trainer's recomputation stops at gelu(fc), without the MLP's output
  * projection); attention recomputation the attention forward (4 C T to *att; inside a recomputed block,
  * again). Global shapes: the caller divides by tp. */
 static void stage_flops(mt_model_t m, int lo, int hi, int T, mt_plan_rc_t rc, bool gpu, double *mm, double *att) {
@@ -245,7 +245,7 @@ static void stage_flops(mt_model_t m, int lo, int hi, int T, mt_plan_rc_t rc, bo
             rows = c->vocab_size; /* the padded rows of wte are never used */
         }
         double e = rows * (double)p->global_shape[1];
-        bool in_block = c->kind == MT_MODEL_GPT2 && p->module > 0 && p->module < mt_model_n_modules(m) - 1;
+        bool in_block = p->module > 0 && p->module < mt_model_n_modules(m) - 1; /* mlp: a hidden layer */
         bool again = rc_block(rc) && in_block && !(gpu && strstr(p->name, "mlp.proj."));
         f += 6 * e + (again ? 2 * e : 0);
     }

@@ -296,6 +296,22 @@ static void test_gpu_cluster(const mt_plan_job_t *job_in) {
     mt_plan_cluster_free(&g);
 }
 
+/* The MLP's recomputation repeats each hidden layer's product: with recompute = block the compute time grows by
+ * 2 x the hidden layers' elements over 6 x every parameter element's (tp = pp = 1: time is FLOPs over one rate). */
+static void test_mlp_recompute(const mt_plan_job_t *job_in, const mt_plan_cluster_t *c) {
+    mt_plan_job_t job = *job_in;
+    job.model.kind = MT_MODEL_MLP;
+    mt_plan_pred_t p, q;
+    mt_plan_layout_t l = lay(1, 1, 8, MT_PLAN_DDP, MT_PLAN_1F1B, 2, 1, "tp-dp-pp");
+    CHECK_OK(mt_plan_predict(&job, c, 8, &l, &p));
+    l.recompute = MT_PLAN_RC_BLOCK;
+    CHECK_OK(mt_plan_predict(&job, c, 8, &l, &q));
+    double H = job.model.n_embd, V = job.model.vocab_size, L = job.model.n_layer;
+    double hidden = L * (H * H + H), all = V * H + hidden + V * H + V;
+    CHECK(p.t_compute > 0, "mlp compute time %g", p.t_compute);
+    CHECK_CLOSE(q.t_compute / p.t_compute, 1.0 + 2.0 * hidden / (6.0 * all), 1e-12, 0);
+}
+
 int main(void) {
     test_json();
     test_cluster();
@@ -311,6 +327,7 @@ int main(void) {
         test_tied_once(&job, PLAN_DATA "/tiny_gpu_cluster.toml", true);
         test_enumerate(&job, &c);
         test_gpu_cluster(&job);
+        test_mlp_recompute(&job, &c);
         mt_config_free(cfg);
     }
     mt_plan_cluster_free(&c);
