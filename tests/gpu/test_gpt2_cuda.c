@@ -98,8 +98,9 @@ static void data(int32_t *tok, int32_t *tgt) {
 }
 
 /* One micro-batch's loss and every parameter's gradient from the trainer against the CPU model's, m's (built by the
- * caller, freed here), in prec; each parameter's largest error relative to its largest gradient element. */
-static void compare_grads_of(mt_model_t m, mt_prec_t prec) {
+ * caller, freed here), in prec, with the fc layers' (the MLP's hidden layers') GELU in the product's epilogue or
+ * not (fused); each parameter's largest error relative to its largest gradient element. */
+static void compare_grads_of(mt_model_t m, mt_prec_t prec, bool fused) {
     static const double loss_tol[] = {1e-4, 1e-2, 3e-2, 1e-2}, grad_tol[] = {1e-3, 5e-2, 2e-1, 1e-1};
     int32_t tok[B * T], tgt[B * T];
     data(tok, tgt);
@@ -109,6 +110,7 @@ static void compare_grads_of(mt_model_t m, mt_prec_t prec) {
     mt_model_zero_grads(m);
     CHECK_OK(mt_model_step(m, a, tok, tgt, true, &cpu_loss));
     mt_gpt2_cuda_params_t p = params_for(prec, 1024.0f);
+    p.fused_gelu = fused;
     mt_gpt2_cuda_t g;
     CHECK_OK(mt_gpt2_cuda_init(m, &p, &g));
     CHECK_OK(mt_gpt2_cuda_zero_grads(g));
@@ -119,8 +121,9 @@ static void compare_grads_of(mt_model_t m, mt_prec_t prec) {
     float *gg = malloc(n * 4);
     CHECK_OK(mt_gpt2_cuda_get_grads(g, gg));
     float unscale = prec == MT_PREC_FP16 ? 1.0f / 1024.0f : 1.0f;
-    char pn[32];
-    snprintf(pn, sizeof(pn), "%s %s", mt_model_config(m)->kind == MT_MODEL_MLP ? "mlp" : "gpt2", mt_prec_name(prec));
+    char pn[48];
+    snprintf(pn, sizeof(pn), "%s %s%s", mt_model_config(m)->kind == MT_MODEL_MLP ? "mlp" : "gpt2", mt_prec_name(prec),
+             fused ? "" : " unfused");
     CHECK(fabs(gpu_loss - cpu_loss) <= loss_tol[prec] * cpu_loss, "%s loss %.7g vs cpu %.7g", pn, gpu_loss, cpu_loss);
     for (int i = 0; i < mt_model_n_params(m); i++) {
         const mt_param_t *pp = mt_model_param(m, i);
@@ -146,9 +149,13 @@ static void compare_grads_of(mt_model_t m, mt_prec_t prec) {
 }
 
 static void compare_grads(mt_prec_t prec) {
-    compare_grads_of(build(), prec);
-    compare_grads_of(build_mlp(MT_RECOMPUTE_NONE), prec);
-    compare_grads_of(build_mlp(MT_RECOMPUTE_BLOCK), prec);
+    compare_grads_of(build(), prec, true);
+    compare_grads_of(build_mlp(MT_RECOMPUTE_NONE), prec, true);
+    compare_grads_of(build_mlp(MT_RECOMPUTE_BLOCK), prec, true);
+    if (prec == MT_PREC_FP32 || prec == MT_PREC_BF16) { /* the GELU kernel after the product (params.fused_gelu) */
+        compare_grads_of(build(), prec, false);
+        compare_grads_of(build_mlp(MT_RECOMPUTE_BLOCK), prec, false);
+    }
 }
 
 /* STEPS AdamW steps on the GPU; the CPU reference for fp32. Returns the first and last losses. */
