@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cmd.h"
+#include "launch/job_json.h"
 #include "plan/plan.h"
 #include "plan/plan_json.h"
 #include "runtime/rt.h"
@@ -37,6 +38,35 @@ static void usage(FILE *out) {
             "  --check F     compare the run whose metrics.jsonl is F (run with JOB and its overrides on --world\n"
             "                ranks) with the prediction for its layout\n"
             "  Cluster files: launch/clusters/*.toml; keys and the time model: docs/planning.md.\n");
+}
+
+/* Appends to best (len bytes) the command line's own overrides that best does not set itself (precision, model
+ * shape, data, ...: the planned job is the one they describe), in order, each single-quoted for the shell when it
+ * holds anything but [A-Za-z0-9_./:=,+@%-]. The line then trains the job that was planned. */
+static void append_job_overrides(const mt_config_cli_t *cli, char *best, size_t len) {
+    for (int i = 0; i < cli->n_overrides; i++) {
+        const char *ov = cli->overrides[i], *eq = strchr(ov, '=');
+        size_t klen = eq ? (size_t)(eq - ov) + 1 : strlen(ov); /* "--key=" */
+        char key[160];
+        snprintf(key, sizeof(key), "%.*s", (int)MT_MIN(klen, sizeof(key) - 1), ov);
+        if (strstr(best, key)) { /* the plan's own choice of it */
+            continue;
+        }
+        bool plain = strspn(ov, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./:=,+@%-") ==
+                     strlen(ov);
+        size_t at = strlen(best);
+        if (plain) {
+            snprintf(best + at, len - at, " %s", ov);
+            continue;
+        }
+        snprintf(best + at, len - at, " '");
+        for (const char *c = ov; *c; c++) { /* ' becomes '\'' */
+            at = strlen(best);
+            snprintf(best + at, len - at, *c == '\'' ? "'\\''" : "%c", *c);
+        }
+        at = strlen(best);
+        snprintf(best + at, len - at, "'");
+    }
 }
 
 static double mib(int64_t b) {
@@ -428,12 +458,13 @@ int mt_cmd_plan(int argc, char **argv) {
             for (int i = 0; i < n; i++) {
                 n_fit += v[i].fits;
             }
-            char best[800];
+            char best[4096];
             mt_plan_layout_overrides(&v[0].l, best, sizeof(best));
             if (cl.gpu && !job.cpu_only) { /* the plan is the GPU engine's: "auto" could fall back to the CPU */
                 size_t at = strlen(best);
                 snprintf(best + at, sizeof(best) - at, " --runtime.device=cuda");
             }
+            append_job_overrides(&cli, best, sizeof(best));
             mt_model_t m = NULL;
             double params = 0;
             if (mt_model_init(&job.model, &m) == MT_OK) {
@@ -441,9 +472,14 @@ int mt_cmd_plan(int argc, char **argv) {
             }
             mt_model_free(m);
             if (o.json) {
-                printf("{\"job\": \"%s\", \"cluster\": \"%s\", \"world\": %d, \"params\": %.0f, \"n_layouts\": %d, "
-                       "\"n_fit\": %d, \"best_overrides\": \"%s\", \"layouts\": [\n",
-                       cli.path, cl.name, o.world, params, n, n_fit, v[0].fits ? best : "");
+                printf("{\"job\": ");
+                mt_json_write_string(stdout, cli.path ? cli.path : "");
+                printf(", \"cluster\": ");
+                mt_json_write_string(stdout, cl.name);
+                printf(", \"world\": %d, \"params\": %.0f, \"n_layouts\": %d, \"n_fit\": %d, \"best_overrides\": ",
+                       o.world, params, n, n_fit);
+                mt_json_write_string(stdout, v[0].fits ? best : "");
+                printf(", \"layouts\": [\n");
                 for (int i = 0; i < n && i < o.top; i++) {
                     print_json_pred(stdout, &v[i], &job, i + 1);
                     printf("%s\n", i + 1 < n && i + 1 < o.top ? "," : "");
