@@ -832,21 +832,25 @@ static void pipeline(const char *dir) {
 }
 
 /* model.kind = "mlp" on the GPU engine (the device trainer's MLP, models/cuda/gpt2_cuda.c): on dp = the world,
- * fp32 against the CPU engine, recompute = block as without it, bf16 and fp16 close to the CPU, ZeRO-1/2/3 as DDP, a
- * checkpoint resumed on the GPU and on the CPU; with pp > 1 (pipeline mode: the world as stages, and on 4 ranks
- * pp 2 x dp 2 under ZeRO-2 and ZeRO-3; else pp 2 when the world is even) against the CPU pipeline. A vocabulary
- * of 37: the head's odd width, and its bias, in one product. */
+ * fp32 against the CPU engine (losses, gradient norms, validation losses), recompute = block as without it, bf16
+ * and fp16 close to the CPU, ZeRO-1/2/3 as DDP, a checkpoint resumed on the GPU and on the CPU; with pp > 1
+ * (pipeline mode: the world as stages, and on 4 ranks pp 2 x dp 2 under ZeRO-2 and ZeRO-3; else pp 2 when the
+ * world is even) against the CPU pipeline. A vocabulary of 37: the head's odd width, and its bias, in one
+ * product. */
 static void mlp(const char *dir, bool pipeline_only) {
     const mt_world_t *w = mt_rt_world();
     mt_job_result_t cpu, g, r;
-    const char *a[] = {"--model.kind=mlp", "--model.n_layer=3", "--model.vocab_size=37", "--parallel.engine=ddp",
-                       "--parallel.bucket_mb=0.001", "", "", ""};
-    enum { NA = 5 }; /* a's fixed keys; up to 3 more */
+    const char *a[] = {"--model.kind=mlp",           "--model.n_layer=3",     "--model.vocab_size=37",
+                       "--parallel.engine=ddp",      "--parallel.bucket_mb=0.001", "--train.eval_every=2",
+                       "--train.eval_batches=3",     "",                           "",
+                       ""};
+    enum { NA = 7 }; /* a's fixed keys; up to 3 more */
     if (!pipeline_only) {
         CHECK_OK(run("cpu", NA, a, &cpu));
         CHECK_OK(run_cuda(NA, a, &g));
         same_losses("mlp: fp32 gpu vs cpu", &g, &cpu, 1e-3);
         same_norms("mlp: fp32 gpu vs cpu", &g, &cpu, 1e-3);
+        same_evals("mlp: fp32 gpu vs cpu", &g, &cpu, 1e-3);
         CHECK(g.loss[STEPS - 1] < g.loss[0], "mlp trains on the gpu: %g -> %g", g.loss[0], g.loss[STEPS - 1]);
         a[NA] = "--model.recompute=block";
         CHECK_OK(run_cuda(NA + 1, a, &r));
@@ -903,6 +907,7 @@ static void mlp(const char *dir, bool pipeline_only) {
     snprintf(what, sizeof(what), "mlp: pp %d gpu vs cpu pipeline", pp);
     same_losses(what, &g, &cpu, 1e-3);
     same_norms(what, &g, &cpu, 1e-3);
+    same_evals(what, &g, &cpu, 1e-3);
     a[NA + 1] = "--model.recompute=block";
     CHECK_OK(run_pp("cuda", pp, NA + 2, a, &r));
     snprintf(what, sizeof(what), "mlp: pp %d, recompute = block vs none", pp);
