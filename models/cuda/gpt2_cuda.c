@@ -1128,7 +1128,9 @@ static mt_status_t mlp_backward(mt_gpt2_cuda_t g, float scale, bool fresh) {
         OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->dresid, G(pf + MLP_W), G(pf + MLP_B),
                                                         g->A->logits, g->Vl, RES(g->L), W(pf + MLP_W), N, C, g->V, dt,
                                                         g->col_scratch, s));
-        MT_CHECK(grads_done(g, pf, g->n_params, NULL));
+        /* ZeRO-2: on a stage without wte (a pipeline's last) the head's run is gouter's last use, so its hook
+         * marks outer_free, which the next pass waits for before it clears gouter */
+        MT_CHECK(grads_done(g, pf, g->n_params, g->held[0] ? NULL : g->outer_free));
     }
     for (int l = g->hi - 1; l >= g->lo; l--) {
         int p = g->b0 + l * g->nbp;

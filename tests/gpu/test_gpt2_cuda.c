@@ -638,6 +638,115 @@ done:
     }
 }
 
+/* A ZeRO-2 hook that reads as an engine does: each run copied on its own consumer stream (not the trainer's), behind
+ * an event on the trainer's stream, into pass `pass`'s device buffer, and nothing waited for until the caller
+ * synchronises the consumer. */
+typedef struct {
+    cudaStream_t consumer, compute;
+    cudaEvent_t ready;
+    float *dev[2]; /* a pass's runs at their place in the stage layout */
+    int pass;
+} lazy_runs_t;
+
+static mt_status_t lazy_run(void *arg, size_t lo, size_t hi, float *grads) {
+    lazy_runs_t *r = arg;
+    CHECK(cudaEventRecord(r->ready, r->compute) == cudaSuccess &&
+              cudaStreamWaitEvent(r->consumer, r->ready, 0) == cudaSuccess &&
+              cudaMemcpyAsync(r->dev[r->pass] + lo, grads, (hi - lo) * 4, cudaMemcpyDeviceToDevice, r->consumer) ==
+                  cudaSuccess,
+          "queue a run's copy");
+    return MT_OK;
+}
+
+/* The MLP as two pipeline stages under ZeRO-2 (shard 0 of 2; layer 0 with the embedding, layers 1-2 with the
+ * head, which owns no wte), its runs read on a consumer stream of their own: two passes of different targets
+ * give, run by run, the unsharded model's gradients of each pass; the head's pool (gouter on the last stage) must
+ * not be cleared for the second pass before the consumer has read the first (outer_free). */
+static void mlp_zero2_stages(void) {
+    mt_model_t m = build_mlp(MT_RECOMPUTE_NONE);
+    int32_t tok[B * T], tgt[2][B * T];
+    data(tok, tgt[0]);
+    for (int i = 0; i < B * T; i++) {
+        tgt[1][i] = tgt[0][i] < 0 ? -1 : (tgt[0][i] * 7 + 3) % 100;
+    }
+    size_t n = mt_model_numel(m), act = (size_t)B * T * mt_model_config(m)->n_embd * 4;
+    mt_gpt2_cuda_params_t p = params_for(MT_PREC_FP32, 1.0f);
+    float *want[2] = {malloc(n * 4), malloc(n * 4)}, loss = 0;
+    for (int k = 0; k < 2; k++) {
+        mt_gpt2_cuda_t w = NULL;
+        whole_model(m, &p, tok, tgt[k], want[k], &loss, &w);
+        mt_gpt2_cuda_free(w);
+    }
+    mt_gpt2_cuda_t st[2] = {NULL, NULL};
+    lazy_runs_t r[2];
+    memset(r, 0, sizeof(r));
+    for (int k = 0; k < 2; k++) {
+        mt_gpt2_cuda_params_t q = p;
+        q.stage_lo = k == 0 ? 0 : 1;
+        q.stage_hi = k == 0 ? 1 : 3;
+        q.stage_ends = k == 0 ? 1 : 2;
+        q.shard_count = 2;
+        q.shard_grads = true;
+        CHECK_OK(mt_gpt2_cuda_init(m, &q, &st[k]));
+        if (!st[k]) {
+            goto done;
+        }
+        size_t sn = mt_gpt2_cuda_numel(st[k]);
+        r[k].compute = (cudaStream_t)mt_gpt2_cuda_stream(st[k]);
+        CHECK(cudaStreamCreateWithFlags(&r[k].consumer, cudaStreamNonBlocking) == cudaSuccess &&
+                  cudaEventCreateWithFlags(&r[k].ready, cudaEventDisableTiming) == cudaSuccess &&
+                  cudaMalloc((void **)&r[k].dev[0], sn * 4) == cudaSuccess &&
+                  cudaMalloc((void **)&r[k].dev[1], sn * 4) == cudaSuccess,
+              "consumer stream and buffers");
+        mt_gpt2_cuda_set_grad_hook(st[k], lazy_run, &r[k]);
+        mt_gpt2_cuda_set_comm_stream(st[k], r[k].consumer);
+        CHECK_OK(mt_gpt2_cuda_zero_grads(st[k]));
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        r[0].pass = r[1].pass = pass;
+        CHECK_OK(mt_gpt2_cuda_forward(st[0], tok, NULL));
+        hand_over(st[0], mt_gpt2_cuda_stage_output(st[0]), st[1], mt_gpt2_cuda_stage_input(st[1]), act);
+        CHECK_OK(mt_gpt2_cuda_forward(st[1], NULL, tgt[pass]));
+        CHECK_OK(mt_gpt2_cuda_backward(st[1], 1.0f));
+        hand_over(st[1], mt_gpt2_cuda_stage_grad(st[1]), st[0], mt_gpt2_cuda_stage_grad(st[0]), act);
+        CHECK_OK(mt_gpt2_cuda_backward(st[0], 1.0f));
+    }
+    for (int k = 0; k < 2; k++) {
+        size_t sn = mt_gpt2_cuda_numel(st[k]);
+        float *got = malloc(sn * 4);
+        CHECK(cudaStreamSynchronize(r[k].consumer) == cudaSuccess, "sync the consumer");
+        for (int pass = 0; pass < 2; pass++) {
+            CHECK(cudaMemcpy(got, r[k].dev[pass], sn * 4, cudaMemcpyDeviceToHost) == cudaSuccess, "read a pass");
+            double err = 0, top = 0;
+            for (int i = 0; i < mt_model_n_params(m); i++) { /* each parameter of the stage at its stage offset */
+                const mt_param_t *pp = mt_model_param(m, i);
+                size_t off = mt_gpt2_cuda_param_offset(st[k], i);
+                for (size_t e = 0; off != SIZE_MAX && e < pp->numel; e++) {
+                    err = fmax(err, fabs((double)got[off + e] - want[pass][pp->offset + e]));
+                    top = fmax(top, fabs((double)want[pass][pp->offset + e]));
+                }
+            }
+            CHECK(top > 0 && err <= (MT_CUDA_EMULATED ? 0.0 : 1e-5 * top), "mlp zero-2 stage %d pass %d: the runs "
+                  "read on the consumer off by %g (largest %g)", k, pass, err, top);
+        }
+        free(got);
+    }
+done:
+    for (int k = 0; k < 2; k++) {
+        mt_gpt2_cuda_free(st[k]);
+        if (r[k].consumer) {
+            cudaStreamSynchronize(r[k].consumer);
+            cudaStreamDestroy(r[k].consumer);
+            cudaEventDestroy(r[k].ready);
+            cudaFree(r[k].dev[0]);
+            cudaFree(r[k].dev[1]);
+        }
+    }
+    free(want[0]);
+    free(want[1]);
+    mt_model_free(m);
+}
+
 /* Pipeline stages: a 3-block model as three stages (first [0, 1), middle [1, 2), last [2, 3)), activations
  * and their gradients handed from stage to stage, against the whole model on the device: the same loss and
  * the same gradient of every parameter — exactly under the emulator (the same kernels on the same stored
@@ -771,6 +880,7 @@ int main(void) {
     stage_contract(MT_PREC_FP32, MT_RECOMPUTE_NONE);
     stage_contract(MT_PREC_BF16, MT_RECOMPUTE_NONE);
     stage_contract(MT_PREC_FP32, MT_RECOMPUTE_BLOCK);
+    mlp_zero2_stages();
     sets_contract(MT_RECOMPUTE_NONE);
     sets_contract(MT_RECOMPUTE_BLOCK);
     float cpu_losses[STEPS];
