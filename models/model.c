@@ -332,8 +332,8 @@ double mt_model_flops_per_token(mt_model_t m, int T) {
     double n = 0.0;
     for (int i = 0; i < m->n_params; i++) {
         const mt_param_t *p = &m->params[i];
-        if (c->kind == MT_MODEL_GPT2 && strcmp(p->name, "wpe") == 0) {
-            continue; /* position embedding: a lookup, no matmul */
+        if (p->module == 0 && p->tied_module < 0) {
+            continue; /* read by the embedding's lookup alone (gpt2's wpe, the mlp's wte): no matmul */
         }
         double e = (double)p->global_shape[0] * (double)p->global_shape[1];
         if (m->init_rows[i] < p->global_shape[0]) {

@@ -1,5 +1,5 @@
 /* MLP: forward equals a double-precision composition of the reference ops, whole-model gradient check,
- * recompute = block identical with a lower activation peak, module-range execution.
+ * recompute = block identical with a lower activation peak, module-range execution, model FLOPs per token.
  * SPDX-License-Identifier: MIT */
 #include <math.h>
 
@@ -59,6 +59,8 @@ int main(void) {
     mt_model_config_t c0 = cfg_mlp(MT_RECOMPUTE_NONE), c1 = cfg_mlp(MT_RECOMPUTE_BLOCK);
     mt_model_t m0 = tm_build(&c0), m1 = tm_build(&c1);
     CHECK(mt_model_n_modules(m0) == L + 2, "embedding + %d layers + head", L);
+    /* model FLOPs: 6 x the weights of the products (the hidden layers and the head), not wte's lookup */
+    CHECK_CLOSE(mt_model_flops_per_token(m0, T), 6.0 * (L * (H * H + H) + V * H + V), 1e-12, 0);
     mt_acts_t a0, a1;
     mt_mem_stats_t s;
     mt_mem_stats(MT_MEM_HOST, &s);

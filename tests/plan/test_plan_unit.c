@@ -297,7 +297,8 @@ static void test_gpu_cluster(const mt_plan_job_t *job_in) {
 }
 
 /* The MLP's recomputation repeats each hidden layer's product: with recompute = block the compute time grows by
- * 2 x the hidden layers' elements over 6 x every parameter element's (tp = pp = 1: time is FLOPs over one rate). */
+ * 2 x the hidden layers' elements over 6 x the elements of every product's weight (tp = pp = 1: time is FLOPs over
+ * one rate). */
 static void test_mlp_recompute(const mt_plan_job_t *job_in, const mt_plan_cluster_t *c) {
     mt_plan_job_t job = *job_in;
     job.model.kind = MT_MODEL_MLP;
@@ -307,7 +308,7 @@ static void test_mlp_recompute(const mt_plan_job_t *job_in, const mt_plan_cluste
     l.recompute = MT_PLAN_RC_BLOCK;
     CHECK_OK(mt_plan_predict(&job, c, 8, &l, &q));
     double H = job.model.n_embd, V = job.model.vocab_size, L = job.model.n_layer;
-    double hidden = L * (H * H + H), all = V * H + hidden + V * H + V;
+    double hidden = L * (H * H + H), all = hidden + V * H + V; /* wte: a lookup, no product */
     CHECK(p.t_compute > 0, "mlp compute time %g", p.t_compute);
     CHECK_CLOSE(q.t_compute / p.t_compute, 1.0 + 2.0 * hidden / (6.0 * all), 1e-12, 0);
 }
