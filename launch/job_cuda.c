@@ -448,14 +448,15 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->overlap = e->zero || !strcmp(mt_config_str(cfg, "parallel.engine"), "ddp");
     e->bucket_elems = (size_t)MT_MAX(1.0, mt_config_float(cfg, "parallel.bucket_mb") * 1048576.0 / 4.0);
     if (mt_rt_world()->rank == 0 && e->zero2 && mt_config_source(cfg, "parallel.bucket_mb") != MT_CFG_SRC_DEFAULT) {
-        MT_WARN("cuda engine: parallel.bucket_mb = %g does not apply to ZeRO-%d on GPUs: each transformer block's "
-                "gradients are reduced together as backward leaves it (docs/gpu.md)",
+        MT_WARN("cuda engine: parallel.bucket_mb = %g does not apply to ZeRO-%d on GPUs: each block's (the MLP: "
+                "each hidden layer's) gradients are reduced together as backward leaves it (docs/gpu.md)",
                 mt_config_float(cfg, "parallel.bucket_mb"), e->zero3 ? 3 : 2);
     }
     if (mt_rt_world()->rank == 0 && e->zero3 &&
         mt_config_source(cfg, "parallel.zero_persist_threshold") != MT_CFG_SRC_DEFAULT) {
-        MT_WARN("cuda engine: parallel.zero_persist_threshold = %lld does not apply to ZeRO-3 on GPUs: wte, wpe and "
-                "ln_f stay whole on every rank and each block is sharded (docs/gpu.md)",
+        MT_WARN("cuda engine: parallel.zero_persist_threshold = %lld does not apply to ZeRO-3 on GPUs: the "
+                "embedding's and the head's parameters stay whole on every rank and each block (the MLP: each hidden "
+                "layer) is sharded (docs/gpu.md)",
                 (long long)mt_config_int(cfg, "parallel.zero_persist_threshold"));
     }
     /* the pipeline: this rank's stage (the mesh's pp coordinate) and its blocks, from the CPU engines' split */
