@@ -662,6 +662,13 @@ static mt_status_t tp_gather(mt_gpt2_cuda_t g, const void *rows, void *full) {
     return gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP);
 }
 
+/* Chunk j of k over `rows` rows: its first row *j0 and its row count, which is 0 when there are more chunks than
+ * rows (the same on every rank, so every rank skips the same chunks). */
+static int chunk_rows(int rows, int k, int j, int *j0) {
+    *j0 = (int)((int64_t)rows * j / k);
+    return (int)((int64_t)rows * (j + 1) / k) - *j0;
+}
+
 /* Forward, a row-parallel product into g->tmp_c (inp (N, Cin): this rank's heads or MLP columns; w its rows of the
  * weight; bias tp rank 0's) and its reduction over tp (g), *x as tp_reduce gives it. With params.tp_chunks = k > 1
  * the rows go in k chunks: chunk j's collective starts on tp_stream as soon as its product is written and runs
@@ -686,8 +693,8 @@ static mt_status_t rowpar_forward(mt_gpt2_cuda_t g, const void *inp, int Cin, co
     bool queued = false;      /* a collective is on tp_stream: an error must not leave it unordered */
     mt_status_t st = MT_OK;
     for (int j = 0; j < k && st == MT_OK; j++) {
-        int j0 = (int)((int64_t)rows * j / k), n = (int)((int64_t)rows * (j + 1) / k) - j0;
-        if (n == 0) { /* more chunks than rows: the same on every rank */
+        int j0 = 0, n = chunk_rows(rows, k, j, &j0);
+        if (n == 0) {
             continue;
         }
         char *pack = out + (size_t)(g->sp ? tp : 1) * (size_t)j0 * C * es;
@@ -763,8 +770,8 @@ static mt_status_t colpar_forward(mt_gpt2_cuda_t g, void *full, void *out, int l
     mt_status_t st = mt_cuda_status(cudaEventRecord(g->tp_in, s), "tp event"); /* lnloc is written */
     st = st != MT_OK ? st : mt_cuda_status(cudaStreamWaitEvent(g->tp_stream, g->tp_in, 0), "tp event wait");
     for (int j = 0; j < k && st == MT_OK; j++) {
-        int j0 = (int)((int64_t)R * j / k), n = (int)((int64_t)R * (j + 1) / k) - j0;
-        if (n == 0) { /* more chunks than rows: the same on every rank */
+        int j0 = 0, n = chunk_rows(R, k, j, &j0);
+        if (n == 0) {
             continue;
         }
         char *pack = (char *)g->tmp_c + (size_t)tp * j0 * rowb;
@@ -807,8 +814,8 @@ static mt_status_t rowpar_backward(mt_gpt2_cuda_t g, void *dinp, const void *inp
     mt_status_t st = mt_cuda_status(cudaEventRecord(g->tp_in, s), "tp event"); /* dresid is complete */
     st = st != MT_OK ? st : mt_cuda_status(cudaStreamWaitEvent(g->tp_stream, g->tp_in, 0), "tp event wait");
     for (int j = 0; j < k && st == MT_OK; j++) {
-        int j0 = (int)((int64_t)R * j / k), n = (int)((int64_t)R * (j + 1) / k) - j0;
-        if (n == 0) { /* more chunks than rows: the same on every rank */
+        int j0 = 0, n = chunk_rows(R, k, j, &j0);
+        if (n == 0) {
             continue;
         }
         char *pack = (char *)g->dfc + (size_t)tp * j0 * rowb;
