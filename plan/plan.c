@@ -223,11 +223,12 @@ static double coll_time(const mt_plan_cluster_t *c, coll_t op, int n, double byt
 
 /* Model FLOPs per token of modules [lo, hi) for sequence length T, the split of mt_model_flops_per_token:
  * *mm = 6 x (elements of the parameters each module multiplies by: its own, a tied weight at the module that
- * multiplies by it, no embedding read by a lookup alone (gpt2's wpe, the mlp's wte), no padded vocabulary rows); *att = 12 C T per transformer block
- * (attention's score and value products). Block recomputation adds the block's forward again (2 x elements
- * to *mm, the MLP's hidden layer's product included, 4 C T to *att; gpu: the GPU trainer's recomputation stops at gelu(fc), without the MLP's output
- * projection); attention recomputation the attention forward (4 C T to *att; inside a recomputed block,
- * again). Global shapes: the caller divides by tp. */
+ * multiplies by it, no embedding read by a lookup alone (gpt2's wpe, the mlp's wte), no padded vocabulary rows);
+ * *att = 12 C T per transformer block (attention's score and value products). Block recomputation adds the
+ * block's forward again (2 x elements to *mm, the MLP's hidden layer's product included, 4 C T to *att; gpu: the
+ * GPU trainer's recomputation stops at gelu(fc), without the MLP's output projection); attention recomputation
+ * the attention forward (4 C T to *att; inside a recomputed block, again). Global shapes: the caller divides by
+ * tp. */
 static void stage_flops(mt_model_t m, int lo, int hi, int T, mt_plan_rc_t rc, bool gpu, double *mm, double *att) {
     const mt_model_config_t *c = mt_model_config(m);
     double f = 0;

@@ -71,12 +71,12 @@ typedef struct {
 typedef struct mt_gpt2_cuda *mt_gpt2_cuda_t;
 
 /* Builds the device model from m (a GPT-2, or an MLP, whose parameters are bound and initialised on the host; a
- * GPT-2 with tp_size > 1: this rank's shards, trained Megatron-style as models/gpt2/gpt2_tp.c does on the CPU: attention heads, MLP columns
- * and vocabulary rows split over the tp group, one all-reduce of the activations (or their gradients) per attention
- * and per MLP forward and backward, the embedding's sum, and the cross-entropy's per-row statistics gathered; the
- * row-parallel biases added by tp rank 0; with the model's sequence_parallel the residual stream and LayerNorms
- * on B*T/tp rows, each all-reduce an all-gather and a reduce-scatter, the stage input/output/gradient buffers
- * of those rows):
+ * GPT-2 with tp_size > 1: this rank's shards, trained Megatron-style as models/gpt2/gpt2_tp.c does on the CPU:
+ * attention heads, MLP columns and vocabulary rows split over the tp group, one all-reduce of the activations (or their
+ * gradients) per attention and per MLP forward and backward, the embedding's sum, and the cross-entropy's per-row
+ * statistics gathered; the row-parallel biases added by tp rank 0; with the model's sequence_parallel the residual
+ * stream and LayerNorms on B*T/tp rows, each all-reduce an all-gather and a reduce-scatter, the stage
+ * input/output/gradient buffers of those rows):
  * uploads the parameters as f32 master weights, allocates the compute copy (bf16/fp16), gradients, AdamW moments and
  * the activations of one B x T micro-batch through the caching allocator. With model.recompute = "block" the
  * activations are the block inputs plus one block's internals, which backward recomputes block by block (the last
@@ -167,7 +167,8 @@ void *mt_gpt2_cuda_stream(mt_gpt2_cuda_t g);
  * then orders a consumer after them): elements [lo, hi) of the flat layout, stored contiguously at grads.
  * The runs come in backward order and tile the layout from the end: ln_f, block L-1, ..., block 0, then wte
  * and wpe (the MLP: the head, layer L-1, ..., layer 0, then wte) (wte's gradient is complete only after the
- * embedding's backward); each run's hi is the previous run's lo. A failing hook stops the backward with its status. fn NULL: none.
+ * embedding's backward); each run's hi is the previous run's lo. A failing hook stops the backward with its
+ * status. fn NULL: none.
  * Without ZeRO-2, grads is mt_gpt2_cuda_grads() + lo and backward accumulates there over micro-batches.
  * Under ZeRO-2 (params.shard_grads) it is a pool: each backward pass writes fresh gradients (not
  * accumulated) into one of two block-sized slots (block l: slot l % 2) or the buffer of wte, wpe and ln_f,
