@@ -386,6 +386,12 @@ static mt_status_t ce_setup_model(const mt_job_info_t *info, mt_model_config_t *
     if (tp == 1) {
         return MT_OK;
     }
+    if (mc->kind != MT_MODEL_GPT2) { /* before any collective: every rank refuses alike */
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "parallel.tp = %d: tensor parallelism shards GPT-2 only (model.kind = \"mlp\" runs with "
+                        "tp = 1)",
+                        tp);
+    }
     cuda_engine_t *e = calloc(1, sizeof(*e));
     if (!e) {
         return mt_error(MT_ERR_OOM, "cuda engine: out of memory");

@@ -895,6 +895,13 @@ static void mlp(const char *dir, bool pipeline_only) {
         mt_job_result_free(&r);
         mt_job_result_free(&g);
         mt_job_result_free(&cpu);
+        if (w->size == 2) { /* no tensor-parallel MLP: refused on every rank, naming the key */
+            mt_status_t st = run_mesh("cuda", 2, 1, NA, a, &r);
+            CHECK(st == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "parallel.tp = 2: tensor parallelism shards "
+                                                                        "GPT-2 only"),
+                  "mlp with tp 2 on the gpu: %s: %s", mt_status_str(st), mt_last_error_msg());
+            mt_job_result_free(&r);
+        }
     }
     int pp = pipeline_only ? w->size : 2;
     if (w->size < 2 || w->size % pp != 0) {
