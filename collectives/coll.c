@@ -448,7 +448,8 @@ uint64_t mt_comm_seq_completed(const mt_comm_t comm) {
 }
 
 /* Records an event after call seq on stream (stream-ordered backends). When the ring is full, the
- * oldest event is waited for: the device is then MT_COLL_EVENT_RING calls behind the host. */
+ * oldest event is waited for: the device is then MT_COLL_EVENT_RING calls behind the host. Between polls the
+ * lock is let go, so the watchdog's thread can read this comm's progress and answer its peers meanwhile. */
 static mt_status_t events_push(mt_comm_t c, uint64_t seq, mt_stream_t stream) {
     const struct mt_coll_backend *be = c->ops[MT_COLL_ALL_REDUCE].be;
     void *ev = NULL;
@@ -458,9 +459,13 @@ static mt_status_t events_push(mt_comm_t c, uint64_t seq, mt_stream_t stream) {
     double t0 = mt_now();
     while (c->ev_tail - c->ev_head >= MT_COLL_EVENT_RING) {
         st = events_poll_locked(c);
-        if (st != MT_OK) {
+        if (st != MT_OK || c->ev_tail - c->ev_head < MT_COLL_EVENT_RING) {
             break;
         }
+        pthread_mutex_unlock(&c->mu);
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&c->mu);
         if (mt_now() - t0 > c->timeout_s) {
             st = mt_error(MT_ERR_TIMEOUT, "comm %s: call %llu is %d calls ahead of the device for %.0f s", c->name,
                           (unsigned long long)seq, MT_COLL_EVENT_RING, c->timeout_s);

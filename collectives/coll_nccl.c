@@ -335,6 +335,9 @@ static mt_status_t nccl_event_query(void *ctx, void *event, bool *done) {
     if (e != cudaErrorNotReady) {
         return CUDA_OK(e);
     }
+    /* CUDA keeps "not ready" as this thread's last error, which the next kernel launcher would return as its
+     * own failure (its cudaGetLastError): an answer, not an error, so cleared */
+    (void)cudaGetLastError();
     return nccl_get_async_error(ctx); /* a failed peer shows up here while the event never fires */
 }
 

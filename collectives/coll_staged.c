@@ -174,10 +174,11 @@ static mt_status_t staged_init(mt_comm_t comm, const struct mt_comm_info *info, 
         snprintf(why, sizeof(why), "%s", mt_last_error_msg());
     }
     int mp = 0;
-    x->max_pitch = mine == MT_OK && cudaDeviceGetAttribute(&mp, cudaDevAttrMaxPitch, x->device) == cudaSuccess &&
-                           mp > 0
-                       ? (size_t)mp
-                       : (size_t)INT_MAX;
+    if (mine == MT_OK && cudaDeviceGetAttribute(&mp, cudaDevAttrMaxPitch, x->device) != cudaSuccess) {
+        mp = 0;
+        (void)cudaGetLastError(); /* INT_MAX below: not the next kernel launch's error */
+    }
+    x->max_pitch = mp > 0 ? (size_t)mp : (size_t)INT_MAX;
     int64_t piece = MT_MIN(MT_MAX(mt_param_staged_chunk(), (int64_t)4096), (int64_t)1 << 30);
     int64_t agree[2] = {mine != MT_OK, -piece}; /* by MAX: any rank failed; the smallest piece */
     int mrc = MPI_Allreduce(MPI_IN_PLACE, agree, 2, MPI_INT64_T, MPI_MAX, info->mpi);
@@ -545,7 +546,11 @@ static mt_status_t staged_event_query(void *ctx, void *event, bool *done) {
     use_device(ctx);
     cudaError_t e = cudaEventQuery((cudaEvent_t)event);
     *done = e == cudaSuccess;
-    return e == cudaSuccess || e == cudaErrorNotReady ? MT_OK : CUDA_OK(e);
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* an answer, not an error: see nccl_event_query */
+        return MT_OK;
+    }
+    return CUDA_OK(e);
 }
 
 static void staged_event_free(void *ctx, void *event) {

@@ -69,6 +69,7 @@ static bool gpu_shared(int n_dev, int *a, int *b, char *bus, size_t bus_len, int
 #if MT_HAVE_CUDA
     if (n_dev > 0 && cudaDeviceGetPCIBusId(mine, ID, w->local_rank % n_dev) != cudaSuccess) {
         mine[0] = '\0';
+        (void)cudaGetLastError(); /* handled here: not the next kernel launch's error */
     }
 #else
     (void)n_dev;
@@ -619,8 +620,12 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     /* energy: read-only NVML counter of this GPU, when the library and the counter are there */
     char bus[32] = "";
     int d = 0;
-    if (!MT_CUDA_EMULATED && cudaGetDevice(&d) == cudaSuccess &&
-        cudaDeviceGetPCIBusId(bus, (int)sizeof(bus), d) == cudaSuccess && mt_nvml_open(bus, 0, &e->nvml) == MT_OK &&
+    bool have_bus = !MT_CUDA_EMULATED && cudaGetDevice(&d) == cudaSuccess &&
+                    cudaDeviceGetPCIBusId(bus, (int)sizeof(bus), d) == cudaSuccess;
+    if (!MT_CUDA_EMULATED && !have_bus) {
+        (void)cudaGetLastError(); /* no energy figures: not the next kernel launch's error */
+    }
+    if (have_bus && mt_nvml_open(bus, 0, &e->nvml) == MT_OK &&
         mt_nvml_energy_mj(e->nvml, &e->energy.mj_change) != MT_OK) {
         mt_nvml_close(e->nvml);
         e->nvml = NULL;

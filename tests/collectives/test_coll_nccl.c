@@ -226,6 +226,39 @@ static void test_stream_order(mt_comm_t c) {
 }
 #endif
 
+/* The host polls a stream-ordered comm's completion events: when a call is tested (mt_work_test), and when more
+ * calls are queued behind the device than the comm keeps events for (collectives/coll.c: MT_COLL_EVENT_RING,
+ * 1024). A poll's "not ready" must not stay behind as this thread's last CUDA error, which every kernel launcher
+ * returns after its launch: the next launch would fail with it. Under the emulator each other poll of a record
+ * not yet run answers "not ready", as a busy device may (mt_emu_busy_polls); its lazy streams keep every call
+ * queued until something waits. */
+static void test_polls(mt_comm_t c) {
+    CU(cudaMemset(d_a, 0, 4));
+    CU(cudaGetLastError());
+#if MT_CUDA_EMULATED
+    mt_emu_busy_polls(1);
+#endif
+    mt_work_t w = NULL;
+    bool done = false;
+    CHECK_OK(mt_coll_all_reduce(c, d_a, d_a, 1, MT_COLL_F32, MT_REDOP_MAX, stream, &w));
+    CHECK_OK(mt_work_test(w, &done));
+    cudaError_t e = cudaGetLastError();
+    CHECK(e == cudaSuccess, "%s: after a test of a call (done: %d), this thread's last CUDA error is \"%s\"",
+          be_name, (int)done, cudaGetErrorString(e));
+    finish(&w);
+    enum { CALLS = 1024 + 64 };
+    for (int i = 0; i < CALLS; i++) {
+        CHECK_OK(mt_coll_all_reduce(c, d_a, d_a, 1, MT_COLL_F32, MT_REDOP_MAX, stream, NULL));
+    }
+    e = cudaGetLastError();
+    CHECK(e == cudaSuccess, "%s: after %d calls queued behind the device, this thread's last CUDA error is \"%s\"",
+          be_name, CALLS, cudaGetErrorString(e));
+    CU(cudaStreamSynchronize(stream));
+#if MT_CUDA_EMULATED
+    mt_emu_busy_polls(0);
+#endif
+}
+
 /* An in-place all-reduce of more than INT_MAX elements (u8, 2 GiB + 4 KiB per rank): MPI counts are int, but
  * the staged backend's pieces keep each MPI call small, so it takes the op as NCCL does. */
 static void test_big(mt_comm_t c) {
@@ -322,6 +355,7 @@ int main(int argc, char **argv) {
             test_stream_order(c);
         }
 #endif
+        test_polls(c);
         if (staged) {
             /* the pinned staging buffer is accounted as host communication memory while the comm lives. With
              * the default pieces (8 MiB) every op here is one piece: at least the largest op's input and

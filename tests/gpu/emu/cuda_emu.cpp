@@ -87,15 +87,30 @@ cudaError_t cudaGetDevice(int *d) {
     *d = current_device;
     return cudaSuccess;
 }
+/* As CUDA: each thread's last error, set by every call that returns one (a poll's cudaErrorNotReady too),
+ * returned and cleared by cudaGetLastError, which the kernel launchers return after their launch. */
+static thread_local cudaError_t last_error = cudaSuccess;
+static cudaError_t fail(cudaError_t e) {
+    last_error = e;
+    return e;
+}
 cudaError_t cudaGetLastError(void) {
-    return cudaSuccess;
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) {
+    return last_error;
 }
 const char *cudaGetErrorString(cudaError_t e) {
-    return e == cudaSuccess ? "no error" : e == cudaErrorMemoryAllocation ? "out of memory" : "emulated error";
+    return e == cudaSuccess                 ? "no error"
+           : e == cudaErrorMemoryAllocation ? "out of memory"
+           : e == cudaErrorNotReady         ? "device not ready"
+                                            : "emulated error";
 }
 cudaError_t cudaDeviceGetPCIBusId(char *bus, int len, int dev) {
     if (dev < 0 || dev >= emu_devices()) {
-        return cudaErrorInvalidValue;
+        return fail(cudaErrorInvalidValue);
     }
     snprintf(bus, (size_t)len, "0000:%02x:00.0", dev);
     return cudaSuccess;
@@ -104,10 +119,10 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
     emu_api_calls++;
     if (bytes > ((size_t)64 << 30)) { /* the emulated device has 64 GiB */
         *p = NULL;
-        return cudaErrorMemoryAllocation;
+        return fail(cudaErrorMemoryAllocation);
     }
     if (posix_memalign(p, 256, bytes ? bytes : 1) != 0) {
-        return cudaErrorMemoryAllocation;
+        return fail(cudaErrorMemoryAllocation);
     }
     memset(*p, 0xa5, bytes); /* uninitialised device memory is garbage, not zeros */
     std::lock_guard<std::mutex> g(mem_mu);
@@ -125,7 +140,7 @@ cudaError_t cudaFree(void *p) {
     std::lock_guard<std::mutex> g(mem_mu);
     auto it = allocs.find(p);
     if (it == allocs.end()) {
-        return cudaErrorInvalidValue;
+        return fail(cudaErrorInvalidValue);
     }
     held -= it->second;
     allocs.erase(it);
@@ -453,7 +468,7 @@ static size_t emu_max_pitch() {
 }
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
     if (attr != cudaDevAttrMaxPitch || device < 0 || device >= emu_devices()) {
-        return cudaErrorInvalidValue;
+        return fail(cudaErrorInvalidValue);
     }
     *value = (int)emu_max_pitch();
     return cudaSuccess;
@@ -462,10 +477,10 @@ cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               cudaMemcpyKind k, cudaStream_t s) {
     if (dpitch > emu_max_pitch() || spitch > emu_max_pitch()) {
-        return cudaErrorInvalidPitchValue;
+        return fail(cudaErrorInvalidPitchValue);
     }
     if (width > dpitch || width > spitch) {
-        return cudaErrorInvalidValue;
+        return fail(cudaErrorInvalidValue);
     }
     auto rows = [=](char *d, const char *sp, size_t sp_pitch) {
         for (size_t r = 0; r < height; r++) {
@@ -604,11 +619,35 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     }
     return cudaSuccess;
 }
+/* MESHTRAIN_EMU_BUSY_POLLS=1 (or mt_emu_busy_polls(1)): on the thread that queues work too, every other poll of
+ * a record not yet run answers cudaErrorNotReady without running anything, as a device still busy with it may;
+ * the next poll runs it, so a polling loop gets on. Read once per process. */
+static std::atomic<int> busy_polls{-1};
+static bool busy_polls_on() {
+    int v = busy_polls.load();
+    if (v < 0) {
+        const char *e = getenv("MESHTRAIN_EMU_BUSY_POLLS");
+        v = e && *e && atoi(e) ? 1 : 0;
+        busy_polls.store(v);
+    }
+    return v != 0;
+}
+static thread_local bool answered_busy;
+void mt_emu_busy_polls(int on) {
+    busy_polls.store(on ? 1 : 0);
+    answered_busy = false; /* this thread's next poll of a record not yet run answers busy */
+}
 /* A poll. On the thread that queues work it runs the work before the record (a lazy stream never gets there by
- * itself, and a polling loop would spin); on another thread it only answers. */
+ * itself, and a polling loop would spin), unless it answers busy (above); on another thread it only answers. */
 cudaError_t cudaEventQuery(cudaEvent_t e) {
     if (!mt_emu_on_worker()) { /* without smu: the worker may hold it while it runs queued work */
-        return mirror_latest_ran((uintptr_t)e) ? cudaSuccess : cudaErrorNotReady;
+        return mirror_latest_ran((uintptr_t)e) ? cudaSuccess : fail(cudaErrorNotReady);
+    }
+    if (busy_polls_on() && !mirror_latest_ran((uintptr_t)e)) {
+        answered_busy = !answered_busy;
+        if (answered_busy) {
+            return fail(cudaErrorNotReady);
+        }
     }
     host_wait poll(-1);
     return cudaEventSynchronize(e);
@@ -617,11 +656,11 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     std::lock_guard<std::recursive_mutex> g(smu);
     uintptr_t ka = (uintptr_t)a, kb = (uintptr_t)b;
     if (!ran(ka, ev_gen[ka]) || !ran(kb, ev_gen[kb])) {
-        return cudaErrorNotReady; /* as CUDA: a record not yet run */
+        return fail(cudaErrorNotReady); /* as CUDA: a record not yet run */
     }
     auto ia = event_ms.find(ka), ib = event_ms.find(kb);
     if (ia == event_ms.end() || ib == event_ms.end()) {
-        return cudaErrorInvalidValue; /* as CUDA: an event never recorded */
+        return fail(cudaErrorInvalidValue); /* as CUDA: an event never recorded */
     }
     *ms = (float)(ib->second - ia->second);
     return cudaSuccess;
@@ -638,7 +677,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
 }
 cudaError_t cudaSetDevice(int d) {
     if (d < 0 || d >= emu_devices()) {
-        return cudaErrorInvalidValue;
+        return fail(cudaErrorInvalidValue);
     }
     current_device = d;
     return cudaSuccess;

@@ -29,6 +29,7 @@ typedef struct mt_emu_event *cudaEvent_t;
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaGetDevice(int *d);
 cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
 const char *cudaGetErrorString(cudaError_t e);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaDeviceGetPCIBusId(char *bus, int len, int dev);
@@ -65,6 +66,10 @@ cudaError_t cudaSetDevice(int d);
  * device state (allocations, copies, sets, streams, events, kernel launches, cuBLASLt handles). */
 size_t mt_emu_device_bytes(void);
 size_t mt_emu_api_calls(void);
+/* 1: a poll (cudaEventQuery) on the thread that queues work answers "not ready" every other time for a record not
+ * yet run, as a busy device may, starting with the calling thread's next such poll (MESHTRAIN_EMU_BUSY_POLLS=1
+ * sets it for the process); 0: never. */
+void mt_emu_busy_polls(int on);
 /* Host waits so far, by kind: calls that block the calling thread until device work queued before them is done
  * (on a device as here). An inner wait of such a call (cudaFree's device synchronisation) is not counted
  * again; a poll (cudaEventQuery) is not a wait. */
