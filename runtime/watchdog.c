@@ -396,6 +396,22 @@ int mt_watchdog_local_view(char *buf, size_t n) {
 }
 
 /* Prints the report (one write), records it in the trace and the report file, then ends the job. */
+MT_PARAM(wd_abort_grace_ms, "WD_ABORT_GRACE_MS", 10000)
+static atomic_bool aborts_done;
+
+static void *abort_groups(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&reg_mu);
+    for (struct mt_wd_group *g = groups; g; g = g->next) {
+        if (g->abort_fn) {
+            g->abort_fn(g->arg);
+        }
+    }
+    pthread_mutex_unlock(&reg_mu);
+    atomic_store(&aborts_done, true);
+    return NULL;
+}
+
 static _Noreturn void report_and_abort(const char *text, const char *trace_args) {
     fputs(text, stderr);
     fflush(stderr);
@@ -449,13 +465,21 @@ static _Noreturn void report_and_abort(const char *text, const char *trace_args)
             sleep_s(0.005);
         }
     }
-    pthread_mutex_lock(&reg_mu);
-    for (struct mt_wd_group *g = groups; g; g = g->next) {
-        if (g->abort_fn) {
-            g->abort_fn(g->arg);
+    /* The comms' own aborts (ncclCommAbort) run on a thread of their own, given MESHTRAIN_WD_ABORT_GRACE_MS: one
+     * can wait on another comm's kernel that spins on the stuck peer (NVIDIA/nccl#564) and never return. The job
+     * ends the same with or without them. */
+    pthread_t t;
+    if (pthread_create(&t, NULL, abort_groups, NULL) == 0) {
+        pthread_detach(t);
+        double t0 = mt_now(), grace = (double)mt_param_wd_abort_grace_ms() / 1000.0;
+        while (!atomic_load(&aborts_done) && mt_now() - t0 < grace) {
+            sleep_s(0.005);
+        }
+        if (!atomic_load(&aborts_done)) {
+            fprintf(stderr, "meshtrain watchdog: rank %d: the communicators' aborts did not return within %g s; "
+                            "ending the job without them\n", wd.rank, grace);
         }
     }
-    pthread_mutex_unlock(&reg_mu);
     mt_rt_abort_job(wd.exit_code);
 }
 

@@ -7,6 +7,9 @@
  *   cross  rank 2 skips the 3rd all-reduce on 'world' and waits on comm 'pair' {2,3} that rank 3 never
  *          joins: one report, naming rank 2 and where it waits.
  *   kill   rank 2 dies (SIGKILL) before its 3rd all-reduce, as if killed mid-step.
+ *   abort_hangs  a call on a registered group never completes, and the group's abort never returns (as
+ *          ncclCommAbort may, waiting on another comm's kernel that spins on the stuck peer): the job must still
+ *          end, after MESHTRAIN_WD_ABORT_GRACE_MS.
  * Built with MT_WATCHDOG_DEVICE (against the CPU emulator of CUDA and its emulated NCCL, tests/gpu/emu), the
  * all-reduces are device-memory ones on the NCCL backend, enqueued on a stream and waited for there, as the GPU
  * engine's are: a rank blocked in a stream synchronisation behind a collective that never completes must be
@@ -67,6 +70,13 @@ static void registry_checks(void) {
     mt_watchdog_group_unregister(g);
     mt_watchdog_group_unregister(NULL);
     mt_watchdog_op_begin(NULL, 1, "x", 0, -1);
+}
+
+static void abort_never_returns(void *arg) {
+    (void)arg;
+    for (;;) {
+        sleep(60);
+    }
 }
 
 static void all_reduce(mt_comm_t c, float *buf) {
@@ -144,6 +154,15 @@ int main(int argc, char **argv) {
     }
 
     CHECK_OK(mt_watchdog_start(&p));
+    if (!strcmp(mode, "abort_hangs")) {
+        mt_wd_group_t g = mt_watchdog_group_register("hangs-on-abort", w->comm, fake_progress, abort_never_returns,
+                                                     NULL);
+        CHECK(g != NULL, "register");
+        mt_watchdog_op_begin(g, 1, "all_reduce", 4096, -1); /* never completes */
+        sleep(60);
+        fprintf(stderr, "rank %d: the job was not ended by the watchdog\n", w->rank);
+        return 1;
+    }
     CHECK_OK(mt_comm_init(w->comm, &cp, &world));
     mt_comm_t pair = NULL;
     if (!strcmp(mode, "cross") && w->rank >= 2 && w->rank <= 3) {
