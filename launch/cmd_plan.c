@@ -93,10 +93,11 @@ static void print_json_pred(FILE *out, const mt_plan_pred_t *p, const mt_plan_jo
     fprintf(out,
             "    {\"rank\": %d, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"engine\": \"%s\", \"schedule\": \"%s\", "
             "\"micro_batch\": %d, \"microbatches\": %d, \"sequence_parallel\": %s, \"recompute\": \"%s\", "
-            "\"order\": \"%s\", \"fits\": %s, \"over_bytes\": %lld, \"mem_stage\": %d, \"mem_bytes\": {",
+            "\"order\": \"%s\", \"fits\": %s, \"over_bytes\": %lld, \"nccl_bytes\": %lld, \"mem_stage\": %d, "
+            "\"mem_bytes\": {",
             rank, l->tp, l->pp, l->dp, mt_plan_engine_name(l->engine), l->schedule == MT_PLAN_GPIPE ? "gpipe" : "1f1b",
             l->micro_batch, l->microbatches, l->sp ? "true" : "false", mt_plan_rc_name(l->recompute), l->order,
-            p->fits ? "true" : "false", (long long)p->over, p->mem_stage);
+            p->fits ? "true" : "false", (long long)p->over, (long long)p->nccl, p->mem_stage);
     for (int k = 0; k < MT_MEM_NCAT - 1; k++) {
         fprintf(out, "\"%s\": %lld, ", cat_key[k], (long long)p->mem[k]);
     }
@@ -491,10 +492,15 @@ int mt_cmd_plan(int argc, char **argv) {
                        cli.path, params >= 1e9 ? 1 : 3, params >= 1e9 ? params / 1e9 : params / 1e6,
                        params >= 1e9 ? "B" : "M", (long long)job.global_batch, job.seq_len, cl.name, cl.nodes,
                        cl.devices_per_node, o.world);
-                printf("%d valid layouts, %d fit in memory (%.2f GiB per rank%s; %s). Best %d:\n", n, n_fit,
+                char nccl[96] = "";
+                if (cl.gpu && !job.cpu_only && !job.gpu_staged && cl.nccl_comm_bytes > 0) {
+                    snprintf(nccl, sizeof(nccl), ", less NCCL's %.2f GiB per communicator",
+                             cl.nccl_comm_bytes / 1073741824.0);
+                }
+                printf("%d valid layouts, %d fit in memory (%.2f GiB per rank%s%s; %s). Best %d:\n", n, n_fit,
                        (cl.shared_node ? cl.mem_bytes / MT_MIN(o.world, cl.devices_per_node) : cl.mem_bytes) /
                            1073741824.0,
-                       cl.reserve_bytes > 0 ? ", less the reserve" : "",
+                       cl.reserve_bytes > 0 ? ", less the reserve" : "", nccl,
                        cl.gpu && !job.cpu_only ? "the GPU engine's device memory" : "the host engines' memory",
                        MT_MIN(o.top, n));
                 print_table(stdout, v, n, o.top, &job);

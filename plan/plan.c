@@ -334,7 +334,9 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
                            mt_plan_pred_t *out) {
     memset(out, 0, sizeof(*out));
     out->l = *l;
-    /* memory: the fullest stage */
+    /* memory: the fullest stage; what must fit adds NCCL's own buffers (GPU engine), which may make another
+     * stage the one that needs the most */
+    int64_t need = 0;
     for (int s = 0; s < l->pp; s++) {
         int64_t tot = 0;
         for (int k = 0; k < MT_MEM_NCAT; k++) {
@@ -345,10 +347,15 @@ static mt_status_t predict(const mt_plan_job_t *job, const mt_plan_cluster_t *c,
             out->mem_stage = s;
             memcpy(out->mem, stage_mem[s], sizeof(out->mem));
         }
+        int64_t nccl = job->gpu ? (int64_t)(plan_gpu_comms(job, sh->m, l, s) * c->nccl_comm_bytes) : 0;
+        if (s == 0 || tot + nccl > need) {
+            need = tot + nccl;
+            out->nccl = nccl;
+        }
     }
     double avail = device_mem(c, world);
-    out->fits = (double)out->mem_total <= avail;
-    out->over = out->fits ? 0 : (int64_t)((double)out->mem_total - avail);
+    out->fits = (double)need <= avail;
+    out->over = out->fits ? 0 : (int64_t)((double)need - avail);
     out->tp_cross_node = xs.tp;
     out->dp_cross_node = xs.dp;
     out->pp_cross_node = xs.pp;

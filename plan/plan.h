@@ -62,6 +62,8 @@ typedef struct {
     mt_plan_link_t intra, inter;  /* inside a node, between nodes */
     double overlap_dp;            /* fraction of backward time that can hide data-parallel gradient traffic */
     double reserve_bytes;         /* memory per device the plan leaves free (runtime, CUDA context, fragmentation) */
+    double nccl_comm_bytes;       /* GPU: device memory NCCL takes per communicator outside meshtrain's allocator
+                                   * (its buffers; with NVLS, more); 0: left to reserve_bytes */
     int n_curves;
     mt_plan_curve_t curves[MT_PLAN_MAX_CURVES];
 } mt_plan_cluster_t;
@@ -150,7 +152,9 @@ typedef struct {
     int64_t mem[MT_MEM_NCAT]; /* bytes on the fullest rank, by category */
     int64_t mem_total;
     int mem_stage; /* pipeline stage of that rank */
-    int64_t over;  /* bytes over the device's memory (0 when it fits) */
+    int64_t nccl;  /* NCCL's own buffers on the rank that needs the most with them: its communicators x
+                    * nccl_comm_bytes, not in mem (meshtrain's allocator does not hold them) */
+    int64_t over;  /* bytes over the device's memory (0 when it fits), NCCL's buffers included */
     bool fits;
     double t_compute; /* forward + backward (+ recomputation) of the stage's share of the model FLOPs */
     double t_tp;      /* tensor-parallel collectives (never hidden) */

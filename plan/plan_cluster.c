@@ -31,6 +31,7 @@ static const ckey_t keys[] = {
     {"device.multithread_efficiency", CK_FLOAT, 1e-3, 1, "a rank on k > 1 cores: k x this x one core's rate"},
     {"device.memory_gib", CK_FLOAT, 1e-6, 1e9, "memory per device (GiB)"},
     {"device.reserve_gib", CK_FLOAT, 0, 1e9, "memory per device left free for the runtime (GiB)"},
+    {"device.nccl_comm_gib", CK_FLOAT, 0, 1e6, "device memory NCCL takes per communicator (GiB)"},
     {"device.peak_tflops_fp32", CK_FLOAT, 0, 1e9, "peak fp32 rate (TFLOP/s)"},
     {"device.peak_tflops_tf32", CK_FLOAT, 0, 1e9, "peak tf32 rate (TFLOP/s)"},
     {"device.peak_tflops_bf16", CK_FLOAT, 0, 1e9, "peak bf16 rate (TFLOP/s)"},
@@ -295,6 +296,7 @@ mt_status_t mt_plan_cluster_load(const char *path, mt_plan_cluster_t *out, FILE 
     cl->multithread_efficiency = num(&c, "device.multithread_efficiency", 1.0);
     cl->mem_bytes = num(&c, "device.memory_gib", 1) * 1073741824.0;
     cl->reserve_bytes = num(&c, "device.reserve_gib", 0) * 1073741824.0;
+    cl->nccl_comm_bytes = num(&c, "device.nccl_comm_gib", 0) * 1073741824.0;
     static const char *peaks[MT_PREC_COUNT] = {"device.peak_tflops_fp32", "device.peak_tflops_tf32",
                                            "device.peak_tflops_bf16", "device.peak_tflops_fp16"};
     bool any_peak = false;

@@ -17,6 +17,10 @@ mt_status_t plan_stage_mem_model(const mt_plan_job_t *job, mt_model_t m, const i
 mt_status_t plan_stage_mem_gpu(const mt_plan_job_t *job, mt_model_t m, const int *bounds, const mt_plan_layout_t *l,
                                int s, int64_t mem[MT_MEM_NCAT]);
 
+/* NCCL communicators of a rank of pipeline stage s on the GPU engine (none with its collectives through MPI): dp
+ * gradients, pipeline activations (+ the tied embedding's pair on the end stages), tp. */
+int plan_gpu_comms(const mt_plan_job_t *job, mt_model_t m, const mt_plan_layout_t *l, int s);
+
 /* parallel3d's verdict on a tp / pp layout (mt_par3d_check), for the model and batch of job. */
 mt_status_t plan_check_3d(const mt_plan_job_t *job, int world, const mt_plan_layout_t *l);
 

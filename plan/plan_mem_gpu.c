@@ -67,10 +67,14 @@ mt_status_t plan_stage_mem_gpu(const mt_plan_job_t *job, mt_model_t m, const int
         cats[n++] = MT_MEM_COMM;
     }
     MT_CHECK(mt_cuda_alloc_replay(bytes, cats, n, mem, NULL));
-    if (!job->gpu_staged) { /* NCCL's scratch: dp gradients, pipeline activations (+ the tied pair), tp */
-        bool end = (s == 0 || s == l->pp - 1) && mt_model_param(m, 0)->tied_module >= 0; /* the tied pair */
-        int comms = (l->dp > 1) + (l->pp > 1) + (l->pp > 2 && end) + (l->tp > 1);
-        mem[MT_MEM_COMM] += (int64_t)comms * NCCL_SCRATCH;
-    }
+    mem[MT_MEM_COMM] += (int64_t)plan_gpu_comms(job, m, l, s) * NCCL_SCRATCH;
     return MT_OK;
+}
+
+int plan_gpu_comms(const mt_plan_job_t *job, mt_model_t m, const mt_plan_layout_t *l, int s) {
+    if (job->gpu_staged) {
+        return 0;
+    }
+    bool end = (s == 0 || s == l->pp - 1) && mt_model_param(m, 0)->tied_module >= 0; /* the tied pair */
+    return (l->dp > 1) + (l->pp > 1) + (l->pp > 2 && end) + (l->tp > 1);
 }

@@ -221,6 +221,48 @@ static void test_tied_once(const mt_plan_job_t *job_in, const char *cluster, boo
     mt_plan_cluster_free(&c);
 }
 
+/* NCCL's own buffers (device.nccl_comm_gib, GPU engine): each NCCL communicator of a rank takes that much beside
+ * the allocator's blocks, which stay as they were; what must fit is their sum on the rank that needs the most (a
+ * pipeline of more than 2 stages has the tied embedding's pair on its end stages too); with the collectives
+ * through MPI there is none. */
+static void test_nccl_memory(const mt_plan_job_t *job_in) {
+    mt_plan_cluster_t c;
+    CHECK_OK(mt_plan_cluster_load(PLAN_DATA "/tiny_gpu_cluster.toml", &c, stderr));
+    CHECK(c.nccl_comm_bytes == 0, "device.nccl_comm_gib defaults to 0: %g", c.nccl_comm_bytes);
+    mt_plan_set_gpu_requests(fake_gpu_requests);
+    static const struct {
+        int tp, pp, dp, comms;
+    } cases[] = {{1, 1, 4, 1}, {2, 1, 2, 2}, {4, 1, 1, 1}, {1, 4, 1, 2}, {2, 2, 2, 3}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        mt_plan_job_t job = *job_in;
+        mt_plan_layout_t l = lay(cases[i].tp, cases[i].pp, cases[i].dp,
+                                 cases[i].dp > 1 ? MT_PLAN_DDP : MT_PLAN_ALLREDUCE, MT_PLAN_1F1B, 1, 4, "tp-dp-pp");
+        job.global_batch = 4 * cases[i].dp;
+        mt_plan_pred_t none, with, staged;
+        int world = cases[i].tp * cases[i].pp * cases[i].dp;
+        c.nccl_comm_bytes = 0;
+        CHECK_OK(mt_plan_predict(&job, &c, world, &l, &none));
+        CHECK(none.nccl == 0 && none.fits, "case %zu: no NCCL figure: %lld bytes, fits %d", i, (long long)none.nccl,
+              (int)none.fits);
+        c.nccl_comm_bytes = 1 << 30;
+        CHECK_OK(mt_plan_predict(&job, &c, world, &l, &with));
+        CHECK(with.mem_total == none.mem_total && with.nccl == (int64_t)cases[i].comms << 30,
+              "case %zu (tp %d pp %d dp %d): NCCL %lld bytes, want %d GiB; allocator %lld vs %lld", i, cases[i].tp,
+              cases[i].pp, cases[i].dp, (long long)with.nccl, cases[i].comms, (long long)with.mem_total,
+              (long long)none.mem_total);
+        /* just too little room for them: over by one byte's worth */
+        c.nccl_comm_bytes = (c.mem_bytes - (double)with.mem_total) / cases[i].comms + 1;
+        CHECK_OK(mt_plan_predict(&job, &c, world, &l, &with));
+        CHECK(!with.fits && with.over > 0 && with.over <= 2 * cases[i].comms, "case %zu: over by %lld bytes", i,
+              (long long)with.over);
+        job.gpu_staged = true;
+        CHECK_OK(mt_plan_predict(&job, &c, world, &l, &staged));
+        CHECK(staged.nccl == 0, "case %zu: runtime.gpu_comm = mpi: %lld NCCL bytes", i, (long long)staged.nccl);
+    }
+    mt_plan_set_gpu_requests(NULL);
+    mt_plan_cluster_free(&c);
+}
+
 static void test_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t *c) {
     mt_plan_opts_t o = {.world = 8, .micro_batch = 0};
     mt_plan_pred_t *v = NULL;
@@ -328,6 +370,7 @@ int main(void) {
         test_tied_once(&job, PLAN_DATA "/tiny_gpu_cluster.toml", true);
         test_enumerate(&job, &c);
         test_gpu_cluster(&job);
+        test_nccl_memory(&job);
         test_mlp_recompute(&job, &c);
         mt_config_free(cfg);
     }
