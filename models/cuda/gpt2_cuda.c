@@ -135,6 +135,10 @@ static mt_status_t check_model(mt_model_t m, const mt_gpt2_cuda_params_t *p, boo
     if ((size_t)p->B * p->T > INT32_MAX / 4 / (size_t)c->n_embd) {
         return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: micro-batch %d x %d is too large", p->B, p->T);
     }
+    if (c->kind == MT_MODEL_GPT2 && p->B > 65535) { /* the attention kernels' grids: one z layer per sequence */
+        return mt_error(MT_ERR_INVALID_ARG, "gpt2_cuda: micro-batch of %d sequences: the GPU attention takes at most "
+                        "65535 (CUDA's grid z limit); lower train.micro_batch and raise train.grad_accum", p->B);
+    }
     for (int i = 0; !dry && i < mt_model_n_params(m); i++) {
         if (!mt_model_param(m, i)->data) {
             return mt_error(MT_ERR_INVALID_USAGE, "gpt2_cuda: parameter %s has no data to upload",

@@ -440,6 +440,18 @@ static void shard_contract(mt_prec_t prec) {
     p.shard_count = 3;
     p.shard_index = 3;
     CHECK(mt_gpt2_cuda_init(m, &p, &g) == MT_ERR_INVALID_ARG, "%s: shard 3 of 3 accepted", pn);
+    if (mt_model_config(m)->kind == MT_MODEL_GPT2) { /* a grid's z (one layer per sequence) is at most 65535 */
+        int B0 = p.B, T0 = p.T;
+        p.shard_count = 1;
+        p.shard_index = 0;
+        p.B = 65536;
+        p.T = 1;
+        mt_status_t st = mt_gpt2_cuda_init(m, &p, &g);
+        CHECK(st == MT_ERR_INVALID_ARG && strstr(mt_last_error_msg(), "at most 65535"), "%s: B = 65536: %s: %s", pn,
+              mt_status_str(st), mt_last_error_msg());
+        p.B = B0;
+        p.T = T0;
+    }
     p.shard_count = 1;
     p.shard_index = 0;
     p.shard_grads = true;
