@@ -77,6 +77,10 @@ enum { STEPS = 5 };
  * accumulated sum, a different f32 rounding, which a bf16 weight can turn into a different bf16 value
  * (measured under the emulator: 2.7e-5 at step 4; fp32 and fp16 stay within SAME_TOL). */
 #define ZERO2_BF16_TOL 1e-4
+/* parallel.tp_comm_chunks in bf16 against one chunk: exact under the emulator; on a device cuBLASLt may pick
+ * another kernel for a chunk's fewer rows, whose f32 sums round differently, and a bf16 activation can then round
+ * to its neighbour (not measured yet; the bf16 runs' tolerance against the CPU is 3e-2) */
+#define CHUNK_BF16_TOL (MT_CUDA_EMULATED ? SAME_TOL : 1e-2)
 
 static const char *base[] = {
     "--model.kind=gpt2",
@@ -1097,9 +1101,9 @@ static void tensor(const char *dir) {
         const char *bs[] = {b16[0], b16[1], spa[0], spa[2], ch[2]};
         CHECK_OK(run_mesh("cuda", 2, 1, 4, bs, &bsp));
         CHECK_OK(run_mesh("cuda", 2, 1, 5, bs, &cbsp));
-        same_losses("tp 2 + sp bf16, 3 comm chunks vs 1", &cbsp, &bsp, SAME_TOL);
-        same_norms("tp 2 + sp bf16, 3 comm chunks vs 1", &cbsp, &bsp, SAME_TOL);
-        same_evals("tp 2 + sp bf16, 3 comm chunks vs 1", &cbsp, &bsp, SAME_TOL);
+        same_losses("tp 2 + sp bf16, 3 comm chunks vs 1", &cbsp, &bsp, CHUNK_BF16_TOL);
+        same_norms("tp 2 + sp bf16, 3 comm chunks vs 1", &cbsp, &bsp, CHUNK_BF16_TOL);
+        same_evals("tp 2 + sp bf16, 3 comm chunks vs 1", &cbsp, &bsp, CHUNK_BF16_TOL);
         const char *c40a[] = {ev[0], spa[2], "--parallel.tp_comm_chunks=40", "--model.recompute=block"};
         CHECK_OK(run_mesh("cuda", 2, 1, 4, c40a, &c40));
         const char *c40w = "tp 2 + sp + recompute, 40 comm chunks, an empty vocabulary shard, vs 1 chunk without sp";
