@@ -106,6 +106,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     return e == cudaSuccess                 ? "no error"
            : e == cudaErrorMemoryAllocation ? "out of memory"
            : e == cudaErrorNotReady         ? "device not ready"
+           : e == cudaErrorInvalidConfiguration ? "invalid configuration argument"
                                             : "emulated error";
 }
 cudaError_t cudaDeviceGetPCIBusId(char *bus, int len, int dev) {
@@ -942,6 +943,16 @@ static void stats_at_exit() {
         fprintf(stderr, "emulator: %lu launches, %lu block threads run, %.2f s in kernels\n", n_launches, n_fibers,
                 t_launch);
     }
+}
+
+bool mt_emu_launch_ok(dim3 grid, dim3 block) {
+    unsigned long threads = (unsigned long)block.x * block.y * block.z;
+    if (grid.x < 1 || grid.x > 2147483647u || grid.y < 1 || grid.y > 65535 || grid.z < 1 || grid.z > 65535 ||
+        threads < 1 || threads > 1024 || block.z > 64) {
+        fail(cudaErrorInvalidConfiguration);
+        return false;
+    }
+    return true;
 }
 
 void mt_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) { /* counted when issued */

@@ -55,6 +55,9 @@ static inline int max(int a, int b) {
 using std::isfinite;
 
 void mt_emu_run(dim3 grid, dim3 block, const std::function<void()> &body);
+/* A launch's shape against a device's limits (grid x < 2^31, y and z <= 65535, none 0; a block of at most 1024
+ * threads, z <= 64): false, with cudaErrorInvalidConfiguration as the thread's last error, and nothing runs. */
+bool mt_emu_launch_ok(dim3 grid, dim3 block);
 /* Runs fn in stream s's order: at once, or with lazy streams (cuda_emu.cpp) when something waits for it. */
 void mt_emu_enqueue(cudaStream_t s, std::function<void()> fn);
 /* For the emulated NCCL (emu_nccl.cpp): may this thread make queued work run; run e's stream through e's record. */
@@ -69,7 +72,9 @@ template <typename X> struct mt_emu_same { typedef X type; };
  * the launch runs, as a launch does. */
 template <typename... P>
 void mt_emu_launch(dim3 grid, dim3 block, cudaStream_t s, void (*kernel)(P...), typename mt_emu_same<P>::type... args) {
-    mt_emu_enqueue(s, [=]() { mt_emu_run(grid, block, [=]() { kernel(args...); }); });
+    if (mt_emu_launch_ok(grid, block)) {
+        mt_emu_enqueue(s, [=]() { mt_emu_run(grid, block, [=]() { kernel(args...); }); });
+    }
 }
 
 #endif
