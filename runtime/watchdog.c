@@ -395,10 +395,10 @@ int mt_watchdog_local_view(char *buf, size_t n) {
     return count;
 }
 
-/* Prints the report (one write), records it in the trace and the report file, then ends the job. */
 MT_PARAM(wd_abort_grace_ms, "WD_ABORT_GRACE_MS", 10000)
 static atomic_bool aborts_done;
 
+/* Every registered group's abort (the reporter's last step before MPI_Abort), then aborts_done. */
 static void *abort_groups(void *arg) {
     (void)arg;
     pthread_mutex_lock(&reg_mu);
@@ -412,6 +412,7 @@ static void *abort_groups(void *arg) {
     return NULL;
 }
 
+/* Prints the report (one write), records it in the trace and the report file, then ends the job. */
 static _Noreturn void report_and_abort(const char *text, const char *trace_args) {
     fputs(text, stderr);
     fflush(stderr);
