@@ -122,6 +122,17 @@ static __global__ void colsum_partial_vec_kernel(float *partial, const T *src, i
     }
 }
 
+/* out (N rows of OC columns, row stride ld) += bias, each row: the bias the epilogue could not take
+ * (epilogue_bias). One rounding to T after the product's own, where the epilogue rounds once. */
+template <typename T> static __global__ void bias_add_kernel(T *out, int ld, const T *bias, int N, int OC) {
+    size_t n = (size_t)N * OC;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / (size_t)OC, c = i % (size_t)OC;
+        T *o = out + r * (size_t)ld + c;
+        *o = from_f32<T>(to_f32(*o) + to_f32(bias[c]));
+    }
+}
+
 /* Stage 2: dst[c] += sum_y partial[y][c] in order. */
 static __global__ void colsum_final_kernel(float *dst, const float *partial, int OC, int S) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -183,7 +194,23 @@ static int aligned_part(int OC) {
     return OC > 256 && OC % 16 != 0 ? OC / 128 * 128 : OC;
 }
 
-/* D (m,n; ldd) = alpha op(A) op(B) + beta D, column-major, with an optional epilogue. */
+/* Whether cuBLASLt's epilogue may read this bias: the heuristic's alignment preferences cover A, B, C and D but not
+ * the bias pointer, and its kernels may assume 16 bytes (a misaligned-address fault, reported for PyTorch,
+ * pytorch/pytorch#194497, and for Marian on A100s). A bias at an odd offset of the flat parameter buffer (a tp
+ * shard's, or an MLP width not a multiple of 8 in bf16/f16) is added after the product instead. */
+static bool epilogue_bias(const void *bias) {
+    return bias && (uintptr_t)bias % 16 == 0;
+}
+
+static cudaError_t bias_add(void *out, int ld, const void *bias, int N, int OC, int dt, cudaStream_t s) {
+    MT_CU_DISPATCH(dt, T,
+                   bias_add_kernel<T>
+                   <<<mt_cu_blocks((size_t)N * OC, 256), 256, 0, s>>>((T *)out, ld, (const T *)bias, N, OC));
+    return cudaGetLastError();
+}
+
+/* D (m,n; ldd) = alpha op(A) op(B) + beta D, column-major, with an optional epilogue (a bias only where
+ * epilogue_bias allows it). */
 static cudaError_t lt_matmul(mt_cuda_ctx_t ctx, bool transa, bool transb, int m, int n, int k, const void *A, int lda,
                              const void *B, int ldb, void *D, int ldd, int ab_dt, int d_dt, float beta,
                              cublasLtEpilogue_t epi, const void *bias, void *aux, int ldaux, cudaStream_t stream) {
@@ -194,12 +221,10 @@ static cudaError_t lt_matmul(mt_cuda_ctx_t ctx, bool transa, bool transb, int m,
     cublasComputeType_t compute = (ab_dt == MT_CU_F32 && ctx->tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     cublasOperation_t ta = transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
     float alpha = 1.0f;
+    MT_CU_CHECK_SHAPE(!bias || epilogue_bias(bias));
     int al = ptr_align(A);
     al = min(al, ptr_align(B));
     al = min(al, ptr_align(D));
-    if (bias) {
-        al = min(al, ptr_align(bias));
-    }
     if (aux) {
         al = min(al, ptr_align(aux));
     }
@@ -296,33 +321,40 @@ extern "C" cudaError_t mt_cuda_matmul_forward(mt_cuda_ctx_t ctx, void *out, int 
     MT_CU_CHECK_SHAPE(ctx && out && inp && w && N > 0 && C > 0 && OC > 0 && ldo >= OC);
     MT_CU_CHECK_SHAPE(!gelu_pre || ldo == OC);
     cudaStream_t s = (cudaStream_t)stream;
+    const void *eb = epilogue_bias(bias) ? bias : NULL; /* the bias the epilogue adds; else bias_add after */
+    cublasLtEpilogue_t epi = eb ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     if (gelu_pre) {
         /* fused: pre = inp w^T + b kept in aux, out = gelu(pre); the aux matrix needs ld % 8 == 0 */
-        if (OC % 8 == 0) {
-            cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        if (OC % 8 == 0 && eb == bias) {
+            cublasLtEpilogue_t ge = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
             cudaError_t e =
-                lt_matmul(ctx, true, false, OC, N, C, w, C, inp, C, out, ldo, dt, dt, 0.0f, epi, bias, gelu_pre, OC, s);
+                lt_matmul(ctx, true, false, OC, N, C, w, C, inp, C, out, ldo, dt, dt, 0.0f, ge, bias, gelu_pre, OC, s);
             if (e == cudaSuccess) {
                 return cudaGetLastError();
             }
         }
         /* unfused fallback: the product with bias into pre, then the GELU kernel */
-        cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
         cudaError_t e =
-            lt_matmul(ctx, true, false, OC, N, C, w, C, inp, C, gelu_pre, OC, dt, dt, 0.0f, epi, bias, NULL, 0, s);
+            lt_matmul(ctx, true, false, OC, N, C, w, C, inp, C, gelu_pre, OC, dt, dt, 0.0f, epi, eb, NULL, 0, s);
+        if (e == cudaSuccess && bias != eb) {
+            e = bias_add(gelu_pre, OC, bias, N, OC, dt, s);
+        }
         if (e != cudaSuccess) {
             return e;
         }
         return mt_cuda_gelu_forward(out, gelu_pre, (size_t)N * OC, dt, stream);
     }
-    cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     size_t es = dt == MT_CU_F32 ? 4 : 2;
     int oa = aligned_part(OC);
-    cudaError_t e = lt_matmul(ctx, true, false, oa, N, C, w, C, inp, C, out, ldo, dt, dt, 0.0f, epi, bias, NULL, 0, s);
-    if (e == cudaSuccess && oa < OC) { /* the remaining columns: rows oa.. of w, columns oa.. of out */
+    cudaError_t e = lt_matmul(ctx, true, false, oa, N, C, w, C, inp, C, out, ldo, dt, dt, 0.0f, epi, eb, NULL, 0, s);
+    if (e == cudaSuccess && oa < OC) { /* the remaining columns: rows oa.. of w, columns oa.. of out (oa is a
+                                          multiple of 128: the bias's part is as aligned as the bias) */
         e = lt_matmul(ctx, true, false, OC - oa, N, C, (const char *)w + (size_t)oa * C * es, C, inp, C,
                       (char *)out + (size_t)oa * es, ldo, dt, dt, 0.0f, epi,
-                      bias ? (const char *)bias + (size_t)oa * es : NULL, NULL, 0, s);
+                      eb ? (const char *)eb + (size_t)oa * es : NULL, NULL, 0, s);
+    }
+    if (e == cudaSuccess && bias != eb) {
+        e = bias_add(out, ldo, bias, N, OC, dt, s);
     }
     return e != cudaSuccess ? e : cudaGetLastError();
 }

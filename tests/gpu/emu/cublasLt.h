@@ -1,7 +1,8 @@
 /* CPU emulation of the cuBLASLt subset models/cuda/matmul.cu uses: descriptors with the attributes it sets,
- * a heuristic that always answers, and cublasLtMatmul computing D = alpha op(A) op(B) + beta C (column-major,
- * f32/bf16/f16 operands, f64 accumulation) with the DEFAULT, BIAS, GELU_AUX and GELU_AUX_BIAS epilogues.
- * Test-only.
+ * a heuristic that always answers (its algorithm remembering the alignments it was told), and cublasLtMatmul
+ * failing where a device kernel would read or write under-aligned memory, otherwise computing
+ * D = alpha op(A) op(B) + beta C (column-major, f32/bf16/f16 operands, f64 accumulation) with the DEFAULT, BIAS,
+ * GELU_AUX and GELU_AUX_BIAS epilogues. Test-only.
  * SPDX-License-Identifier: MIT */
 #ifndef MT_EMU_CUBLASLT_H
 #define MT_EMU_CUBLASLT_H
@@ -11,8 +12,12 @@
 
 #include "cuda_runtime_api.h"
 
-typedef enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_INVALID_VALUE = 7, CUBLAS_STATUS_NOT_SUPPORTED = 15 }
-    cublasStatus_t;
+typedef enum {
+    CUBLAS_STATUS_SUCCESS = 0,
+    CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_EXECUTION_FAILED = 13,
+    CUBLAS_STATUS_NOT_SUPPORTED = 15
+} cublasStatus_t;
 typedef enum { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType_t;
 typedef cudaDataType_t cudaDataType;
 typedef enum { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77 } cublasComputeType_t;

@@ -1040,8 +1040,8 @@ struct mt_emu_layout {
     uint64_t rows, cols;
     int64_t ld;
 };
-struct mt_emu_pref {
-    int dummy;
+struct mt_emu_pref { /* the alignments the caller promises for A, B, C, D (the library's default: 256) */
+    uint32_t align[4] = {256, 256, 256, 256};
 };
 
 static double ld_el(const void *p, cudaDataType_t t, size_t i) {
@@ -1139,6 +1139,17 @@ cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
 }
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
                                                     cublasLtMatmulPreferenceAttributes_t a, const void *v, size_t n) {
+    int i = a == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES   ? 0
+            : a == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES ? 1
+            : a == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES ? 2
+            : a == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES ? 3
+                                                              : -1;
+    if (i >= 0) {
+        if (n != sizeof(uint32_t)) {
+            return CUBLAS_STATUS_INVALID_VALUE;
+        }
+        memcpy(&p->align[i], v, sizeof(uint32_t));
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
@@ -1146,6 +1157,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
                                               cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t p, int req,
                                               cublasLtMatmulHeuristicResult_t *res, int *n) {
     memset(res, 0, sizeof(*res));
+    /* the algorithm remembers the alignments it was chosen for: a device kernel assumes them */
+    static_assert(sizeof(res->algo.data) >= 4 * sizeof(uint32_t), "algo data holds the alignments");
+    memcpy(res->algo.data, p->align, sizeof(p->align));
     *n = 1;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1177,6 +1191,28 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     bool gelu = op->epi == CUBLASLT_EPILOGUE_GELU_AUX || op->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     if ((bias && !op->bias) || (gelu && (!op->aux || op->aux_ld < (int64_t)m || op->aux_ld % 8))) {
         return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    /* Alignment, which a device checks only by faulting ("misaligned address", a sticky error): A, B, C, D (and
+     * the GELU epilogue's aux matrix, written as D is) at least as aligned as the algorithm's heuristic was told,
+     * and the bias 16-byte aligned, which no preference covers and the library's kernels may assume (reported for
+     * PyTorch, pytorch/pytorch#194497, and Marian on A100s). */
+    uint32_t want[4] = {1, 1, 1, 1}; /* no algorithm given: the library picks one for these pointers */
+    if (algo) {
+        memcpy(want, algo->data, sizeof(want));
+    }
+    static const char *const names[5] = {"A", "B", "C", "D", "aux"};
+    const void *ptrs[5] = {A, B, C, D, gelu ? op->aux : nullptr};
+    for (int i = 0; i < 5; i++) {
+        uint32_t w = want[i < 4 ? i : 3];
+        if (ptrs[i] && w > 1 && (uintptr_t)ptrs[i] % w != 0) {
+            fprintf(stderr, "emulated cublasLtMatmul: %s %p is not %u-byte aligned, as its algorithm assumes\n",
+                    names[i], ptrs[i], (unsigned)w);
+            return CUBLAS_STATUS_EXECUTION_FAILED;
+        }
+    }
+    if (bias && (uintptr_t)op->bias % 16 != 0) {
+        fprintf(stderr, "emulated cublasLtMatmul: bias %p is not 16-byte aligned (a device may fault)\n", op->bias);
+        return CUBLAS_STATUS_EXECUTION_FAILED;
     }
     /* the descriptors by value: the caller may change or destroy them before the product runs */
     mt_emu_op o = *op;
