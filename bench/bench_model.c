@@ -4,6 +4,7 @@
  *   N = parameters that take part in matmuls (all but wpe and the padded vocabulary rows of wte; the tied
  *   wte counted once, as the output projection), L layers, H heads, Q head dim, T sequence length.
  * Usage: bench_model [-L 4] [-C 256] [-H 4] [-T 256] [-B 8] [-V 50257] [-n 5] [-s 2048] [-r none|block] [-a]
+ *                    [-k head_chunks]
  * SPDX-License-Identifier: MIT */
 #include <cblas.h>
 #include <getopt.h>
@@ -51,7 +52,7 @@ int main(int argc, char **argv) {
     cfg.vocab_size = 50257;
     int B = 8, steps = 5, sg = 2048;
     int opt;
-    while ((opt = getopt(argc, argv, "L:C:H:T:B:V:n:s:r:a")) != -1) {
+    while ((opt = getopt(argc, argv, "L:C:H:T:B:V:n:s:r:ak:")) != -1) {
         switch (opt) {
         case 'L':
             cfg.n_layer = atoi(optarg);
@@ -83,10 +84,13 @@ int main(int argc, char **argv) {
         case 'a':
             cfg.attn_recompute = true;
             break;
+        case 'k':
+            cfg.head_chunks = atoi(optarg);
+            break;
         default:
             fprintf(stderr,
                     "usage: %s [-L layers] [-C channels] [-H heads] [-T seq] [-B batch] [-V vocab] "
-                    "[-n steps] [-s sgemm_n] [-r none|block] [-a]\n",
+                    "[-n steps] [-s sgemm_n] [-r none|block] [-a] [-k head_chunks]\n",
                     argv[0]);
             return 2;
         }
@@ -142,10 +146,11 @@ int main(int argc, char **argv) {
     double flops = mt_model_flops_per_token(m, T) * B * T;
     mt_mem_stats_t ms;
     mt_mem_stats(MT_MEM_HOST, &ms);
-    printf("bench_model: GPT-2 L=%d C=%d H=%d T=%d B=%d V=%d (Vp=%d) recompute=%s attn_recompute=%d, %zu params, "
-           "OMP/BLAS threads as set by the environment\n",
+    printf("bench_model: GPT-2 L=%d C=%d H=%d T=%d B=%d V=%d (Vp=%d) recompute=%s attn_recompute=%d head_chunks=%d, "
+           "%zu params, OMP/BLAS threads as set by the environment\n",
            cfg.n_layer, cfg.n_embd, cfg.n_head, T, B, cfg.vocab_size, mt_model_config(m)->padded_vocab,
-           cfg.recompute == MT_RECOMPUTE_BLOCK ? "block" : "none", cfg.attn_recompute, mt_model_numel(m));
+           cfg.recompute == MT_RECOMPUTE_BLOCK ? "block" : "none", cfg.attn_recompute, cfg.head_chunks,
+           mt_model_numel(m));
     printf("sgemm %dx%dx%d: %.1f GFLOP/s before, %.1f after (mean %.1f)\n", sg, sg, sg, sgemm_before, sgemm_after,
            sgemm);
     printf("step (fwd+bwd): median %.1f ms, min %.1f ms over %d steps; loss %.4f\n", med * 1e3, times[0] * 1e3, steps,

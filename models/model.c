@@ -114,6 +114,10 @@ mt_status_t mt_model_init(const mt_model_config_t *cfg, mt_model_t *out) {
     if (cfg->tp_size < 1 || cfg->tp_rank < 0 || cfg->tp_rank >= cfg->tp_size) {
         return mt_error(MT_ERR_INVALID_ARG, "model: tp_rank %d is not in [0, tp_size %d)", cfg->tp_rank, cfg->tp_size);
     }
+    if (cfg->head_chunks < 1) {
+        return mt_error(MT_ERR_INVALID_ARG, "model: head_chunks (%d) must be >= 1 (model.head_chunks; 1 keeps the "
+                        "whole logits)", cfg->head_chunks);
+    }
     if (cfg->tp_size > 1 && (!cfg->tp_ops || !cfg->tp_ops->all_reduce_sum)) {
         return mt_error(MT_ERR_INVALID_ARG, "model: tp_size %d needs tp_ops with all_reduce_sum", cfg->tp_size);
     }
@@ -325,6 +329,15 @@ void mt_model_init_weights(mt_model_t m) {
             mt_model_param_init_values(m, i, 0, m->params[i].numel, m->params[i].data);
         }
     }
+}
+
+size_t mt_model_head_chunk(size_t N, int k, int j, size_t *j0) {
+    *j0 = N * (size_t)j / (size_t)k;
+    return N * (size_t)(j + 1) / (size_t)k - *j0;
+}
+
+size_t mt_model_head_chunk_rows(size_t N, int k) {
+    return (N + (size_t)k - 1) / (size_t)k;
 }
 
 double mt_model_flops_per_token(mt_model_t m, int T) {
@@ -584,7 +597,7 @@ mt_status_t mt_model_forward(mt_model_t m, mt_acts_t a, int lo, int hi, const in
         }
         memcpy(a->targets, targets, (size_t)N * sizeof(int32_t));
     }
-    MT_CHECK(m->ops->ensure_workspace(m, a->B, a->T));
+    MT_CHECK(m->ops->ensure_workspace(m, a->B, a->T, hi == m->n_modules));
     bool lowp = m->compute_dt != (int)MT_F32;
     if (lowp) {
         MT_CHECK(lp_ensure(m));
@@ -648,7 +661,7 @@ mt_status_t mt_model_backward(mt_model_t m, mt_acts_t a, int lo, int hi, const f
     if (lo > 0 && !din) {
         return mt_error(MT_ERR_INVALID_ARG, "model: backward to module %d needs din for the previous stage", lo);
     }
-    MT_CHECK(m->ops->ensure_workspace(m, a->B, a->T));
+    MT_CHECK(m->ops->ensure_workspace(m, a->B, a->T, hi == m->n_modules));
     if (m->gbuf_floats < AF) {
         MT_CHECK(mt_model_realloc_scratch(&m->gbuf[0], AF, "model grad buffer"));
         MT_CHECK(mt_model_realloc_scratch(&m->gbuf[1], AF, "model grad buffer"));
@@ -725,7 +738,7 @@ mt_status_t mt_model_act_mem(mt_model_t m, int lo, int hi, int B, int T, mt_mode
     }
     int64_t w = 2 * (int64_t)mt_alloc_accounted(AF * sizeof(float));
     size_t fl[MT_MODEL_MAX_WORKSPACE];
-    int n = m->ops->workspace_floats ? m->ops->workspace_floats(m, B, T, fl) : 0;
+    int n = m->ops->workspace_floats ? m->ops->workspace_floats(m, B, T, hi == m->n_modules, fl) : 0;
     for (int k = 0; k < n; k++) {
         w += (int64_t)mt_alloc_accounted(fl[k] * sizeof(float));
     }

@@ -50,6 +50,11 @@ typedef struct {
     int padded_vocab;         /* Vp >= V (rows of wte); 0 = round V up to a multiple of 128 */
     mt_recompute_t recompute; /* model.recompute */
     bool attn_recompute;      /* attention keeps only per-row softmax statistics, recomputes P in backward */
+    /* model.head_chunks = k: the head computes its logits (B*T, V) in k chunks of rows and keeps only each row's
+     * loss and log-sum-exp; backward recomputes each chunk's logits (one more product of the head's weight), so
+     * no micro-batch holds its logits and the model holds one chunk's. 1: the whole logits, kept from forward
+     * to backward. The same function either way (mt_model_head_chunk). */
+    int head_chunks;
     uint64_t seed;            /* initialisation seed (train.seed) */
     int tp_rank, tp_size;     /* tensor parallel (GPT-2): Megatron sharding over tp_size ranks, see gpt2_tp.c */
     const mt_tp_ops_t *tp_ops;
@@ -62,7 +67,7 @@ typedef struct {
     {                                                                                                                  \
         .size = sizeof(mt_model_config_t), .kind = MT_MODEL_GPT2, .n_layer = 4, .n_head = 4, .n_embd = 128,            \
         .seq_len = 64, .vocab_size = 256, .padded_vocab = 0, .recompute = MT_RECOMPUTE_NONE, .attn_recompute = false,  \
-        .seed = 1234, .tp_rank = 0, .tp_size = 1, .tp_ops = NULL,                                                      \
+        .head_chunks = 1, .seed = 1234, .tp_rank = 0, .tp_size = 1, .tp_ops = NULL,                                                      \
         .sequence_parallel = false                                                                                     \
     }
 
@@ -139,6 +144,11 @@ void mt_model_init_weights(mt_model_t m);
 /* Initial values of local elements [start, start + count) of parameter i into out (for an engine that
  * stores only a shard, e.g. ZeRO-3). Equal to what mt_model_init_weights writes there. */
 void mt_model_param_init_values(mt_model_t m, int i, size_t start, size_t count, float *out);
+
+/* model.head_chunks: rows [*j0, *j0 + n) of N are chunk j of k (j0 = floor(N j / k)), n returned (0 for an empty
+ * chunk when k > N); no chunk has more than mt_model_head_chunk_rows(N, k) = ceil(N / k) rows. */
+size_t mt_model_head_chunk(size_t N, int k, int j, size_t *j0);
+size_t mt_model_head_chunk_rows(size_t N, int k);
 
 /* Model FLOPs per token of one training step (forward + backward) for sequence length T, PaLM appendix B:
  * 6*N + 12*L*H*Q*T, N = parameters taking part in matmuls (see docs/models.md), L layers, H heads,

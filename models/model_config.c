@@ -27,6 +27,7 @@ void mt_model_config_keys(const mt_config_t *cfg, mt_model_config_t *out) {
     c.padded_vocab = (int)mt_config_int(cfg, "model.padded_vocab");
     c.recompute = strcmp(mt_config_str(cfg, "model.recompute"), "block") == 0 ? MT_RECOMPUTE_BLOCK : MT_RECOMPUTE_NONE;
     c.attn_recompute = mt_config_bool(cfg, "model.attn_recompute");
+    c.head_chunks = (int)mt_config_int(cfg, "model.head_chunks");
     c.seed = (uint64_t)mt_config_int(cfg, "train.seed");
     *out = c;
 }

@@ -19,7 +19,7 @@ void mt_model_config_keys(const mt_config_t *cfg, mt_model_config_t *out);
 const char *mt_model_config_llmc_path(const mt_config_t *cfg);
 
 /* Fills *out from cfg: model.kind, n_layer, n_head, n_embd, seq_len, vocab_size, padded_vocab, recompute,
- * attn_recompute, train.seed; tp_rank/tp_size/tp_ops are left at 0/1/NULL for the caller. With
+ * attn_recompute, head_chunks, train.seed; tp_rank/tp_size/tp_ops are left at 0/1/NULL for the caller. With
  * model.init = "llmc:PATH" the architecture is read from PATH's header; a model.* value given in the file
  * or on the command line that contradicts it is MT_ERR_INVALID_ARG naming both values. Errors from
  * reading the header as mt_llmc_read_header. A model.init other than "random" or "llmc:PATH", or an llm.c

@@ -15,12 +15,13 @@ typedef struct {
     size_t (*module_floats)(mt_model_t m, int module, int B, int T);
     /* Points a->mod_out[module] into the module's buffer (NULL for the head). */
     float *(*module_out)(mt_model_t m, mt_acts_t a, int module);
-    /* Makes sure the model-level workspace fits B x T (recompute scratch, backward scratch). */
-    mt_status_t (*ensure_workspace)(mt_model_t m, int B, int T);
-    /* Floats of each model-level scratch buffer ensure_workspace allocates for a first call with B x T, one
-     * entry per allocation (at most MT_MODEL_MAX_WORKSPACE); returns the count. Pure: ensure_workspace
+    /* Makes sure the model-level workspace fits B x T (recompute scratch, backward scratch) for a range of modules
+     * that includes the head (head: its scratch too, e.g. a chunk of logits) or not. */
+    mt_status_t (*ensure_workspace)(mt_model_t m, int B, int T, bool head);
+    /* Floats of each model-level scratch buffer ensure_workspace allocates for a first call with B x T and head,
+     * one entry per allocation (at most MT_MODEL_MAX_WORKSPACE); returns the count. Pure: ensure_workspace
      * sizes its buffers with this, so planning (mt_model_act_mem) and the allocation cannot disagree. */
-    int (*workspace_floats)(mt_model_t m, int B, int T, size_t *floats);
+    int (*workspace_floats)(mt_model_t m, int B, int T, bool head, size_t *floats);
     void (*free_impl)(mt_model_t m);
     /* Forward of one module: inp (B,T,W) (NULL for module 0). The head writes a->loss and a->n_valid. */
     void (*forward)(mt_model_t m, mt_acts_t a, int module, const float *inp);

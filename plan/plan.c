@@ -227,7 +227,8 @@ static double coll_time(const mt_plan_cluster_t *c, coll_t op, int n, double byt
  * *att = 12 C T per transformer block (attention's score and value products). Block recomputation adds the
  * block's forward again (2 x elements to *mm, the MLP's hidden layer's product included, 4 C T to *att; gpu: the
  * GPU trainer's recomputation stops at gelu(fc), without the MLP's output projection); attention recomputation
- * the attention forward (4 C T to *att; inside a recomputed block, again). Global shapes: the caller divides by
+ * the attention forward (4 C T to *att; inside a recomputed block, again); model.head_chunks > 1 the head's
+ * product again (its logits recomputed in backward, 2 x elements to *mm). Global shapes: the caller divides by
  * tp. */
 static void stage_flops(mt_model_t m, int lo, int hi, int T, mt_plan_rc_t rc, bool gpu, double *mm, double *att) {
     const mt_model_config_t *c = mt_model_config(m);
@@ -248,6 +249,8 @@ static void stage_flops(mt_model_t m, int lo, int hi, int T, mt_plan_rc_t rc, bo
         double e = rows * (double)p->global_shape[1];
         bool in_block = p->module > 0 && p->module < mt_model_n_modules(m) - 1; /* mlp: a hidden layer */
         bool again = rc_block(rc) && in_block && !(gpu && strstr(p->name, "mlp.proj."));
+        /* model.head_chunks > 1: backward recomputes the logits, the head's product again */
+        again |= c->head_chunks > 1 && user == mt_model_n_modules(m) - 1 && p->is_weight2d;
         f += 6 * e + (again ? 2 * e : 0);
     }
     *mm = f;

@@ -23,6 +23,8 @@ static const mt_cfg_schema_t schema[] = {
     I("model.padded_vocab", "0", 0, 1 << 24, "padded vocabulary for efficiency; 0 = round up to a multiple of 128"),
     S("model.recompute", "none", "none|block", "activation checkpointing: a block keeps only its input"),
     B("model.attn_recompute", "false", "attention does not keep the TxT probabilities; recomputed in backward"),
+    I("model.head_chunks", "1", 1, 65536,
+      "the head's logits in this many row chunks, recomputed in backward (1: whole, kept)"),
     S("model.init", "random", NULL, "\"random\" (GPT-2 initialisation from train.seed) or \"llmc:PATH\""),
     /* [data] */
     S("data.kind", "synthetic", "synthetic|shards", "synthetic generator or llm.c token shards"),

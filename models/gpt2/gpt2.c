@@ -20,6 +20,8 @@ typedef struct {
     size_t rows; /* N the workspace fits */
     int T;       /* T the attention scratch fits */
     size_t attn_floats; /* attention scratch size (per-thread rows: grows with the OpenMP thread count) */
+    float *logits;      /* head_chunks > 1, a range with the head: one chunk's logits (rows/k rounded up, Vp) */
+    size_t logit_rows;  /* N the chunk fits */
 } gpt2_impl_t;
 
 /* The plain model's geometry: tp = 1, whole rows, heads and vocabulary (gpt2_impl.h). */
@@ -71,10 +73,16 @@ static float *gpt2_module_out(mt_model_t m, mt_acts_t a, int module) {
     return b.out;
 }
 
+/* head_chunks > 1: the floats of one chunk of the logits of `rows` rows */
+static size_t chunk_floats(const mt_model_config_t *c, size_t rows) {
+    return mt_model_head_chunk_rows(rows, c->head_chunks) * (size_t)c->padded_vocab;
+}
+
 /* The workspace for up to `rows` rows (B*T) and sequences of up to tt: [0] gradient scratch, [1]
- * attention scratch, [2] (recompute = block) one block's activations. Blocks are carved per (B, T) and
- * never exceed it because B*T <= rows and every term grows with B*T or B*T*T <= rows*tt. */
-static int gpt2_workspace(const mt_model_config_t *c, size_t rows, int tt, size_t *floats) {
+ * attention scratch, then (recompute = block) one block's activations, then (head_chunks > 1, a range with the
+ * head) one chunk of the head's logits. Blocks are carved per (B, T) and never exceed it because B*T <= rows
+ * and every term grows with B*T or B*T*T <= rows*tt. */
+static int gpt2_workspace(const mt_model_config_t *c, size_t rows, int tt, bool head, size_t *floats) {
     int n = 0;
     floats[n++] = 10 * rows * c->n_embd;             /* dr2 (N,C), dA (N,C), dfg (N,4C), dfc (N,4C) */
     floats[n++] = mt_attention_scratch_floats(tt); /* per-thread rows: grows with the OpenMP thread count */
@@ -87,26 +95,33 @@ static int gpt2_workspace(const mt_model_config_t *c, size_t rows, int tt, size_
         }
         floats[n++] = need;
     }
+    if (head && c->head_chunks > 1) {
+        floats[n++] = chunk_floats(c, rows);
+    }
     return n;
 }
 
-static int gpt2_workspace_floats(mt_model_t m, int B, int T, size_t *floats) {
-    return gpt2_workspace(&m->cfg, (size_t)B * T, T, floats);
+static int gpt2_workspace_floats(mt_model_t m, int B, int T, bool head, size_t *floats) {
+    return gpt2_workspace(&m->cfg, (size_t)B * T, T, head, floats);
 }
 
-static mt_status_t gpt2_ensure_workspace(mt_model_t m, int B, int T) {
+static mt_status_t gpt2_ensure_workspace(mt_model_t m, int B, int T, bool head) {
     gpt2_impl_t *g = m->impl;
     size_t N = (size_t)B * T;
     if (N > g->rows || T > g->T) {
         size_t rows = N > g->rows ? N : g->rows;
         int tt = T > g->T ? T : g->T;
         size_t fl[MT_MODEL_MAX_WORKSPACE];
-        if (gpt2_workspace(&m->cfg, rows, tt, fl) > 2) {
+        if (gpt2_workspace(&m->cfg, rows, tt, false, fl) > 2) {
             MT_CHECK(mt_model_realloc_scratch(&g->recomp, fl[2], "gpt2 recompute scratch"));
         }
         MT_CHECK(mt_model_realloc_scratch(&g->gscratch, fl[0], "gpt2 backward scratch"));
         g->rows = rows;
         g->T = tt;
+    }
+    if (head && m->cfg.head_chunks > 1 && N > g->logit_rows) { /* the stages before the last never hold one */
+        MT_CHECK(mt_model_realloc_scratch(&g->logits, chunk_floats(&m->cfg, N), "gpt2 logits chunk"));
+        g->logit_rows = N;
     }
     size_t af = mt_attention_scratch_floats(g->T); /* re-checked: the thread count may have grown since */
     if (af > g->attn_floats) {
@@ -122,6 +137,7 @@ static void gpt2_free_impl(mt_model_t m) {
         mt_free(g->recomp);
         mt_free(g->gscratch);
         mt_free(g->attn_scratch);
+        mt_free(g->logits);
         free(g);
     }
 }
@@ -149,6 +165,16 @@ static void block_forward(mt_model_t m, mt_acts_t a, int l, const float *inp, mt
     }
 }
 
+/* head_chunks > 1: rows [j0, j0 + n) of the logits (n, Vp) into the workspace's chunk, from the same rows of lnf (N,C)
+ * (forward, and again in backward: the same product of the same rows). */
+static float *head_chunk_logits(mt_model_t m, const float *lnf, size_t j0, size_t n) {
+    const mt_model_config_t *c = &m->cfg;
+    float *logits = ((gpt2_impl_t *)m->impl)->logits;
+    mt_matmul_forward(logits, c->padded_vocab, lnf + j0 * (size_t)c->n_embd, PD(0), NULL, (int)n, c->n_embd,
+                      c->vocab_size);
+    return logits;
+}
+
 static void gpt2_forward(mt_model_t m, mt_acts_t a, int module, const float *inp) {
     const mt_model_config_t *c = &m->cfg;
     int B = a->B, T = a->T, N = B * T, C = c->n_embd, L = c->n_layer;
@@ -165,9 +191,23 @@ static void gpt2_forward(mt_model_t m, mt_acts_t a, int module, const float *inp
         geom(c, B, T, &geo);
         mt_gpt2_carve_head(a->mod_buf[module], &geo, &h);
         mt_layernorm_forward(h.lnf, h.mean, h.rstd, inp, PD(p), PD(p + 1), N, C);
-        /* logits (N, Vp): only the V real vocabulary columns are computed; padded rows of wte are never used */
-        mt_matmul_forward(h.logits, Vp, h.lnf, PD(0), NULL, N, C, c->vocab_size);
-        a->n_valid = mt_softmax_ce_forward(h.losses, h.lse, &a->loss, h.logits, a->targets, N, c->vocab_size, Vp);
+        if (c->head_chunks == 1) {
+            /* logits (N, Vp): only the V real vocabulary columns are computed; padded rows of wte are never used */
+            mt_matmul_forward(h.logits, Vp, h.lnf, PD(0), NULL, N, C, c->vocab_size);
+            a->n_valid = mt_softmax_ce_forward(h.losses, h.lse, &a->loss, h.logits, a->targets, N, c->vocab_size, Vp);
+            return;
+        }
+        /* in chunks of rows: each row's loss and lse kept, its logits not */
+        for (int j = 0; j < c->head_chunks; j++) {
+            size_t j0, n = mt_model_head_chunk((size_t)N, c->head_chunks, j, &j0);
+            float chunk_mean;
+            if (n > 0) {
+                float *logits = head_chunk_logits(m, h.lnf, j0, n);
+                mt_softmax_ce_forward(h.losses + j0, h.lse + j0, &chunk_mean, logits, a->targets + j0, (int)n,
+                                      c->vocab_size, Vp);
+            }
+        }
+        a->n_valid = mt_softmax_ce_mean(&a->loss, h.losses, a->targets, (size_t)N);
     }
 }
 
@@ -192,10 +232,22 @@ static void gpt2_backward(mt_model_t m, mt_acts_t a, int module, const float *in
         if (a->n_valid == 0) {
             return; /* every target ignored: the loss is the constant 0 */
         }
-        /* dlogits = scale/n_valid (softmax - onehot), in place over the logits */
-        mt_softmax_ce_backward(h.logits, h.logits, h.lse, a->targets, N, V, Vp, scale / (float)a->n_valid);
+        /* dlogits = scale/n_valid (softmax - onehot), in place over the logits (with head_chunks, over each chunk's
+         * recomputed logits); dlnf = dlogits @ wte, dwte += dlogits^T lnf */
+        float s = scale / (float)a->n_valid;
         memset(dA, 0, NC * sizeof(float));
-        mt_matmul_backward(dA, PG(0), NULL, h.logits, Vp, h.lnf, PD(0), N, C, V);
+        if (c->head_chunks == 1) {
+            mt_softmax_ce_backward(h.logits, h.logits, h.lse, a->targets, N, V, Vp, s);
+            mt_matmul_backward(dA, PG(0), NULL, h.logits, Vp, h.lnf, PD(0), N, C, V);
+        }
+        for (int j = 0; c->head_chunks > 1 && j < c->head_chunks; j++) {
+            size_t j0, n = mt_model_head_chunk((size_t)N, c->head_chunks, j, &j0);
+            if (n > 0) {
+                float *dlogits = head_chunk_logits(m, h.lnf, j0, n);
+                mt_softmax_ce_backward(dlogits, dlogits, h.lse + j0, a->targets + j0, (int)n, V, Vp, s);
+                mt_matmul_backward(dA + j0 * C, PG(0), NULL, dlogits, Vp, h.lnf + j0 * C, PD(0), (int)n, C, V);
+            }
+        }
         mt_layernorm_backward(dinp, PG(p), PG(p + 1), dA, inp, PD(p), h.mean, h.rstd, N, C);
         return;
     }

@@ -28,6 +28,7 @@ typedef struct {
     int Cl, NHl, Hl, Vl; /* this rank's C/tp channels, NH/tp heads, 4C/tp MLP width, Vp/tp vocabulary rows */
     bool sp;             /* sequence parallelism: LayerNorm outputs kept gathered (N,C), their R rows transient */
     bool attn_recompute; /* attention keeps lse (B,NHl,T) instead of the probabilities (B,NHl,T,T) */
+    int head_chunks;     /* model.head_chunks: > 1, the head's logits live in the model's workspace, a chunk at a time */
 } mt_gpt2_geom_t;
 
 /* The geometry of config c sharded over tp ranks (sp: with sequence parallelism; the caller has checked
@@ -58,7 +59,7 @@ typedef struct {
     float *lnf;          /* (R,C) ln_f output; NULL with sp (its rows are transient: the caller's scratch) */
     float *lnf_full;     /* (N,C) gathered, with sp only (else NULL) */
     float *mean, *rstd;  /* (R) (R) */
-    float *logits;       /* (N,Vl) */
+    float *logits;       /* (N,Vl); NULL with head_chunks > 1 (a chunk's rows are in the workspace) */
     float *losses, *lse; /* (N) (N) */
 } mt_gpt2_head_t;
 

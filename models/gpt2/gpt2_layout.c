@@ -38,6 +38,7 @@ void mt_gpt2_geom(const mt_model_config_t *c, int tp, bool sp, int B, int T, mt_
     g->Vl = c->padded_vocab / tp;
     g->sp = sp;
     g->attn_recompute = c->attn_recompute;
+    g->head_chunks = c->head_chunks;
 }
 
 size_t mt_gpt2_carve_block(float *base, const mt_gpt2_geom_t *g, bool with_out, mt_gpt2_blk_t *b) {
@@ -81,7 +82,10 @@ size_t mt_gpt2_carve_head(float *base, const mt_gpt2_geom_t *g, mt_gpt2_head_t *
     take_ln(base, &off, g, &h->lnf, &h->lnf_full);
     TAKE(h, mean, R);
     TAKE(h, rstd, R);
-    TAKE(h, logits, N * (size_t)g->Vl);
+    TAKE(h, logits, g->head_chunks > 1 ? 0 : N * (size_t)g->Vl);
+    if (g->head_chunks > 1) {
+        h->logits = NULL;
+    }
     TAKE(h, losses, N);
     TAKE(h, lse, N);
     return off;

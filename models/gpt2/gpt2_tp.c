@@ -35,6 +35,7 @@ typedef struct {
     float *attn_scratch;
     size_t rows; /* N the workspace fits */
     int T;
+    bool ws_head; /* the workspace holds a chunk of the logits (head_chunks > 1, a range with the head) */
 } tp_impl_t;
 
 static size_t rows_local(const tp_impl_t *g, size_t N) {
@@ -78,21 +79,26 @@ static size_t tp_act_rows(mt_model_t m, int B, int T) {
 }
 
 /* Workspace of N full rows: P (N,C) partial sums, D1 (N,C), D2 (N,C), G1 (N,Hl), G2 (N,Hl), E1 (R,C),
- * E2 (R,C), and 3N floats of per-row statistics for the cross-entropy. */
-static size_t ws_floats(const mt_model_config_t *c, const tp_impl_t *g, size_t N) {
+ * E2 (R,C), 3N floats of per-row statistics for the cross-entropy, and with head_chunks > 1 for a range with the
+ * head one chunk of the local logits (N/k rounded up, Vl). */
+static size_t ws_stats(const mt_model_config_t *c, const tp_impl_t *g, size_t N) {
     size_t C = (size_t)c->n_embd;
-    return 3 * N * C + 2 * N * (size_t)g->Hl + 2 * rows_local(g, N) * C + 3 * N;
+    return 3 * N * C + 2 * N * (size_t)g->Hl + 2 * rows_local(g, N) * C;
+}
+static size_t ws_floats(const mt_model_config_t *c, const tp_impl_t *g, size_t N, bool head) {
+    size_t chunk = head && c->head_chunks > 1 ? mt_model_head_chunk_rows(N, c->head_chunks) * (size_t)g->Vl : 0;
+    return ws_stats(c, g, N) + 3 * N + chunk;
 }
 
 /* The scratch tp_ensure_workspace allocates for B x T: the workspace and the attention scratch (pure; the
  * planner sizes activations with it through mt_model_act_mem). */
-static int tp_workspace_floats(mt_model_t m, int B, int T, size_t *floats) {
-    floats[0] = ws_floats(&m->cfg, m->impl, (size_t)B * T);
+static int tp_workspace_floats(mt_model_t m, int B, int T, bool head, size_t *floats) {
+    floats[0] = ws_floats(&m->cfg, m->impl, (size_t)B * T, head);
     floats[1] = mt_attention_scratch_floats(T);
     return 2;
 }
 
-static mt_status_t tp_ensure_workspace(mt_model_t m, int B, int T) {
+static mt_status_t tp_ensure_workspace(mt_model_t m, int B, int T, bool head) {
     tp_impl_t *g = m->impl;
     size_t N = (size_t)B * T;
     if (g->sp && N % (size_t)g->tp != 0) {
@@ -101,13 +107,15 @@ static mt_status_t tp_ensure_workspace(mt_model_t m, int B, int T) {
                         "choose train.micro_batch x model.seq_len divisible by parallel.tp",
                         N, g->tp);
     }
-    if (N > g->rows || T > g->T) {
+    bool wh = g->ws_head || (head && m->cfg.head_chunks > 1);
+    if (N > g->rows || T > g->T || wh != g->ws_head) {
         size_t rows = N > g->rows ? N : g->rows;
         int tt = T > g->T ? T : g->T;
-        MT_CHECK(mt_model_realloc_scratch(&g->ws, ws_floats(&m->cfg, g, rows), "gpt2 tp workspace"));
+        MT_CHECK(mt_model_realloc_scratch(&g->ws, ws_floats(&m->cfg, g, rows, wh), "gpt2 tp workspace"));
         MT_CHECK(mt_model_realloc_scratch(&g->attn_scratch, mt_attention_scratch_floats(tt), "attention scratch"));
         g->rows = rows;
         g->T = tt;
+        g->ws_head = wh;
     }
     return MT_OK;
 }
@@ -342,65 +350,75 @@ static void head_carve(mt_model_t m, mt_acts_t a, mt_gpt2_head_t *h) {
     }
 }
 
+/* The logits of rows [j0, j0 + n) of x (N,C), this rank's Vr real vocabulary columns (stride Vl): the head's buffer
+ * with head_chunks = 1 (all N rows, j0 = 0), else the workspace's chunk (forward, and again in backward). */
+static float *head_logits(mt_model_t m, const mt_gpt2_head_t *h, const float *x, size_t N, size_t j0, size_t n) {
+    tp_impl_t *g = m->impl;
+    int C = m->cfg.n_embd;
+    float *l = h->logits ? h->logits : g->ws + ws_stats(&m->cfg, g, N) + 3 * N;
+    if (g->Vr > 0) {
+        mt_matmul_forward(l, g->Vl, x + j0 * (size_t)C, PD(0), NULL, (int)n, C, g->Vr);
+    }
+    return l;
+}
+
 /* lse_n = max_n + log sum_v exp(l_nv - max_n) over the whole vocabulary, from per-rank partials:
- * all-reduce MAX of the local maxima, then one all-reduce SUM of [sum of exponentials | target logit]. */
+ * all-reduce MAX of the local maxima, then one all-reduce SUM of [sum of exponentials | target logit], over all
+ * N rows or (head_chunks > 1) chunk by chunk. */
 static void head_forward(mt_model_t m, mt_acts_t a, const float *inp) {
     tp_impl_t *g = m->impl;
-    int C = m->cfg.n_embd, L = m->cfg.n_layer;
+    int C = m->cfg.n_embd, L = m->cfg.n_layer, k = m->cfg.head_chunks;
     size_t N = (size_t)a->B * a->T, R = rows_local(g, N);
     int p = BLOCK0 + L * NBP, Vl = g->Vl, Vr = g->Vr;
     mt_gpt2_head_t h;
     head_carve(m, a, &h);
     mt_layernorm_forward(h.lnf, h.mean, h.rstd, inp, PD(p), PD(p + 1), (int)R, C);
     const float *x = f_forward(g, h.lnf, h.lnf_full, N, C);
-    if (Vr > 0) {
-        mt_matmul_forward(h.logits, Vl, x, PD(0), NULL, (int)N, C, Vr);
-    }
-    float *mx = g->ws + 3 * N * C + 2 * N * g->Hl + 2 * R * C, *sums = mx + N; /* sums: [sumexp (N) | tlogit (N)] */
+    float *st = g->ws + ws_stats(&m->cfg, g, N); /* [max (n) | sumexp (n) | target logit (n)] of a chunk */
+    for (int j = 0; j < k; j++) {
+        size_t j0, n = mt_model_head_chunk(N, k, j, &j0);
+        if (n == 0) {
+            continue;
+        }
+        const float *lg = head_logits(m, &h, x, N, j0, n);
+        const int32_t *tg = a->targets + j0;
+        float *mx = st, *sums = st + n;
 #pragma omp parallel for schedule(static)
-    for (size_t n = 0; n < N; n++) {
-        const float *l = h.logits + n * Vl;
-        float v = -INFINITY;
-        for (int k = 0; k < Vr; k++) {
-            v = l[k] > v ? l[k] : v;
+        for (size_t i = 0; i < n; i++) {
+            const float *l = lg + i * Vl;
+            float v = -INFINITY;
+            for (int c = 0; c < Vr; c++) {
+                v = l[c] > v ? l[c] : v;
+            }
+            mx[i] = v;
         }
-        mx[n] = v;
-    }
-    if (g->err == MT_OK) {
-        note(g, g->ops->all_reduce_max(g->ops->ctx, mx, N), "all-reduce (max)");
-    }
+        if (g->err == MT_OK) {
+            note(g, g->ops->all_reduce_max(g->ops->ctx, mx, n), "all-reduce (max)");
+        }
 #pragma omp parallel for schedule(static)
-    for (size_t n = 0; n < N; n++) {
-        const float *l = h.logits + n * Vl;
-        float s = 0.0f;
-        for (int k = 0; k < Vr; k++) {
-            s += expf(l[k] - mx[n]);
+        for (size_t i = 0; i < n; i++) {
+            const float *l = lg + i * Vl;
+            float s = 0.0f;
+            for (int c = 0; c < Vr; c++) {
+                s += expf(l[c] - mx[i]);
+            }
+            sums[i] = s;
+            int t = tg[i] - g->v0;
+            sums[n + i] = tg[i] >= 0 && t >= 0 && t < Vr ? l[t] : 0.0f;
         }
-        sums[n] = s;
-        int t = a->targets[n] - g->v0;
-        sums[N + n] = a->targets[n] >= 0 && t >= 0 && t < Vr ? l[t] : 0.0f;
-    }
-    all_reduce(g, sums, 2 * N);
-    double total = 0.0;
-    int n_valid = 0;
-    for (size_t n = 0; n < N; n++) {
-        float z = mx[n] + logf(sums[n]);
-        h.lse[n] = z;
-        if (a->targets[n] >= 0) {
-            h.losses[n] = z - sums[N + n];
-            total += h.losses[n];
-            n_valid++;
-        } else {
-            h.losses[n] = 0.0f;
+        all_reduce(g, sums, 2 * n);
+        for (size_t i = 0; i < n; i++) {
+            float z = mx[i] + logf(sums[i]);
+            h.lse[j0 + i] = z;
+            h.losses[j0 + i] = tg[i] >= 0 ? z - sums[n + i] : 0.0f;
         }
     }
-    a->n_valid = n_valid;
-    a->loss = n_valid > 0 ? (float)(total / n_valid) : 0.0f;
+    a->n_valid = mt_softmax_ce_mean(&a->loss, h.losses, a->targets, N);
 }
 
 static void head_backward(mt_model_t m, mt_acts_t a, const float *inp, float *dinp, float scale) {
     tp_impl_t *g = m->impl;
-    int C = m->cfg.n_embd, L = m->cfg.n_layer;
+    int C = m->cfg.n_embd, L = m->cfg.n_layer, k = m->cfg.head_chunks;
     size_t N = (size_t)a->B * a->T, R = rows_local(g, N), NC = N * C;
     int p = BLOCK0 + L * NBP, Vl = g->Vl, Vr = g->Vr;
     mt_gpt2_head_t h;
@@ -410,27 +428,35 @@ static void head_backward(mt_model_t m, mt_acts_t a, const float *inp, float *di
         return; /* every target ignored: the loss is the constant 0 (the same on every tp rank) */
     }
     float s = scale / (float)a->n_valid;
-    /* dlogits = s (softmax - onehot(target)) on the local columns, in place */
-#pragma omp parallel for schedule(static)
-    for (size_t n = 0; n < N; n++) {
-        float *l = h.logits + n * Vl;
-        if (a->targets[n] < 0) {
-            memset(l, 0, (size_t)Vl * sizeof(float));
-            continue;
-        }
-        for (int k = 0; k < Vr; k++) {
-            l[k] = s * expf(l[k] - h.lse[n]);
-        }
-        int t = a->targets[n] - g->v0;
-        if (t >= 0 && t < Vr) {
-            l[t] -= s;
-        }
-    }
     const float *x = g->sp ? h.lnf_full : h.lnf;
     float *D2 = g->ws + 2 * NC, *E2 = g->ws + 3 * NC + 2 * N * g->Hl + R * C;
     memset(D2, 0, NC * sizeof(float));
-    if (Vr > 0) {
-        mt_matmul_backward(D2, PG(0), NULL, h.logits, Vl, x, PD(0), (int)N, C, Vr);
+    for (int j = 0; j < k; j++) { /* all N rows at once, or each chunk's logits recomputed */
+        size_t j0, n = mt_model_head_chunk(N, k, j, &j0);
+        if (n == 0) {
+            continue;
+        }
+        float *lg = k > 1 ? head_logits(m, &h, x, N, j0, n) : h.logits;
+        /* dlogits = s (softmax - onehot(target)) on the local columns, in place */
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) {
+            float *l = lg + i * Vl;
+            int tg = a->targets[j0 + i];
+            if (tg < 0) {
+                memset(l, 0, (size_t)Vl * sizeof(float));
+                continue;
+            }
+            for (int c = 0; c < Vr; c++) {
+                l[c] = s * expf(l[c] - h.lse[j0 + i]);
+            }
+            int t = tg - g->v0;
+            if (t >= 0 && t < Vr) {
+                l[t] -= s;
+            }
+        }
+        if (Vr > 0) {
+            mt_matmul_backward(D2 + j0 * C, PG(0), NULL, lg, Vl, x + j0 * C, PD(0), (int)n, C, Vr);
+        }
     }
     const float *dlnf = f_backward(g, D2, E2, N, C);
     mt_layernorm_backward(dinp, PG(p), PG(p + 1), dlnf, inp, PD(p), h.mean, h.rstd, (int)R, C);

@@ -63,6 +63,9 @@ void mt_attention_backward(float *dqkv, const float *dout, const float *qkv, con
  * ignored target (-1); lse (N) saved. Returns the number of non-ignored rows; *mean_loss their mean (0 if none). */
 int mt_softmax_ce_forward(float *losses, float *lse, float *mean_loss, const float *logits, const int32_t *targets,
                           int N, int V, int Vp);
+/* The mean of losses (N) over the non-ignored rows (0 if none), summed in row order as mt_softmax_ce_forward does
+ * (so rows computed in chunks give its bits); returns their count. */
+int mt_softmax_ce_mean(float *mean_loss, const float *losses, const int32_t *targets, size_t N);
 /* dlogits (N, Vp) = scale * (softmax - onehot(target)) for non-ignored rows, 0 elsewhere (OVERWRITES; may
  * alias logits, computing in place). scale is typically loss_grad_scale / n_valid. */
 void mt_softmax_ce_backward(float *dlogits, const float *logits, const float *lse, const int32_t *targets, int N, int V,

@@ -27,10 +27,14 @@ static int mt_softmax_ce_forward_impl(float *losses, float *lse, float *mean_los
         lse[n] = z;
         losses[n] = targets[n] >= 0 ? z - l[targets[n]] : 0.0f;
     }
+    return mt_softmax_ce_mean(mean_loss, losses, targets, (size_t)N);
+}
+
+int mt_softmax_ce_mean(float *mean_loss, const float *losses, const int32_t *targets, size_t N) {
     /* summed in row order, so the loss is bit-identical whatever the thread count */
     double total = 0.0;
     int n_valid = 0;
-    for (int n = 0; n < N; n++) {
+    for (size_t n = 0; n < N; n++) {
         if (targets[n] >= 0) {
             total += losses[n];
             n_valid++;

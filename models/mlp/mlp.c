@@ -16,8 +16,8 @@
 typedef struct {
     float *pre;  /* recompute = block: (N,H) pre-activation of the layer being differentiated */
     float *dpre; /* backward scratch (N,H) */
-    float *dlog; /* backward scratch (N,V) */
-    size_t rows;
+    float *dlog; /* a range with the head: the logits' gradient (N,V), or (head_chunks > 1) one chunk's logits */
+    size_t rows, dlog_rows; /* N the workspace and dlog fit */
 } mlp_impl_t;
 
 #define PD(i) (m->params[(i)].data)
@@ -29,7 +29,7 @@ static size_t mlp_module_floats(mt_model_t m, int module, int B, int T) {
         return N * H;
     }
     if (module == m->n_modules - 1) {
-        return N * V + 2 * N; /* logits, losses, lse */
+        return (m->cfg.head_chunks > 1 ? 0 : N * V) + 2 * N; /* [logits,] losses, lse */
     }
     return m->cfg.recompute == MT_RECOMPUTE_BLOCK ? N * H : 2 * N * H; /* [pre,] out */
 }
@@ -44,25 +44,29 @@ static float *mlp_module_out(mt_model_t m, mt_acts_t a, int module) {
     return a->mod_buf[module] + (size_t)a->B * a->T * m->cfg.n_embd;
 }
 
-/* The workspace for B*T rows: recompute scratch, backward scratch, logits gradient (pure: planning uses it). */
-static int mlp_workspace_floats(mt_model_t m, int B, int T, size_t *floats) {
+/* The workspace for B*T rows: recompute scratch, backward scratch and, for a range with the head, the logits'
+ * gradient (with head_chunks > 1 one chunk's rows, its logits recomputed there in place) (pure: planning uses
+ * it). */
+static int mlp_workspace_floats(mt_model_t m, int B, int T, bool head, size_t *floats) {
     size_t N = (size_t)B * T;
     floats[0] = N * m->cfg.n_embd;
     floats[1] = N * m->cfg.n_embd;
-    floats[2] = N * m->cfg.vocab_size;
-    return 3;
+    floats[2] = mt_model_head_chunk_rows(N, m->cfg.head_chunks) * m->cfg.vocab_size;
+    return head ? 3 : 2;
 }
 
-static mt_status_t mlp_ensure_workspace(mt_model_t m, int B, int T) {
+static mt_status_t mlp_ensure_workspace(mt_model_t m, int B, int T, bool head) {
     mlp_impl_t *g = m->impl;
-    size_t N = (size_t)B * T;
+    size_t N = (size_t)B * T, fl[MT_MODEL_MAX_WORKSPACE];
+    mlp_workspace_floats(m, B, T, true, fl);
     if (N > g->rows) {
-        size_t fl[MT_MODEL_MAX_WORKSPACE];
-        mlp_workspace_floats(m, B, T, fl);
         MT_CHECK(mt_model_realloc_scratch(&g->pre, fl[0], "mlp recompute scratch"));
         MT_CHECK(mt_model_realloc_scratch(&g->dpre, fl[1], "mlp backward scratch"));
-        MT_CHECK(mt_model_realloc_scratch(&g->dlog, fl[2], "mlp backward scratch"));
         g->rows = N;
+    }
+    if (head && N > g->dlog_rows) { /* the stages before the last never hold it */
+        MT_CHECK(mt_model_realloc_scratch(&g->dlog, fl[2], "mlp backward scratch"));
+        g->dlog_rows = N;
     }
     return MT_OK;
 }
@@ -82,6 +86,15 @@ static int layer_param(int module) {
     return 1 + 2 * (module - 1);
 }
 
+/* head_chunks > 1: the logits (n, V) of rows [j0, j0 + n) of the head's input h (N,H) into the workspace (forward,
+ * and again in backward: the same product of the same rows). */
+static float *head_chunk_logits(mt_model_t m, const float *h, size_t j0, size_t n) {
+    int H = m->cfg.n_embd, V = m->cfg.vocab_size, p = layer_param(m->cfg.n_layer + 1);
+    float *logits = ((mlp_impl_t *)m->impl)->dlog;
+    mt_matmul_forward(logits, V, h + j0 * (size_t)H, PD(p), PD(p + 1), (int)n, H, V);
+    return logits;
+}
+
 static void mlp_forward(mt_model_t m, mt_acts_t a, int module, const float *inp) {
     int N = a->B * a->T, H = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->cfg.n_layer;
     if (module == 0) {
@@ -92,10 +105,23 @@ static void mlp_forward(mt_model_t m, mt_acts_t a, int module, const float *inp)
         mt_matmul_forward(pre, H, inp, PD(p), PD(p + 1), N, H, H);
         mt_gelu_forward(a->mod_out[module], pre, (size_t)N * H);
     } else {
-        int p = layer_param(L + 1);
-        float *logits = a->mod_buf[module], *losses = logits + (size_t)N * V, *lse = losses + N;
-        mt_matmul_forward(logits, V, inp, PD(p), PD(p + 1), N, H, V);
-        a->n_valid = mt_softmax_ce_forward(losses, lse, &a->loss, logits, a->targets, N, V, V);
+        int p = layer_param(L + 1), k = m->cfg.head_chunks;
+        float *losses = a->mod_buf[module] + (k > 1 ? 0 : (size_t)N * V), *lse = losses + N;
+        if (k == 1) {
+            float *logits = a->mod_buf[module];
+            mt_matmul_forward(logits, V, inp, PD(p), PD(p + 1), N, H, V);
+            a->n_valid = mt_softmax_ce_forward(losses, lse, &a->loss, logits, a->targets, N, V, V);
+            return;
+        }
+        for (int j = 0; j < k; j++) { /* in chunks of rows: each row's loss and lse kept, its logits not */
+            size_t j0, n = mt_model_head_chunk((size_t)N, k, j, &j0);
+            float chunk_mean;
+            if (n > 0) {
+                float *logits = head_chunk_logits(m, inp, j0, n);
+                mt_softmax_ce_forward(losses + j0, lse + j0, &chunk_mean, logits, a->targets + j0, (int)n, V, V);
+            }
+        }
+        a->n_valid = mt_softmax_ce_mean(&a->loss, losses, a->targets, (size_t)N);
     }
 }
 
@@ -109,13 +135,25 @@ static void mlp_backward(mt_model_t m, mt_acts_t a, int module, const float *inp
     }
     memset(dinp, 0, (size_t)N * H * sizeof(float));
     if (module == L + 1) {
-        int p = layer_param(L + 1);
-        float *logits = a->mod_buf[module], *lse = logits + (size_t)N * V + N;
+        int p = layer_param(L + 1), k = m->cfg.head_chunks;
+        float *logits = a->mod_buf[module], *lse = logits + (k > 1 ? 0 : (size_t)N * V) + N;
         if (a->n_valid == 0) {
             return;
         }
-        mt_softmax_ce_backward(g->dlog, logits, lse, a->targets, N, V, V, scale / (float)a->n_valid);
-        mt_matmul_backward(dinp, PG(p), PG(p + 1), g->dlog, V, inp, PD(p), N, H, V);
+        float s = scale / (float)a->n_valid;
+        if (k == 1) {
+            mt_softmax_ce_backward(g->dlog, logits, lse, a->targets, N, V, V, s);
+            mt_matmul_backward(dinp, PG(p), PG(p + 1), g->dlog, V, inp, PD(p), N, H, V);
+            return;
+        }
+        for (int j = 0; j < k; j++) { /* each chunk's logits again, their gradient in place */
+            size_t j0, n = mt_model_head_chunk((size_t)N, k, j, &j0);
+            if (n > 0) {
+                float *dlog = head_chunk_logits(m, inp, j0, n);
+                mt_softmax_ce_backward(dlog, dlog, lse + j0, a->targets + j0, (int)n, V, V, s);
+                mt_matmul_backward(dinp + j0 * H, PG(p), PG(p + 1), dlog, V, inp + j0 * H, PD(p), (int)n, H, V);
+            }
+        }
         return;
     }
     int p = layer_param(module);

@@ -355,6 +355,24 @@ static void test_mlp_recompute(const mt_plan_job_t *job_in, const mt_plan_cluste
     CHECK_CLOSE(q.t_compute / p.t_compute, 1.0 + 2.0 * hidden / (6.0 * all), 1e-12, 0);
 }
 
+/* model.head_chunks > 1 recomputes the logits: the head's product once more, 2 x the head weight's elements over
+ * 6 x every product's (the MLP at tp = pp = 1, as above); its activation memory falls (the logits leave the
+ * micro-batch). */
+static void test_head_chunks(const mt_plan_job_t *job_in, const mt_plan_cluster_t *c) {
+    mt_plan_job_t job = *job_in;
+    job.model.kind = MT_MODEL_MLP;
+    mt_plan_pred_t p, q;
+    mt_plan_layout_t l = lay(1, 1, 8, MT_PLAN_DDP, MT_PLAN_1F1B, 2, 1, "tp-dp-pp");
+    CHECK_OK(mt_plan_predict(&job, c, 8, &l, &p));
+    job.model.head_chunks = 4;
+    CHECK_OK(mt_plan_predict(&job, c, 8, &l, &q));
+    double H = job.model.n_embd, V = job.model.vocab_size, L = job.model.n_layer;
+    double all = L * (H * H + H) + V * H + V;
+    CHECK_CLOSE(q.t_compute / p.t_compute, 1.0 + 2.0 * V * H / (6.0 * all), 1e-12, 0);
+    CHECK(q.mem[MT_MEM_ACTIVATIONS] < p.mem[MT_MEM_ACTIVATIONS], "head chunks: activations %lld < %lld",
+          (long long)q.mem[MT_MEM_ACTIVATIONS], (long long)p.mem[MT_MEM_ACTIVATIONS]);
+}
+
 int main(void) {
     test_json();
     test_cluster();
@@ -372,6 +390,7 @@ int main(void) {
         test_gpu_cluster(&job);
         test_nccl_memory(&job);
         test_mlp_recompute(&job, &c);
+        test_head_chunks(&job, &c);
         mt_config_free(cfg);
     }
     mt_plan_cluster_free(&c);
