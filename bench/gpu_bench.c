@@ -2,7 +2,8 @@
  *   gpu_bench peak  [-n 8192] [-r 10]               dense matrix rate of cuBLASLt per dtype (f32, tf32, bf16,
  *                                                  f16): the ceiling MFU is measured against, in the same run
  *   gpu_bench train [-p bf16] [-B 16] [-T 1024] [-L 12] [-C 768] [-H 12] [-V 50257] [-n 10] [--peak TFLOPS]
- *                   [--profile]                    (--profile: time per step by kernel category)
+ *                   [--profile] [--head-chunks K]  (--profile: time per step by kernel category; --head-chunks:
+ *                                                  model.head_chunks, the logits in K chunks recomputed)
  *                                                  GPT-2 training steps (forward, backward, AdamW) on the GPU:
  *                                                  tokens/s, model FLOP utilisation (PaLM appendix-B FLOPs,
  *                                                  as bench_model), the forward/backward/step split, peak
@@ -62,6 +63,7 @@ typedef struct {
     mt_prec_t prec;
     double peak;
     bool profile; /* train: per-kernel breakdown of the timed steps (their times then include the events) */
+    int head_chunks; /* train: model.head_chunks */
 } opts_t;
 
 /* ---- peak ---- */
@@ -91,6 +93,7 @@ static int cmd_train(const opts_t *o) {
     c.n_embd = o->C;
     c.seq_len = o->T;
     c.vocab_size = o->V;
+    c.head_chunks = o->head_chunks;
     c.seed = 1;
     mt_model_t m;
     OK(mt_model_init(&c, &m));
@@ -552,12 +555,16 @@ int main(int argc, char **argv) {
                 .V = 50257,
                 .steps = 10,
                 .prec = MT_PREC_BF16,
-                .peak = 0};
+                .peak = 0,
+                .head_chunks = 1};
     if (!strcmp(argv[1], "attn")) {
         o.B = 8;
     }
     static const struct option lo[] = {
-        {"peak", required_argument, NULL, 'P'}, {"profile", no_argument, NULL, 'K'}, {NULL, 0, NULL, 0}};
+        {"peak", required_argument, NULL, 'P'},
+        {"profile", no_argument, NULL, 'K'},
+        {"head-chunks", required_argument, NULL, 'k'},
+        {NULL, 0, NULL, 0}};
     int ch;
     optind = 2;
     while ((ch = getopt_long(argc, argv, "n:r:B:T:L:C:H:V:p:", lo, NULL)) != -1) {
@@ -597,12 +604,16 @@ int main(int argc, char **argv) {
         case 'K':
             o.profile = true;
             break;
+        case 'k':
+            o.head_chunks = atoi(optarg);
+            break;
         default:
             return 2;
         }
     }
-    if (o.n < 1 || o.reps < 1 || o.B < 1 || o.T < 1 || o.C < 1 || o.H < 1 || o.C % o.H || o.V < 1 || o.L < 0) {
-        DIE("bad sizes (need positive values and C a multiple of H)");
+    if (o.n < 1 || o.reps < 1 || o.B < 1 || o.T < 1 || o.C < 1 || o.H < 1 || o.C % o.H || o.V < 1 || o.L < 0 ||
+        o.head_chunks < 1) {
+        DIE("bad sizes (need positive values, --head-chunks too, and C a multiple of H)");
     }
     if (!strcmp(argv[1], "peak")) {
         return cmd_peak(&o);

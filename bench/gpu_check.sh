@@ -169,6 +169,8 @@ done
 for b in ${MT_GPU_CHECK_EXTRA_B:-}; do
     run "train-bf16-B$b" 60 "$BENCH" train -p bf16 -B "$b" -T 1024 -n "$STEPS" --peak "$PEAK_BF16"
 done
+# bf16 with model.head_chunks = 8: the logits a chunk at a time, recomputed in backward (less memory, more FLOPs)
+run train-bf16-hk8 60 "$BENCH" train -p bf16 -B "$B" -T 1024 -n "$STEPS" --peak "$PEAK_BF16" --head-chunks 8
 
 # ---- the same model through `meshtrain train` on the GPU (its training loop, data, clipping, metrics) ------
 MT="$BUILD/meshtrain"
@@ -280,7 +282,9 @@ field() { # field FILE KEY: value of KEY=... on the RESULT line of FILE
     for b in ${MT_GPU_CHECK_EXTRA_B:-}; do
         train_row "B=$b" "$LOG/train-bf16-B$b.log"
     done
-    echo "(GPT-2 124M, B=$B (B=n rows: bf16 at that micro-batch), T=1024; MFU against the bf16 peak above;"
+    train_row "hk=8" "$LOG/train-bf16-hk8.log"
+    echo "(GPT-2 124M, B=$B (B=n rows: bf16 at that micro-batch; hk=8: bf16 with model.head_chunks = 8), T=1024;"
+    echo " MFU against the bf16 peak above, of model FLOPs (hk=8's recomputed head product not counted);"
     echo " J/step 0 = NVML not available)"
     # meshtrain train: the steady-state rate and MFU of its summary (against the bf16 peak the engine measured
     # at its start, the same 8192^3 product as gpu_bench peak), and MFU as gpu_bench's bf16 (same FLOPs per

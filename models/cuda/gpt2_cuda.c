@@ -238,6 +238,7 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     g->first = p->stage_ends < 0 ? g->lo == 0 : (p->stage_ends & 1) != 0;
     g->last = p->stage_ends < 0 ? g->hi == g->L : (p->stage_ends & 2) != 0;
     g->recompute = c->recompute == MT_RECOMPUTE_BLOCK || p->recompute_block;
+    g->hk = c->head_chunks;
     size_t N = (size_t)g->N, C = (size_t)g->C, es = g->es;
     MT_CHECK_GOTO(mt_loss_scaler_init(&g->scaler, p->prec, p->init_scale, p->scale_window), st, fail);
     MT_CHECK_GOTO(mt_cuda_status(DEV(g, cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking)), "stream"), st,
@@ -387,8 +388,9 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
     size_t lb = layer_bytes(g), head = 0;
     size_t hx = g->last ? 1 : 0, fx = g->mlp ? 0 : hx; /* ln_f's output (gpt2), the logits: on the last stage */
     size_t R = (size_t)g->R; /* the rows of the residual stream and of the LayerNorm statistics */
-    size_t head_sizes[] = {fx * N * C * es, fx * R * 4, fx * R * 4, hx * N * (size_t)g->Vl * es, N * 4, N * 4, 256, 256,
-                           N * 4,           N * 4};
+    size_t lrows = g->hk > 1 ? 0 : N, crows = g->hk > 1 ? hx * mt_model_head_chunk_rows(N, g->hk) : 0;
+    size_t head_sizes[] = {fx * N * C * es, fx * R * 4, fx * R * 4, hx * lrows * (size_t)g->Vl * es, N * 4, N * 4, 256,
+                           256,             N * 4,      N * 4};
     for (size_t i = 0; i < MT_ARRAY_LEN(head_sizes); i++) {
         head += MT_DIV_UP(head_sizes[i], 256) * 256;
     }
@@ -397,7 +399,8 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
      * block: they stay, the internals of one block are shared (by every set too) */
     int nb = g->hi - g->lo, n_la = g->recompute ? MT_MIN(nb, 1) : nb, K = g->n_sets;
     int n_int = g->recompute ? n_la : K * n_la; /* blocks of internals allocated */
-    g->act_bytes = (size_t)K * ((size_t)(nb + 1) * resid_bytes + head) + (size_t)n_int * lb;
+    size_t chunk_bytes = MT_DIV_UP(crows * (size_t)g->Vl * es, 256) * 256; /* head_chunks: one chunk, every set's */
+    g->act_bytes = (size_t)K * ((size_t)(nb + 1) * resid_bytes + head) + (size_t)n_int * lb + chunk_bytes;
     char *cur = NULL;
     MT_CHECK_GOTO(dalloc(g, (void **)&cur, g->act_bytes, MT_MEM_ACTIVATIONS, "gpt2_cuda activations"), st, fail);
     for (int k = 0; k < K; k++) {
@@ -407,7 +410,7 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
         A->lnf = carve(&cur, fx * N * C * es);
         A->lnf_mean = carve(&cur, fx * R * 4);
         A->lnf_rstd = carve(&cur, fx * R * 4);
-        A->logits = carve(&cur, hx * N * (size_t)g->Vl * es);
+        A->logits = lrows ? carve(&cur, hx * N * (size_t)g->Vl * es) : NULL;
         A->losses = carve(&cur, N * 4);
         A->lse_ce = carve(&cur, N * 4);
         A->mean_loss = carve(&cur, 256);
@@ -434,6 +437,7 @@ static mt_status_t gpt2_cuda_create(mt_model_t m, const mt_gpt2_cuda_params_t *p
         a->ln2_rstd = carve(&cur, R * 4);
         a->lse = carve(&cur, (size_t)g->B * g->NHl * g->T * 4);
     }
+    g->logits_chunk = chunk_bytes ? carve(&cur, chunk_bytes) : NULL;
     for (int k = 0; k < K; k++) { /* recompute = block: every block's view of the shared internals */
         for (int l = n_la; l < nb; l++) {
             g->sets[k].la[l] = g->sets[0].la[0];
@@ -924,6 +928,56 @@ static mt_status_t block_forward_to_gelu(mt_gpt2_cuda_t g, int l) {
     return MT_OK;
 }
 
+/* model.head_chunks = k > 1: the logits (n, Vl) of rows [j0, j0 + n) of the head's input x (N, C: gpt2's gathered
+ * ln_f output, the mlp's resid[L]) into g->logits_chunk, the Vr real columns = x W^T (+ bias: the mlp's), in
+ * forward and again in backward (the same product of the same rows: the same values). */
+static mt_status_t head_chunk_logits(mt_gpt2_cuda_t g, const void *x, const void *w, const void *bias, size_t j0,
+                                     int n) {
+    if (g->Vr > 0) {
+        OP(PROF_MATMUL_FWD,
+           mt_cuda_matmul_forward(g->ctx, g->logits_chunk, g->Vl, NULL, (const char *)x + j0 * (size_t)g->C * g->es, w,
+                                  bias, n, g->C, g->Vr, g->dt, g->stream));
+    }
+    return MT_OK;
+}
+
+/* GPT-2's head backward with head_chunks > 1, the last stage: each chunk's logits recomputed, their gradient in
+ * place, d lnf's rows (into da) and dwte += dlogits^T lnf; the tp reduction of da (*x as tp_reduce_async gives it)
+ * starts after the last chunk's input gradient, overlapping its weight gradient, as the unchunked head's does. */
+static mt_status_t head_chunks_backward(mt_gpt2_cuda_t g, float scale, void **x) {
+    int N = g->N, C = g->C, dt = g->dt;
+    size_t rowb = (size_t)C * g->es;
+    void *s = g->stream;
+    if (g->Vr == 0) { /* tp: no real vocabulary row here, no part of d lnf */
+        OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, (size_t)N * rowb, (cudaStream_t)s));
+        return tp_reduce_async(g, g->da, g->tmp_r, x);
+    }
+    int last = 0;
+    for (int j = 0; j < g->hk; j++) {
+        size_t j0;
+        last = mt_model_head_chunk((size_t)N, g->hk, j, &j0) > 0 ? j : last;
+    }
+    for (int j = 0; j <= last; j++) {
+        size_t j0, n = mt_model_head_chunk((size_t)N, g->hk, j, &j0);
+        if (n == 0) {
+            continue;
+        }
+        void *lg = g->logits_chunk;
+        const char *lnf = (const char *)g->A->lnf + j0 * rowb;
+        MT_CHECK(head_chunk_logits(g, g->A->lnf, W(0), NULL, j0, (int)n));
+        OP(PROF_CE, mt_cuda_softmax_ce_backward_shard(lg, lg, g->A->lse_ce + j0, g->A->targets_d + j0, g->A->n_valid,
+                                                      g->v0, (int)n, g->Vr, g->Vl, scale, dt, s));
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, (char *)g->da + j0 * rowb, NULL, NULL, lg, g->Vl, lnf,
+                                                        W(0), (int)n, C, g->Vr, dt, NULL, s));
+        if (j == last) {
+            MT_CHECK(tp_reduce_async(g, g->da, g->tmp_r, x));
+        }
+        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, NULL, G(0), NULL, lg, g->Vl, lnf, W(0), (int)n, C,
+                                                        g->Vr, dt, NULL, s));
+    }
+    return MT_OK;
+}
+
 /* model.kind = "mlp" (models/mlp/mlp.c), forward of the stage once the tokens and targets are on the device: the
  * embedding (first stage) into resid[0], each hidden layer l from its input resid[l] to resid[l + 1] =
  * gelu(resid[l] W^T + b) (the bias and GELU in the product's epilogue, the pre-activation kept for backward in
@@ -951,6 +1005,19 @@ static mt_status_t mlp_forward(mt_gpt2_cuda_t g) {
         return MT_OK;
     }
     int pf = g->pf;
+    if (g->hk > 1) { /* each chunk's logits and its rows' statistics, then the mean over all rows */
+        for (int j = 0; j < g->hk; j++) {
+            size_t j0, n = mt_model_head_chunk((size_t)N, g->hk, j, &j0);
+            if (n > 0) {
+                MT_CHECK(head_chunk_logits(g, RES(g->L), W(pf + MLP_W), W(pf + MLP_B), j0, (int)n));
+                OP(PROF_CE, mt_cuda_softmax_ce_forward(g->A->losses + j0, g->A->lse_ce + j0, NULL, NULL,
+                                                       g->logits_chunk, g->A->targets_d + j0, (int)n, g->V, g->Vl,
+                                                       dt, s));
+            }
+        }
+        OP(PROF_CE, mt_cuda_softmax_ce_mean(g->A->mean_loss, g->A->n_valid, g->A->losses, g->A->targets_d, N, s));
+        return MT_OK;
+    }
     OP(PROF_MATMUL_FWD, mt_cuda_matmul_forward(g->ctx, g->A->logits, g->Vl, NULL, RES(g->L), W(pf + MLP_W),
                                                W(pf + MLP_B), N, C, g->V, dt, s));
     OP(PROF_CE, mt_cuda_softmax_ce_forward(g->A->losses, g->A->lse_ce, g->A->mean_loss, g->A->n_valid, g->A->logits,
@@ -1043,15 +1110,37 @@ mt_status_t mt_gpt2_cuda_forward(mt_gpt2_cuda_t g, const int32_t *tokens, const 
         return MT_OK;
     }
     /* logits (N, Vl): the Vr real columns; padded columns are never read. tp: this rank's vocabulary rows, the
-     * cross-entropy from every rank's per-row statistics */
-    MT_CHECK(colpar_forward(g, g->A->lnf, g->A->logits, g->Vl, NULL, W(0), NULL, g->Vr));
-    if (g->tp == 1) {
+     * cross-entropy from every rank's per-row statistics. head_chunks: the gather alone, then each chunk's logits
+     * and its rows' statistics */
+    MT_CHECK(colpar_forward(g, g->A->lnf, g->A->logits, g->Vl, NULL, W(0), NULL, g->hk > 1 ? 0 : g->Vr));
+    if (g->hk > 1) {
+        for (int j = 0; j < g->hk; j++) {
+            size_t j0, n = mt_model_head_chunk((size_t)N, g->hk, j, &j0);
+            if (n == 0) {
+                continue;
+            }
+            void *lg = g->logits_chunk;
+            MT_CHECK(head_chunk_logits(g, g->A->lnf, W(0), NULL, j0, (int)n));
+            if (g->tp == 1) {
+                OP(PROF_CE, mt_cuda_softmax_ce_forward(g->A->losses + j0, g->A->lse_ce + j0, NULL, NULL, lg,
+                                                       g->A->targets_d + j0, (int)n, g->V, g->Vl, dt, s));
+            } else {
+                OP(PROF_CE, mt_cuda_softmax_ce_partial(g->ce_part + 3 * j0, lg, g->A->targets_d + j0, g->v0, (int)n,
+                                                       g->Vr, g->Vl, dt, s));
+            }
+        }
+        if (g->tp == 1) {
+            OP(PROF_CE, mt_cuda_softmax_ce_mean(g->A->mean_loss, g->A->n_valid, g->A->losses, g->A->targets_d, N, s));
+            return MT_OK;
+        }
+    } else if (g->tp == 1) {
         OP(PROF_CE, mt_cuda_softmax_ce_forward(g->A->losses, g->A->lse_ce, g->A->mean_loss, g->A->n_valid,
                                                g->A->logits, g->A->targets_d, N, g->V, g->Vp, dt, s));
         return MT_OK;
+    } else {
+        OP(PROF_CE,
+           mt_cuda_softmax_ce_partial(g->ce_part, g->A->logits, g->A->targets_d, g->v0, N, g->Vr, g->Vl, dt, s));
     }
-    OP(PROF_CE,
-       mt_cuda_softmax_ce_partial(g->ce_part, g->A->logits, g->A->targets_d, g->v0, N, g->Vr, g->Vl, dt, s));
     MT_CHECK(g->p.tp_ops->all_gather(g->p.tp_ops->ctx, g->ce_part, g->ce_parts, (size_t)N * 3, MT_CU_F32, s));
     MT_CHECK(gpt2_cuda_prof_mark(g, MT_GPT2_PROF_TP));
     OP(PROF_CE, mt_cuda_softmax_ce_combine(g->A->losses, g->A->lse_ce, g->A->mean_loss, g->A->n_valid, g->ce_parts,
@@ -1133,12 +1222,22 @@ static mt_status_t ln_grads_reduce(mt_gpt2_cuda_t g, float *const *dwb, int n) {
 static mt_status_t mlp_backward(mt_gpt2_cuda_t g, float scale, bool fresh) {
     int N = g->N, C = g->C, dt = g->dt, pf = g->pf;
     void *s = g->stream;
-    if (g->last) { /* dlogits in place; d resid[L], dWh and dbh */
-        OP(PROF_CE, mt_cuda_softmax_ce_backward(g->A->logits, g->A->logits, g->A->lse_ce, g->A->targets_d,
-                                                g->A->n_valid, N, g->V, g->Vl, scale, dt, s));
-        OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, g->dresid, G(pf + MLP_W), G(pf + MLP_B),
-                                                        g->A->logits, g->Vl, RES(g->L), W(pf + MLP_W), N, C, g->V, dt,
-                                                        g->col_scratch, s));
+    if (g->last) { /* dlogits in place; d resid[L], dWh and dbh (head_chunks: each chunk's logits recomputed) */
+        for (int j = 0; j < g->hk; j++) {
+            size_t j0, n = mt_model_head_chunk((size_t)N, g->hk, j, &j0), rowb = (size_t)C * g->es;
+            void *lg = g->hk > 1 ? g->logits_chunk : g->A->logits;
+            if (n == 0) {
+                continue;
+            }
+            if (g->hk > 1) {
+                MT_CHECK(head_chunk_logits(g, RES(g->L), W(pf + MLP_W), W(pf + MLP_B), j0, (int)n));
+            }
+            OP(PROF_CE, mt_cuda_softmax_ce_backward(lg, lg, g->A->lse_ce + j0, g->A->targets_d + j0, g->A->n_valid,
+                                                    (int)n, g->V, g->Vl, scale, dt, s));
+            OP(PROF_MATMUL_BWD, mt_cuda_matmul_backward_set(g->ctx, (char *)g->dresid + j0 * rowb, G(pf + MLP_W),
+                                                            G(pf + MLP_B), lg, g->Vl, (const char *)RES(g->L) + j0 * rowb,
+                                                            W(pf + MLP_W), (int)n, C, g->V, dt, g->col_scratch, s));
+        }
         /* ZeRO-2: on a stage without wte (a pipeline's last) the head's run is gouter's last use, so its hook
          * marks outer_free, which the next pass waits for before it clears gouter */
         MT_CHECK(grads_done(g, pf, g->n_params, g->held[0] ? NULL : g->outer_free));
@@ -1198,7 +1297,9 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
     }
     /* head: dlogits in place, dlnf = dlogits @ wte (and dwte += dlogits^T lnf), ln_f backward; a stage before
      * the last finds d x_hi in dresid (mt_gpt2_cuda_stage_grad) */
-    if (g->last) {
+    if (g->last && g->hk > 1) {
+        MT_CHECK(head_chunks_backward(g, scale, &x));
+    } else if (g->last) {
         OP(PROF_CE, mt_cuda_softmax_ce_backward_shard(g->A->logits, g->A->logits, g->A->lse_ce, g->A->targets_d,
                                                       g->A->n_valid, g->v0, N, g->Vr, g->Vl, scale, dt, s));
         if (g->Vr > 0) { /* d lnf, reduced over tp while dwte += dlogits^T lnf */
@@ -1211,6 +1312,8 @@ mt_status_t mt_gpt2_cuda_backward(mt_gpt2_cuda_t g, float loss_grad_scale) {
             OP(PROF_OTHER, cudaMemsetAsync(g->da, 0, NC * es, cs));
             MT_CHECK(tp_reduce_async(g, g->da, g->tmp_r, &x));
         }
+    }
+    if (g->last) {
         MT_CHECK(tp_join(g));
         OP(PROF_OTHER, cudaMemsetAsync(g->dresid, 0, RC * es, cs));
         MT_CHECK(ln_grads_begin(g, 1));

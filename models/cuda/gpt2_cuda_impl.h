@@ -28,7 +28,7 @@ typedef struct {
 typedef struct {
     void *resid;      /* (nb+1) x (R,C): resid[l - lo] is block l's input, the last the stage's output */
     layer_acts_t *la; /* nb blocks */
-    void *lnf, *logits;
+    void *lnf, *logits; /* logits (N,Vl): NULL with head_chunks > 1 (g->logits_chunk) */
     float *lnf_mean, *lnf_rstd, *losses, *lse_ce, *mean_loss;
     int *n_valid;
     int32_t *tokens_d, *targets_d;
@@ -70,6 +70,8 @@ struct mt_gpt2_cuda {
     bool first, last; /* the stage holds the embeddings (first), ln_f and the head (last); wte on either */
     bool *held;       /* parameter i is on this stage */
     bool recompute;   /* model.recompute = block: one layer_acts_t shared by every block, refilled in backward */
+    int hk;           /* model.head_chunks: > 1, the head's logits a chunk of rows at a time, recomputed in backward */
+    void *logits_chunk; /* hk > 1, last stage: one chunk's logits (N/hk rounded up, Vl), shared by every set */
     size_t es, numel;
     cudaStream_t stream;
     cudaEvent_t copied[2]; /* the token copy out of pinned slot i finished */

@@ -174,9 +174,12 @@ cudaError_t mt_cuda_attention_plain_forward(void *out, float *att, float *lse, c
 
 /* logits (N, Vp, dt); columns >= V excluded; targets int32 (-1 ignored). losses, lse (N, f32);
  * *mean_loss (device f32) = mean over non-ignored rows (0 if none), summed in row order; *n_valid (device
- * int) = their number. */
+ * int) = their number. mean_loss and n_valid both NULL: the rows only (a chunk of them, model.head_chunks),
+ * mt_cuda_softmax_ce_mean then giving the mean of all of them, the same bits as one call over all rows. */
 cudaError_t mt_cuda_softmax_ce_forward(float *losses, float *lse, float *mean_loss, int *n_valid, const void *logits,
                                        const int32_t *targets, int N, int V, int Vp, int dt, void *stream);
+cudaError_t mt_cuda_softmax_ce_mean(float *mean_loss, int *n_valid, const float *losses, const int32_t *targets, int N,
+                                    void *stream);
 /* dlogits (N, Vp, dt) = (scale / max(1, *n_valid)) * (softmax - onehot) on non-ignored rows, 0 elsewhere
  * (OVERWRITES; may alias logits). n_valid NULL: scale is used as is. */
 cudaError_t mt_cuda_softmax_ce_backward(void *dlogits, const void *logits, const float *lse, const int32_t *targets,

@@ -207,10 +207,19 @@ static void ce_rows(float *losses, float *lse, float *part, const void *logits, 
 extern "C" cudaError_t mt_cuda_softmax_ce_forward(float *losses, float *lse, float *mean_loss, int *n_valid,
                                                   const void *logits, const int32_t *targets, int N, int V, int Vp,
                                                   int dt, void *stream) {
-    MT_CU_CHECK_SHAPE(N > 0 && V > 0 && Vp >= V && losses && lse && mean_loss && n_valid && logits && targets);
+    MT_CU_CHECK_SHAPE(N > 0 && V > 0 && Vp >= V && losses && lse && !mean_loss == !n_valid && logits && targets);
     cudaStream_t s = (cudaStream_t)stream;
     ce_rows(losses, lse, NULL, logits, targets, 0, N, V, Vp, dt, s);
-    softmax_ce_mean_kernel<<<1, 256, 0, s>>>(mean_loss, n_valid, losses, targets, N);
+    if (mean_loss) {
+        softmax_ce_mean_kernel<<<1, 256, 0, s>>>(mean_loss, n_valid, losses, targets, N);
+    }
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t mt_cuda_softmax_ce_mean(float *mean_loss, int *n_valid, const float *losses,
+                                               const int32_t *targets, int N, void *stream) {
+    MT_CU_CHECK_SHAPE(N > 0 && mean_loss && n_valid && losses && targets);
+    softmax_ce_mean_kernel<<<1, 256, 0, (cudaStream_t)stream>>>(mean_loss, n_valid, losses, targets, N);
     return cudaGetLastError();
 }
 

@@ -43,8 +43,9 @@ enum { B = 2, T = 32, STEPS = 10 };
 
 /* A host model of kind (GPT-2: 2 heads; the MLP of models/mlp/mlp.c) with n_layer blocks or hidden layers of
  * width n_embd and a vocabulary of 100 (the head's width not a multiple of 16), initialised. */
-static mt_model_t build_kind_width(mt_model_kind_t kind, mt_recompute_t rc, int n_layer, int n_embd) {
+static mt_model_t build_kind_chunks(mt_model_kind_t kind, mt_recompute_t rc, int n_layer, int n_embd, int chunks) {
     mt_model_config_t c = MT_MODEL_CONFIG_INIT;
+    c.head_chunks = chunks;
     c.recompute = rc;
     c.kind = kind;
     c.n_layer = n_layer;
@@ -59,6 +60,10 @@ static mt_model_t build_kind_width(mt_model_kind_t kind, mt_recompute_t rc, int 
     CHECK_OK(mt_model_alloc_grads(m));
     mt_model_init_weights(m);
     return m;
+}
+
+static mt_model_t build_kind_width(mt_model_kind_t kind, mt_recompute_t rc, int n_layer, int n_embd) {
+    return build_kind_chunks(kind, rc, n_layer, n_embd, 1);
 }
 
 static mt_model_t build_kind(mt_model_kind_t kind, mt_recompute_t rc, int n_layer) {
@@ -160,6 +165,10 @@ static void compare_grads(mt_prec_t prec) {
      * bias then reaches the product after it, matmul.cu's epilogue_bias), and the products' widths are not
      * multiples of 8 (no fused GELU) */
     compare_grads_of(build_kind_width(MT_MODEL_MLP, MT_RECOMPUTE_NONE, 3, 60), prec, true);
+    /* model.head_chunks: the logits (64 rows) in 3 chunks of 21-22 rows, recomputed in backward (the host model
+     * chunks too) */
+    compare_grads_of(build_kind_chunks(MT_MODEL_GPT2, MT_RECOMPUTE_NONE, 2, 64, 3), prec, true);
+    compare_grads_of(build_kind_chunks(MT_MODEL_MLP, MT_RECOMPUTE_NONE, 3, 64, 3), prec, true);
     if (prec == MT_PREC_FP32 || prec == MT_PREC_BF16) { /* the GELU kernel after the product (params.fused_gelu) */
         compare_grads_of(build(), prec, false);
         compare_grads_of(build_mlp(MT_RECOMPUTE_BLOCK), prec, false);

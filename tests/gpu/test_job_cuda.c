@@ -792,6 +792,13 @@ static void pipeline(const char *dir) {
     CHECK_OK(run_pp("cuda", pp, 3, l4r, &rcb));
     same_losses("pipeline: recompute = block vs none on the gpu", &rcb, &g1, SAME_TOL);
     mt_job_result_free(&rcb);
+    /* model.head_chunks under GPipe (every micro-batch's set in flight at once on the last stage, none holding its
+     * logits) */
+    const char *l4h[] = {l4g[0], l4g[1], "--model.head_chunks=3"};
+    CHECK_OK(run_pp("cuda", pp, 3, l4h, &rcb));
+    same_losses("pipeline: gpipe, head_chunks = 3 vs 1 on the gpu", &rcb, &gg, SAME_TOL);
+    same_norms("pipeline: gpipe, head_chunks = 3 vs 1 on the gpu", &rcb, &gg, SAME_TOL);
+    mt_job_result_free(&rcb);
     same_norms("pp 2", &g1, &cpu, 1e-3);
     CHECK(g1.mem_peak[MT_MEM_PARAMS] > 0 && g1.mem_peak[MT_MEM_PARAMS] * 4 < whole.mem_peak[MT_MEM_PARAMS] * 3,
           "pp 2: device parameter bytes %lld per stage, the whole model %lld", (long long)g1.mem_peak[MT_MEM_PARAMS],
@@ -859,6 +866,12 @@ static void mlp(const char *dir, bool pipeline_only) {
         a[NA] = "--model.recompute=block";
         CHECK_OK(run_cuda(NA + 1, a, &r));
         same_losses("mlp: recompute = block vs none", &r, &g, SAME_TOL);
+        mt_job_result_free(&r);
+        a[NA] = "--model.head_chunks=5"; /* the head's product (with its bias) per chunk, again in backward */
+        CHECK_OK(run_cuda(NA + 1, a, &r));
+        same_losses("mlp: head_chunks = 5 vs 1", &r, &g, SAME_TOL);
+        same_norms("mlp: head_chunks = 5 vs 1", &r, &g, SAME_TOL);
+        same_evals("mlp: head_chunks = 5 vs 1", &r, &g, SAME_TOL);
         mt_job_result_free(&r);
         a[NA] = "--precision.compute=bf16";
         CHECK_OK(run_cuda(NA + 1, a, &r));
@@ -1069,6 +1082,25 @@ static void tensor(const char *dir) {
     CHECK(sp.mem_peak[MT_MEM_ACTIVATIONS] > 0 && sp.mem_peak[MT_MEM_ACTIVATIONS] < g.mem_peak[MT_MEM_ACTIVATIONS],
           "tp 2: device activation bytes %lld with sequence parallelism, %lld without",
           (long long)sp.mem_peak[MT_MEM_ACTIVATIONS], (long long)g.mem_peak[MT_MEM_ACTIVATIONS]);
+    { /* model.head_chunks with tp (each rank's vocabulary columns a chunk of rows at a time, the statistics of all
+       * rows gathered once) and sequence parallelism (the chunks' rows of the gathered ln_f output), and with the
+       * default padding (rank 1 holds no real vocabulary row: no product, a zero d lnf) */
+        mt_job_result_t hc, hce;
+        const char *hca[] = {ev[0], ev[1], "--parallel.sequence_parallel=true", "--model.head_chunks=3"};
+        CHECK_OK(run_mesh("cuda", 2, 1, 4, hca, &hc));
+        same_losses("tp 2 + sp, head_chunks = 3 vs 1", &hc, &sp, SAME_TOL);
+        same_norms("tp 2 + sp, head_chunks = 3 vs 1", &hc, &sp, SAME_TOL);
+        same_evals("tp 2 + sp, head_chunks = 3 vs 1", &hc, &sp, SAME_TOL);
+        CHECK(hc.mem_peak[MT_MEM_ACTIVATIONS] < sp.mem_peak[MT_MEM_ACTIVATIONS],
+              "tp 2 + sp: device activation bytes %lld with head chunks, %lld without",
+              (long long)hc.mem_peak[MT_MEM_ACTIVATIONS], (long long)sp.mem_peak[MT_MEM_ACTIVATIONS]);
+        const char *hce_a[] = {ev[0], "--model.head_chunks=4"};
+        CHECK_OK(run_mesh("cuda", 2, 1, 2, hce_a, &hce));
+        same_losses("tp 2, an empty vocabulary shard, head_chunks = 4 vs 1", &hce, &eg, SAME_TOL);
+        same_norms("tp 2, an empty vocabulary shard, head_chunks = 4 vs 1", &hce, &eg, SAME_TOL);
+        mt_job_result_free(&hc);
+        mt_job_result_free(&hce);
+    }
     { /* recompute = block: the trainer refills a sharded block's internals, its forward collectives again, in
        * backward (the CPU engine refuses it): the run without it, with fewer activation bytes */
         mt_job_result_t rc;
@@ -1561,6 +1593,22 @@ int main(int argc, char **argv) {
     const char *rcb[] = {"--model.recompute=block"};
     CHECK_OK(run_cuda(1, rcb, &rc));
     same_losses("recompute = block vs none", &rc, &gpu, SAME_TOL);
+    { /* model.head_chunks: the logits in 3 chunks (and in more chunks than a micro-batch's rows, some empty),
+       * recomputed in backward: the whole-logits run's function with fewer activation bytes (plan_matches: the
+       * planner's, to the byte) */
+        mt_job_result_t hc;
+        static const char *const hks[] = {"--model.head_chunks=3", "--model.head_chunks=200"};
+        for (size_t i = 0; i < MT_ARRAY_LEN(hks); i++) {
+            CHECK_OK(run_cuda(1, hks + i, &hc));
+            same_losses(hks[i], &hc, &gpu, SAME_TOL);
+            same_norms(hks[i], &hc, &gpu, SAME_TOL);
+            CHECK(hc.mem_peak[MT_MEM_ACTIVATIONS] > 0 &&
+                      hc.mem_peak[MT_MEM_ACTIVATIONS] < gpu.mem_peak[MT_MEM_ACTIVATIONS],
+                  "%s: device activation bytes %lld, %lld with the whole logits", hks[i],
+                  (long long)hc.mem_peak[MT_MEM_ACTIVATIONS], (long long)gpu.mem_peak[MT_MEM_ACTIVATIONS]);
+            mt_job_result_free(&hc);
+        }
+    }
     /* bf16 trains */
     const char *b16[] = {"--precision.compute=bf16"};
     CHECK_OK(run_cuda(1, b16, &bf));
