@@ -30,7 +30,8 @@ const char *mt_pp_schedule_name(mt_pp_schedule_t s);
  * module is the number of elements of the 2-D weights it multiplies by per token: its own 2-D
  * parameters, except those tied to another module (a tied weight is charged to the module that
  * multiplies by it: GPT-2's head reads wte as a matrix, the embedding only looks rows up), plus the
- * tied weights it reads; a module without such weights costs as much as 1% of the average block.
+ * tied weights it reads, times 4/3 for the head under model.head_chunks > 1 (its product recomputed in
+ * backward); a module without such weights costs as much as 1% of the average block.
  * stage_layers "3,3,2,2": the number of middle modules (GPT-2: transformer blocks) of each stage, one
  * entry per stage; the first stage also gets module 0 (the embedding) and the last the last module
  * (the head). Errors (MT_ERR_INVALID_ARG, naming the key parallel.stage_layers and the fix): wrong

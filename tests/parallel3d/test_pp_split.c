@@ -63,6 +63,20 @@ int main(void) {
     expect_bounds(m, 2, NULL, (int[]){0, 7, 8});
     mt_model_free(m);
 
+    /* model.head_chunks recomputes the head's product in backward: it costs 4/3. 4 blocks of 12288, head
+     * 384*32 = 12288: unchunked [emb b0 b1 | b2 b3 head] (max 36864) beats [emb b0 b1 b2 | b3 head] (37376);
+     * chunked the head costs 16384 and the second wins (37376 against 40960). */
+    mc.vocab_size = 384;
+    mc.padded_vocab = 384;
+    mc.n_layer = 4;
+    CHECK_OK(mt_model_init(&mc, &m));
+    expect_bounds(m, 2, NULL, (int[]){0, 3, 6});
+    mt_model_free(m);
+    mc.head_chunks = 2;
+    CHECK_OK(mt_model_init(&mc, &m));
+    expect_bounds(m, 2, NULL, (int[]){0, 4, 6});
+    mt_model_free(m);
+
     mt_pp_schedule_t s;
     CHECK(mt_pp_schedule_parse("gpipe", &s) && s == MT_PP_GPIPE, "gpipe");
     CHECK(mt_pp_schedule_parse("1f1b", &s) && s == MT_PP_1F1B, "1f1b");
