@@ -362,9 +362,10 @@ static float *head_logits(mt_model_t m, const mt_gpt2_head_t *h, const float *x,
     return l;
 }
 
-/* lse_n = max_n + log sum_v exp(l_nv - max_n) over the whole vocabulary, from per-rank partials:
- * all-reduce MAX of the local maxima, then one all-reduce SUM of [sum of exponentials | target logit], over all
- * N rows or (head_chunks > 1) chunk by chunk. */
+/* lse_n = max_n + log sum_v exp(l_nv - max_n) over the whole vocabulary, from per-rank partials: each rank's
+ * rows' local maxima m_n, sums of exp(l_nv - m_n) and target logits, over all N rows or (head_chunks > 1) chunk by
+ * chunk; then, once for all rows, an all-reduce MAX of the maxima and one all-reduce SUM of
+ * [sum of exponentials rescaled to the global maximum | target logit]. Two collectives per micro-batch for any k. */
 static void head_forward(mt_model_t m, mt_acts_t a, const float *inp) {
     tp_impl_t *g = m->impl;
     int C = m->cfg.n_embd, L = m->cfg.n_layer, k = m->cfg.head_chunks;
@@ -374,7 +375,7 @@ static void head_forward(mt_model_t m, mt_acts_t a, const float *inp) {
     head_carve(m, a, &h);
     mt_layernorm_forward(h.lnf, h.mean, h.rstd, inp, PD(p), PD(p + 1), (int)R, C);
     const float *x = f_forward(g, h.lnf, h.lnf_full, N, C);
-    float *st = g->ws + ws_stats(&m->cfg, g, N); /* [max (n) | sumexp (n) | target logit (n)] of a chunk */
+    float *mx = g->ws + ws_stats(&m->cfg, g, N), *sums = mx + N; /* [local max | sumexp | target logit] (N each) */
     for (int j = 0; j < k; j++) {
         size_t j0, n = mt_model_head_chunk(N, k, j, &j0);
         if (n == 0) {
@@ -382,36 +383,35 @@ static void head_forward(mt_model_t m, mt_acts_t a, const float *inp) {
         }
         const float *lg = head_logits(m, &h, x, N, j0, n);
         const int32_t *tg = a->targets + j0;
-        float *mx = st, *sums = st + n;
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < n; i++) {
             const float *l = lg + i * Vl;
-            float v = -INFINITY;
+            float v = -INFINITY, s = 0.0f;
             for (int c = 0; c < Vr; c++) {
                 v = l[c] > v ? l[c] : v;
             }
-            mx[i] = v;
-        }
-        if (g->err == MT_OK) {
-            note(g, g->ops->all_reduce_max(g->ops->ctx, mx, n), "all-reduce (max)");
-        }
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < n; i++) {
-            const float *l = lg + i * Vl;
-            float s = 0.0f;
             for (int c = 0; c < Vr; c++) {
-                s += expf(l[c] - mx[i]);
+                s += expf(l[c] - v);
             }
-            sums[i] = s;
+            mx[j0 + i] = v;
+            sums[j0 + i] = s;
             int t = tg[i] - g->v0;
-            sums[n + i] = tg[i] >= 0 && t >= 0 && t < Vr ? l[t] : 0.0f;
+            sums[N + j0 + i] = tg[i] >= 0 && t >= 0 && t < Vr ? l[t] : 0.0f;
         }
-        all_reduce(g, sums, 2 * n);
-        for (size_t i = 0; i < n; i++) {
-            float z = mx[i] + logf(sums[i]);
-            h.lse[j0 + i] = z;
-            h.losses[j0 + i] = tg[i] >= 0 ? z - sums[n + i] : 0.0f;
-        }
+    }
+    float *gmax = h.lse; /* the global maxima, until lse is written over them */
+    memcpy(gmax, mx, N * sizeof(float));
+    if (g->err == MT_OK) {
+        note(g, g->ops->all_reduce_max(g->ops->ctx, gmax, N), "all-reduce (max)");
+    }
+    for (size_t i = 0; i < N && Vr > 0; i++) { /* a rank with no real column adds 0 (its local max is -inf) */
+        sums[i] *= expf(mx[i] - gmax[i]);
+    }
+    all_reduce(g, sums, 2 * N);
+    for (size_t i = 0; i < N; i++) {
+        float z = gmax[i] + logf(sums[i]);
+        h.lse[i] = z;
+        h.losses[i] = a->targets[i] >= 0 ? z - sums[N + i] : 0.0f;
     }
     a->n_valid = mt_softmax_ce_mean(&a->loss, h.losses, a->targets, N);
 }
