@@ -123,13 +123,15 @@ static __global__ void colsum_partial_vec_kernel(float *partial, const T *src, i
 }
 
 /* out (N rows of OC columns, row stride ld) += bias, each row: the bias the epilogue could not take
- * (epilogue_bias). One rounding to T after the product's own, where the epilogue rounds once. */
+ * (epilogue_bias). One rounding to T after the product's own, where the epilogue rounds once. Threads run along a
+ * row's columns (coalesced), the grid's y dimension down the rows: no division per element. */
 template <typename T> static __global__ void bias_add_kernel(T *out, int ld, const T *bias, int N, int OC) {
-    size_t n = (size_t)N * OC;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        size_t r = i / (size_t)OC, c = i % (size_t)OC;
-        T *o = out + r * (size_t)ld + c;
-        *o = from_f32<T>(to_f32(*o) + to_f32(bias[c]));
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < OC; c += gridDim.x * blockDim.x) {
+        float b = to_f32(bias[c]);
+        for (int r = blockIdx.y; r < N; r += gridDim.y) {
+            T *o = out + (size_t)r * ld + c;
+            *o = from_f32<T>(to_f32(*o) + b);
+        }
     }
 }
 
@@ -195,17 +197,20 @@ static int aligned_part(int OC) {
 }
 
 /* Whether cuBLASLt's epilogue may read this bias: the heuristic's alignment preferences cover A, B, C and D but not
- * the bias pointer, and its kernels may assume 16 bytes (a misaligned-address fault, reported for PyTorch,
- * pytorch/pytorch#194497, and for Marian on A100s). A bias at an odd offset of the flat parameter buffer (a tp
- * shard's, or an MLP width not a multiple of 8 in bf16/f16) is added after the product instead. */
+ * the bias pointer, and its kernels may assume 16 bytes (a misaligned-address fault reported by Marian's users on
+ * A100s; pytorch/pytorch#194497, an open pull request, proposes the same fallback). A bias at an odd offset of the
+ * flat parameter buffer (a tp shard's, or an MLP width not a multiple of 8 in bf16/f16) is added after the product
+ * instead. */
 static bool epilogue_bias(const void *bias) {
     return bias && (uintptr_t)bias % 16 == 0;
 }
 
 static cudaError_t bias_add(void *out, int ld, const void *bias, int N, int OC, int dt, cudaStream_t s) {
-    MT_CU_DISPATCH(dt, T,
-                   bias_add_kernel<T>
-                   <<<mt_cu_blocks((size_t)N * OC, 256), 256, 0, s>>>((T *)out, ld, (const T *)bias, N, OC));
+    if (N <= 0 || OC <= 0) {
+        return cudaSuccess;
+    }
+    dim3 grid((unsigned)((OC + 255) / 256), (unsigned)min(N, 4096));
+    MT_CU_DISPATCH(dt, T, bias_add_kernel<T><<<grid, 256, 0, s>>>((T *)out, ld, (const T *)bias, N, OC));
     return cudaGetLastError();
 }
 

@@ -138,11 +138,11 @@ static void test_matmul(void) {
      * in two products), as the GPT-2 vocabulary's 50257 is; shape 2: the weight and the bias one element past a
      * 16-byte boundary, as at an odd offset of the flat parameter buffer (a tp shard or an MLP width that is not
      * a multiple of 8): the bias must not reach cuBLASLt's epilogue, which may assume 16 bytes (the emulator
-     * fails such a product) */
+     * fails such a product), and is added after it into an output whose row stride is not its width */
     for (int mode = 0; mode < 12; mode++) { /* f32, tf32, bf16, f16 at each shape */
         int shape = mode / 4;
         int N = (int[]){67, 37, 29}[shape], C = (int[]){96, 64, 40}[shape];
-        int OC = (int[]){80, 300, 104}[shape], LDO = (int[]){88, 304, 104}[shape];
+        int OC = (int[]){80, 300, 104}[shape], LDO = (int[]){88, 304, 112}[shape];
         size_t off = shape == 2; /* elements the weight and the bias sit past an allocation's start */
         int dt = mode % 4 < 2 ? MT_CU_F32 : dts[mode % 4 - 1];
         bool tf32 = mode % 4 == 1;

@@ -1094,6 +1094,14 @@ static void tensor(const char *dir) {
         CHECK(hc.mem_peak[MT_MEM_ACTIVATIONS] < sp.mem_peak[MT_MEM_ACTIVATIONS],
               "tp 2 + sp: device activation bytes %lld with head chunks, %lld without",
               (long long)hc.mem_peak[MT_MEM_ACTIVATIONS], (long long)sp.mem_peak[MT_MEM_ACTIVATIONS]);
+        /* and with the tp collectives in 3 pieces (the head's gather in pieces, the chunks after it) */
+        mt_job_result_t hcc;
+        const char *hcc_a[] = {ev[0], ev[1], "--parallel.sequence_parallel=true", "--parallel.tp_comm_chunks=3",
+                               "--model.head_chunks=5"};
+        CHECK_OK(run_mesh("cuda", 2, 1, 5, hcc_a, &hcc));
+        same_losses("tp 2 + sp, tp_comm_chunks = 3, head_chunks = 5 vs 1", &hcc, &sp, SAME_TOL);
+        same_norms("tp 2 + sp, tp_comm_chunks = 3, head_chunks = 5 vs 1", &hcc, &sp, SAME_TOL);
+        mt_job_result_free(&hcc);
         const char *hce_a[] = {ev[0], "--model.head_chunks=4"};
         CHECK_OK(run_mesh("cuda", 2, 1, 2, hce_a, &hce));
         same_losses("tp 2, an empty vocabulary shard, head_chunks = 4 vs 1", &hce, &eg, SAME_TOL);
