@@ -93,7 +93,17 @@ static mt_status_t build_mesh(const mt_config_t *cfg, mt_mesh_t **mesh, char *de
             o += (size_t)snprintf(desc + o, len - o, "; %s groups %s", mt_axis_name((mt_axis_t)a), g);
         }
     }
-    if (o < len) {
+    if (o < len && rep.action == MT_BIND_KEPT_LAUNCHER && rep.device.kind != MT_DEVKIND_GPU &&
+        rep.n_threads < rep.plan.n_cores) {
+        /* mpirun binds each of up to two ranks to one core: a one-rank job on a many-core node uses one */
+        char bound[128];
+        mt_cpuset_format(&rep.bound, bound, sizeof(bound));
+        snprintf(desc + o, len - o,
+                 "; rank 0 on cpu:%s, %d thread%s (kept-launcher: the launcher bound it to %d of the %d cores "
+                 "planned for it; launch with `mpirun --bind-to none` or `srun --cpu-bind=none`, or set "
+                 "runtime.bind = \"force\", to use them all)",
+                 bound, rep.n_threads, rep.n_threads == 1 ? "" : "s", rep.n_threads, rep.plan.n_cores);
+    } else if (o < len) {
         snprintf(desc + o, len - o, "; rank 0 on %s, %d thread%s (%s)", rep.device_str, rep.n_threads,
                  rep.n_threads == 1 ? "" : "s", mt_topo_bind_action_str(rep.action));
     }

@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "cmd.h"
+#include "runtime/blas.h"
+#include "runtime/cpu.h"
 #include "runtime/rt.h"
 
 #if MT_HAVE_NCCL
@@ -49,6 +51,11 @@ int mt_cmd_version(int argc, char **argv) {
 #else
     printf("  NCCL:   no\n");
 #endif
-    printf("  BLAS:   OpenBLAS (CBLAS)\n");
+    printf("  BLAS:   %s\n", mt_blas_describe());
+    mt_cpu_t cpu;
+    mt_cpu_detect(&cpu);
+    char feat[400];
+    mt_cpu_features_str(&cpu, feat, sizeof(feat));
+    printf("  CPU:    %s (%s; %s)\n", cpu.brand[0] ? cpu.brand : "unknown", mt_cpu_vector_isa(&cpu), feat);
     return 0;
 }

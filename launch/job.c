@@ -16,6 +16,7 @@
 #include "models/llmc.h"
 #include "models/model_config.h"
 #include "runtime/alloc.h"
+#include "runtime/blas.h"
 #include "runtime/numerics.h"
 #include "runtime/watchdog.h"
 #include "runtime/rt.h"
@@ -485,6 +486,9 @@ static void print_header(job_t *j) {
         fprintf(j->out, "mesh: %s\n", j->opts->mesh_desc);
     } else {
         fprintf(j->out, "mesh: %d rank%s = dp %d x tp 1 x pp 1\n", j->world, j->world == 1 ? "" : "s", j->info.dp_size);
+    }
+    if (!j->engine->peak_flops) { /* the CPU engine: its matrix products are OpenBLAS's */
+        fprintf(j->out, "matrix library: %s\n", mt_blas_describe());
     }
     double n = (double)j->n_params;
     fprintf(j->out,

@@ -1,8 +1,9 @@
 /* What a training job reports: the progress line of each logged step (loss, lr, gradient norm, step
  * time, tokens/s, MFU, peak memory, exposed communication, ETA), metrics.jsonl (one JSON object per
  * step from rank 0, and one file per rank with metrics.per_rank), and the closing summary. MFU divides
- * the model's FLOPs (mt_model_flops_per_token) by the job's peak: on CPUs the sgemm rate measured once
- * per machine and thread count and cached (docs/metrics.md).
+ * the model's FLOPs (mt_model_flops_per_token) by the job's peak: on CPUs the f32 vector peak of the cores
+ * (FMA chains timed at start-up, runtime/cpu.h), with the ratio to a measured sgemm (cached per machine,
+ * thread count and OpenBLAS kernel) beside it (docs/metrics.md).
  * SPDX-License-Identifier: MIT */
 #include <cblas.h>
 #include <errno.h>
@@ -13,20 +14,24 @@
 #include <unistd.h>
 
 #include "job_impl.h"
+#include "runtime/blas.h"
+#include "runtime/cpu.h"
 #include "runtime/rt.h"
 
 /* Directory of the sgemm cache ("" = $XDG_CACHE_HOME/meshtrain or $HOME/.cache/meshtrain; "off" =
  * measure at every start-up, write nothing). */
 MT_PARAM_STR(sgemm_cache, "SGEMM_CACHE", "")
-/* Peak GFLOP/s per core to use instead of measuring (0 = measure). */
+/* Peak GFLOP/s per core to use instead of measuring the vector peak and sgemm (0 = measure). */
 MT_PARAM(peak_gflops_core, "PEAK_GFLOPS_PER_CORE", 0)
 
 struct job_metrics {
     FILE *jsonl;     /* rank 0: metrics.jsonl */
     FILE *rank_file; /* metrics.per_rank: this rank's own figures */
     char path[1024], rank_path[1040];
-    double peak_flops; /* the job's peak FLOP/s, 0 = unknown */
-    char peak_src[256];
+    double peak_flops;  /* the job's peak FLOP/s, 0 = unknown */
+    double sgemm_flops; /* CPUs: the job's cores at the measured sgemm rate, 0 = not measured */
+    char peak_src[512];
+    char sgemm_src[320]; /* CPUs: where the sgemm rate came from ("" = not measured) */
     char cache_path[1024]; /* rank 0: the sgemm cache file the peak came from or went to ("" = none) */
     int64_t log_every, steps, first_step;
     double tokens; /* global tokens per step */
@@ -68,11 +73,6 @@ static double sgemm_measure(int n) {
 /* Per-core sgemm FLOP/s on rank 0 with its thread count: the override, the cache, or a measurement
  * (then cached). src says which. */
 static double sgemm_per_core(int threads, char *src, size_t src_len, char *cache_out, size_t cache_len) {
-    if (mt_param_peak_gflops_core() > 0) {
-        snprintf(src, src_len, "%lld GFLOP/s per core from MESHTRAIN_PEAK_GFLOPS_PER_CORE",
-                 (long long)mt_param_peak_gflops_core());
-        return (double)mt_param_peak_gflops_core() * 1e9;
-    }
     char host[128] = "host", dir[768] = "", path[1024] = "";
     gethostname(host, sizeof(host) - 1);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -88,7 +88,9 @@ static double sgemm_per_core(int threads, char *src, size_t src_len, char *cache
         } else {
             use_cache = false;
         }
-        snprintf(path, sizeof(path), "%s/sgemm-%s-%ldcpu-%dt.txt", dir, host, ncpu, threads);
+        /* the kernel is part of the key: a rate measured with another kernel says nothing about this one */
+        snprintf(path, sizeof(path), "%s/sgemm-%s-%ldcpu-%dt-%s.txt", dir, host, ncpu, threads,
+                 openblas_get_corename());
         snprintf(cache_out, cache_len, "%s", path);
     }
     if (use_cache) {
@@ -122,8 +124,8 @@ static double sgemm_per_core(int threads, char *src, size_t src_len, char *cache
         mkdir(dir, 0755);
         FILE *f = fopen(tmp, "w");
         if (f &&
-            fprintf(f, "%.3f\n# sgemm 1024^3 GFLOP/s per core with %d OpenBLAS threads on %s\n", rate / 1e9, threads,
-                    host) > 0 &&
+            fprintf(f, "%.3f\n# sgemm 1024^3 GFLOP/s per core with %d OpenBLAS threads (%s) on %s\n", rate / 1e9,
+                    threads, mt_blas_short(), host) > 0 &&
             fclose(f) == 0 && rename(tmp, path) == 0) {
             snprintf(src, src_len, "%.1f GFLOP/s per core (sgemm measured now, cached in %s)", rate / 1e9, path);
         } else {
@@ -161,14 +163,31 @@ static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
     }
     int threads = openblas_get_num_threads();
     threads = threads > 0 ? threads : 1;
-    double per_core = 0.0;
+    /* rank 0 measures: [0] the vector peak of one core, [1] the sgemm rate per core (0: not measured) */
+    double per_core[2] = {0.0, 0.0};
     if (j->rank == 0) {
-        per_core = sgemm_per_core(threads, m->peak_src, sizeof(m->peak_src), m->cache_path, sizeof(m->cache_path));
+        char *sg = m->sgemm_src;
+        if (mt_param_peak_gflops_core() > 0) {
+            per_core[0] = (double)mt_param_peak_gflops_core() * 1e9;
+            snprintf(m->peak_src, sizeof(m->peak_src), "%lld GFLOP/s per core from MESHTRAIN_PEAK_GFLOPS_PER_CORE",
+                     (long long)mt_param_peak_gflops_core());
+        } else {
+            mt_cpu_t cpu;
+            mt_cpu_detect(&cpu);
+            per_core[0] = mt_cpu_f32_peak_core(&cpu);
+            snprintf(m->peak_src, sizeof(m->peak_src), "f32 %s %.1f GFLOP/s per core (FMA chains, measured now)",
+                     mt_cpu_vector_isa(&cpu), per_core[0] / 1e9);
+            per_core[1] = sgemm_per_core(threads, sg, sizeof(m->sgemm_src), m->cache_path, sizeof(m->cache_path));
+        }
+        if (per_core[0] <= 0) {
+            snprintf(m->peak_src, sizeof(m->peak_src), "vector peak measurement failed");
+        }
     }
     /* The other ranks sleep while rank 0 measures: spinning (or yielding) in a broadcast would take cores
      * from the measurement when ranks share them. */
-    MT_CHECK(mt_job_bcast_sleepy(&j->sync, "peak_flops", &per_core, 1, MPI_DOUBLE, 0));
+    MT_CHECK(mt_job_bcast_sleepy(&j->sync, "peak_flops", per_core, 2, MPI_DOUBLE, 0));
     MT_CHECK(mt_job_bcast(&j->sync, "peak_source", m->peak_src, (int)sizeof(m->peak_src), MPI_CHAR, 0));
+    MT_CHECK(mt_job_bcast(&j->sync, "sgemm_source", m->sgemm_src, (int)sizeof(m->sgemm_src), MPI_CHAR, 0));
     /* threads of the ranks on this node: every rank's (node, threads), summed over this node's */
     int mine_nt[2] = {w->node_id, threads}, *all_nt = malloc(2 * sizeof(int) * (size_t)j->world);
     if (!all_nt) {
@@ -185,9 +204,14 @@ static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
     double node_cores = (double)MT_MIN((long)local_threads, ncpu > 0 ? ncpu : local_threads);
     double mine = (double)threads * node_cores / (double)local_threads, cores = 0.0;
     MT_CHECK(mt_job_allreduce(&j->sync, "peak_cores", &mine, &cores, 1, MPI_DOUBLE, MPI_SUM));
-    m->peak_flops = per_core * cores;
-    char more[96];
+    m->peak_flops = per_core[0] * cores;
+    m->sgemm_flops = per_core[1] * cores;
+    char more[420];
     snprintf(more, sizeof(more), " x %.0f core%s = %.1f GFLOP/s", cores, cores == 1 ? "" : "s", m->peak_flops / 1e9);
+    if (m->sgemm_flops > 0) { /* the ratio to a large product is printed next to MFU */
+        size_t l = strlen(more);
+        snprintf(more + l, sizeof(more) - l, "; sgemm %.1f GFLOP/s = %s", m->sgemm_flops / 1e9, m->sgemm_src);
+    }
     size_t l = strlen(m->peak_src);
     snprintf(m->peak_src + l, sizeof(m->peak_src) - l, "%s", more);
     return MT_OK;
@@ -377,6 +401,9 @@ static void write_json(FILE *f, const job_metrics_t *m, const job_t *j, const mt
         fprintf(f, ", \"val_loss\": %.17g", r->val_loss);
     }
     fprintf(f, ", \"data_rows\": %lld", (long long)r->data_rows); /* this rank's; rank 0's in metrics.jsonl */
+    if (!j->engine->peak_flops) { /* the CPU engine: the matrix library and kernel its products ran on */
+        fprintf(f, ", \"blas\": \"%s\"", mt_blas_short());
+    }
     if (r->has_bytes) {
         fprintf(f, ", \"comm_bytes\": {\"model\": %.0f, \"other\": %.0f", r->bytes_model, r->bytes_other);
         if (r->has_groups) {
@@ -484,18 +511,19 @@ mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *r
     res->mem_peak_total = maxed[MT_MEM_NCAT];
     res->steady_tokens_per_s = m->steady_s > 0 ? m->tokens * (double)m->n_steady / m->steady_s : 0.0;
     res->mfu = mfu_of(m, j, res->steady_tokens_per_s);
+    double of_sgemm = m->sgemm_flops > 0 ? j->flops_per_token * res->steady_tokens_per_s / m->sgemm_flops : 0.0;
     if (res->mfu > 1.0 && j->rank == 0) {
-        /* The model ran faster than the "peak": the sgemm was measured while other work shared the cores. */
+        /* Faster than the cores' vector peak: the probe ran while other work shared the cores. */
         MT_WARN("the job reached %.0f%% of the peak it measures MFU against (%s): that peak is too low, measured "
-                "while the cores were busy%s%s",
-                100.0 * res->mfu, m->peak_src,
-                m->cache_path[0] ? "; removing the cache so the next job measures "
-                                   "again: "
-                                 : "",
-                m->cache_path);
-        if (m->cache_path[0]) {
-            unlink(m->cache_path);
-        }
+                "while the cores were busy",
+                100.0 * res->mfu, m->peak_src);
+    }
+    if (of_sgemm > 1.0 && j->rank == 0 && m->cache_path[0]) {
+        /* Faster than sgemm: the cached rate was measured while other work shared the cores. */
+        MT_WARN("the job ran at %.0f%% of the sgemm rate it compares against (%s): that rate is too low, measured "
+                "while the cores were busy; removing the cache so the next job measures again: %s",
+                100.0 * of_sgemm, m->sgemm_src, m->cache_path);
+        unlink(m->cache_path);
     }
     if (!j->out) {
         return MT_OK;
@@ -508,6 +536,9 @@ mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *r
                 (long long)res->n_steps, res->steady_tokens_per_s);
         if (m->peak_flops > 0) {
             fprintf(o, ", MFU %.2f%%", 100.0 * res->mfu);
+        }
+        if (of_sgemm > 0) {
+            fprintf(o, " (%.1f%% of sgemm)", 100.0 * of_sgemm);
         }
     }
     if (ran > 0) {

@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "cmd.h"
+#include "runtime/blas.h"
+#include "runtime/config.h"
 #include "runtime/rt.h"
 
 typedef struct {
@@ -23,6 +25,25 @@ static const subcommand_t subcommands[] = {
     {"plan", mt_cmd_plan, "predict memory and step time of every layout of a job on a cluster and pick one"},
     {"bench", mt_cmd_bench, "collective microbenchmarks (`meshtrain bench coll`, nccl-tests style)"},
 };
+
+/* runtime.blas_core of the job a `train` command line describes, read before MPI (the kernel must be chosen
+ * before anything else runs). A config that does not load gives "auto" here; the command reports its errors
+ * itself. The returned string is static. */
+static const char *blas_request(int argc, char **argv) {
+    static char req[32] = "auto";
+    mt_config_cli_t cli;
+    if (mt_config_split_args(argc, argv, &cli) != MT_OK) {
+        return req;
+    }
+    mt_config_t *cfg = NULL;
+    if (mt_config_load(cli.path ? cli.path : MT_CONFIG_EMBEDDED, cli.n_overrides, cli.overrides, 0, &cfg, NULL) ==
+        MT_OK) {
+        snprintf(req, sizeof(req), "%s", mt_config_str(cfg, "runtime.blas_core"));
+        mt_config_free(cfg);
+    }
+    mt_config_cli_free(&cli);
+    return req;
+}
 
 static void usage(FILE *out) {
     fprintf(out, "usage: meshtrain <command> [options]\n"
@@ -53,6 +74,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "meshtrain: unknown command '%s'\n\n", name);
         usage(stderr);
         return 2;
+    }
+    /* The matrix library's kernel (runtime/blas.h): for the commands that multiply matrices, and `version`,
+     * which reports what `train` would run. This may restart the process before MPI starts. */
+    bool train = !strcmp(cmd->name, "train") || !strcmp(cmd->name, "train3d");
+    if (train || !strcmp(cmd->name, "version")) {
+        int brc = mt_blas_startup(argv, train ? blas_request(argc - 1, argv + 1) : "auto");
+        if (brc != 0) {
+            return brc;
+        }
     }
     if (mt_rt_init(&argc, &argv) != MT_OK) {
         fprintf(stderr, "meshtrain: MPI start-up failed: %s\n", mt_last_error_msg());

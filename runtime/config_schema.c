@@ -4,6 +4,7 @@
  * SPDX-License-Identifier: MIT */
 #include <float.h>
 
+#include "blas.h"
 #include "config.h"
 
 #define I(k, d, lo, hi, h) {k, MT_CFG_INT, d, lo, hi, NULL, h}
@@ -89,6 +90,9 @@ static const mt_cfg_schema_t schema[] = {
     S("profile.memory", "", NULL, "allocator history output path"),
     /* [runtime] */
     S("runtime.bind", "auto", "auto|force|none", "CPU binding: keep the launcher's, force ours, or none"),
+    S("runtime.blas_core", "auto", MT_BLAS_CORE_CHOICES,
+      "OpenBLAS kernel: auto = the best this CPU runs when OpenBLAS chose a weaker one and OPENBLAS_CORETYPE / "
+      "OPENBLAS_L2_SIZE are unset; keep = OpenBLAS's choice; or a kernel by name (an error if the CPU cannot run it)"),
     S("runtime.nic", "none", "none|auto", "export the nearest NIC for NCCL"),
     S("runtime.device", "auto", "auto|cpu|cuda", "where to compute"),
     S("runtime.gpu_comm", "auto", "auto|nccl|mpi",
