@@ -27,19 +27,24 @@ static const subcommand_t subcommands[] = {
 };
 
 /* runtime.blas_core of the job a `train` command line describes, read before MPI (the kernel must be chosen
- * before anything else runs). A config that does not load gives "auto" here; the command reports its errors
- * itself. The returned string is static. */
+ * before anything else runs). Only that key is read here (a config with errors elsewhere still gives it; the
+ * command reports every error itself). The returned string is static. */
 static const char *blas_request(int argc, char **argv) {
     static char req[32] = "auto";
     mt_config_cli_t cli;
     if (mt_config_split_args(argc, argv, &cli) != MT_OK) {
         return req;
     }
-    mt_config_t *cfg = NULL;
-    if (mt_config_load(cli.path ? cli.path : MT_CONFIG_EMBEDDED, cli.n_overrides, cli.overrides, 0, &cfg, NULL) ==
-        MT_OK) {
-        snprintf(req, sizeof(req), "%s", mt_config_str(cfg, "runtime.blas_core"));
-        mt_config_free(cfg);
+    char v[32];
+    mt_config_peek_str(cli.path ? cli.path : MT_CONFIG_EMBEDDED, cli.n_overrides, cli.overrides, "runtime.blas_core", v,
+                       sizeof(v));
+    /* a value outside the choices stays "auto" here: the config load names it with the valid ones */
+    const char *choices = MT_BLAS_CORE_CHOICES;
+    size_t n = strlen(v);
+    for (const char *c = choices; c; c = strchr(c, '|') ? strchr(c, '|') + 1 : NULL) {
+        if (!strncmp(c, v, n) && (c[n] == '|' || c[n] == '\0') && n > 0) {
+            snprintf(req, sizeof(req), "%s", v);
+        }
     }
     mt_config_cli_free(&cli);
     return req;

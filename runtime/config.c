@@ -558,6 +558,65 @@ mt_status_t mt_config_load(const char *path, int n_overrides, char *const *overr
     return MT_OK;
 }
 
+typedef struct {
+    const char *key;
+    char *out;
+    size_t len;
+} peek_ctx_t;
+
+static void peek_kv(void *arg, const char *key, int line, mt_toml_value_t *v) {
+    (void)line;
+    peek_ctx_t *p = arg;
+    if (!strcmp(key, p->key) && v->kind == MT_TOML_STRING) {
+        snprintf(p->out, p->len, "%s", v->s);
+    }
+    free(v->kind == MT_TOML_STRING ? v->s : NULL);
+}
+
+static void peek_error(void *arg, int line, const char *msg) {
+    (void)arg;
+    (void)line;
+    (void)msg;
+}
+
+void mt_config_peek_str(const char *path, int n_overrides, char *const *overrides, const char *key, char *out,
+                        size_t len) {
+    size_t n = 0;
+    const mt_cfg_schema_t *schema = mt_config_schema(&n);
+    out[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        if (!strcmp(schema[i].key, key)) {
+            snprintf(out, len, "%s", schema[i].dflt);
+        }
+    }
+    peek_ctx_t p = {key, out, len};
+    if (path && !strcmp(path, MT_CONFIG_EMBEDDED)) {
+        mt_toml_parse(mt_config_default_toml, peek_kv, peek_error, &p);
+    } else if (path) {
+        const char *why = NULL;
+        char *text = read_file(path, &why);
+        if (text) {
+            mt_toml_parse(text, peek_kv, peek_error, &p);
+            free(text);
+        }
+    }
+    size_t klen = strlen(key);
+    for (int i = 0; i < n_overrides; i++) {
+        const char *a = overrides[i] + (strncmp(overrides[i], "--", 2) == 0 ? 2 : 0);
+        if (!strncmp(a, key, klen) && a[klen] == '=') {
+            mt_toml_value_t tv;
+            if (mt_toml_parse_value(a + klen + 1, &tv, NULL)) {
+                if (tv.kind == MT_TOML_STRING) {
+                    snprintf(out, len, "%s", tv.s);
+                    free(tv.s);
+                }
+            } else {
+                snprintf(out, len, "%s", a + klen + 1); /* a bare word, as mt_config_load takes it */
+            }
+        }
+    }
+}
+
 void mt_config_free(mt_config_t *cfg) {
     if (!cfg) {
         return;

@@ -63,6 +63,12 @@ mt_status_t mt_config_load(const char *path, int n_overrides, char *const *overr
 mt_status_t mt_config_load_world(MPI_Comm comm, const char *path, int n_overrides, char *const *overrides,
                                  mt_config_t **out);
 
+/* One string key as mt_config_load would set it (the last override, else the file, else the default),
+ * into out, without validating anything else: local, for decisions taken before MPI starts. A file that
+ * cannot be read or parsed gives the default; the real load reports it. */
+void mt_config_peek_str(const char *path, int n_overrides, char *const *overrides, const char *key, char *out,
+                        size_t len);
+
 void mt_config_free(mt_config_t *cfg);
 
 /* Typed getters. The key must be in the schema with that type: asking for anything else is a

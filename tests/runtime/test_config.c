@@ -263,6 +263,26 @@ static void test_split_args(void) {
     CHECK(strstr(mt_last_error_msg(), "two config files"), "message");
 }
 
+/* mt_config_peek_str (read before MPI): the default, the file's value, the last override, a bare word; a
+ * file with errors elsewhere still gives the key, a missing file the default. */
+static void test_peek(void) {
+    char v[64];
+    mt_config_peek_str(NULL, 0, NULL, "runtime.blas_core", v, sizeof(v));
+    CHECK(!strcmp(v, "auto"), "default: %s", v);
+    mt_config_peek_str(MT_CONFIG_EMBEDDED, 0, NULL, "runtime.blas_core", v, sizeof(v));
+    CHECK(!strcmp(v, "auto"), "embedded default job: %s", v);
+    const char *path = write_tmp("peek.toml", "[parallel]\ntp = \"not a number\"\n[runtime]\nblas_core = \"Haswell\"\n");
+    mt_config_peek_str(path, 0, NULL, "runtime.blas_core", v, sizeof(v));
+    CHECK(!strcmp(v, "Haswell"), "from the file despite an error elsewhere: %s", v);
+    char *ov[] = {"--runtime.blas_core=\"Zen\"", "--parallel.tp=2", "--runtime.blas_core=keep"};
+    mt_config_peek_str(path, 2, ov, "runtime.blas_core", v, sizeof(v));
+    CHECK(!strcmp(v, "Zen"), "a quoted override wins over the file: %s", v);
+    mt_config_peek_str(path, 3, ov, "runtime.blas_core", v, sizeof(v));
+    CHECK(!strcmp(v, "keep"), "the last override (a bare word) wins: %s", v);
+    mt_config_peek_str("/nonexistent/x.toml", 0, NULL, "runtime.blas_core", v, sizeof(v));
+    CHECK(!strcmp(v, "auto"), "a missing file gives the default: %s", v);
+}
+
 int main(void) {
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
@@ -273,6 +293,7 @@ int main(void) {
     test_errors();
     test_derivations();
     test_split_args();
+    test_peek();
     char cmd[600];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
     if (system(cmd) != 0) {
