@@ -35,17 +35,9 @@ static const char *blas_request(int argc, char **argv) {
     if (mt_config_split_args(argc, argv, &cli) != MT_OK) {
         return req;
     }
-    char v[32];
-    mt_config_peek_str(cli.path ? cli.path : MT_CONFIG_EMBEDDED, cli.n_overrides, cli.overrides, "runtime.blas_core", v,
-                       sizeof(v));
-    /* a value outside the choices stays "auto" here: the config load names it with the valid ones */
-    const char *choices = MT_BLAS_CORE_CHOICES;
-    size_t n = strlen(v);
-    for (const char *c = choices; c; c = strchr(c, '|') ? strchr(c, '|') + 1 : NULL) {
-        if (!strncmp(c, v, n) && (c[n] == '|' || c[n] == '\0') && n > 0) {
-            snprintf(req, sizeof(req), "%s", v);
-        }
-    }
+    /* a value outside the choices gives "auto" here: the config load names it with the valid ones */
+    mt_config_peek_str(cli.path ? cli.path : MT_CONFIG_EMBEDDED, cli.n_overrides, cli.overrides, "runtime.blas_core",
+                       req, sizeof(req));
     mt_config_cli_free(&cli);
     return req;
 }

@@ -150,6 +150,20 @@ static void value_clear(cfg_value_t *v) {
 }
 
 /* Checks a parsed value against schema entry idx and stores it; reports type/range/choice errors. */
+/* Whether s is one of the '|'-separated choices. */
+static bool in_choices(const char *choices, const char *s) {
+    size_t len = strlen(s);
+    for (const char *c = choices; c && *c;) {
+        const char *bar = strchr(c, '|');
+        size_t n = bar ? (size_t)(bar - c) : strlen(c);
+        if (n == len && !strncmp(c, s, n)) {
+            return true;
+        }
+        c = bar ? bar + 1 : NULL;
+    }
+    return false;
+}
+
 static void store(load_ctx_t *ctx, int idx, int line, mt_toml_value_t *tv) {
     const mt_cfg_schema_t *sc = &ctx->cfg->schema[idx];
     cfg_value_t nv = {.source = ctx->source, .line = line};
@@ -202,17 +216,7 @@ static void store(load_ctx_t *ctx, int idx, int line, mt_toml_value_t *tv) {
             goto bad;
         }
         if (sc->choices) {
-            bool ok = false;
-            size_t len = strlen(tv->s);
-            for (const char *c = sc->choices; c && *c;) {
-                const char *bar = strchr(c, '|');
-                size_t n = bar ? (size_t)(bar - c) : strlen(c);
-                if (n == len && !strncmp(c, tv->s, n)) {
-                    ok = true;
-                }
-                c = bar ? bar + 1 : NULL;
-            }
-            if (!ok) {
+            if (!in_choices(sc->choices, tv->s)) {
                 report(ctx, line, "%s = \"%s\" is not valid: choose one of %s", sc->key, tv->s, sc->choices);
                 goto bad;
             }
@@ -582,11 +586,12 @@ static void peek_error(void *arg, int line, const char *msg) {
 void mt_config_peek_str(const char *path, int n_overrides, char *const *overrides, const char *key, char *out,
                         size_t len) {
     size_t n = 0;
-    const mt_cfg_schema_t *schema = mt_config_schema(&n);
+    const mt_cfg_schema_t *schema = mt_config_schema(&n), *sc = NULL;
     out[0] = '\0';
     for (size_t i = 0; i < n; i++) {
         if (!strcmp(schema[i].key, key)) {
-            snprintf(out, len, "%s", schema[i].dflt);
+            sc = &schema[i];
+            snprintf(out, len, "%s", sc->dflt);
         }
     }
     peek_ctx_t p = {key, out, len};
@@ -614,6 +619,9 @@ void mt_config_peek_str(const char *path, int n_overrides, char *const *override
                 snprintf(out, len, "%s", a + klen + 1); /* a bare word, as mt_config_load takes it */
             }
         }
+    }
+    if (sc && sc->choices && !in_choices(sc->choices, out)) {
+        snprintf(out, len, "%s", sc->dflt); /* the load reports it, naming the valid values */
     }
 }
 

@@ -65,7 +65,8 @@ mt_status_t mt_config_load_world(MPI_Comm comm, const char *path, int n_override
 
 /* One string key as mt_config_load would set it (the last override, else the file, else the default),
  * into out, without validating anything else: local, for decisions taken before MPI starts. A file that
- * cannot be read or parsed gives the default; the real load reports it. */
+ * cannot be read or parsed, or a value outside the key's choices, gives the default; the real load reports
+ * it. */
 void mt_config_peek_str(const char *path, int n_overrides, char *const *overrides, const char *key, char *out,
                         size_t len);
 

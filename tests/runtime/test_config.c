@@ -281,6 +281,9 @@ static void test_peek(void) {
     CHECK(!strcmp(v, "keep"), "the last override (a bare word) wins: %s", v);
     mt_config_peek_str("/nonexistent/x.toml", 0, NULL, "runtime.blas_core", v, sizeof(v));
     CHECK(!strcmp(v, "auto"), "a missing file gives the default: %s", v);
+    char *bad[] = {"--runtime.blas_core=SkylakeY"};
+    mt_config_peek_str(NULL, 1, bad, "runtime.blas_core", v, sizeof(v));
+    CHECK(!strcmp(v, "auto"), "a value outside the choices gives the default: %s", v);
 }
 
 int main(void) {
