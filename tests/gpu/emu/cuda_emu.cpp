@@ -55,6 +55,21 @@ static thread_local int wait_depth; /* inside a counted wait (or a poll): inner 
 size_t mt_emu_host_waits(int kind) {
     return kind >= 0 && kind < MT_EMU_WAIT_KINDS ? host_waits[kind].load() : 0;
 }
+static std::atomic<size_t> kernel_launches, matmuls, copy_bytes[cudaMemcpyDefault + 1];
+size_t mt_emu_kernel_launches(void) {
+    return kernel_launches.load();
+}
+size_t mt_emu_matmuls(void) {
+    return matmuls.load();
+}
+size_t mt_emu_copy_bytes(int kind) {
+    return kind >= 0 && kind <= cudaMemcpyDefault ? copy_bytes[kind].load() : 0;
+}
+static void copied(cudaMemcpyKind k, size_t bytes) {
+    if (k >= 0 && k <= cudaMemcpyDefault) {
+        copy_bytes[k] += bytes;
+    }
+}
 namespace {
 struct host_wait { /* kind < 0: a poll, or a call CUDA returns from at once: its inner synchronisation is no wait */
     explicit host_wait(int kind) {
@@ -435,6 +450,7 @@ extern "C" {
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k) {
     host_wait hw(k == cudaMemcpyDeviceToDevice ? -1 : MT_EMU_WAIT_COPY); /* device to device: no host wait */
     emu_api_calls++;
+    copied(k, bytes);
     std::lock_guard<std::recursive_mutex> g(smu);
     if (lazy()) {
         drain_blocking();
@@ -445,6 +461,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
 /* From pageable host memory the source is read before the call returns, into pageable host memory the call
  * waits for the stream and the copy (as CUDA's staging does); pinned and device memory wait their turn. */
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k, cudaStream_t s) {
+    copied(k, bytes);
     if (k == cudaMemcpyHostToDevice && !is_pinned(src)) {
         std::shared_ptr<std::vector<char>> copy = std::make_shared<std::vector<char>>((const char *)src,
                                                                                      (const char *)src + bytes);
@@ -483,6 +500,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
     if (width > dpitch || width > spitch) {
         return fail(cudaErrorInvalidValue);
     }
+    copied(k, width * height);
     auto rows = [=](char *d, const char *sp, size_t sp_pitch) {
         for (size_t r = 0; r < height; r++) {
             memmove(d + r * dpitch, sp + r * sp_pitch, width);
@@ -952,6 +970,7 @@ bool mt_emu_launch_ok(dim3 grid, dim3 block) {
         fail(cudaErrorInvalidConfiguration);
         return false;
     }
+    kernel_launches++;
     return true;
 }
 
@@ -1217,6 +1236,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     /* the descriptors by value: the caller may change or destroy them before the product runs */
     mt_emu_op o = *op;
     mt_emu_layout a = *ad, b = *bd, c = *cd, d = *dd;
+    matmuls++;
     mt_emu_enqueue(s, [=]() { lt_matmul(o, al, A, a, B, b, be, C, c, D, d, m, n, k, bias, gelu); });
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -83,6 +83,13 @@ enum {
     MT_EMU_WAIT_KINDS
 };
 size_t mt_emu_host_waits(int kind);
+/* Work issued so far: kernel launches (accepted <<<>>> launches), cuBLASLt products (cublasLtMatmul calls), and
+ * bytes copied by cudaMemcpy, cudaMemcpyAsync and cudaMemcpy2DAsync by direction (cudaMemcpyKind: host to host,
+ * host to device, device to host, device to device, default), for the per-step counts of the engine record
+ * (tests/engine). */
+size_t mt_emu_kernel_launches(void);
+size_t mt_emu_matmuls(void);
+size_t mt_emu_copy_bytes(int kind);
 
 #ifdef __cplusplus
 }
