@@ -29,6 +29,7 @@
 #include "runtime/cuda_alloc.h"
 #include "runtime/mesh.h"
 #include "runtime/rt.h"
+#include "tests/gpu/job_cuda_base.h"
 #include "testutil.h"
 
 enum { STEPS = 5, MAX_ARGS = 6, MAX_STEPS = 8, MAX_EVALS = 4 };
@@ -65,29 +66,10 @@ static const layout_t layouts[] = {
     {"tp2_pp2", 4, 2, 2, {NULL}},
 };
 
-static const char *const base[] = {
-    "--model.kind=gpt2",
-    "--model.n_layer=2",
-    "--model.n_head=2",
-    "--model.n_embd=32",
-    "--model.seq_len=16",
-    "--model.vocab_size=32",
-    "--data.kind=synthetic",
-    "--train.micro_batch=2",
-    "--train.grad_accum=2",
-    "--train.log_every=1",
-    "--optimizer.kind=adamw",
-    "--optimizer.lr=1e-2",
-    "--optimizer.warmup_steps=2",
-    "--optimizer.min_lr=1e-3",
-    "--optimizer.weight_decay=0.1",
-    "--train.steps=5",
-    "--train.eval_every=2",
-    "--train.eval_batches=1",
-    "--runtime.watchdog_s=120",
-    "--runtime.device=cuda",
-    "--metrics.jsonl=",
-};
+/* test_job_cuda's job, with an evaluation after steps 2 and 4 (and the last), the learning rate's floor above 0 so
+ * the last step moves the weights, on the GPU engine, no metrics file */
+static const char *const base[] = {MT_JOB_CUDA_BASE_ARGS,    "--optimizer.min_lr=1e-3", "--train.eval_every=2",
+                                   "--train.eval_batches=1", "--runtime.device=cuda",   "--metrics.jsonl="};
 
 /* One steady step's work, from the emulator's counters. */
 enum { C_LAUNCH, C_MATMUL, C_H2D, C_D2H, C_D2D, C_WAIT0, C_N = C_WAIT0 + MT_EMU_WAIT_KINDS };

@@ -59,6 +59,7 @@
 #include "runtime/mesh.h"
 #include "runtime/nvml.h"
 #include "runtime/rt.h"
+#include "job_cuda_base.h"
 #include "testutil.h"
 
 #ifndef MT_CUDA_EMULATED
@@ -82,24 +83,7 @@ enum { STEPS = 5 };
  * to its neighbour (not measured yet; the bf16 runs' tolerance against the CPU is 3e-2) */
 #define CHUNK_BF16_TOL (MT_CUDA_EMULATED ? SAME_TOL : 1e-2)
 
-static const char *base[] = {
-    "--model.kind=gpt2",
-    "--model.n_layer=2",
-    "--model.n_head=2",
-    "--model.n_embd=32",
-    "--model.seq_len=16",
-    "--model.vocab_size=32",
-    "--data.kind=synthetic",
-    "--train.micro_batch=2",
-    "--train.grad_accum=2",
-    "--train.log_every=1",
-    "--optimizer.kind=adamw",
-    "--optimizer.lr=1e-2",
-    "--optimizer.warmup_steps=2",
-    "--optimizer.weight_decay=0.1",
-    "--train.steps=5",
-    "--runtime.watchdog_s=120",
-};
+static const char *base[] = {MT_JOB_CUDA_BASE_ARGS};
 
 /* --staged: the GPU engine's communication through MPI and host memory (runtime.gpu_comm = "mpi"), ranks free to
  * share a GPU; --shared: ranks free to share a GPU with runtime.gpu_comm = "auto", which must then choose MPI
