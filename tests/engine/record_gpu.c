@@ -1,6 +1,6 @@
 /* The engine record of the GPU engine under the CPU emulator (issue 38: "record the before first"; the CPU
  * layouts are tests/engine/before.py's). Each layout below trains test_job_cuda's small GPT-2 (2 blocks, width 32,
- * 5 AdamW steps of 2 micro-batches, an evaluation after steps 2 and 4) with runtime.device = "cuda" on the
+ * 5 AdamW steps of 2 micro-batches, an evaluation after steps 2, 4 and 5) with runtime.device = "cuda" on the
  * world's ranks, and gives:
  *   - every step's loss and gradient norm and every validation loss (%.17g: the double exactly);
  *   - what one steady step costs: the kernel launches, cuBLASLt products, bytes copied by direction and host
