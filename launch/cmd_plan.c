@@ -137,29 +137,15 @@ static void print_table(FILE *out, const mt_plan_pred_t *v, int n, int top, cons
 
 /* The layout the job file (with its overrides) describes for `world` ranks. */
 static mt_status_t layout_of_config(const mt_config_t *cfg, mt_plan_layout_t *l) {
-    memset(l, 0, sizeof(*l));
-    l->tp = (int)mt_config_int(cfg, "parallel.tp");
-    l->pp = (int)mt_config_int(cfg, "parallel.pp");
-    l->dp = (int)mt_config_int(cfg, "parallel.dp");
+    mt_settings_t set;
+    MT_CHECK(mt_settings_read(cfg, &set));
+    mt_plan_layout_from_settings(&set.par, l);
     l->micro_batch = (int)mt_config_int(cfg, "train.micro_batch");
     l->microbatches = (int)mt_config_int(cfg, "train.grad_accum");
-    l->sp = mt_config_bool(cfg, "parallel.sequence_parallel");
-    l->schedule = strcmp(mt_config_str(cfg, "parallel.schedule"), "gpipe") ? MT_PLAN_1F1B : MT_PLAN_GPIPE;
-    if (l->pp == 1) {
-        l->schedule = MT_PLAN_1F1B;
-    }
     bool block = !strcmp(mt_config_str(cfg, "model.recompute"), "block");
     bool attn = mt_config_bool(cfg, "model.attn_recompute");
     l->recompute =
         block ? (attn ? MT_PLAN_RC_BLOCK_ATTN : MT_PLAN_RC_BLOCK) : (attn ? MT_PLAN_RC_ATTN : MT_PLAN_RC_NONE);
-    const char *eng = mt_config_str(cfg, "parallel.engine");
-    l->engine = strcmp(eng, "zero") ? MT_PLAN_DDP : (mt_plan_engine_t)mt_config_int(cfg, "parallel.zero_stage");
-    const char *reduce = mt_config_str(cfg, "parallel.dp_reduce");
-    if ((l->tp > 1 || l->pp > 1) && (!strcmp(reduce, "allreduce") || (!strcmp(reduce, "auto") && l->dp == 1))) {
-        l->engine = MT_PLAN_ALLREDUCE; /* `meshtrain train`'s built-in path (launch/job_mp.c) */
-    }
-    const char *order = mt_config_str(cfg, "parallel.order");
-    snprintf(l->order, sizeof(l->order), "%s", order);
     if (l->dp < 1 || l->micro_batch < 1 || l->microbatches < 1) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "the job's layout is not complete for this world (dp %d, micro_batch %d, "

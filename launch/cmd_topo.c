@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cmd.h"
+#include "parallel/settings.h"
 #include "runtime/config.h"
 #include "runtime/mesh.h"
 #include "runtime/rt.h"
@@ -333,10 +334,12 @@ typedef struct {
 } layout_t;
 
 static mt_status_t layout_from_config(const mt_config_t *cfg, layout_t *l) {
-    l->tp = (int)mt_config_int(cfg, "parallel.tp");
-    l->pp = (int)mt_config_int(cfg, "parallel.pp");
-    l->dp = (int)mt_config_int(cfg, "parallel.dp");
-    snprintf(l->order, sizeof(l->order), "%s", mt_config_str(cfg, "parallel.order"));
+    mt_settings_t set;
+    MT_CHECK(mt_settings_read(cfg, &set));
+    l->tp = set.par.tp;
+    l->pp = set.par.pp;
+    l->dp = set.par.dp;
+    snprintf(l->order, sizeof(l->order), "%s", set.par.order);
     l->use_gpus = strcmp(mt_config_str(cfg, "runtime.device"), "cpu") != 0;
     l->nic_auto = !strcmp(mt_config_str(cfg, "runtime.nic"), "auto");
     return mt_topo_bind_mode_parse(mt_config_str(cfg, "runtime.bind"), &l->bind);

@@ -70,12 +70,15 @@ static mt_status_t build_mesh(const mt_config_t *cfg, mt_mesh_t **mesh, char *de
     mt_topo_t *topo = NULL;
     mt_topo_report_t rep;
     MT_CHECK(mt_topo_startup(cfg, &topo, &rep));
-    int tp = (int)mt_config_int(cfg, "parallel.tp"), pp = (int)mt_config_int(cfg, "parallel.pp");
-    int dp = (int)mt_config_int(cfg, "parallel.dp");
+    mt_settings_t set;
+    mt_status_t st = mt_settings_read(cfg, &set);
+    int tp = set.par.tp, pp = set.par.pp, dp = set.par.dp;
     bool use_gpus = strcmp(mt_config_str(cfg, "runtime.device"), "cpu") != 0;
     char order[16], why[256], warn[256];
-    mt_status_t st = mt_topo_resolve_order(topo, &rep, mt_config_str(cfg, "parallel.order"), tp, pp, dp, use_gpus,
-                                           order, why, sizeof(why), warn, sizeof(warn));
+    if (st == MT_OK) {
+        st = mt_topo_resolve_order(topo, &rep, set.par.order, tp, pp, dp, use_gpus, order, why, sizeof(why), warn,
+                                   sizeof(warn));
+    }
     mt_topo_free(topo);
     MT_CHECK(st);
     if (warn[0] && w->rank == 0) {

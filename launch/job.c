@@ -41,26 +41,6 @@ int64_t mt_job_eval_chunk(const mt_config_t *cfg) {
     return MT_MIN(mt_config_int(cfg, "train.eval_batches"), (int64_t)MT_JOB_EVAL_CHUNK);
 }
 
-void mt_job_optim_config(const mt_config_t *cfg, mt_optim_params_t *optim, mt_lr_sched_t *sched) {
-    mt_optim_params_t o = MT_OPTIM_PARAMS_INIT;
-    o.kind = strcmp(mt_config_str(cfg, "optimizer.kind"), "sgd") ? MT_OPTIM_ADAMW : MT_OPTIM_SGD;
-    o.beta1 = (float)mt_config_float(cfg, "optimizer.beta1");
-    o.beta2 = (float)mt_config_float(cfg, "optimizer.beta2");
-    o.eps = (float)mt_config_float(cfg, "optimizer.eps");
-    o.weight_decay = (float)mt_config_float(cfg, "optimizer.weight_decay");
-    o.momentum = (float)mt_config_float(cfg, "optimizer.momentum");
-    *optim = o;
-    mt_lr_sched_t s = {0};
-    if (!mt_lr_kind_parse(mt_config_str(cfg, "optimizer.schedule"), &s.kind)) {
-        s.kind = MT_LR_COSINE; /* the schema admits only constant|cosine */
-    }
-    s.lr = (float)mt_config_float(cfg, "optimizer.lr");
-    s.min_lr = (float)mt_config_float(cfg, "optimizer.min_lr");
-    s.warmup_steps = mt_config_int(cfg, "optimizer.warmup_steps");
-    s.total_steps = mt_config_int(cfg, "train.steps");
-    *sched = s;
-}
-
 /* ---- the single-process engine ---------------------------------------------------------------- */
 
 typedef struct {
@@ -205,14 +185,14 @@ const mt_job_engine_t *mt_job_engine_local(void) {
 
 /* ---- the loop ------------------------------------------------------------------------------------ */
 
-static mt_status_t check_layout(const mt_config_t *cfg, const mt_job_opts_t *opts, int world) {
-    int64_t tp = mt_config_int(cfg, "parallel.tp"), pp = mt_config_int(cfg, "parallel.pp");
+static mt_status_t check_layout(const mt_settings_t *set, const mt_job_opts_t *opts, int world) {
+    int tp = set->par.tp, pp = set->par.pp;
     bool runs = opts->engine && (opts->engine->setup_model || (tp == 1 && opts->engine->pipelines));
     if ((tp != 1 || pp != 1) && !runs) {
         return mt_error(MT_ERR_INVALID_ARG,
-                        "parallel.tp = %lld, parallel.pp = %lld: the \"%s\" engine runs tp = 1 and pp = 1 (set "
+                        "parallel.tp = %d, parallel.pp = %d: the \"%s\" engine runs tp = 1 and pp = 1 (set "
                         "--parallel.tp=1 --parallel.pp=1, or use the model-parallel engine)",
-                        (long long)tp, (long long)pp, opts->engine ? opts->engine->name : "local");
+                        tp, pp, opts->engine ? opts->engine->name : "local");
     }
     if (!opts->engine && world != 1) {
         return mt_error(MT_ERR_INVALID_ARG,
@@ -388,6 +368,7 @@ static mt_status_t setup(job_t *j) {
     MT_CHECK(mt_model_config_from(cfg, &mc)); /* model.init = "llmc:PATH": the architecture is the file's */
     info->init_llmc = mt_model_config_llmc_path(cfg);
     info->cfg = cfg;
+    info->set = &j->set;
     info->comm = mt_rt_world()->comm;
     info->mesh = j->opts->mesh;
     if (j->opts->dp_size > 0) {
@@ -397,6 +378,11 @@ static mt_status_t setup(job_t *j) {
         info->dp_size = mt_rt_world()->size;
         info->dp_rank = j->rank;
     }
+    info->optim = j->set.optim;
+    j->sched = j->set.lr;
+    info->global_batch = mt_config_int(cfg, "train.global_batch");
+    info->micro_batch = mt_config_int(cfg, "train.micro_batch");
+    info->grad_accum = mt_config_int(cfg, "train.grad_accum");
     mt_model_config_t whole_cfg = mc; /* the model as configured, before any tensor-parallel padding */
     if (j->engine->setup_model) {
         MT_CHECK(j->engine->setup_model(info, &mc, &j->ectx));
@@ -406,20 +392,12 @@ static mt_status_t setup(job_t *j) {
     /* Mixed precision (docs/training.md): on the CPU, bf16/fp16 round weights, activations and gradients
      * to the storage dtype around every module (the model's wrapper, under any engine's hooks); tf32 is
      * fp32 arithmetic. fp16 adds the dynamic loss scaler below. */
-    const char *prec = mt_config_str(cfg, "precision.compute");
-    if (!mt_prec_parse(prec, &j->prec)) {
-        return mt_error(MT_ERR_INVALID_ARG, "precision.compute = \"%s\": expected fp32, tf32, bf16 or fp16", prec);
-    }
+    j->prec = j->set.prec.compute;
     if (j->engine->any_precision) { /* a device engine rounds and scales on its device: no CPU emulation here */
         j->prec = MT_PREC_FP32;
     }
-    MT_CHECK(mt_loss_scaler_init(&j->scaler, j->prec, (float)mt_config_float(cfg, "precision.init_scale"),
-                                 mt_config_int(cfg, "precision.scale_window")));
+    MT_CHECK(mt_loss_scaler_init(&j->scaler, j->prec, j->set.prec.init_scale, j->set.prec.scale_window));
     MT_CHECK(mt_model_set_compute(j->model, (int)mt_prec_storage(j->prec)));
-    mt_job_optim_config(cfg, &info->optim, &j->sched);
-    info->global_batch = mt_config_int(cfg, "train.global_batch");
-    info->micro_batch = mt_config_int(cfg, "train.micro_batch");
-    info->grad_accum = mt_config_int(cfg, "train.grad_accum");
     info->seq_len = mt_model_config(j->model)->seq_len; /* the checkpoint's when model.init = llmc:PATH */
     if (info->dp_rank < 0 || info->dp_rank >= info->dp_size) {
         return mt_error(MT_ERR_INVALID_ARG, "data-parallel rank %d outside [0, %d)", info->dp_rank, info->dp_size);
@@ -497,8 +475,8 @@ static void print_header(job_t *j) {
             mt_config_str(cfg, "model.kind"), (long long)mt_model_config(j->model)->n_layer,
             (long long)mt_model_config(j->model)->n_embd, n / 1e6, (long long)mt_config_int(cfg, "train.steps"),
             (long long)j->info.global_batch, (long long)j->info.seq_len, (long long)j->info.micro_batch,
-            (long long)j->info.grad_accum, mt_config_str(cfg, "optimizer.kind"), j->sched.lr,
-            mt_config_str(cfg, "optimizer.schedule"), mt_config_str(cfg, "data.kind"), j->engine->name);
+            (long long)j->info.grad_accum, j->set.optim.kind == MT_OPTIM_SGD ? "sgd" : "adamw", j->sched.lr,
+            j->sched.kind == MT_LR_CONSTANT ? "constant" : "cosine", mt_config_str(cfg, "data.kind"), j->engine->name);
     const char *more = j->engine->describe ? j->engine->describe(j->ectx) : NULL;
     if (more) {
         fprintf(j->out, "engine %s: %s\n", j->engine->name, more);
@@ -534,7 +512,7 @@ static void print_header(job_t *j) {
 static mt_status_t train(job_t *j, mt_job_result_t *r) {
     const mt_config_t *cfg = j->cfg;
     int64_t steps = mt_config_int(cfg, "train.steps"), eval_every = mt_config_int(cfg, "train.eval_every");
-    float clip = (float)mt_config_float(cfg, "optimizer.grad_clip");
+    float clip = j->set.grad_clip;
     bool skip_nan = !strcmp(mt_config_str(cfg, "train.on_nan"), "skip");
     double tokens = (double)(j->info.global_batch * j->info.seq_len), train_s = 0.0;
     r->first_step = j->start_step;
@@ -722,7 +700,10 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
         own_wd = st == MT_OK;
     }
     if (st == MT_OK) {
-        st = check_layout(cfg, &opts, w->size);
+        st = mt_settings_read(cfg, &j.set);
+    }
+    if (st == MT_OK) {
+        st = check_layout(&j.set, &opts, w->size);
     }
     if (st == MT_OK) {
         st = result_alloc(&r, steps, evals);

@@ -14,6 +14,7 @@
 #include "models/data/data.h"
 #include "models/model.h"
 #include "models/optim/optim.h"
+#include "parallel/settings.h"
 #include "runtime/config.h"
 #include "runtime/precision.h"
 
@@ -26,8 +27,9 @@ extern "C" {
 /* What an engine is told about the job when it is created. Pointers are valid for the whole run. */
 typedef struct {
     const mt_config_t *cfg;
-    mt_model_t model;        /* built, no storage bound yet: the engine binds p->data / p->grad */
-    mt_optim_params_t optim; /* from optimizer.* */
+    const mt_settings_t *set; /* the parallel, precision and optimizer settings, read once from cfg */
+    mt_model_t model;         /* built, no storage bound yet: the engine binds p->data / p->grad */
+    mt_optim_params_t optim;  /* set->optim */
     const char *init_llmc;   /* model.init = "llmc:PATH": PATH, loaded after the random init; else NULL */
     int64_t global_batch;    /* sequences per step over all dp ranks */
     int64_t micro_batch;     /* sequences per micro-batch on this rank */
@@ -86,8 +88,8 @@ typedef struct {
     void (*ckpt_set_step)(void *ctx, int64_t t);
     /* After a load filled the pieces: whatever makes derived copies consistent again. May be NULL. */
     mt_status_t (*ckpt_loaded)(void *ctx);
-    /* Optional (NULL: not needed), called before the model is built, with info's cfg, comm, mesh and dp
-     * fields set: creates what the model needs (the tensor-parallel communicator) and fills the model
+    /* Optional (NULL: not needed), called before the model is built, with info's cfg, set, comm, mesh, dp,
+     * batch (global_batch, micro_batch, grad_accum) and optim fields set: creates what the model needs (the tensor-parallel communicator) and fills the model
      * configuration's tensor-parallel fields. *ctx (NULL on entry) is then handed to init; whatever
      * happens, the loop frees it with free() at the end (so init leaves it in place on failure). */
     mt_status_t (*setup_model)(const mt_job_info_t *info, mt_model_config_t *mc, void **ctx);
@@ -254,9 +256,6 @@ mt_status_t mt_job_ckpt_read_model(const char *path, mt_model_t *model, mt_confi
 /* Fills a model configuration from the model.* keys and train.seed (tp_size 1): mt_model_config_keys of
  * models/model_config.c, the one mapping (model.init is not looked at; the loop uses mt_model_config_from). */
 void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out);
-
-/* Fills optimizer parameters and the learning-rate schedule from optimizer.* and train.steps. */
-void mt_job_optim_config(const mt_config_t *cfg, mt_optim_params_t *optim, mt_lr_sched_t *sched);
 
 /* Validation batches an evaluation queues before one read of their losses (eval_batch/eval_losses):
  * train.eval_batches up to MT_JOB_EVAL_CHUNK, 0 without evaluation (train.eval_every = 0). The GPU engine sizes

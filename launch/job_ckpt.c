@@ -769,9 +769,9 @@ static mt_status_t read_scaler(const mt_json_t *man, const char *path, job_t *j,
 /* Rank 0: a warning when the checkpoint holds optimizer state this run's optimizer has no buffer for (AdamW's
  * moments resumed under SGD; SGD's momentum under AdamW or plain SGD; state the run needs and the checkpoint
  * lacks is fill_pieces's error): the weights and the step count resume, that state does not. */
-static void warn_unused_state(const char *dir, const mt_json_t *man, const mt_config_t *cfg) {
-    bool sgd = !strcmp(mt_config_str(cfg, "optimizer.kind"), "sgd");
-    bool mom = sgd && mt_config_float(cfg, "optimizer.momentum") > 0.0;
+static void warn_unused_state(const char *dir, const mt_json_t *man, const mt_optim_params_t *optim) {
+    bool sgd = optim->kind == MT_OPTIM_SGD;
+    bool mom = sgd && optim->momentum > 0.0f;
     static const char *const kinds[] = {"adamw.m", "adamw.v", "sgd.momentum"};
     bool used[] = {!sgd, !sgd, mom}, held[] = {false, false, false};
     const mt_json_t *tensors = mt_json_get(man, "tensors");
@@ -792,7 +792,7 @@ static void warn_unused_state(const char *dir, const mt_json_t *man, const mt_co
         MT_WARN("checkpoint %s holds optimizer state (%s) that optimizer.kind = \"%s\"%s does not use: the weights "
                 "and the step count resume, that state is left behind (resume with the optimizer.* of the "
                 "checkpoint's config.toml to keep it)",
-                dir, list, mt_config_str(cfg, "optimizer.kind"), sgd && !mom ? " without momentum" : "");
+                dir, list, sgd ? "sgd" : "adamw", sgd && !mom ? " without momentum" : "");
     }
 }
 
@@ -865,7 +865,7 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
         st = fill_pieces(c->resume, man, pc, n, mt_model_config(j->model)->vocab_size);
     }
     if (st == MT_OK && j->rank == 0) {
-        warn_unused_state(c->resume, man, j->cfg);
+        warn_unused_state(c->resume, man, &j->set.optim);
     }
     free(pc);
     mt_json_free(man);
@@ -1079,7 +1079,7 @@ static mt_status_t write_manifest(job_t *j, const char *path, int64_t step, char
             CKPT_FORMAT, CKPT_VERSION, (long long)step, (long long)j->engine->ckpt_get_step(j->ectx));
     const mt_loss_scaler_t *sc = mt_job_scaler(j); /* the engine's own when it scales on its device */
     fprintf(f, "  \"precision\": {\"compute\": \"%s\", \"loss_scale\": %.9g, \"clean_steps\": %lld},\n",
-            mt_config_str(cfg, "precision.compute"), (double)sc->scale, (long long)sc->clean_steps);
+            mt_prec_name(j->set.prec.compute), (double)sc->scale, (long long)sc->clean_steps);
     fprintf(f,
             "  \"data\": {\"kind\": \"%s\", \"order\": \"%s\", \"next_step\": %lld, \"global_batch\": %lld, "
             "\"seq_len\": %lld},\n",
@@ -1095,11 +1095,10 @@ static mt_status_t write_manifest(job_t *j, const char *path, int64_t step, char
             mc->kind == MT_MODEL_MLP ? "mlp" : "gpt2", mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len, mc->vocab_size,
             mc->padded_vocab, (unsigned long long)mc->seed, mt_model_numel(j->model));
     fprintf(f,
-            "  \"mesh\": {\"world\": %d, \"tp\": %lld, \"pp\": %lld, \"dp\": %d, \"order\": \"%s\", \"engine\": "
-            "\"%s\", \"zero_stage\": %lld},\n",
-            j->world, (long long)mt_config_int(cfg, "parallel.tp"), (long long)mt_config_int(cfg, "parallel.pp"),
-            j->info.dp_size, mt_config_str(cfg, "parallel.order"), j->engine->name,
-            (long long)mt_config_int(cfg, "parallel.zero_stage"));
+            "  \"mesh\": {\"world\": %d, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"order\": \"%s\", \"engine\": "
+            "\"%s\", \"zero_stage\": %d},\n",
+            j->world, j->set.par.tp, j->set.par.pp, j->info.dp_size, j->set.par.order, j->engine->name,
+            j->set.par.zero_stage);
     fprintf(f, "  \"files\": [");
     for (int r = 0; r < j->world; r++) {
         fprintf(f, "%s{\"rank\": %d, \"file\": \"rank-%05d.bin\", \"bytes\": %lld}", r ? ", " : "", r, r,

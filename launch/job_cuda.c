@@ -411,7 +411,7 @@ static mt_status_t ce_setup_model(const mt_job_info_t *info, mt_model_config_t *
                         mt_comm_rank(e->tplcomm), mt_comm_size(e->tplcomm), e->tpr, tp);
     }
     MT_CHECK(mt_tp_init(e->tplcomm, &e->tpseam));
-    mt_tp_model_config(e->tpseam, mt_config_bool(info->cfg, "parallel.sequence_parallel"), mc);
+    mt_tp_model_config(e->tpseam, info->set->par.sequence_parallel, mc);
     /* recompute = block: the device trainer's (repeating a block's forward collectives up to gelu(fc) in its
      * backward, as Megatron's full recomputation does); the host model of shards, which never runs a step here,
      * without it */
@@ -429,11 +429,9 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
                         mt_config_str(info->cfg, "runtime.device"), mt_rt_world()->rank);
     }
     const mt_config_t *cfg = info->cfg;
+    const mt_parallel_settings_t *par = &info->set->par;
     mt_gpt2_cuda_params_t gp = MT_GPT2_CUDA_PARAMS_INIT;
-    const char *prec = mt_config_str(cfg, "precision.compute");
-    if (!mt_prec_parse(prec, &gp.prec)) {
-        return mt_error(MT_ERR_INVALID_ARG, "precision.compute = \"%s\": expected fp32, tf32, bf16 or fp16", prec);
-    }
+    gp.prec = info->set->prec.compute;
     bool from_setup = *ctx != NULL; /* tp > 1: ce_setup_model made it, and the job frees it */
     cuda_engine_t *e = from_setup ? *ctx : calloc(1, sizeof(*e));
     if (!e) {
@@ -449,22 +447,21 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->ga = info->grad_accum;
     e->dp_size = info->dp_size;
     e->dp_rank = info->dp_rank;
-    e->zero = !strcmp(mt_config_str(cfg, "parallel.engine"), "zero") && e->dp_size > 1;
-    e->zero2 = e->zero && mt_config_int(cfg, "parallel.zero_stage") >= 2;
-    e->zero3 = e->zero && mt_config_int(cfg, "parallel.zero_stage") == 3;
-    e->overlap = e->zero || !strcmp(mt_config_str(cfg, "parallel.engine"), "ddp");
-    e->bucket_elems = (size_t)MT_MAX(1.0, mt_config_float(cfg, "parallel.bucket_mb") * 1048576.0 / 4.0);
-    if (mt_rt_world()->rank == 0 && e->zero2 && mt_config_source(cfg, "parallel.bucket_mb") != MT_CFG_SRC_DEFAULT) {
+    e->zero = mt_settings_zero(par) > 0 && e->dp_size > 1;
+    e->zero2 = e->zero && par->zero_stage >= 2;
+    e->zero3 = e->zero && par->zero_stage == 3;
+    e->overlap = e->zero || par->engine == MT_ENGINE_DDP;
+    e->bucket_elems = (size_t)MT_MAX(1.0, par->bucket_mb * 1048576.0 / 4.0);
+    if (mt_rt_world()->rank == 0 && e->zero2 && par->bucket_mb_set) {
         MT_WARN("cuda engine: parallel.bucket_mb = %g does not apply to ZeRO-%d on GPUs: each block's (the MLP: "
                 "each hidden layer's) gradients are reduced together as backward leaves it (docs/gpu.md)",
-                mt_config_float(cfg, "parallel.bucket_mb"), e->zero3 ? 3 : 2);
+                par->bucket_mb, e->zero3 ? 3 : 2);
     }
-    if (mt_rt_world()->rank == 0 && e->zero3 &&
-        mt_config_source(cfg, "parallel.zero_persist_threshold") != MT_CFG_SRC_DEFAULT) {
+    if (mt_rt_world()->rank == 0 && e->zero3 && par->persist_threshold_set) {
         MT_WARN("cuda engine: parallel.zero_persist_threshold = %lld does not apply to ZeRO-3 on GPUs: the "
                 "embedding's and the head's parameters stay whole on every rank and each block (the MLP: each hidden "
                 "layer) is sharded (docs/gpu.md)",
-                (long long)mt_config_int(cfg, "parallel.zero_persist_threshold"));
+                (long long)par->persist_threshold);
     }
     /* the pipeline: this rank's stage (the mesh's pp coordinate) and its blocks, from the CPU engines' split */
     e->pp = info->mesh ? mt_mesh_axis_size(info->mesh, MT_AXIS_PP) : 1;
@@ -477,13 +474,9 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         e->stage = coords[MT_AXIS_PP];
         e->first = e->stage == 0;
         e->last = e->stage == e->pp - 1;
-        if (!mt_pp_schedule_parse(mt_config_str(cfg, "parallel.schedule"), &e->sched)) {
-            st = mt_error(MT_ERR_INVALID_ARG, "parallel.schedule = \"%s\": expected gpipe or 1f1b",
-                          mt_config_str(cfg, "parallel.schedule"));
-            goto fail;
-        }
+        e->sched = par->schedule;
         int *bounds = malloc((size_t)(e->pp + 1) * sizeof(int));
-        st = bounds ? mt_pipeline_split(e->model, e->pp, mt_config_str(cfg, "parallel.stage_layers"), bounds)
+        st = bounds ? mt_pipeline_split(e->model, e->pp, par->stage_layers, bounds)
                     : mt_error(MT_ERR_OOM, "cuda engine: out of memory");
         if (st == MT_OK) { /* modules: 0 the embeddings, 1 .. L the blocks, L + 1 the head */
             gp.stage_lo = MT_MAX(bounds[e->stage], 1) - 1;
@@ -539,10 +532,10 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
         if (MT_CUDA_EMULATED && !MT_HAVE_COLL_STAGED) {
             e->comm_backend = NULL; /* host memory by priority, above */
         }
-        if (any[1] && e->tp > 1 && mt_config_int(cfg, "parallel.tp_comm_chunks") > 1 && mt_rt_world()->rank == 0) {
-            MT_WARN("cuda engine: parallel.tp_comm_chunks = %lld through MPI (the staged backend): each chunk's "
+        if (any[1] && e->tp > 1 && par->tp_comm_chunks > 1 && mt_rt_world()->rank == 0) {
+            MT_WARN("cuda engine: parallel.tp_comm_chunks = %d through MPI (the staged backend): each chunk's "
                     "collective blocks the host in turn, so nothing overlaps (NCCL, one rank per GPU, overlaps them)",
-                    (long long)mt_config_int(cfg, "parallel.tp_comm_chunks"));
+                    par->tp_comm_chunks);
         }
         if (any[0] && st == MT_OK) {
             st = mt_error(MT_ERR_CUDA, "cuda engine: another rank could not select its GPU (its message is above)");
@@ -571,8 +564,8 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     mt_model_init_weights(e->model);
     gp.B = (int)e->mb;
     gp.T = (int)e->T;
-    gp.init_scale = (float)mt_config_float(cfg, "precision.init_scale");
-    gp.scale_window = mt_config_int(cfg, "precision.scale_window");
+    gp.init_scale = info->set->prec.init_scale;
+    gp.scale_window = info->set->prec.scale_window;
     gp.shard_count = e->zero ? e->dp_size : 1;
     gp.shard_index = e->zero ? e->dp_rank : 0;
     gp.shard_grads = e->zero2;
@@ -581,7 +574,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     if (e->tp > 1) {
         cuda_engine_tp_ops(e);
         gp.tp_ops = &e->tp_ops;
-        gp.tp_chunks = (int)mt_config_int(cfg, "parallel.tp_comm_chunks");
+        gp.tp_chunks = par->tp_comm_chunks;
         gp.recompute_block = e->recompute_block;
     }
     MT_CHECK_GOTO(mt_gpt2_cuda_init(e->model, &gp, &e->g), st, fail);
@@ -642,8 +635,8 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
                 "activation sets",
                 e->stage, e->pp, mt_pp_schedule_name(e->sched), gp.stage_lo, gp.stage_hi, e->numel, e->n_slots);
     }
-    MT_INFO(MT_LOG_INIT, "cuda engine: device %d, %s, tp %d, dp %d (%s), buckets of %zu floats", d, prec, e->tp,
-            e->dp_size,
+    MT_INFO(MT_LOG_INIT, "cuda engine: device %d, %s, tp %d, dp %d (%s), buckets of %zu floats", d,
+            mt_prec_name(gp.prec), e->tp, e->dp_size,
             e->zero3     ? "zero-3: each block's weights gathered before use, gradients reduced to their owners"
             : e->zero2   ? "zero-2: each block's gradients reduced to their slices' owners in every backward"
             : e->zero    ? "zero-1: buckets reduced to their slices' owners during backward, weights all-gathered"

@@ -54,6 +54,7 @@ typedef struct job_ckpt job_ckpt_t;
 
 typedef struct {
     const mt_config_t *cfg;
+    mt_settings_t set; /* read once from cfg (parallel/settings.h); info.set points here */
     const mt_job_opts_t *opts;
     const mt_job_engine_t *engine;
     void *ectx;

@@ -90,41 +90,26 @@ static mt_status_t tp_all_reduce_max(void *ctx, float *buf, size_t count) {
  * "engine" averages over dp with parallel.engine, "allreduce" with the built-in all-reduce, "auto" with
  * the engine when dp > 1 and not at all (the stage's own storage, no reduction) when dp = 1. */
 static mt_status_t params_from_config(const mt_job_info_t *info, const mt_model_config_t *mc, mt_par3d_params_t *p) {
-    const mt_config_t *cfg = info->cfg;
+    const mt_parallel_settings_t *par = &info->set->par;
     const mt_mesh_t *mesh = info->mesh;
     p->tp = mt_mesh_axis_size(mesh, MT_AXIS_TP);
     p->pp = mt_mesh_axis_size(mesh, MT_AXIS_PP);
     p->dp = mt_mesh_axis_size(mesh, MT_AXIS_DP);
     p->mesh = mesh;
-    if (!mt_pp_schedule_parse(mt_config_str(cfg, "parallel.schedule"), &p->schedule)) {
-        return mt_error(MT_ERR_INVALID_ARG, "parallel.schedule = \"%s\": expected \"gpipe\" or \"1f1b\"",
-                        mt_config_str(cfg, "parallel.schedule"));
-    }
-    p->microbatches = (int)mt_config_int(cfg, "train.grad_accum");
-    p->micro_batch = (int)mt_config_int(cfg, "train.micro_batch");
+    p->schedule = par->schedule;
+    p->microbatches = (int)info->grad_accum;
+    p->micro_batch = (int)info->micro_batch;
     p->seq_len = mc->seq_len;
-    p->stage_layers = mt_config_str(cfg, "parallel.stage_layers");
-    p->sequence_parallel = mt_config_bool(cfg, "parallel.sequence_parallel") && p->tp > 1;
-    const char *engine = mt_config_str(cfg, "parallel.engine"), *reduce = mt_config_str(cfg, "parallel.dp_reduce");
-    if (!mt_engine_kind_parse(engine, &p->engine_kind)) {
-        return mt_error(MT_ERR_INVALID_ARG, "parallel.engine = \"%s\": expected \"dp\", \"ddp\" or \"zero\"", engine);
-    }
-    p->zero_stage = (int)mt_config_int(cfg, "parallel.zero_stage");
-    p->bucket_mb = mt_config_float(cfg, "parallel.bucket_mb");
-    p->persist_threshold = mt_config_int(cfg, "parallel.zero_persist_threshold");
-    p->grad_clip = (float)mt_config_float(cfg, "optimizer.grad_clip");
-    bool engine_mode = !strcmp(reduce, "engine") || (!strcmp(reduce, "auto") && p->dp > 1);
-    p->dp_mode = engine_mode ? MT_P3D_ENGINE : MT_P3D_ALLREDUCE;
-    mt_lr_sched_t unused;
-    mt_job_optim_config(cfg, &p->optim, &unused);
-    int64_t mb = mt_config_int(cfg, "parallel.microbatches");
-    if (mb > 0 && mb != p->microbatches) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "parallel.microbatches = %lld but the step has train.grad_accum = %d micro-batches per "
-                        "rank: make them agree (or leave parallel.microbatches = 0)",
-                        (long long)mb, p->microbatches);
-    }
-    return MT_OK;
+    p->stage_layers = par->stage_layers;
+    p->sequence_parallel = par->sequence_parallel && p->tp > 1;
+    p->engine_kind = par->engine;
+    p->zero_stage = par->zero_stage;
+    p->bucket_mb = par->bucket_mb;
+    p->persist_threshold = par->persist_threshold;
+    p->grad_clip = info->set->grad_clip;
+    p->dp_mode = mt_settings_dp_engine(par, p->dp) ? MT_P3D_ENGINE : MT_P3D_ALLREDUCE;
+    p->optim = info->set->optim;
+    return MT_OK; /* parallel.microbatches = train.grad_accum (or 0): the config's load checked it */
 }
 
 static mt_status_t mp_setup_model(const mt_job_info_t *info, mt_model_config_t *mc, void **ctx) {
@@ -169,17 +154,16 @@ static mt_status_t mp_init(const mt_job_info_t *info, void **ctx) {
     MT_CHECK(mt_par3d_attach(c->p3, c->model));
     int wrank = 0;
     MPI_Comm_rank(info->comm, &wrank);
-    if (c->tp_size > 1 && wrank == 0 &&
-        mt_config_source(info->cfg, "parallel.tp_comm_chunks") != MT_CFG_SRC_DEFAULT) {
-        MT_WARN("parallel.tp_comm_chunks = %lld applies to the GPU engine only (runtime.device = \"cuda\"): the CPU "
+    if (c->tp_size > 1 && wrank == 0 && info->set->par.tp_comm_chunks_set) {
+        MT_WARN("parallel.tp_comm_chunks = %d applies to the GPU engine only (runtime.device = \"cuda\"): the CPU "
                 "tensor-parallel engine sends each collective whole",
-                (long long)mt_config_int(info->cfg, "parallel.tp_comm_chunks"));
+                info->set->par.tp_comm_chunks);
     }
     c->pl = mt_par3d_pipeline(c->p3);
     mt_engine_t e = mt_par3d_engine(c->p3);
     int dp = mt_comm_size(mt_par3d_comm(c->p3, MT_AXIS_DP));
     snprintf(c->desc, sizeof(c->desc), "tp %d x pp %d (%s), dp %d by %s%s%s", c->tp_size,
-             mt_pipeline_n_stages(c->pl), mt_config_str(info->cfg, "parallel.schedule"), dp,
+             mt_pipeline_n_stages(c->pl), mt_pp_schedule_name(info->set->par.schedule), dp,
              e ? "the " : "", e ? mt_engine_name(e) : dp > 1 ? "one all-reduce per step" : "nothing (one replica)",
              e ? " engine over each stage's parameters" : "");
     return MT_OK;

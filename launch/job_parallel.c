@@ -32,15 +32,12 @@ static void par_free(void *ctx) {
 
 static mt_status_t par_init(const mt_job_info_t *info, void **ctx) {
     *ctx = NULL;
-    const mt_config_t *cfg = info->cfg;
+    const mt_parallel_settings_t *par = &info->set->par;
     mt_engine_params_t ep = MT_ENGINE_PARAMS_INIT;
-    const char *kind = mt_config_str(cfg, "parallel.engine");
-    if (!mt_engine_kind_parse(kind, &ep.kind)) {
-        return mt_error(MT_ERR_INVALID_ARG, "parallel.engine = \"%s\": expected \"dp\", \"ddp\" or \"zero\"", kind);
-    }
-    ep.zero_stage = (int)mt_config_int(cfg, "parallel.zero_stage");
-    ep.bucket_mb = mt_config_float(cfg, "parallel.bucket_mb");
-    ep.persist_threshold = mt_config_int(cfg, "parallel.zero_persist_threshold");
+    ep.kind = par->engine;
+    ep.zero_stage = par->zero_stage;
+    ep.bucket_mb = par->bucket_mb;
+    ep.persist_threshold = par->persist_threshold;
     ep.grad_accum = (int)info->grad_accum;
     ep.optim = info->optim;
     par_ctx_t *c = calloc(1, sizeof(*c));

@@ -11,6 +11,7 @@
 
 #include "launch/job.h"
 #include "models/model_config.h"
+#include "parallel/settings.h"
 #include "plan/plan_impl.h"
 #include "runtime/mesh.h"
 #include "runtime/topo.h"
@@ -63,25 +64,37 @@ void mt_plan_layout_overrides(const mt_plan_layout_t *l, char *buf, size_t len) 
     }
 }
 
+void mt_plan_layout_from_settings(const mt_parallel_settings_t *p, mt_plan_layout_t *l) {
+    memset(l, 0, sizeof(*l));
+    l->tp = p->tp;
+    l->pp = p->pp;
+    l->dp = p->dp;
+    l->sp = p->sequence_parallel;
+    l->schedule = p->pp == 1 || p->schedule == MT_PP_1F1B ? MT_PLAN_1F1B : MT_PLAN_GPIPE;
+    int zero = mt_settings_zero(p);
+    l->engine = zero ? (mt_plan_engine_t)(MT_PLAN_ZERO1 + zero - 1) : MT_PLAN_DDP;
+    if ((p->tp > 1 || p->pp > 1) && !mt_settings_dp_engine(p, p->dp)) {
+        l->engine = MT_PLAN_ALLREDUCE; /* `meshtrain train`'s built-in path (launch/job_mp.c) */
+    }
+    snprintf(l->order, sizeof(l->order), "%s", p->order);
+}
+
 /* ---- job --------------------------------------------------------------------------------------- */
 
 mt_status_t mt_plan_job_from_config(const mt_config_t *cfg, mt_plan_job_t *out) {
     memset(out, 0, sizeof(*out));
     MT_CHECK(mt_model_config_from(cfg, &out->model));
-    mt_lr_sched_t sched;
-    mt_job_optim_config(cfg, &out->optim, &sched);
+    mt_settings_t set;
+    MT_CHECK(mt_settings_read(cfg, &set));
+    out->optim = set.optim;
     out->global_batch = mt_config_int(cfg, "train.global_batch");
     out->seq_len = out->model.seq_len;
-    const char *prec = mt_config_str(cfg, "precision.compute");
-    out->prec = !strcmp(prec, "tf32")   ? MT_PREC_TF32
-                : !strcmp(prec, "bf16") ? MT_PREC_BF16
-                : !strcmp(prec, "fp16") ? MT_PREC_FP16
-                                        : MT_PREC_FP32;
-    out->bucket_mb = mt_config_float(cfg, "parallel.bucket_mb");
-    out->grad_clip = mt_config_float(cfg, "optimizer.grad_clip");
-    out->persist_threshold = mt_config_int(cfg, "parallel.zero_persist_threshold");
+    out->prec = set.prec.compute;
+    out->bucket_mb = set.par.bucket_mb;
+    out->grad_clip = set.grad_clip;
+    out->persist_threshold = set.par.persist_threshold;
     out->eval_batches = mt_job_eval_chunk(cfg);
-    out->tp_chunks = (int)mt_config_int(cfg, "parallel.tp_comm_chunks");
+    out->tp_chunks = set.par.tp_comm_chunks;
     out->cpu_only = !strcmp(mt_config_str(cfg, "runtime.device"), "cpu");
     out->gpu_staged = !strcmp(mt_config_str(cfg, "runtime.gpu_comm"), "mpi");
     mt_model_t m = NULL;

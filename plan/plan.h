@@ -15,6 +15,7 @@
 #include "models/cuda/gpt2_cuda.h"
 #include "models/model.h"
 #include "models/optim/optim.h"
+#include "parallel/settings.h"
 #include "runtime/alloc.h"
 #include "runtime/config.h"
 #include "runtime/precision.h"
@@ -112,6 +113,10 @@ typedef struct {
     char order[16]; /* mesh order, fastest first ("tp-dp-pp") */
 } mt_plan_layout_t;
 
+/* The layout a job's parallel settings describe: tp, pp, dp, order, sp, the schedule (1f1b when pp = 1) and
+ * the engine (ddp for dp and ddp, zero-N, or the built-in all-reduce where a model-parallel job averages
+ * with it, mt_settings_dp_engine). The batch shape and recompute are the caller's. */
+void mt_plan_layout_from_settings(const mt_parallel_settings_t *p, mt_plan_layout_t *l);
 /* The config override line that selects the layout ("--parallel.tp=8 --parallel.pp=4 ..."). */
 void mt_plan_layout_overrides(const mt_plan_layout_t *l, char *buf, size_t len);
 /* "tp8 pp4 dp2 zero-1 1f1b b1 m16 sp rc=attn tp-dp-pp" */

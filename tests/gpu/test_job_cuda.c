@@ -106,14 +106,15 @@ static void plan_matches(const mt_config_t *cfg, int tp, int pp, const mt_job_re
     job.gpu = true;
     /* the staged backend has no device scratch */
     job.gpu_staged = (MT_CUDA_EMULATED && !MT_CUDA_EMU_NCCL) || staged || sharing;
-    const char *eng = mt_config_str(cfg, "parallel.engine");
-    int zs = (int)mt_config_int(cfg, "parallel.zero_stage");
+    mt_settings_t set;
+    CHECK_OK(mt_settings_read(cfg, &set));
+    int zs = mt_settings_zero(&set.par);
     mt_plan_layout_t l = {.tp = tp, .pp = pp, .dp = w->size / (tp * pp)};
-    l.engine = strcmp(eng, "zero") ? MT_PLAN_DDP : (mt_plan_engine_t)(MT_PLAN_ZERO1 + zs - 1);
-    l.schedule = strcmp(mt_config_str(cfg, "parallel.schedule"), "gpipe") ? MT_PLAN_1F1B : MT_PLAN_GPIPE;
+    l.engine = zs ? (mt_plan_engine_t)(MT_PLAN_ZERO1 + zs - 1) : MT_PLAN_DDP; /* the GPU engine's dp, any tp/pp */
+    l.schedule = set.par.schedule == MT_PP_GPIPE ? MT_PLAN_GPIPE : MT_PLAN_1F1B;
     l.micro_batch = (int)mt_config_int(cfg, "train.micro_batch");
     l.microbatches = (int)mt_config_int(cfg, "train.grad_accum");
-    l.sp = mt_config_bool(cfg, "parallel.sequence_parallel");
+    l.sp = set.par.sequence_parallel;
     l.recompute = strcmp(mt_config_str(cfg, "model.recompute"), "block") ? MT_PLAN_RC_NONE : MT_PLAN_RC_BLOCK;
     snprintf(l.order, sizeof(l.order), "tp-dp-pp");
     int coords[MT_AXIS_N] = {0};
