@@ -59,7 +59,7 @@ nvidia-smi -q >"$LOG/nvidia-smi-q.log" 2>&1
 say "device: $(head -1 "$LOG/nvidia-smi-L.log")"
 
 # ---- build (sm_90 only: the checked chip; Release), or the build bench/gpu_pack.sh made elsewhere ---------
-TARGETS=(test_cuda_alloc test_gpu_ops test_cuda_alloc_device test_nvml test_gpt2_cuda test_job_cuda test_tensor_cuda gpu_bench meshtrain)
+TARGETS=(test_cuda_alloc test_gpu_ops test_cuda_alloc_device test_nvml test_gpt2_cuda test_job_cuda test_tensor_cuda test_device_cuda gpu_bench meshtrain)
 if [ -n "${MT_GPU_CHECK_PREBUILT:-}" ]; then
     # the packed run-time libraries (Open MPI relocated, hwloc, OpenBLAS...), when given
     if [ -n "${MT_GPU_DEPS:-}" ]; then

@@ -26,7 +26,7 @@ grep -q "CUDA=1" "$OUTDIR.configure.log" || {
 }
 # the same list as gpu_check.sh
 cmake --build "$BUILD" -j "$(nproc)" --target test_cuda_alloc test_gpu_ops test_cuda_alloc_device test_nvml \
-    test_gpt2_cuda test_job_cuda test_tensor_cuda test_coll_nccl gpu_bench meshtrain
+    test_gpt2_cuda test_job_cuda test_tensor_cuda test_device_cuda test_coll_nccl gpu_bench meshtrain
 
 ORTERUN=$(command -v orterun || true)
 [ -n "$ORTERUN" ] || {

@@ -446,8 +446,25 @@ void mt_emu_run_to_event(cudaEvent_t e) {
     }
 }
 
+/* Whether p lies in a block of cudaMalloc. */
+static bool is_device(const void *p) {
+    std::lock_guard<std::mutex> g(mem_mu);
+    auto it = allocs.upper_bound((void *)p);
+    return it != allocs.begin() && (const char *)p < (const char *)std::prev(it)->first + std::prev(it)->second;
+}
+/* cudaMemcpyDefault as CUDA's unified addressing reads it: the direction from where the pointers lie. */
+static cudaMemcpyKind resolve(cudaMemcpyKind k, const void *dst, const void *src) {
+    if (k != cudaMemcpyDefault) {
+        return k;
+    }
+    bool d = is_device(dst), s = is_device(src);
+    return s ? (d ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+             : (d ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
+}
+
 extern "C" {
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k) {
+    k = resolve(k, dst, src);
     host_wait hw(k == cudaMemcpyDeviceToDevice ? -1 : MT_EMU_WAIT_COPY); /* device to device: no host wait */
     emu_api_calls++;
     copied(k, bytes);
@@ -461,6 +478,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
 /* From pageable host memory the source is read before the call returns, into pageable host memory the call
  * waits for the stream and the copy (as CUDA's staging does); pinned and device memory wait their turn. */
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k, cudaStream_t s) {
+    k = resolve(k, dst, src);
     copied(k, bytes);
     if (k == cudaMemcpyHostToDevice && !is_pinned(src)) {
         std::shared_ptr<std::vector<char>> copy = std::make_shared<std::vector<char>>((const char *)src,
@@ -500,6 +518,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
     if (width > dpitch || width > spitch) {
         return fail(cudaErrorInvalidValue);
     }
+    k = resolve(k, dst, src);
     copied(k, width * height);
     auto rows = [=](char *d, const char *sp, size_t sp_pitch) {
         for (size_t r = 0; r < height; r++) {
