@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "cmd.h"
-#include "job.h"
+#include "train/job.h"
 #include "models/llmc.h"
 #include "models/model_config.h"
 #include "runtime/config.h"

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "cmd.h"
-#include "launch/job_json.h"
+#include "train/job_json.h"
 #include "plan/plan.h"
 #include "plan/plan_json.h"
 #include "runtime/rt.h"

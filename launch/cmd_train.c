@@ -3,7 +3,7 @@
  * config (validated on rank 0, broadcast), topology and binding (runtime.bind), the mesh in
  * parallel.order ("auto" follows the hardware), then the engine: the single-process one on one rank,
  * a data-parallel engine (parallel.engine, zero_stage) over the mesh's dp groups when tp = pp = 1, the
- * model-parallel one otherwise (launch/job_mp.c: tensor and pipeline parallelism from parallel3d.h, dp by
+ * model-parallel one otherwise (train/job_mp.c: tensor and pipeline parallelism from parallel3d.h, dp by
  * the same engines holding only each stage's parameters); runtime.device = "cuda" (or "auto" with a GPU
  * on every rank and a config the GPU path runs) takes the GPU engine. `meshtrain train3d` is this command.
  * Exit status: 0 trained, 2 bad input (config, data files, layout), 1 failure while running, 3 the watchdog
@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "cmd.h"
-#include "job.h"
+#include "train/job.h"
 #include "runtime/config.h"
 #include "runtime/mesh.h"
 #include "runtime/rt.h"

@@ -1,6 +1,6 @@
 /* 3-D parallelism: checks a tp x pp x dp combination, builds the mesh's communicators, the sharded model,
  * the pipeline stage and the data-parallel gradient path, and runs one optimizer step across all three,
- * as phases the training loop (launch/job_mp.c) drives one by one or mt_par3d_step runs together.
+ * as phases the training loop (train/job_mp.c) drives one by one or mt_par3d_step runs together.
  * Order of gradient reductions in a step (each linear, so the result is the serial gradient):
  *   1. tp  (sequence parallelism only): replicated parameters, per module on the last backward pass
  *   2. emb (pp > 1): the tied embedding, first stage after its last embedding backward, last stage after

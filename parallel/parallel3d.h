@@ -4,7 +4,7 @@
  * parallel/engine.h (DDP, ZeRO-1/2/3, holding only the stage's parameters) or by one built-in all-reduce
  * per step. Data: the same rows on every rank of a tp group, disjoint rows per dp rank; only the first
  * stage reads tokens, only the last targets. `meshtrain train` drives it phase by phase
- * (launch/job_mp.c); mt_par3d_step runs one whole step. Combinations that cannot be run are refused by
+ * (train/job_mp.c); mt_par3d_step runs one whole step. Combinations that cannot be run are refused by
  * mt_par3d_check with a message saying which and why.
  * SPDX-License-Identifier: MIT */
 #ifndef MT_PARALLEL3D_H

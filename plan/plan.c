@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "launch/job.h"
+#include "train/job.h"
 #include "models/model_config.h"
 #include "parallel/settings.h"
 #include "plan/plan_impl.h"
@@ -74,7 +74,7 @@ void mt_plan_layout_from_settings(const mt_parallel_settings_t *p, mt_plan_layou
     int zero = mt_settings_zero(p);
     l->engine = zero ? (mt_plan_engine_t)(MT_PLAN_ZERO1 + zero - 1) : MT_PLAN_DDP;
     if ((p->tp > 1 || p->pp > 1) && !mt_settings_dp_engine(p, p->dp)) {
-        l->engine = MT_PLAN_ALLREDUCE; /* `meshtrain train`'s built-in path (launch/job_mp.c) */
+        l->engine = MT_PLAN_ALLREDUCE; /* `meshtrain train`'s built-in path (train/job_mp.c) */
     }
     snprintf(l->order, sizeof(l->order), "%s", p->order);
 }
@@ -153,7 +153,7 @@ static mt_status_t check_layout(const mt_plan_job_t *job, int world, const mt_pl
         return mt_error(MT_ERR_INVALID_ARG, "ZeRO shards over dp; with dp = 1 it is DDP's layout");
     }
     if (model_parallel && l->dp == 1 && l->engine != MT_PLAN_ALLREDUCE) {
-        /* launch/job_mp.c: with dp = 1 there is nothing to average; the stage keeps its own storage */
+        /* train/job_mp.c: with dp = 1 there is nothing to average; the stage keeps its own storage */
         return mt_error(MT_ERR_INVALID_ARG, "with tp or pp > 1 and dp = 1 `meshtrain train` runs no data-parallel "
                                             "engine (the all-reduce path's storage)");
     }

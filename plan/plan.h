@@ -141,7 +141,7 @@ typedef struct {
      * them from the cluster, mt_plan_job_from_config to 0. */
     int node_ranks; /* ranks per node, placed in world-rank blocks (0: every rank on one node) */
     int node_cpus;  /* CPUs each rank may run on (0: at least as many as ranks per node) */
-    /* The engine: the GPU engine (launch/job_cuda.c) when the cluster's devices are GPUs (the planner sets it)
+    /* The engine: the GPU engine (train/job_cuda.c) when the cluster's devices are GPUs (the planner sets it)
      * unless runtime.device = "cpu" (cpu_only); its device communicators through MPI (runtime.gpu_comm =
      * "mpi": no NCCL scratch) or NCCL. */
     bool gpu, cpu_only, gpu_staged;
@@ -189,8 +189,8 @@ void mt_plan_resolve_order(const mt_plan_cluster_t *c, int world, mt_plan_layout
 mt_status_t mt_plan_enumerate(const mt_plan_job_t *job, const mt_plan_cluster_t *c, const mt_plan_opts_t *o,
                               mt_plan_pred_t **out, int *n_out);
 
-/* The training path whose host communicators a plan counts: `meshtrain train` (launch/job_mp.c when tp or
- * pp > 1: parallel/parallel3d.c's tp, dp, pp and the embedding pair; launch/job_parallel.c otherwise: dp)
+/* The training path whose host communicators a plan counts: `meshtrain train` (train/job_mp.c when tp or
+ * pp > 1: parallel/parallel3d.c's tp, dp, pp and the embedding pair; train/job_parallel.c otherwise: dp)
  * or parallel/parallel3d.c run directly (MT_PLAN_PATH_TRAIN3D: tp, dp, pp and the embedding pair at any
  * tp and pp; `meshtrain train3d` is `meshtrain train`). */
 typedef enum { MT_PLAN_PATH_TRAIN = 0, MT_PLAN_PATH_TRAIN3D } mt_plan_path_t;

@@ -141,8 +141,8 @@ mt_status_t mt_plan_stage_shm_bytes(const mt_plan_job_t *job, const mt_plan_layo
     if (mt_mesh_create(world, l->tp, l->pp, l->dp, l->order, &mesh) != MT_OK) {
         MT_CHECK(mt_mesh_create(world, l->tp, l->pp, l->dp, "tp-dp-pp", &mesh));
     }
-    /* the comms each path creates (launch/job_parallel.c par_init; parallel/parallel3d.c make_comms, which
-     * launch/job_mp.c uses); the embedding pair apart */
+    /* the comms each path creates (train/job_parallel.c par_init; parallel/parallel3d.c make_comms, which
+     * train/job_mp.c uses); the embedding pair apart */
     static const unsigned dp_only[] = {BIT(DP)};
     static const unsigned p3d[] = {BIT(TP), BIT(DP), BIT(PP)};
     bool model_parallel = l->tp > 1 || l->pp > 1;

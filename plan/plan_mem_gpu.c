@@ -1,4 +1,4 @@
-/* Per-rank device memory of a layout on the GPU engine (launch/job_cuda.c), by allocator category: the device
+/* Per-rank device memory of a layout on the GPU engine (train/job_cuda.c), by allocator category: the device
  * trainer's own allocations, sized by its init code run without a device (mt_gpt2_cuda_requests, registered by
  * builds with the GPU path), with the parameters the engine passes it, then the engine's (the losses, a
  * pipeline stage's send buffer), all replayed in order through the caching allocator (mt_cuda_alloc_replay) so

@@ -4,7 +4,7 @@
  * with f32 master weights, gradients and AdamW state on the device, compute in precision.compute
  * (fp32 / tf32 / bf16 / fp16 with dynamic loss scaling), and a step that never waits on the device except
  * where the caller reads a result (mt_gpt2_cuda_step_result). Used by the GPU engine of `meshtrain train`
- * (launch/job_cuda.c), bench/ and the GPU tests (see docs/gpu.md for what the device path covers).
+ * (train/job_cuda.c), bench/ and the GPU tests (see docs/gpu.md for what the device path covers).
  * SPDX-License-Identifier: MIT */
 #ifndef MT_GPT2_CUDA_H
 #define MT_GPT2_CUDA_H
@@ -160,7 +160,7 @@ const char *mt_gpt2_prof_name(mt_gpt2_prof_t c);
 /* The compute stream (cudaStream_t) every launch of g is ordered on. */
 void *mt_gpt2_cuda_stream(mt_gpt2_cuda_t g);
 
-/* ---- for a training engine (launch/job_cuda.c): gradient communication and a host-side clip ---- */
+/* ---- for a training engine (train/job_cuda.c): gradient communication and a host-side clip ---- */
 
 /* Called during mt_gpt2_cuda_backward each time the gradients of a run of parameters are complete for that
  * backward, right after their last launch was enqueued on the compute stream (so an event recorded on it

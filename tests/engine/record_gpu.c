@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "launch/job.h"
+#include "train/job.h"
 #include "models/cuda/mt_cuda.h"
 #include "plan/plan.h"
 #include "runtime/cuda_alloc.h"

@@ -1,4 +1,4 @@
-/* libFuzzer harness for the meshtrain checkpoint reader (launch/job_ckpt.c): the input is a step
+/* libFuzzer harness for the meshtrain checkpoint reader (train/job_ckpt.c): the input is a step
  * directory in one blob, [u32 manifest length][manifest.json][shard.bin]; the harness writes both files
  * into a private directory and runs the JSON parser on the manifest and mt_job_ckpt_read_model on the
  * directory (manifest format and version, the recorded config, the model it builds, every shard's
@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "fuzz_util.h"
-#include "launch/job.h"
-#include "launch/job_json.h"
+#include "train/job.h"
+#include "train/job_json.h"
 
 static char dir[64];
 static char manifest[128], config[128], shard[128];

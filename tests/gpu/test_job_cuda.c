@@ -1,4 +1,4 @@
-/* The GPU engine of the training loop (launch/job_cuda.c) against the CPU engines on a small GPT-2 over
+/* The GPU engine of the training loop (train/job_cuda.c) against the CPU engines on a small GPT-2 over
  * synthetic data, 5 steps of AdamW with 2 micro-batches per step:
  *   - fp32 losses within 1e-3 (relative) of the CPU run at every step (the single-process engine on one
  *     rank, the CPU DDP engine on two), the same tolerance as test_gpt2_cuda;
@@ -50,8 +50,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "launch/job.h"
-#include "launch/job_json.h"
+#include "train/job.h"
+#include "train/job_json.h"
 #include "models/cuda/gemm_peak.h"
 #include "models/cuda/mt_cuda.h"
 #include "plan/plan.h"

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "launch/job.h"
+#include "train/job.h"
 #include "testutil.h"
 
 /* A small GPT-2 on synthetic data; extra overrides are appended ("--key=value", NULL-terminated list). */

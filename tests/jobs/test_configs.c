@@ -4,7 +4,7 @@
  * SPDX-License-Identifier: MIT */
 #include <stdio.h>
 
-#include "launch/job.h"
+#include "train/job.h"
 #include "testutil.h"
 
 static mt_config_t *load(const char *dir, const char *name, int world) {

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "launch/job_json.h"
+#include "train/job_json.h"
 #include "testutil.h"
 
 static const char *doc = "{\"a\": [1, 2.5, -3e2, true, false, null], \"s\": \"x\\\"y\\\\z\\n\\u00e9\\u20ac\", "

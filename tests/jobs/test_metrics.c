@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "jobtest.h"
-#include "launch/job_json.h"
+#include "train/job_json.h"
 #include "runtime/rt.h"
 
 static const mt_json_t *need(const mt_json_t *o, const char *key, mt_json_kind_t kind, int64_t step) {

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "launch/job.h"
+#include "train/job.h"
 #include "runtime/config.h"
 #include "runtime/rt.h"
 #include "testutil.h"

@@ -76,7 +76,7 @@ static void run_case(const case_t *c, int rank, int world) {
     mt_par3d_t p3 = NULL;
     CHECK_OK(mt_par3d_init(MPI_COMM_WORLD, &job.model, &p, &p3));
     int coords[MT_AXIS_N] = {0, 0, 0};
-    if (p3) { /* the compute dtype as launch/job.c sets it on the model the 3-D engine drives */
+    if (p3) { /* the compute dtype as train/job.c sets it on the model the 3-D engine drives */
         CHECK_OK(mt_model_set_compute(mt_par3d_model(p3), (int)mt_prec_storage(job.prec)));
         mt_par3d_coords(p3, coords);
         int row0 = 0, rows = 0;
@@ -95,7 +95,7 @@ static void run_case(const case_t *c, int rank, int world) {
     int stage = coords[MT_AXIS_PP];
     int64_t plan[MT_MEM_NCAT], plan_total = 0;
     CHECK_OK(mt_plan_stage_mem(&job, &l, stage, plan));
-    /* the plan counts `meshtrain train`'s communicators (launch/job_mp.c, with a tp-pp comm); this runs
+    /* the plan counts `meshtrain train`'s communicators (train/job_mp.c, with a tp-pp comm); this runs
      * parallel3d.c's, whose shared-memory segments differ */
     int64_t shm_train = 0, shm_3d = 0;
     CHECK_OK(mt_plan_stage_shm_bytes(&job, &l, stage, MT_PLAN_PATH_TRAIN, &shm_train));

@@ -80,7 +80,7 @@ static void run_case(const case_t *c, mt_comm_t comm, int rank, int size) {
     mt_engine_t e = NULL;
     mt_acts_t acts = NULL;
     CHECK_OK(mt_model_init(&job.model, &model));
-    CHECK_OK(mt_model_set_compute(model, (int)mt_prec_storage(job.prec))); /* as launch/job.c sets it */
+    CHECK_OK(mt_model_set_compute(model, (int)mt_prec_storage(job.prec))); /* as train/job.c sets it */
     mt_engine_params_t ep = MT_ENGINE_PARAMS_INIT;
     ep.kind = c->engine == MT_PLAN_DDP ? MT_ENGINE_DDP : MT_ENGINE_ZERO;
     ep.zero_stage = c->engine == MT_PLAN_DDP ? 1 : (int)c->engine;

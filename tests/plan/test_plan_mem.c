@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "launch/job.h"
+#include "train/job.h"
 #include "plan/plan.h"
 #include "runtime/alloc.h"
 #include "runtime/rt.h"

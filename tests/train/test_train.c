@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "launch/job.h"
+#include "train/job.h"
 #include "models/data/data.h"
 #include "models/llmc.h"
 #include "runtime/alloc.h"

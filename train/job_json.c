@@ -1,6 +1,6 @@
 /* Recursive-descent JSON reader (RFC 8259 values; \u escapes decoded to UTF-8) for checkpoint manifests.
  * SPDX-License-Identifier: MIT */
-#include "job_json.h"
+#include "train/job_json.h"
 
 #include <math.h>
 #include <stdlib.h>

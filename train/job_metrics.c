@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "job_impl.h"
+#include "train/job_impl.h"
 #include "runtime/blas.h"
 #include "runtime/cpu.h"
 #include "runtime/rt.h"

@@ -5,7 +5,7 @@
 #ifndef MT_JOB_PIECES_H
 #define MT_JOB_PIECES_H
 
-#include "launch/job.h"
+#include "train/job.h"
 #include "parallel/engine.h"
 
 typedef struct {

@@ -1,5 +1,5 @@
-/* Private parts of the GPU engine shared by launch/job_cuda.c (set-up, data parallelism, the step, checkpoints)
- * and launch/job_cuda_mp.c (pipeline stages, tensor parallelism). Only in builds with CUDA (MT_HAVE_CUDA);
+/* Private parts of the GPU engine shared by train/job_cuda.c (set-up, data parallelism, the step, checkpoints)
+ * and train/job_cuda_mp.c (pipeline stages, tensor parallelism). Only in builds with CUDA (MT_HAVE_CUDA);
  * tests/gpu/emu builds both files again against the CPU emulator (MT_CUDA_EMULATED).
  * SPDX-License-Identifier: MIT */
 #ifndef MT_JOB_CUDA_IMPL_H
@@ -8,7 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "collectives/coll.h"
-#include "launch/job.h"
+#include "train/job.h"
 #include "models/cuda/cuda_backend.h"
 #include "models/cuda/gpt2_cuda.h"
 #include "parallel/pipeline.h"

@@ -18,8 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "job_impl.h"
-#include "job_json.h"
+#include "train/job_impl.h"
+#include "train/job_json.h"
 #include "models/llmc.h"
 #include "runtime/crc32c.h"
 #include "runtime/signals.h"

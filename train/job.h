@@ -176,7 +176,7 @@ const mt_job_engine_t *mt_job_engine_parallel(void);
  * pp = 1, "pipeline"). */
 const mt_job_engine_t *mt_job_engine_model_parallel(int pp);
 
-/* GPT-2 on this rank's GPU (runtime.device = "cuda"; launch/job_cuda.c): models/cuda/gpt2_cuda.h in
+/* GPT-2 on this rank's GPU (runtime.device = "cuda"; train/job_cuda.c): models/cuda/gpt2_cuda.h in
  * precision.compute, and with dp > 1 whole replicas whose gradients are averaged over NCCL on their own
  * stream (parallel.engine = "ddp": bucket by bucket during backward; "dp": after it). Refuses (as
  * MT_ERR_INVALID_ARG naming the key) tp or pp > 1, ZeRO, SGD, the MLP, a build without CUDA, no device. */
@@ -187,7 +187,7 @@ const mt_job_engine_t *mt_job_engine_cuda(void);
  * without CUDA); "auto" -> yes when every rank sees a GPU and the config is one the GPU path runs (else
  * no, with a one-line note when GPUs were present); "cpu" -> no. Collective over comm: every rank gets
  * the same *use and status. note (note_len bytes) receives the note or "". */
-/* The GPU engine's pipeline runs at most this many micro-batches per step (launch/job_cuda_mp.c). */
+/* The GPU engine's pipeline runs at most this many micro-batches per step (train/job_cuda_mp.c). */
 #define MT_JOB_CUDA_MAX_PP_MICROBATCHES 2048
 
 mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use, char *note, size_t note_len);

@@ -1,4 +1,4 @@
-/* The GPU engine's model parallelism (launch/job_cuda.c is the engine): pipeline stages, each rank one stage
+/* The GPU engine's model parallelism (train/job_cuda.c is the engine): pipeline stages, each rank one stage
  * run by GPipe or 1F1B over the step's micro-batches with activations and their gradients sent by NCCL on the
  * compute stream, and tensor parallelism, the trainer's collectives over the tp group's NCCL communicator; and
  * the host communicator the gradient norm is summed over when the gradients span more than the dp group.
@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "launch/job.h"
+#include "train/job.h"
 
 #if MT_HAVE_CUDA
-#include "launch/job_cuda_impl.h"
+#include "train/job_cuda_impl.h"
 
 /* Tensor parallelism, the trainer's collectives over the tp group on the stream it passes (its compute stream,
  * or for backward's input-gradient sums its tp stream, which the compute stream then waits for): sums of

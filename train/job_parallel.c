@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "job_impl.h"
-#include "job_pieces.h"
+#include "train/job_impl.h"
+#include "train/job_pieces.h"
 #include "parallel/engine_impl.h"
 #include "runtime/mesh.h"
 
@@ -150,7 +150,7 @@ static void par_comm_bytes(void *ctx, double *model, double *other) {
     *other = s.bytes_other;
 }
 
-/* ---- checkpoint pieces (shared with job_mp.c: launch/job_pieces.h) ---------------------------------- */
+/* ---- checkpoint pieces (shared with job_mp.c: train/job_pieces.h) ---------------------------------- */
 
 static mt_status_t push_box(mt_plist_t *l, const char *kind, const mt_param_t *p, const int64_t lo[2],
                             const int64_t hi[2], float *data, int64_t ld) {

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "job_impl.h"
+#include "train/job_impl.h"
 #include "runtime/watchdog.h"
 
 /* Test knob: "OP:N" makes rank MESHTRAIN_TEST_FAULT_RANK skip its N-th call named OP on the job group

@@ -3,9 +3,9 @@
  * a progress line. The single-process engine lives here too; parallel engines plug in through
  * mt_job_engine_t without changing the loop.
  * SPDX-License-Identifier: MIT */
-#include "job.h"
+#include "train/job.h"
 
-#include "job_impl.h"
+#include "train/job_impl.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
 #ifndef MT_JOB_IMPL_H
 #define MT_JOB_IMPL_H
 
-#include "launch/job.h"
+#include "train/job.h"
 #include "models/data/data.h"
 #include "runtime/alloc.h"
 #include "runtime/precision.h"

@@ -12,7 +12,7 @@
  * flight in its own activation set of the trainer), ZeRO slicing the stage's own layout over its dp group.
  * With tp > 1 each rank trains its tensor-parallel shard (Megatron-style, models/cuda/gpt2_cuda.h), the tp
  * group's all-reduces and gathers through NCCL on the compute stream; the model is built sharded by the
- * engine's setup_model. Pipeline and tensor parallelism live in launch/job_cuda_mp.c. The loop's clipping,
+ * engine's setup_model. Pipeline and tensor parallelism live in train/job_cuda_mp.c. The loop's clipping,
  * NaN agreement, metrics and checkpoints work unchanged: the engine syncs twice per step (the loss after
  * backward, the gradient norm after the reductions). Built without CUDA, the engine only refuses, naming what
  * to use instead.
@@ -23,13 +23,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "launch/job.h"
-#include "launch/job_pieces.h"
+#include "train/job.h"
+#include "train/job_pieces.h"
 #include "runtime/config.h"
 #include "runtime/rt.h"
 
 #if MT_HAVE_CUDA
-#include "launch/job_cuda_impl.h"
+#include "train/job_cuda_impl.h"
 #include "models/cuda/gemm_peak.h"
 #include "runtime/cuda_alloc.h"
 #endif

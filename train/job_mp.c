@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "job_impl.h"
-#include "job_pieces.h"
+#include "train/job_impl.h"
+#include "train/job_pieces.h"
 #include "parallel/engine_impl.h"
 #include "parallel/parallel3d.h"
 #include "runtime/mesh.h"

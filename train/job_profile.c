@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "job_impl.h"
+#include "train/job_impl.h"
 #include "models/model_impl.h" /* the hooks the engine installed, to chain the tracing hooks to them */
 #include "runtime/memprof.h"
 #include "runtime/trace.h"
