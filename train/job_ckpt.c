@@ -5,7 +5,8 @@
  * any piece it needs from whichever shards overlap it (resharding). Writing is atomic: a temporary
  * directory, every rank fsyncs its file, rank 0 writes the manifest last, renames the directory into
  * place, then replaces `latest` with a rename; older checkpoints beyond checkpoint.keep go only after
- * that. Format and protocol: docs/checkpoints.md.
+ * that. Format and protocol: docs/checkpoints.md. This file holds set-up, resume and the save protocol;
+ * job_ckpt_pieces.c reads and writes the tensor pieces, job_ckpt_manifest.c reads and writes the manifest.
  * SPDX-License-Identifier: MIT */
 #include <dirent.h>
 #include <errno.h>
@@ -18,18 +19,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "train/job_impl.h"
-#include "train/job_json.h"
 #include "models/llmc.h"
 #include "runtime/crc32c.h"
-#include "runtime/signals.h"
 #include "runtime/rt.h"
+#include "runtime/signals.h"
 #include "runtime/trace.h"
-
-#define CKPT_FORMAT "meshtrain-checkpoint"
-#define CKPT_VERSION 1
-#define CKPT_MAX_DIM (INT64_C(1) << 32) /* any dimension beyond this is not a real tensor */
-#define CKPT_MAX_NUMEL (INT64_C(1) << 40)
+#include "train/job_ckpt_impl.h"
+#include "train/job_impl.h"
+#include "train/job_json.h"
 
 /* Test knob: the Nth checkpoint this process writes stops rank 0 with _exit(86) after every shard file
  * is written and synced but before the manifest and the rename (tests/jobs: a crash mid-save). */
@@ -40,10 +37,9 @@ struct job_ckpt {
     int64_t every, keep;
     char resume[1100]; /* step directory to resume from ("" = none) */
     int n_saved;
-    bool on_signal; /* handlers installed (checkpoint.on_signal with a checkpoint.dir) */
-    char last[1100];        /* the last complete checkpoint written or resumed from ("" = none) */
+    bool on_signal;  /* handlers installed (checkpoint.on_signal with a checkpoint.dir) */
+    char last[1100]; /* the last complete checkpoint written or resumed from ("" = none) */
 };
-
 
 /* ---- small file helpers ---------------------------------------------------------------------------- */
 
@@ -92,7 +88,7 @@ static mt_status_t fsync_path(const char *path) {
 }
 
 /* Reads a whole small file (manifest, latest) into a NUL-terminated buffer; at most max bytes. */
-static mt_status_t slurp(const char *path, size_t max, char **out, size_t *len) {
+mt_status_t ckpt_slurp(const char *path, size_t max, char **out, size_t *len) {
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -145,7 +141,7 @@ static mt_status_t resolve(const char *path, char *out, size_t len, const char *
     }
     char *text = NULL;
     size_t n = 0;
-    MT_CHECK(slurp(l, 4096, &text, &n));
+    MT_CHECK(ckpt_slurp(l, 4096, &text, &n));
     while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == ' ')) {
         text[--n] = '\0';
     }
@@ -164,419 +160,6 @@ static mt_status_t resolve(const char *path, char *out, size_t len, const char *
     return MT_OK;
 }
 
-/* ---- pieces and boxes --------------------------------------------------------------------------------- */
-
-static int64_t box_numel(int ndim, const int64_t *lo, const int64_t *hi) {
-    int64_t n = 1;
-    for (int d = 0; d < ndim; d++) {
-        n *= hi[d] - lo[d];
-    }
-    return n;
-}
-
-/* Copies the intersection of box src (data row-major of src) into box dst (rows dst_ld apart; 0 = the
- * box's width); returns the elements copied. Up to 2 dimensions (1-D uses dimension 0 only). */
-static int64_t copy_overlap(int ndim, const int64_t *slo, const int64_t *shi, const float *src, const int64_t *dlo,
-                            const int64_t *dhi, float *dst, int64_t dst_ld) {
-    int64_t lo[2] = {0, 0}, hi[2] = {1, 1};
-    for (int d = 0; d < ndim; d++) {
-        lo[d] = MT_MAX(slo[d], dlo[d]);
-        hi[d] = MT_MIN(shi[d], dhi[d]);
-        if (hi[d] <= lo[d]) {
-            return 0;
-        }
-    }
-    if (ndim == 1) {
-        memcpy(dst + (lo[0] - dlo[0]), src + (lo[0] - slo[0]), (size_t)(hi[0] - lo[0]) * sizeof(float));
-        return hi[0] - lo[0];
-    }
-    int64_t sw = shi[1] - slo[1], dw = dst_ld > 0 ? dst_ld : dhi[1] - dlo[1], w = hi[1] - lo[1];
-    for (int64_t r = lo[0]; r < hi[0]; r++) {
-        memcpy(dst + (r - dlo[0]) * dw + (lo[1] - dlo[1]), src + (r - slo[0]) * sw + (lo[1] - slo[1]),
-               (size_t)w * sizeof(float));
-    }
-    return (hi[0] - lo[0]) * w;
-}
-
-/* ---- loading ------------------------------------------------------------------------------------------- */
-
-typedef struct {
-    int ndim;
-    int64_t lo[2], hi[2], offset, bytes;
-    uint32_t crc;
-    const char *file;
-} shard_t;
-
-static bool read_dims(const mt_json_t *a, int ndim, int64_t *out) {
-    if (!a || a->kind != MT_JSON_ARRAY || a->n != ndim) {
-        return false;
-    }
-    for (int d = 0; d < ndim; d++) {
-        double v = a->items[d]->num;
-        if (a->items[d]->kind != MT_JSON_NUMBER || v != floor(v) || v < 0 || v > (double)CKPT_MAX_DIM) {
-            return false;
-        }
-        out[d] = (int64_t)v;
-    }
-    return true;
-}
-
-/* Zeroes rows [r0, r1) (global) of a 2-D piece; returns the elements zeroed. */
-static int64_t zero_rows(mt_ckpt_piece_t *pc, int64_t r0, int64_t r1) {
-    int64_t lo = MT_MAX(r0, pc->lo[0]), hi = MT_MIN(r1, pc->hi[0]), w = pc->hi[1] - pc->lo[1];
-    int64_t ld = pc->ld > 0 ? pc->ld : w;
-    for (int64_t r = lo; r < hi; r++) {
-        memset(pc->data + (r - pc->lo[0]) * ld, 0, (size_t)w * sizeof(float));
-    }
-    return hi > lo ? (hi - lo) * w : 0;
-}
-
-static void fmt_shape(char *buf, size_t len, int ndim, const int64_t *shape) {
-    if (ndim == 2) {
-        snprintf(buf, len, "[%lld, %lld]", (long long)shape[0], (long long)shape[1]);
-    } else {
-        snprintf(buf, len, "[%lld]", (long long)shape[0]);
-    }
-}
-
-/* The manifest's shape of a tensor as text, whatever it holds (for messages about a wrong one). */
-static void fmt_json_shape(char *buf, size_t len, const mt_json_t *a) {
-    size_t o = (size_t)snprintf(buf, len, "[");
-    for (int d = 0; a && a->kind == MT_JSON_ARRAY && d < a->n && d < 4 && o < len; d++) {
-        const mt_json_t *v = a->items[d];
-        if (v->kind == MT_JSON_NUMBER) {
-            o += (size_t)snprintf(buf + o, len - o, "%s%.17g", d ? ", " : "", v->num);
-        } else {
-            o += (size_t)snprintf(buf + o, len - o, "%s?", d ? ", " : "");
-        }
-    }
-    if (o < len) {
-        snprintf(buf + o, len - o, "]");
-    }
-}
-
-/* Every size the manifest states, checked before any of it is used to allocate or read: the shape of each
- * tensor this rank fills against the model the config built (both shapes named), absurd shapes, each
- * shard's box and byte count against its tensor, and each shard file's size on disk against the size the
- * manifest gives it ("files") and against the shards that lie in it. Errors name the checkpoint, the
- * tensor or file, and the fix. */
-static mt_status_t check_sizes(const char *dir, const mt_json_t *man, const mt_ckpt_piece_t *pc, int n, int64_t vocab) {
-    const mt_json_t *tensors = mt_json_get(man, "tensors"), *files = mt_json_get(man, "files");
-    if (!tensors || tensors->kind != MT_JSON_ARRAY) {
-        return mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: manifest has no \"tensors\" array", dir);
-    }
-    if (files && files->kind != MT_JSON_ARRAY) {
-        return mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: the manifest's \"files\" is not an array", dir);
-    }
-    /* the files: each as large as the manifest says (a shorter one was truncated after it was written).
-     * Without "files" (a hand-made manifest) fill_pieces still checks each shard against its file. */
-    for (int k = 0; files && k < files->n; k++) {
-        const char *name = mt_json_get_str(files->items[k], "file");
-        int64_t bytes = -1;
-        if (!name || strchr(name, '/') || !mt_json_get_int(files->items[k], "bytes", &bytes) || bytes < 0 ||
-            bytes > CKPT_MAX_NUMEL * (int64_t)sizeof(float)) {
-            return mt_error(MT_ERR_INVALID_ARG,
-                            "checkpoint %s: entry %d of the manifest's \"files\" is malformed or gives an absurd size: "
-                            "the manifest is damaged; resume from an older checkpoint (checkpoint.resume = PATH)",
-                            dir, k);
-        }
-        char path[1200];
-        snprintf(path, sizeof(path), "%s/%s", dir, name);
-        struct stat sb;
-        if (stat(path, &sb) != 0) {
-            return mt_error(MT_ERR_INVALID_ARG, "checkpoint: cannot read shard file %s: %s", path, strerror(errno));
-        }
-        if ((int64_t)sb.st_size != bytes) {
-            return mt_error(MT_ERR_INVALID_ARG,
-                            "checkpoint: shard file %s is %lld bytes but the manifest says %lld: the file is %s; "
-                            "resume from an older checkpoint (checkpoint.resume = PATH)",
-                            path, (long long)sb.st_size, (long long)bytes,
-                            (int64_t)sb.st_size < bytes ? "truncated" : "not the one this manifest was written with");
-        }
-    }
-    int64_t man_vocab = 0;
-    mt_json_get_int(mt_json_get(man, "model"), "vocab_size", &man_vocab);
-    for (int i = 0; i < n; i++) {
-        const mt_json_t *t = NULL;
-        for (int k = 0; k < tensors->n && !t; k++) {
-            const char *nm = mt_json_get_str(tensors->items[k], "name");
-            t = nm && !strcmp(nm, pc[i].tensor) ? tensors->items[k] : NULL;
-        }
-        if (!t) {
-            continue; /* fill_pieces says which tensor is missing */
-        }
-        int64_t shape[2] = {0, 1};
-        char want[64], got[96];
-        fmt_shape(want, sizeof(want), pc[i].ndim, pc[i].shape);
-        fmt_json_shape(got, sizeof(got), mt_json_get(t, "shape"));
-        bool dims_ok = read_dims(mt_json_get(t, "shape"), pc[i].ndim, shape);
-        if (dims_ok && pc[i].ndim == 2 && shape[0] > 0 && shape[1] > CKPT_MAX_NUMEL / shape[0]) {
-            dims_ok = false; /* rows x columns beyond any real tensor (and beyond int64 arithmetic) */
-        }
-        if (!dims_ok) {
-            return mt_error(MT_ERR_INVALID_ARG,
-                            "checkpoint %s: tensor %s has another shape than %s in the model this config builds: the "
-                            "absurd or malformed %s in the manifest, which is damaged; resume from an older checkpoint "
-                            "(checkpoint.resume = PATH)",
-                            dir, pc[i].tensor, want, got);
-        }
-        bool padded = pc[i].ndim == 2 && shape[1] == pc[i].shape[1] && shape[0] != pc[i].shape[0] && vocab > 0 &&
-                      man_vocab == vocab && shape[0] >= vocab && pc[i].shape[0] >= vocab;
-        if (!padded && (shape[0] != pc[i].shape[0] || (pc[i].ndim == 2 && shape[1] != pc[i].shape[1]))) {
-            return mt_error(MT_ERR_INVALID_ARG,
-                            "checkpoint %s: tensor %s has another shape than %s in the model this config builds: %s "
-                            "in the checkpoint. Either the config is wrong (use the model.* of the checkpoint's "
-                            "config.toml) or the checkpoint is (point checkpoint.resume at one written for this model)",
-                            dir, pc[i].tensor, want, got);
-        }
-        const mt_json_t *shards = mt_json_get(t, "shards");
-        for (int k = 0; shards && shards->kind == MT_JSON_ARRAY && k < shards->n; k++) {
-            const mt_json_t *sj = shards->items[k];
-            int64_t lo[2] = {0, 0}, hi[2] = {1, 1}, off = -1, bytes = -1;
-            const char *file = mt_json_get_str(sj, "file");
-            bool ok = file && read_dims(mt_json_get(sj, "lo"), pc[i].ndim, lo) &&
-                      read_dims(mt_json_get(sj, "hi"), pc[i].ndim, hi) && mt_json_get_int(sj, "offset", &off) &&
-                      mt_json_get_int(sj, "bytes", &bytes) && off >= 0 && bytes >= 0;
-            for (int d = 0; ok && d < pc[i].ndim; d++) {
-                ok = lo[d] < hi[d] && hi[d] <= shape[d];
-            }
-            if (!ok || bytes != box_numel(pc[i].ndim, lo, hi) * (int64_t)sizeof(float)) {
-                return mt_error(MT_ERR_INVALID_ARG,
-                                "checkpoint %s: shard %d of tensor %s lies outside the tensor's shape %s or its byte "
-                                "count %lld does not match its box: the manifest is damaged; resume from an older "
-                                "checkpoint",
-                                dir, k, pc[i].tensor, got, (long long)bytes);
-            }
-            if (!files) {
-                continue;
-            }
-            int64_t fbytes = -1;
-            for (int f = 0; f < files->n; f++) {
-                const char *nm = mt_json_get_str(files->items[f], "file");
-                if (nm && !strcmp(nm, file)) {
-                    mt_json_get_int(files->items[f], "bytes", &fbytes);
-                }
-            }
-            if (fbytes < 0 || off > fbytes || bytes > fbytes - off) {
-                return mt_error(MT_ERR_INVALID_ARG,
-                                "checkpoint %s: shard %d of tensor %s needs bytes [%lld, +%lld) of %s, which the "
-                                "manifest's \"files\" %s: the manifest is damaged; resume from an older checkpoint",
-                                dir, k, pc[i].tensor, (long long)off, (long long)bytes, file,
-                                fbytes < 0 ? "does not list" : "says is shorter");
-            }
-        }
-    }
-    return MT_OK;
-}
-
-/* Fills every piece from the checkpoint in dir (manifest parsed in man). Each shard overlapping a piece
- * is read whole, its CRC32C checked, and the overlap copied; every element of every piece must be
- * covered. vocab (> 0) is the model's vocabulary: a 2-D tensor whose first dimension differs only in
- * padding rows (both >= vocab: the padded vocabulary, which tensor parallelism rounds up differently)
- * is read for the rows both have and zero beyond (padding rows are zero and stay zero). Errors name the
- * checkpoint, the tensor and the file. */
-static mt_status_t fill_pieces(const char *dir, const mt_json_t *man, mt_ckpt_piece_t *pc, int n, int64_t vocab) {
-    const mt_json_t *tensors = mt_json_get(man, "tensors");
-    if (!tensors || tensors->kind != MT_JSON_ARRAY) {
-        return mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: manifest has no \"tensors\" array", dir);
-    }
-    mt_status_t st = MT_OK;
-    float *buf = NULL;
-    size_t buf_cap = 0;
-    int fd = -1;
-    char fd_name[1200] = "";
-    for (int i = 0; i < n && st == MT_OK; i++) {
-        const mt_json_t *t = NULL;
-        for (int k = 0; k < tensors->n; k++) {
-            const char *nm = mt_json_get_str(tensors->items[k], "name");
-            if (nm && !strcmp(nm, pc[i].tensor)) {
-                t = tensors->items[k];
-                break;
-            }
-        }
-        if (!t) {
-            st = mt_error(MT_ERR_INVALID_ARG,
-                          "checkpoint %s has no tensor %s: it was written for another model or optimizer "
-                          "(compare model.* and optimizer.kind with its config.toml)",
-                          dir, pc[i].tensor);
-            break;
-        }
-        const char *dtype = mt_json_get_str(t, "dtype");
-        int64_t shape[2] = {0, 0};
-        if (!dtype || strcmp(dtype, "f32") != 0) {
-            st = mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: tensor %s has dtype %s, expected f32", dir, pc[i].tensor,
-                          dtype ? dtype : "(missing)");
-            break;
-        }
-        int64_t man_vocab = 0;
-        mt_json_get_int(mt_json_get(man, "model"), "vocab_size", &man_vocab);
-        bool dims_ok = read_dims(mt_json_get(t, "shape"), pc[i].ndim, shape);
-        bool padded = dims_ok && pc[i].ndim == 2 && shape[1] == pc[i].shape[1] && shape[0] != pc[i].shape[0] &&
-                      vocab > 0 && man_vocab == vocab && shape[0] >= vocab && pc[i].shape[0] >= vocab;
-        if (!dims_ok || (!padded && (shape[0] != pc[i].shape[0] || (pc[i].ndim == 2 && shape[1] != pc[i].shape[1])))) {
-            char want[64];
-            snprintf(want, sizeof(want), pc[i].ndim == 2 ? "[%lld, %lld]" : "[%lld]", (long long)pc[i].shape[0],
-                     (long long)pc[i].shape[1]);
-            st = mt_error(MT_ERR_INVALID_ARG,
-                          "checkpoint %s: tensor %s has another shape than %s in this model: the checkpoint was "
-                          "written for another model.* configuration (see its config.toml)",
-                          dir, pc[i].tensor, want);
-            break;
-        }
-        const mt_json_t *shards = mt_json_get(t, "shards");
-        if (!shards || shards->kind != MT_JSON_ARRAY) {
-            st = mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: tensor %s has no shard list", dir, pc[i].tensor);
-            break;
-        }
-        int64_t want = box_numel(pc[i].ndim, pc[i].lo, pc[i].hi), got = 0;
-        if (padded && shape[0] < pc[i].shape[0]) {
-            got += zero_rows(&pc[i], shape[0], pc[i].shape[0]); /* padding the checkpoint does not have */
-        }
-        for (int k = 0; k < shards->n && st == MT_OK; k++) {
-            const mt_json_t *sj = shards->items[k];
-            shard_t sh = {.ndim = pc[i].ndim};
-            int64_t crc = 0;
-            sh.file = mt_json_get_str(sj, "file");
-            if (!read_dims(mt_json_get(sj, "lo"), sh.ndim, sh.lo) ||
-                !read_dims(mt_json_get(sj, "hi"), sh.ndim, sh.hi) || !mt_json_get_int(sj, "offset", &sh.offset) ||
-                !mt_json_get_int(sj, "bytes", &sh.bytes) || !mt_json_get_int(sj, "crc32c", &crc) || !sh.file ||
-                strchr(sh.file, '/') || sh.offset < 0 || crc < 0 || crc > UINT32_MAX) {
-                st = mt_error(MT_ERR_INVALID_ARG, "checkpoint %s: shard %d of tensor %s is malformed in the manifest",
-                              dir, k, pc[i].tensor);
-                break;
-            }
-            sh.crc = (uint32_t)crc;
-            bool inside = true;
-            for (int d = 0; d < sh.ndim; d++) {
-                inside = inside && sh.lo[d] < sh.hi[d] && sh.hi[d] <= shape[d];
-            }
-            int64_t numel = inside ? box_numel(sh.ndim, sh.lo, sh.hi) : -1;
-            if (!inside || numel > CKPT_MAX_NUMEL || sh.bytes != numel * (int64_t)sizeof(float)) {
-                st = mt_error(MT_ERR_INVALID_ARG,
-                              "checkpoint %s: shard %d of tensor %s lies outside the tensor or its byte count %lld "
-                              "does not match its box",
-                              dir, k, pc[i].tensor, (long long)sh.bytes);
-                break;
-            }
-            /* does it overlap the piece? */
-            bool overlap = true;
-            for (int d = 0; d < sh.ndim; d++) {
-                overlap = overlap && sh.lo[d] < pc[i].hi[d] && pc[i].lo[d] < sh.hi[d];
-            }
-            if (!overlap) {
-                continue;
-            }
-            char path[1200];
-            snprintf(path, sizeof(path), "%s/%s", dir, sh.file);
-            if (strcmp(path, fd_name) != 0) {
-                if (fd >= 0) {
-                    close(fd);
-                }
-                fd = open(path, O_RDONLY);
-                snprintf(fd_name, sizeof(fd_name), "%s", fd >= 0 ? path : "");
-                if (fd < 0) {
-                    st = mt_error(MT_ERR_INVALID_ARG, "checkpoint: cannot open shard file %s: %s", path,
-                                  strerror(errno));
-                    break;
-                }
-            }
-            struct stat sb;
-            if (fstat(fd, &sb) != 0 || sh.offset < 0 || sh.bytes < 0 || sh.offset > (int64_t)sb.st_size ||
-                sh.bytes > (int64_t)sb.st_size - sh.offset) {
-                st = mt_error(MT_ERR_INVALID_ARG,
-                              "checkpoint: shard file %s is truncated: tensor %s needs bytes [%lld, %lld), the file "
-                              "has %lld",
-                              path, pc[i].tensor, (long long)sh.offset, (long long)(sh.offset + sh.bytes),
-                              (long long)sb.st_size);
-                break;
-            }
-            if ((size_t)sh.bytes > buf_cap) {
-                free(buf);
-                buf_cap = (size_t)sh.bytes;
-                buf = malloc(buf_cap);
-                if (!buf) {
-                    buf_cap = 0;
-                    st = mt_error(MT_ERR_OOM, "checkpoint: out of memory reading %lld bytes of %s", (long long)sh.bytes,
-                                  path);
-                    break;
-                }
-            }
-            size_t done = 0;
-            while (done < (size_t)sh.bytes) {
-                ssize_t r = pread(fd, (char *)buf + done, (size_t)sh.bytes - done, (off_t)(sh.offset + (int64_t)done));
-                if (r <= 0) {
-                    break;
-                }
-                done += (size_t)r;
-            }
-            if (done != (size_t)sh.bytes) {
-                st = mt_error(MT_ERR_INVALID_ARG, "checkpoint: reading %s at offset %lld failed: %s", path,
-                              (long long)sh.offset, strerror(errno));
-                break;
-            }
-            uint32_t c = mt_crc32c(0, buf, (size_t)sh.bytes);
-            if (c != sh.crc) {
-                st = mt_error(MT_ERR_INVALID_ARG,
-                              "checkpoint: CRC32C mismatch in %s (tensor %s, bytes [%lld, %lld)): computed %08x, the "
-                              "manifest says %08x: the file is corrupt; resume from an older checkpoint "
-                              "(checkpoint.resume = PATH)",
-                              path, pc[i].tensor, (long long)sh.offset, (long long)(sh.offset + sh.bytes), c, sh.crc);
-                break;
-            }
-            got += copy_overlap(sh.ndim, sh.lo, sh.hi, buf, pc[i].lo, pc[i].hi, pc[i].data, pc[i].ld);
-        }
-        if (st == MT_OK && got != want) {
-            st = mt_error(MT_ERR_INVALID_ARG,
-                          "checkpoint %s: the shards of tensor %s cover %lld of the %lld elements this rank needs "
-                          "(missing or overlapping shards)",
-                          dir, pc[i].tensor, (long long)got, (long long)want);
-        }
-    }
-    if (fd >= 0) {
-        close(fd);
-    }
-    free(buf);
-    return st;
-}
-
-/* The manifest's format name and version. */
-static mt_status_t check_header(const mt_json_t *man, const char *path) {
-    const char *fmt = mt_json_get_str(man, "format");
-    int64_t ver = 0;
-    if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0 || !mt_json_get_int(man, "version", &ver)) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "checkpoint: %s is not a meshtrain checkpoint manifest (no \"format\": "
-                        "\"%s\" or no \"version\")",
-                        path, CKPT_FORMAT);
-    }
-    if (ver != CKPT_VERSION) {
-        return mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s has format version %lld; this meshtrain reads version %d",
-                        path, (long long)ver, CKPT_VERSION);
-    }
-    return MT_OK;
-}
-
-/* Reads and parses dir/manifest.json, checking the format and version. */
-static mt_status_t read_manifest(const char *dir, mt_json_t **out) {
-    char path[1200], *text = NULL;
-    size_t len = 0;
-    snprintf(path, sizeof(path), "%s/manifest.json", dir);
-    MT_CHECK(slurp(path, (size_t)1 << 30, &text, &len));
-    mt_status_t st = mt_json_parse(text, len, path, out);
-    free(text);
-    MT_CHECK(st);
-    int64_t step = 0;
-    st = check_header(*out, path);
-    if (st == MT_OK && (!mt_json_get_int(*out, "step", &step) || step < 0)) {
-        st = mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s has no valid \"step\"", path);
-    }
-    if (st != MT_OK) {
-        mt_json_free(*out);
-        *out = NULL;
-    }
-    return st;
-}
-
 mt_status_t mt_job_ckpt_read_model(const char *path, mt_model_t *model, mt_config_t **cfg_out, char *from,
                                    size_t from_len) {
     *model = NULL;
@@ -589,7 +172,7 @@ mt_status_t mt_job_ckpt_read_model(const char *path, mt_model_t *model, mt_confi
         snprintf(from, from_len, "%s", dir);
     }
     mt_json_t *man = NULL;
-    MT_CHECK(read_manifest(dir, &man));
+    MT_CHECK(ckpt_read_manifest(dir, &man));
     const mt_json_t *mj = mt_json_get(man, "model");
     mt_model_config_t mc = MT_MODEL_CONFIG_INIT;
     int64_t v[7];
@@ -631,7 +214,7 @@ mt_status_t mt_job_ckpt_read_model(const char *path, mt_model_t *model, mt_confi
         }
     }
     if (st == MT_OK) { /* sizes first: nothing is allocated from a manifest that disagrees with its files */
-        st = check_sizes(dir, man, pc, np, mc.vocab_size);
+        st = ckpt_check_sizes(dir, man, pc, np, mc.vocab_size);
     }
     if (st == MT_OK) {
         int64_t have = 0, f = 0;
@@ -654,7 +237,7 @@ mt_status_t mt_job_ckpt_read_model(const char *path, mt_model_t *model, mt_confi
         pc[i].data = mt_model_param(*model, i)->data;
     }
     if (st == MT_OK) {
-        st = fill_pieces(dir, man, pc, np, mc.vocab_size);
+        st = ckpt_fill_pieces(dir, man, pc, np, mc.vocab_size);
     }
     if (st == MT_OK && cfg_out) {
         char cp[1200];
@@ -732,70 +315,6 @@ mt_status_t mt_job_ckpt_init(job_t *j, job_ckpt_t **out) {
     return MT_OK;
 }
 
-/* The loss scaler's state in the manifest ("precision"): restored when both the checkpoint and this job
- * run fp16 (a checkpoint of another mode, or of a meshtrain before the field, starts from
- * precision.init_scale). A present but malformed value is refused. */
-typedef struct {
-    bool have;
-    float scale;
-    int64_t clean;
-} scaler_state_t;
-
-static mt_status_t read_scaler(const mt_json_t *man, const char *path, job_t *j, scaler_state_t *out) {
-    const mt_json_t *p = mt_json_get(man, "precision");
-    const mt_loss_scaler_t *sc = mt_job_scaler(j);
-    if (!p || !sc->dynamic) {
-        return MT_OK;
-    }
-    const char *mode = mt_json_get_str(p, "compute");
-    double scale = 0.0;
-    int64_t clean = 0;
-    if (!mode || !mt_json_get_num(p, "loss_scale", &scale) || !mt_json_get_int(p, "clean_steps", &clean) ||
-        !(scale >= sc->min_scale && scale <= sc->max_scale) || clean < 0) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "checkpoint: %s has a malformed \"precision\" section (loss_scale must lie in [1, 2^24], "
-                        "clean_steps >= 0): the manifest is damaged; resume from an older checkpoint",
-                        path);
-    }
-    if (strcmp(mode, "fp16") != 0) {
-        return MT_OK;
-    }
-    out->have = true;
-    out->scale = (float)scale;
-    out->clean = clean;
-    return MT_OK;
-}
-
-/* Rank 0: a warning when the checkpoint holds optimizer state this run's optimizer has no buffer for (AdamW's
- * moments resumed under SGD; SGD's momentum under AdamW or plain SGD; state the run needs and the checkpoint
- * lacks is fill_pieces's error): the weights and the step count resume, that state does not. */
-static void warn_unused_state(const char *dir, const mt_json_t *man, const mt_optim_params_t *optim) {
-    bool sgd = optim->kind == MT_OPTIM_SGD;
-    bool mom = sgd && optim->momentum > 0.0f;
-    static const char *const kinds[] = {"adamw.m", "adamw.v", "sgd.momentum"};
-    bool used[] = {!sgd, !sgd, mom}, held[] = {false, false, false};
-    const mt_json_t *tensors = mt_json_get(man, "tensors");
-    for (int k = 0; tensors && tensors->kind == MT_JSON_ARRAY && k < tensors->n; k++) {
-        const char *nm = mt_json_get_str(tensors->items[k], "name");
-        for (size_t i = 0; nm && i < MT_ARRAY_LEN(kinds); i++) {
-            size_t kl = strlen(kinds[i]);
-            held[i] |= !strncmp(nm, kinds[i], kl) && nm[kl] == '/';
-        }
-    }
-    char list[64] = "";
-    for (size_t i = 0; i < MT_ARRAY_LEN(kinds); i++) {
-        if (held[i] && !used[i]) {
-            snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", list[0] ? ", " : "", kinds[i]);
-        }
-    }
-    if (list[0]) {
-        MT_WARN("checkpoint %s holds optimizer state (%s) that optimizer.kind = \"%s\"%s does not use: the weights "
-                "and the step count resume, that state is left behind (resume with the optimizer.* of the "
-                "checkpoint's config.toml to keep it)",
-                dir, list, sgd ? "sgd" : "adamw", sgd && !mom ? " without momentum" : "");
-    }
-}
-
 mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
     if (!c || !c->resume[0]) {
         return MT_OK;
@@ -807,7 +326,7 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
     mt_status_t st = MT_OK;
     char msg[1024] = "";
     if (j->rank == 0) {
-        st = slurp(path, (size_t)1 << 30, &text, &len);
+        st = ckpt_slurp(path, (size_t)1 << 30, &text, &len);
         if (st != MT_OK) {
             snprintf(msg, sizeof(msg), "%s", mt_last_error_msg());
         }
@@ -839,7 +358,7 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
     free(text);
     MT_CHECK(st);
     int64_t step = 0, ostep = 0;
-    st = check_header(man, path);
+    st = ckpt_check_header(man, path);
     if (st == MT_OK && (!mt_json_get_int(man, "step", &step) || !mt_json_get_int(man, "optimizer_step", &ostep) ||
                         step < 0 || ostep < 0)) {
         st = mt_error(MT_ERR_INVALID_ARG, "checkpoint: %s has no valid \"step\" or \"optimizer_step\"", path);
@@ -851,7 +370,7 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
     }
     scaler_state_t ps = {0};
     if (st == MT_OK) {
-        st = read_scaler(man, path, j, &ps);
+        st = ckpt_read_scaler(man, path, j, &ps);
     }
     mt_ckpt_piece_t *pc = NULL;
     int n = 0;
@@ -859,13 +378,13 @@ mt_status_t mt_job_ckpt_resume(job_ckpt_t *c, job_t *j) {
         st = j->engine->ckpt_pieces(j->ectx, false, &pc, &n);
     }
     if (st == MT_OK) { /* every size the manifest states, against the model and the files, before reading */
-        st = check_sizes(c->resume, man, pc, n, mt_model_config(j->model)->vocab_size);
+        st = ckpt_check_sizes(c->resume, man, pc, n, mt_model_config(j->model)->vocab_size);
     }
     if (st == MT_OK) {
-        st = fill_pieces(c->resume, man, pc, n, mt_model_config(j->model)->vocab_size);
+        st = ckpt_fill_pieces(c->resume, man, pc, n, mt_model_config(j->model)->vocab_size);
     }
     if (st == MT_OK && j->rank == 0) {
-        warn_unused_state(c->resume, man, &j->set.optim);
+        ckpt_warn_unused_state(c->resume, man, &j->set.optim);
     }
     free(pc);
     mt_json_free(man);
@@ -925,13 +444,13 @@ mt_status_t mt_job_init_llmc(job_t *j) {
         /* rows beyond the file's (padding when tensor parallelism pads the vocabulary further) are zero */
         int64_t rows = p->global_shape[0];
         if (pc[i].ndim == 2) {
-            zero_rows(&pc[i], rows, pc[i].hi[0]);
+            ckpt_zero_rows(&pc[i], rows, pc[i].hi[0]);
         } else if (pc[i].hi[0] > rows) {
             memset(pc[i].data + MT_MAX(rows - pc[i].lo[0], 0), 0,
                    (size_t)(pc[i].hi[0] - MT_MAX(rows, pc[i].lo[0])) * sizeof(float));
         }
         int64_t lo[2] = {0, 0}, hi[2] = {rows, p->ndim == 2 ? p->global_shape[1] : 1};
-        copy_overlap(pc[i].ndim, lo, hi, p->data, pc[i].lo, pc[i].hi, pc[i].data, pc[i].ld);
+        ckpt_copy_overlap(pc[i].ndim, lo, hi, p->data, pc[i].lo, pc[i].hi, pc[i].data, pc[i].ld);
     }
     free(pc);
     mt_model_free(whole);
@@ -951,223 +470,6 @@ void mt_job_ckpt_free(job_ckpt_t *c) {
         mt_signals_restore();
     }
     free(c);
-}
-
-/* ---- saving -------------------------------------------------------------------------------------------- */
-
-/* This rank's shard file: every piece's data back to back. meta gets one line per piece:
- * "tensor ndim s0 s1 lo0 lo1 hi0 hi1 offset bytes crc". */
-static mt_status_t write_shard(const char *path, const mt_ckpt_piece_t *pc, int n, char **meta, size_t *meta_len,
-                               int64_t *total) {
-    *meta = NULL;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        return mt_error(MT_ERR_IO, "checkpoint: cannot create %s: %s", path, strerror(errno));
-    }
-    size_t cap = (size_t)n * 200 + 1, len = 0;
-    char *m = malloc(cap);
-    mt_status_t st = m ? MT_OK : mt_error(MT_ERR_OOM, "checkpoint: out of memory");
-    int64_t off = 0;
-    for (int i = 0; i < n && st == MT_OK; i++) {
-        int64_t bytes = box_numel(pc[i].ndim, pc[i].lo, pc[i].hi) * (int64_t)sizeof(float);
-        /* rows of a strided piece are written one after the other: the file holds the box row-major */
-        int64_t width = pc[i].ndim == 2 ? pc[i].hi[1] - pc[i].lo[1] : bytes / (int64_t)sizeof(float);
-        int64_t ld = pc[i].ndim == 2 && pc[i].ld > 0 ? pc[i].ld : width;
-        int64_t rows = ld == width ? 1 : pc[i].hi[0] - pc[i].lo[0];
-        size_t run = ld == width ? (size_t)bytes : (size_t)width * sizeof(float);
-        uint32_t crc = 0;
-        for (int64_t r = 0; r < rows && st == MT_OK; r++) {
-            const char *src = (const char *)(pc[i].data + r * ld);
-            crc = mt_crc32c(crc, src, run);
-            size_t done = 0;
-            while (done < run) {
-                ssize_t w = write(fd, src + done, run - done);
-                if (w <= 0) {
-                    st = mt_error(MT_ERR_IO, "checkpoint: writing %s: %s", path, strerror(errno));
-                    break;
-                }
-                done += (size_t)w;
-            }
-        }
-        len += (size_t)snprintf(m + len, cap - len, "%s %d %lld %lld %lld %lld %lld %lld %lld %lld %u\n", pc[i].tensor,
-                                pc[i].ndim, (long long)pc[i].shape[0], (long long)(pc[i].ndim > 1 ? pc[i].shape[1] : 0),
-                                (long long)pc[i].lo[0], (long long)(pc[i].ndim > 1 ? pc[i].lo[1] : 0),
-                                (long long)pc[i].hi[0], (long long)(pc[i].ndim > 1 ? pc[i].hi[1] : 0), (long long)off,
-                                (long long)bytes, crc);
-        off += bytes;
-    }
-    if (st == MT_OK && fsync(fd) != 0) {
-        st = mt_error(MT_ERR_IO, "checkpoint: fsync %s: %s", path, strerror(errno));
-    }
-    if (close(fd) != 0 && st == MT_OK) {
-        st = mt_error(MT_ERR_IO, "checkpoint: closing %s: %s", path, strerror(errno));
-    }
-    if (st != MT_OK) {
-        free(m);
-        return st;
-    }
-    *meta = m;
-    *meta_len = len;
-    *total = off;
-    return MT_OK;
-}
-
-typedef struct {
-    char tensor[MT_CKPT_NAME_MAX];
-    int rank, ndim;
-    long long shape[2], lo[2], hi[2], offset, bytes;
-    unsigned crc;
-} meta_t;
-
-static int meta_cmp(const void *a, const void *b) {
-    const meta_t *x = a, *y = b;
-    int c = strcmp(x->tensor, y->tensor);
-    if (c) {
-        return c;
-    }
-    if (x->lo[0] != y->lo[0]) {
-        return x->lo[0] < y->lo[0] ? -1 : 1;
-    }
-    if (x->lo[1] != y->lo[1]) {
-        return x->lo[1] < y->lo[1] ? -1 : 1;
-    }
-    return x->rank - y->rank;
-}
-
-/* Rank 0: the manifest from every rank's piece lines (all[r] for rank r), written to path and synced.
- * Checks that each tensor's shards add up to the whole tensor. */
-static mt_status_t write_manifest(job_t *j, const char *path, int64_t step, char **all, const int64_t *bytes) {
-    size_t n = 0, cap = 256;
-    meta_t *ms = malloc(cap * sizeof(*ms));
-    if (!ms) {
-        return mt_error(MT_ERR_OOM, "checkpoint: out of memory");
-    }
-    for (int r = 0; r < j->world; r++) {
-        for (char *line = all[r]; line && *line;) {
-            char *nl = strchr(line, '\n');
-            if (nl) {
-                *nl = '\0';
-            }
-            if (n == cap) {
-                cap *= 2;
-                meta_t *g = realloc(ms, cap * sizeof(*ms));
-                if (!g) {
-                    free(ms);
-                    return mt_error(MT_ERR_OOM, "checkpoint: out of memory");
-                }
-                ms = g;
-            }
-            meta_t *m = &ms[n];
-            m->rank = r;
-            if (sscanf(line, "%95s %d %lld %lld %lld %lld %lld %lld %lld %lld %u", m->tensor, &m->ndim, &m->shape[0],
-                       &m->shape[1], &m->lo[0], &m->lo[1], &m->hi[0], &m->hi[1], &m->offset, &m->bytes,
-                       &m->crc) == 11) {
-                n++;
-            }
-            line = nl ? nl + 1 : line + strlen(line);
-        }
-    }
-    qsort(ms, n, sizeof(*ms), meta_cmp);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        free(ms);
-        return mt_error(MT_ERR_IO, "checkpoint: cannot create %s: %s", path, strerror(errno));
-    }
-    const mt_config_t *cfg = j->cfg;
-    const mt_model_config_t *mc = mt_model_config(j->model);
-    fprintf(f, "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"step\": %lld,\n  \"optimizer_step\": %lld,\n",
-            CKPT_FORMAT, CKPT_VERSION, (long long)step, (long long)j->engine->ckpt_get_step(j->ectx));
-    const mt_loss_scaler_t *sc = mt_job_scaler(j); /* the engine's own when it scales on its device */
-    fprintf(f, "  \"precision\": {\"compute\": \"%s\", \"loss_scale\": %.9g, \"clean_steps\": %lld},\n",
-            mt_prec_name(j->set.prec.compute), (double)sc->scale, (long long)sc->clean_steps);
-    fprintf(f,
-            "  \"data\": {\"kind\": \"%s\", \"order\": \"%s\", \"next_step\": %lld, \"global_batch\": %lld, "
-            "\"seq_len\": %lld},\n",
-            mt_config_str(cfg, "data.kind"), mt_config_str(cfg, "data.order"), (long long)step,
-            (long long)j->info.global_batch, (long long)j->info.seq_len);
-    fprintf(f,
-            "  \"rng\": {\"init_seed\": %llu, \"data_seed\": %lld, \"generator\": \"counter-based: values depend "
-            "only on (seed, step, row, position), so the data position is next_step\"},\n",
-            (unsigned long long)mc->seed, (long long)mt_config_int(cfg, "train.seed"));
-    fprintf(f,
-            "  \"model\": {\"kind\": \"%s\", \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, \"seq_len\": %d, "
-            "\"vocab_size\": %d, \"padded_vocab\": %d, \"seed\": %llu, \"n_params\": %zu},\n",
-            mc->kind == MT_MODEL_MLP ? "mlp" : "gpt2", mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len, mc->vocab_size,
-            mc->padded_vocab, (unsigned long long)mc->seed, mt_model_numel(j->model));
-    fprintf(f,
-            "  \"mesh\": {\"world\": %d, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"order\": \"%s\", \"engine\": "
-            "\"%s\", \"zero_stage\": %d},\n",
-            j->world, j->set.par.tp, j->set.par.pp, j->info.dp_size, j->set.par.order, j->engine->name,
-            j->set.par.zero_stage);
-    fprintf(f, "  \"files\": [");
-    for (int r = 0; r < j->world; r++) {
-        fprintf(f, "%s{\"rank\": %d, \"file\": \"rank-%05d.bin\", \"bytes\": %lld}", r ? ", " : "", r, r,
-                (long long)bytes[r]);
-    }
-    fprintf(f, "],\n  \"tensors\": [\n");
-    mt_status_t st = MT_OK;
-    for (size_t i = 0; i < n;) {
-        size_t k = i;
-        long long numel = 0;
-        fprintf(f, "    {\"name\": ");
-        mt_json_write_string(f, ms[i].tensor);
-        if (ms[i].ndim == 2) {
-            fprintf(f, ", \"dtype\": \"f32\", \"shape\": [%lld, %lld], \"shards\": [", ms[i].shape[0], ms[i].shape[1]);
-        } else {
-            fprintf(f, ", \"dtype\": \"f32\", \"shape\": [%lld], \"shards\": [", ms[i].shape[0]);
-        }
-        for (; k < n && !strcmp(ms[k].tensor, ms[i].tensor); k++) {
-            const meta_t *m = &ms[k];
-            if (m->ndim == 2) {
-                fprintf(f, "%s\n      {\"rank\": %d, \"lo\": [%lld, %lld], \"hi\": [%lld, %lld], ", k > i ? "," : "",
-                        m->rank, m->lo[0], m->lo[1], m->hi[0], m->hi[1]);
-                numel += (m->hi[0] - m->lo[0]) * (m->hi[1] - m->lo[1]);
-            } else {
-                fprintf(f, "%s\n      {\"rank\": %d, \"lo\": [%lld], \"hi\": [%lld], ", k > i ? "," : "", m->rank,
-                        m->lo[0], m->hi[0]);
-                numel += m->hi[0] - m->lo[0];
-            }
-            fprintf(f, "\"file\": \"rank-%05d.bin\", \"offset\": %lld, \"bytes\": %lld, \"crc32c\": %u}", m->rank,
-                    m->offset, m->bytes, m->crc);
-        }
-        long long whole = ms[i].shape[0] * (ms[i].ndim == 2 ? ms[i].shape[1] : 1);
-        if (numel != whole && st == MT_OK) {
-            st = mt_error(MT_ERR_INTERNAL, "checkpoint: the engine's shards of %s hold %lld of its %lld elements",
-                          ms[i].tensor, numel, whole);
-        }
-        fprintf(f, "]}%s\n", k < n ? "," : "");
-        i = k;
-    }
-    fprintf(f, "  ],\n  \"config\": ");
-    char *ctext = NULL;
-    size_t clen = 0;
-    FILE *mem = open_memstream(&ctext, &clen);
-    if (mem) {
-        mt_config_print(cfg, mem);
-        fclose(mem);
-    }
-    mt_json_write_string(f, ctext ? ctext : "");
-    free(ctext);
-    fprintf(f, "\n}\n");
-    free(ms);
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        st = st == MT_OK ? mt_error(MT_ERR_IO, "checkpoint: writing %s: %s", path, strerror(errno)) : st;
-    }
-    if (fclose(f) != 0 && st == MT_OK) {
-        st = mt_error(MT_ERR_IO, "checkpoint: closing %s: %s", path, strerror(errno));
-    }
-    return st;
-}
-
-static mt_status_t write_config(const mt_config_t *cfg, const char *path) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        return mt_error(MT_ERR_IO, "checkpoint: cannot create %s: %s", path, strerror(errno));
-    }
-    mt_config_print(cfg, f);
-    int rc = fflush(f) | fsync(fileno(f));
-    rc |= fclose(f);
-    return rc ? mt_error(MT_ERR_IO, "checkpoint: writing %s failed", path) : MT_OK;
 }
 
 static int64_t step_of(const char *name) {
@@ -1254,7 +556,7 @@ static mt_status_t save(job_ckpt_t *c, job_t *j, int64_t step) {
     snprintf(file, sizeof(file), "%s/rank-%05d.bin", tmp, j->rank);
     st = j->engine->ckpt_pieces(j->ectx, true, &pc, &n);
     if (st == MT_OK) {
-        st = write_shard(file, pc, n, &meta, &meta_len, &total);
+        st = ckpt_write_shard(file, pc, n, &meta, &meta_len, &total);
     }
     free(pc);
     st = agree_st(j, st);
@@ -1304,10 +606,10 @@ static mt_status_t save(job_ckpt_t *c, job_t *j, int64_t step) {
         }
         char path[1200];
         snprintf(path, sizeof(path), "%s/config.toml", tmp);
-        st = st == MT_OK ? write_config(j->cfg, path) : st; /* nothing is written after a failed gather */
+        st = st == MT_OK ? ckpt_write_config(j->cfg, path) : st; /* nothing is written after a failed gather */
         if (st == MT_OK) {
             snprintf(path, sizeof(path), "%s/manifest.json", tmp);
-            st = write_manifest(j, path, step, per, bytes); /* the manifest is the last file written */
+            st = ckpt_write_manifest(j, path, step, per, bytes); /* the manifest is the last file written */
         }
         if (st == MT_OK) {
             st = fsync_path(tmp);
