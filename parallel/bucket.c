@@ -166,6 +166,31 @@ mt_status_t eng_layout_finish(mt_engine_t e) {
     return MT_OK;
 }
 
+void *eng_dev_calloc(mt_engine_t e, size_t bytes, mt_mem_cat_t cat, const char *owner) {
+    void *p = NULL;
+    if (mt_device_alloc(e->dev, &p, bytes, cat, owner, e->stream) != MT_OK) {
+        return NULL;
+    }
+    if (mt_device_zero(e->dev, p, bytes, e->stream) != MT_OK) {
+        mt_device_free(e->dev, p);
+        return NULL;
+    }
+    return p;
+}
+
+mt_status_t eng_sumsq_add(mt_engine_t e, const float *x, size_t n, double *acc) {
+    double s = 0.0;
+    if (mt_device_is_host(e->dev)) {
+        MT_CHECK(mt_device_sumsq(e->dev, &s, NULL, x, n, e->stream));
+    } else {
+        MT_CHECK(mt_device_sumsq(e->dev, e->dsum, NULL, x, n, e->stream));
+        MT_CHECK(mt_device_copy(e->dev, &s, e->dsum, sizeof(double), e->stream));
+        MT_CHECK(mt_device_wait(e->dev, e->stream));
+    }
+    *acc += s;
+    return MT_OK;
+}
+
 mt_status_t eng_alloc_storage(mt_engine_t e) {
     size_t maxlen = 0;
     for (int k = 0; k < e->n_units; k++) {
@@ -174,19 +199,19 @@ mt_status_t eng_alloc_storage(mt_engine_t e) {
         }
     }
     if (e->flat_len > 0) {
-        e->pflat = mt_calloc(e->flat_len * sizeof(float), MT_MEM_PARAMS, "engine params");
+        e->pflat = eng_dev_calloc(e, e->flat_len * sizeof(float), MT_MEM_PARAMS, "engine params");
         if (!e->pflat) {
             goto oom;
         }
         if (e->stage != 2) { /* ZeRO-2 keeps no full-size gradient */
-            e->gflat = mt_calloc(e->flat_len * sizeof(float), MT_MEM_GRADS, "engine grads");
+            e->gflat = eng_dev_calloc(e, e->flat_len * sizeof(float), MT_MEM_GRADS, "engine grads");
             if (!e->gflat) {
                 goto oom;
             }
         }
     }
     if (e->stage >= 2 && e->shard_len > 0) {
-        e->gshard = mt_calloc(e->shard_len * sizeof(float), MT_MEM_GRADS, "engine grad shard");
+        e->gshard = eng_dev_calloc(e, e->shard_len * sizeof(float), MT_MEM_GRADS, "engine grad shard");
         if (!e->gshard) {
             goto oom;
         }
@@ -194,7 +219,7 @@ mt_status_t eng_alloc_storage(mt_engine_t e) {
         e->gpool.owner = "engine grad bucket";
     }
     if (e->stage == 3 && e->shard_len > 0) {
-        e->pshard = mt_calloc(e->shard_len * sizeof(float), MT_MEM_PARAMS, "engine param shard");
+        e->pshard = eng_dev_calloc(e, e->shard_len * sizeof(float), MT_MEM_PARAMS, "engine param shard");
         if (!e->pshard) {
             goto oom;
         }
@@ -292,6 +317,7 @@ mt_status_t eng_register_optim(mt_engine_t e) {
         return mt_error(MT_ERR_OOM, "engine %s: out of memory for the optimizer's pieces", e->name);
     }
     MT_CHECK(mt_optim_init(&e->p.optim, &e->opt));
+    MT_CHECK(mt_optim_set_device(e->opt, e->dev, e->stream));
     for (int k = 0; k < e->n_units; k++) {
         const unit_t *u = &e->units[k];
         if (u->kind == UNIT_REPL) {

@@ -147,21 +147,32 @@ float *pool_get(pool_t *pl, size_t floats) {
     return pl->bufs[best];
 }
 
+/* A buffer of floats on the pool's device (NULL when out of memory). Its bytes are counted as the host
+ * allocator accounts them (what mt_alloc_size reports for the CPU table's blocks, and what the planner adds). */
+static float *pool_alloc(pool_t *pl, size_t floats) {
+    void *b = NULL;
+    return mt_device_alloc(pl->dev, &b, floats * sizeof(float), MT_MEM_COMM, pl->owner, pl->stream) == MT_OK ? b : NULL;
+}
+
+static int64_t pool_buf_bytes(size_t floats) {
+    return (int64_t)mt_alloc_accounted(floats * sizeof(float));
+}
+
 /* Called after pool_get found nothing that fits: a free buffer (too small) is replaced by one of the
  * size asked for, so the pool never holds more buffers than were ever in use at once. */
 mt_status_t pool_grow(pool_t *pl, size_t floats, float **out) {
     for (int i = 0; i < pl->n; i++) {
         if (!pl->busy[i]) {
-            pl->bytes -= (int64_t)mt_alloc_size(pl->bufs[i]);
-            mt_free(pl->bufs[i]);
-            pl->bufs[i] = mt_alloc(floats * sizeof(float), MT_MEM_COMM, pl->owner);
+            pl->bytes -= pool_buf_bytes(pl->sizes[i]);
+            mt_device_free(pl->dev, pl->bufs[i]);
+            pl->bufs[i] = pool_alloc(pl, floats);
             pl->sizes[i] = pl->bufs[i] ? floats : 0;
             if (!pl->bufs[i]) {
                 return mt_error(MT_ERR_OOM, "engine: cannot allocate a %s of %zu bytes", pl->owner,
                                 floats * sizeof(float));
             }
             pl->busy[i] = true;
-            pl->bytes += (int64_t)mt_alloc_size(pl->bufs[i]);
+            pl->bytes += pool_buf_bytes(floats);
             pl->peak = MT_MAX(pl->peak, pl->bytes);
             *out = pl->bufs[i];
             return MT_OK;
@@ -184,11 +195,11 @@ mt_status_t pool_grow(pool_t *pl, size_t floats, float **out) {
         pl->busy = busy;
         pl->cap = cap;
     }
-    float *buf = mt_alloc(floats * sizeof(float), MT_MEM_COMM, pl->owner);
+    float *buf = pool_alloc(pl, floats);
     if (!buf) {
         return mt_error(MT_ERR_OOM, "engine: cannot allocate a %s of %zu bytes", pl->owner, floats * sizeof(float));
     }
-    pl->bytes += (int64_t)mt_alloc_size(buf);
+    pl->bytes += pool_buf_bytes(floats);
     pl->peak = MT_MAX(pl->peak, pl->bytes);
     pl->bufs[pl->n] = buf;
     pl->sizes[pl->n] = floats;
@@ -209,7 +220,7 @@ void pool_put(pool_t *pl, float *buf) {
 
 void pool_free(pool_t *pl) {
     for (int i = 0; i < pl->n; i++) {
-        mt_free(pl->bufs[i]);
+        mt_device_free(pl->dev, pl->bufs[i]);
     }
     free(pl->bufs);
     free(pl->sizes);
@@ -478,7 +489,7 @@ static mt_status_t bind_grads(mt_engine_t e, int m) {
         if (!slot) {
             MT_CHECK(pool_grow(&e->gpool, u->len, &slot));
         }
-        memset(slot, 0, u->len * sizeof(float));
+        MT_CHECK(mt_device_zero(e->dev, slot, u->len * sizeof(float), e->stream));
         u->gslot = slot;
         for (int k = 0; k < u->np; k++) {
             int i = e->unit_params[u->p0 + k];

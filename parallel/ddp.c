@@ -15,7 +15,8 @@ static mt_status_t ddp_layout(mt_engine_t e) {
 static mt_status_t ddp_grad_sumsq(mt_engine_t e, double *local) {
     size_t lo = e->flat_len * (size_t)e->rank / (size_t)e->size;
     size_t hi = e->flat_len * (size_t)(e->rank + 1) / (size_t)e->size;
-    *local = mt_clip_sumsq(e->gflat + lo, hi - lo);
+    *local = 0.0;
+    MT_CHECK(eng_sumsq_add(e, e->gflat + lo, hi - lo, local));
     return MT_OK;
 }
 

@@ -24,7 +24,10 @@ static mt_status_t dp_finish_grads(mt_engine_t e) {
 }
 
 static mt_status_t dp_grad_sumsq(mt_engine_t e, double *local) {
-    *local = e->rank == 0 ? mt_clip_sumsq(e->gflat, e->units[0].numel) : 0.0;
+    *local = 0.0;
+    if (e->rank == 0) {
+        MT_CHECK(eng_sumsq_add(e, e->gflat, e->units[0].numel, local));
+    }
     return MT_OK;
 }
 

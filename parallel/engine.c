@@ -52,6 +52,13 @@ static mt_status_t check_params(mt_model_t model, mt_comm_t dp, const mt_engine_
         return mt_error(MT_ERR_INVALID_ARG, "parallel.zero_persist_threshold = %lld: must be >= 0",
                         (long long)p->persist_threshold);
     }
+    if (p->device && !mt_device_is_host(p->device)) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "engine: device %s: the engine runs on the CPU table or another host-memory device for now "
+                        "(models hand it host memory); run the GPU job with runtime.device = \"cuda\", which uses "
+                        "train/job_cuda.c",
+                        mt_device_name(p->device));
+    }
     if (p->param_flags && p->kind == MT_ENGINE_DP) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "parallel.engine = \"dp\" lays out the whole model on every rank: it takes no per-parameter "
@@ -88,6 +95,10 @@ mt_status_t mt_engine_init(mt_model_t model, mt_comm_t dp, const mt_engine_param
     e->n_params = mt_model_n_params(model);
     e->n_modules = mt_model_n_modules(model);
     e->stage = params->kind == MT_ENGINE_ZERO ? params->zero_stage : 0;
+    e->dev = params->device ? params->device : mt_device_cpu();
+    e->stream = params->stream;
+    e->gpool.dev = e->ppool.dev = e->dev;
+    e->gpool.stream = e->ppool.stream = e->stream;
     switch (params->kind) {
     case MT_ENGINE_DP:
         e->ops = &mt_engine_dp_ops;
@@ -110,6 +121,10 @@ mt_status_t mt_engine_init(mt_model_t model, mt_comm_t dp, const mt_engine_param
     e->fifo = mt_calloc((np + 1) * sizeof(int), MT_MEM_OTHER, "engine layout");
     if (!e->units || !e->unit_params || !e->param_unit || !e->param_pos || !e->fifo) {
         st = mt_error(MT_ERR_OOM, "engine: out of memory for the layout of %d parameters", e->n_params);
+        goto fail;
+    }
+    if (!mt_device_is_host(e->dev) && (st = mt_device_alloc(e->dev, (void **)&e->dsum, sizeof(double), MT_MEM_OTHER,
+                                                            "engine norm", e->stream)) != MT_OK) {
         goto fail;
     }
     MT_CHECK_GOTO(e->ops->layout(e), st, fail);
@@ -155,10 +170,11 @@ void mt_engine_free(mt_engine_t e) {
     mt_optim_free(e->opt);
     pool_free(&e->gpool);
     pool_free(&e->ppool);
-    mt_free(e->pflat);
-    mt_free(e->gflat);
-    mt_free(e->pshard);
-    mt_free(e->gshard);
+    mt_device_free(e->dev, e->pflat);
+    mt_device_free(e->dev, e->gflat);
+    mt_device_free(e->dev, e->pshard);
+    mt_device_free(e->dev, e->gshard);
+    mt_device_free(e->dev, e->dsum);
     mt_free(e->units);
     mt_free(e->unit_params);
     mt_free(e->param_unit);
@@ -183,10 +199,10 @@ mt_status_t mt_engine_zero_grads(mt_engine_t e) {
         e->units[k].t_launch = e->units[k].t_done = 0.0;
     }
     if (e->gflat) {
-        memset(e->gflat, 0, e->flat_len * sizeof(float));
+        MT_CHECK(mt_device_zero(e->dev, e->gflat, e->flat_len * sizeof(float), e->stream));
     }
     if (e->gshard) {
-        memset(e->gshard, 0, e->shard_len * sizeof(float));
+        MT_CHECK(mt_device_zero(e->dev, e->gshard, e->shard_len * sizeof(float), e->stream));
     }
     if (e->ops->zero_grads) {
         MT_CHECK(e->ops->zero_grads(e));
@@ -204,7 +220,7 @@ mt_status_t mt_engine_finish_grads(mt_engine_t e) {
 
 /* With param_flags: the held parameters marked NORM, each element summed by exactly one rank of the group
  * (replicated units: an equal share of each parameter; sharded units: the owned slice). */
-static double flagged_sumsq(mt_engine_t e) {
+static mt_status_t flagged_sumsq(mt_engine_t e, double *out) {
     double s = 0.0;
     for (int k = 0; k < e->n_units; k++) {
         const unit_t *u = &e->units[k];
@@ -217,23 +233,24 @@ static double flagged_sumsq(mt_engine_t e) {
             size_t pos = e->param_pos[i], n = mt_model_param(e->model, i)->numel;
             if (u->kind == UNIT_REPL) {
                 size_t lo = n * (size_t)e->rank / (size_t)e->size, hi = n * (size_t)(e->rank + 1) / (size_t)e->size;
-                s += mt_clip_sumsq(e->gflat + u->base + pos + lo, hi - lo);
+                MT_CHECK(eng_sumsq_add(e, e->gflat + u->base + pos + lo, hi - lo, &s));
                 continue;
             }
             size_t a = MT_MAX(pos, own_lo), b = MT_MIN(pos + n, own_hi);
             if (a < b) {
                 const float *g = e->stage == 1 ? e->gflat + u->base + a : e->gshard + u->sbase + (a - own_lo);
-                s += mt_clip_sumsq(g, b - a);
+                MT_CHECK(eng_sumsq_add(e, g, b - a, &s));
             }
         }
     }
-    return s;
+    *out = s;
+    return MT_OK;
 }
 
 mt_status_t mt_engine_grad_sumsq(mt_engine_t e, double *total) {
     double local = 0.0;
     if (e->p.param_flags) {
-        local = flagged_sumsq(e);
+        MT_CHECK(flagged_sumsq(e, &local));
     } else {
         MT_CHECK(e->ops->grad_sumsq(e, &local));
     }
@@ -277,20 +294,21 @@ void mt_engine_comm_stats(mt_engine_t e, mt_engine_comm_stats_t *out) {
     *out = e->last;
 }
 
-static int64_t asize(const void *p) {
-    return p ? (int64_t)mt_alloc_size(p) : 0;
+/* A buffer of floats on the engine's device as the allocator accounts it (on the CPU table, mt_alloc_size). */
+static int64_t asize(const void *p, size_t floats) {
+    return p ? (int64_t)mt_alloc_accounted(floats * sizeof(float)) : 0;
 }
 
 void mt_engine_mem(mt_engine_t e, mt_engine_mem_t *out) {
     memset(out, 0, sizeof(*out));
-    out->params = asize(e->pflat) + asize(e->pshard);
-    out->grads = asize(e->gflat) + asize(e->gshard);
+    out->params = asize(e->pflat, e->flat_len) + asize(e->pshard, e->shard_len);
+    out->grads = asize(e->gflat, e->flat_len) + asize(e->gshard, e->shard_len);
     for (int i = 0; e->opt && i < mt_optim_count(e->opt); i++) {
         const char *name = NULL;
         size_t n = 0;
         float *m = NULL, *v = NULL;
         if (mt_optim_state(e->opt, i, &name, &n, &m, &v) == MT_OK) {
-            out->optimizer += asize(m) + asize(v);
+            out->optimizer += asize(m, n) + asize(v, n);
         }
     }
     out->comm = pool_bytes(&e->gpool) + pool_bytes(&e->ppool);

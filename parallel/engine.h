@@ -14,6 +14,7 @@
 #include "collectives/coll.h"
 #include "models/model.h"
 #include "models/optim/optim.h"
+#include "runtime/device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,6 +36,12 @@ typedef struct {
      * modules read, so it lays out (and allocates parameters, gradients and optimizer state for) only
      * those; parameters without HELD stay unbound. */
     const uint8_t *param_flags;
+    /* The device table the engine's storage lives on and its element-wise work runs on (parameters,
+     * gradients, shards, bucket and gather buffers, optimizer state; runtime/device.h), and its stream.
+     * NULL: the CPU table. Only devices whose memory the host reads (mt_device_is_host) are accepted today:
+     * models still hand the engine host memory (their initial values, their parameters' pointers). */
+    mt_device_table_t device;
+    void *stream;
 } mt_engine_params_t;
 
 #define MT_ENGINE_PARAM_HELD 1u /* laid out, bound and updated by this engine */
@@ -48,7 +55,7 @@ typedef struct {
     {                                                                                                                  \
         .size = sizeof(mt_engine_params_t), .kind = MT_ENGINE_DDP, .zero_stage = 1, .grad_accum = 1,                   \
         .bucket_mb = 25.0, .first_bucket_mb = 1.0, .persist_threshold = 0, .optim = MT_OPTIM_PARAMS_INIT,              \
-        .param_flags = NULL                                                                                            \
+        .param_flags = NULL, .device = NULL, .stream = NULL                                                            \
     }
 
 typedef struct mt_engine *mt_engine_t;

@@ -41,8 +41,10 @@ typedef struct {
     size_t *sizes; /* floats of each buffer */
     bool *busy;
     int n, cap;
-    size_t floats;       /* the largest request it will see (largest sharded unit) */
-    int64_t bytes, peak; /* allocator bytes held now / at most */
+    size_t floats;         /* the largest request it will see (largest sharded unit) */
+    int64_t bytes, peak;   /* allocator bytes held now / at most */
+    mt_device_table_t dev; /* where the buffers live (the engine's device) */
+    void *stream;
     const char *owner;
 } pool_t;
 
@@ -69,7 +71,11 @@ struct mt_engine {
     int *mod_off;      /* CSR: module m's SHARD units (params it owns or reads tied) are */
     int *mod_units;    /*   mod_units[mod_off[m] .. mod_off[m + 1]) */
 
-    /* storage (mt_alloc) */
+    mt_device_table_t dev; /* p.device, or the CPU table */
+    void *stream;          /* p.stream */
+    double *dsum;          /* one device double: eng_sumsq's result when the device is not the host */
+
+    /* storage (on dev) */
     float *pflat, *gflat;   /* full parameters / gradients of full units */
     float *pshard, *gshard; /* this rank's shard (ZeRO-2: gradients; ZeRO-3: both) */
     pool_t gpool, ppool;    /* ZeRO-2/3 bucket buffers; ZeRO-3 gathered parameters */
@@ -119,6 +125,11 @@ mt_status_t eng_layout_one(mt_engine_t e);                       /* one replicat
 mt_status_t eng_layout_modules(mt_engine_t e);                   /* ZeRO-3 module units + persistent */
 mt_status_t eng_layout_finish(mt_engine_t e);                    /* lengths, offsets, CSR, param maps */
 mt_status_t eng_alloc_storage(mt_engine_t e);
+/* bytes of zeroed storage on the engine's device (NULL on failure, the error set). */
+void *eng_dev_calloc(mt_engine_t e, size_t bytes, mt_mem_cat_t cat, const char *owner);
+/* *acc (host) += the sum of squares of n device floats (the CPU table: mt_clip_sumsq's value, bit for bit;
+ * another device: its sum copied back, the host waiting for it). */
+mt_status_t eng_sumsq_add(mt_engine_t e, const float *x, size_t n, double *acc);
 mt_status_t eng_init_values(mt_engine_t e);    /* initial weights, consistent over ranks */
 mt_status_t eng_register_optim(mt_engine_t e); /* what this rank owns */
 void eng_bind_full(mt_engine_t e);             /* p->data / p->grad into full buffers */

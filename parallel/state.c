@@ -73,23 +73,21 @@ static mt_status_t check(mt_engine_t e, mt_engine_state_t what, int root, const 
 }
 
 /* Copies n floats between a parameter's elements [x, x + n) of unit u (this rank's storage, piece by
- * piece for optimizer state) and buf. to_storage: buf -> storage. */
-static void copy_run(mt_engine_t e, mt_engine_state_t what, const unit_t *u, int i, size_t x, size_t n, float *buf,
-                     bool to_storage) {
+ * piece for optimizer state) and buf (host memory or the engine's device). to_storage: buf -> storage. */
+static mt_status_t copy_run(mt_engine_t e, mt_engine_state_t what, const unit_t *u, int i, size_t x, size_t n,
+                            float *buf, bool to_storage) {
     size_t done = 0;
     while (done < n) {
         size_t run = 0;
         float *s = where(e, what, u, i, x + done, &run);
         run = MT_MAX(MT_MIN(run, n - done), (size_t)1);
         if (s) {
-            if (to_storage) {
-                memcpy(s, buf + done, run * sizeof(float));
-            } else {
-                memcpy(buf + done, s, run * sizeof(float));
-            }
+            MT_CHECK(mt_device_copy(e->dev, to_storage ? s : buf + done, to_storage ? buf + done : s,
+                                    run * sizeof(float), e->stream));
         }
         done += run;
     }
+    return MT_OK;
 }
 
 mt_status_t mt_engine_gather_state(mt_engine_t e, mt_engine_state_t what, int root, float *out) {
@@ -104,7 +102,7 @@ mt_status_t mt_engine_gather_state(mt_engine_t e, mt_engine_state_t what, int ro
             for (int j = 0; e->rank == root && j < u->np; j++) {
                 int i = e->unit_params[u->p0 + j];
                 const mt_param_t *p = mt_model_param(e->model, i);
-                copy_run(e, what, u, i, e->param_pos[i], p->numel, out + p->offset, false);
+                st = st == MT_OK ? copy_run(e, what, u, i, e->param_pos[i], p->numel, out + p->offset, false) : st;
             }
             continue;
         }
@@ -113,33 +111,34 @@ mt_status_t mt_engine_gather_state(mt_engine_t e, mt_engine_state_t what, int ro
             for (int q = 0; q < e->n_units; q++) {
                 maxlen = MT_MAX(maxlen, e->units[q].len);
             }
-            shard = mt_alloc(maxlen * sizeof(float), MT_MEM_COMM, "engine state transfer");
-            full = mt_alloc(maxlen * sizeof(float), MT_MEM_COMM, "engine state transfer");
+            shard = eng_dev_calloc(e, maxlen * sizeof(float), MT_MEM_COMM, "engine state transfer");
+            full = eng_dev_calloc(e, maxlen * sizeof(float), MT_MEM_COMM, "engine state transfer");
             if (!shard || !full) {
                 st = mt_error(MT_ERR_OOM, "mt_engine_gather_state: out of memory");
                 break;
             }
         }
-        memset(shard, 0, u->shard * sizeof(float));
+        st = mt_device_zero(e->dev, shard, u->shard * sizeof(float), e->stream);
         size_t own_lo = (size_t)e->rank * u->shard, own_hi = own_lo + u->shard;
         for (int j = 0; j < u->np; j++) {
             int i = e->unit_params[u->p0 + j];
             size_t pos = e->param_pos[i], end = pos + mt_model_param(e->model, i)->numel;
             size_t lo = MT_MAX(pos, own_lo), hi = MT_MIN(end, own_hi);
-            if (lo < hi) {
-                copy_run(e, what, u, i, lo, hi - lo, shard + (lo - own_lo), false);
+            if (lo < hi && st == MT_OK) {
+                st = copy_run(e, what, u, i, lo, hi - lo, shard + (lo - own_lo), false);
             }
         }
-        st = eng_all_gather(e, shard, full, u->shard, NULL);
+        st = st == MT_OK ? eng_all_gather(e, shard, full, u->shard, NULL) : st;
         for (int j = 0; st == MT_OK && e->rank == root && j < u->np; j++) {
             int i = e->unit_params[u->p0 + j];
             const mt_param_t *p = mt_model_param(e->model, i);
-            memcpy(out + p->offset, full + e->param_pos[i], p->numel * sizeof(float));
+            st = mt_device_copy(e->dev, out + p->offset, full + e->param_pos[i], p->numel * sizeof(float), e->stream);
         }
     }
+    st = st == MT_OK ? mt_device_wait(e->dev, e->stream) : st; /* out is complete on return */
     if (st == MT_OK) { /* else a timed-out collective may still use them: leaked on purpose */
-        mt_free(shard);
-        mt_free(full);
+        mt_device_free(e->dev, shard);
+        mt_device_free(e->dev, full);
     }
     e->counting = counting;
     return st;
@@ -161,21 +160,21 @@ mt_status_t mt_engine_scatter_state(mt_engine_t e, mt_engine_state_t what, int r
             for (int q = 0; q < e->n_units; q++) {
                 maxlen = MT_MAX(maxlen, e->units[q].len);
             }
-            full = mt_calloc(maxlen * sizeof(float), MT_MEM_COMM, "engine state transfer");
+            full = eng_dev_calloc(e, maxlen * sizeof(float), MT_MEM_COMM, "engine state transfer");
             if (!full) {
                 st = mt_error(MT_ERR_OOM, "mt_engine_scatter_state: out of memory");
                 break;
             }
         }
-        memset(full, 0, u->len * sizeof(float));
-        for (int j = 0; e->rank == root && j < u->np; j++) {
+        st = mt_device_zero(e->dev, full, u->len * sizeof(float), e->stream);
+        for (int j = 0; st == MT_OK && e->rank == root && j < u->np; j++) {
             int i = e->unit_params[u->p0 + j];
             const mt_param_t *p = mt_model_param(e->model, i);
-            memcpy(full + e->param_pos[i], in + p->offset, p->numel * sizeof(float));
+            st = mt_device_copy(e->dev, full + e->param_pos[i], in + p->offset, p->numel * sizeof(float), e->stream);
         }
         /* DP's optimizer state exists on rank 0 (= root) only: nothing to send. */
         bool dp_opt = e->p.kind == MT_ENGINE_DP && what != MT_ENGINE_STATE_PARAMS;
-        if (e->size > 1 && !dp_opt) {
+        if (st == MT_OK && e->size > 1 && !dp_opt) {
             st = eng_broadcast(e, false, full, u->len, MT_COLL_F32, root);
         }
         for (int j = 0; st == MT_OK && j < u->np; j++) {
@@ -183,11 +182,12 @@ mt_status_t mt_engine_scatter_state(mt_engine_t e, mt_engine_state_t what, int r
             size_t pos = e->param_pos[i], end = pos + mt_model_param(e->model, i)->numel;
             /* Store every element this rank keeps: all of a replicated unit, ZeRO-1/2's full parameters,
              * otherwise the owned slice (copy_run skips elements without storage). */
-            copy_run(e, what, u, i, pos, end - pos, full + pos, true);
+            st = copy_run(e, what, u, i, pos, end - pos, full + pos, true);
         }
     }
+    st = st == MT_OK ? mt_device_wait(e->dev, e->stream) : st; /* in may be reused on return */
     if (st == MT_OK) {
-        mt_free(full);
+        mt_device_free(e->dev, full);
     }
     e->counting = counting;
     return st;

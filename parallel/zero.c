@@ -19,16 +19,16 @@ static mt_status_t zero_layout(mt_engine_t e) {
 static mt_status_t zero_grad_sumsq(mt_engine_t e, double *local) {
     double s = 0.0;
     if (e->stage >= 2) {
-        s += mt_clip_sumsq(e->gshard, e->shard_len);
+        MT_CHECK(eng_sumsq_add(e, e->gshard, e->shard_len, &s));
     }
     for (int k = 0; k < e->n_units; k++) {
         const unit_t *u = &e->units[k];
         if (u->kind == UNIT_SHARD && e->stage == 1) {
-            s += mt_clip_sumsq(e->gflat + u->base + (size_t)e->rank * u->shard, u->shard);
+            MT_CHECK(eng_sumsq_add(e, e->gflat + u->base + (size_t)e->rank * u->shard, u->shard, &s));
         } else if (u->kind == UNIT_REPL) { /* whole on every rank: each sums an equal share */
             size_t lo = u->numel * (size_t)e->rank / (size_t)e->size;
             size_t hi = u->numel * (size_t)(e->rank + 1) / (size_t)e->size;
-            s += mt_clip_sumsq(e->gflat + u->base + lo, hi - lo);
+            MT_CHECK(eng_sumsq_add(e, e->gflat + u->base + lo, hi - lo, &s));
         }
     }
     *local = s;

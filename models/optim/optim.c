@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "runtime/alloc.h"
+#include "runtime/device.h"
 
 typedef struct {
     char *name;
@@ -21,6 +22,8 @@ typedef struct {
 
 struct mt_optim {
     mt_optim_params_t p;
+    mt_device_table_t dev; /* where the state lives and the steps run */
+    void *stream;
     int64_t t;
     int n, cap;
     optim_tensor_t *tensors;
@@ -56,12 +59,36 @@ mt_status_t mt_optim_init(const mt_optim_params_t *params, mt_optim_t *out) {
         return mt_error(MT_ERR_OOM, "mt_optim_init: out of memory");
     }
     o->p = *p;
+    o->dev = mt_device_cpu();
     *out = o;
     return MT_OK;
 }
 
 int mt_optim_state_buffers(const mt_optim_params_t *p) {
     return p->kind == MT_OPTIM_ADAMW ? 2 : (p->momentum > 0.0f ? 1 : 0);
+}
+
+mt_status_t mt_optim_set_device(mt_optim_t opt, mt_device_table_t dev, void *stream) {
+    if (!opt || !dev || opt->n > 0) {
+        return mt_error(MT_ERR_INVALID_ARG, "mt_optim_set_device: %s",
+                        !opt || !dev ? "NULL optimizer or device" : "tensors already registered");
+    }
+    opt->dev = dev;
+    opt->stream = stream;
+    return MT_OK;
+}
+
+/* n zeroed floats of optimizer state on the optimizer's device; NULL when out of memory. */
+static float *state_buffer(mt_optim_t opt, size_t n, const char *owner) {
+    void *b = NULL;
+    if (mt_device_alloc(opt->dev, &b, n * sizeof(float), MT_MEM_OPTIMIZER, owner, opt->stream) != MT_OK) {
+        return NULL;
+    }
+    if (mt_device_zero(opt->dev, b, n * sizeof(float), opt->stream) != MT_OK) {
+        mt_device_free(opt->dev, b);
+        return NULL;
+    }
+    return b;
 }
 
 mt_status_t mt_optim_add(mt_optim_t opt, const char *name, float *param, const float *grad, size_t n, bool decay,
@@ -84,14 +111,14 @@ mt_status_t mt_optim_add(mt_optim_t opt, const char *name, float *param, const f
     int nbuf = mt_optim_state_buffers(&opt->p); /* m, then v */
     bool need_m = nbuf >= 1, need_v = nbuf >= 2;
     if (need_m) {
-        t.m = mt_calloc(n * sizeof(float), MT_MEM_OPTIMIZER, "optim.m");
+        t.m = state_buffer(opt, n, "optim.m");
     }
     if (need_v) {
-        t.v = mt_calloc(n * sizeof(float), MT_MEM_OPTIMIZER, "optim.v");
+        t.v = state_buffer(opt, n, "optim.v");
     }
     if (!t.name || (need_m && !t.m) || (need_v && !t.v)) {
-        mt_free(t.m);
-        mt_free(t.v);
+        mt_device_free(opt->dev, t.m);
+        mt_device_free(opt->dev, t.v);
         free(t.name);
         return mt_error(MT_ERR_OOM, "optimizer state for %s (%zu elements): out of memory", name ? name : "?", n);
     }
@@ -107,20 +134,23 @@ mt_status_t mt_optim_step(mt_optim_t opt, float lr, float grad_scale) {
         return mt_error(MT_ERR_INVALID_ARG, "mt_optim_step: NULL optimizer");
     }
     if (!isfinite(lr) || !isfinite(grad_scale)) {
-        return mt_error(MT_ERR_INVALID_ARG, "mt_optim_step: non-finite lr (%g) or gradient scale (%g)", lr,
-                        grad_scale);
+        return mt_error(MT_ERR_INVALID_ARG, "mt_optim_step: non-finite lr (%g) or gradient scale (%g)", lr, grad_scale);
     }
     opt->t++;
     const mt_optim_params_t *p = &opt->p;
+    mt_device_step_t s = {.sgd = p->kind == MT_OPTIM_SGD,
+                          .lr = lr,
+                          .beta1 = p->beta1,
+                          .beta2 = p->beta2,
+                          .eps = p->eps,
+                          .momentum = p->momentum,
+                          .t = opt->t,
+                          .first = opt->t == 1,
+                          .grad_scale = grad_scale};
     for (int i = 0; i < opt->n; i++) {
         optim_tensor_t *t = &opt->tensors[i];
-        float wd = t->decay ? p->weight_decay : 0.0f;
-        if (p->kind == MT_OPTIM_ADAMW) {
-            mt_adamw_update(t->param, t->grad, t->m, t->v, t->n, lr, p->beta1, p->beta2, p->eps, wd, opt->t,
-                            grad_scale);
-        } else {
-            mt_sgd_update(t->param, t->grad, t->m, t->n, lr, p->momentum, wd, opt->t == 1, grad_scale);
-        }
+        s.weight_decay = t->decay ? p->weight_decay : 0.0f;
+        MT_CHECK(mt_device_step(opt->dev, &s, t->param, t->grad, t->m, t->v, t->n, opt->stream));
     }
     return MT_OK;
 }
@@ -163,8 +193,8 @@ void mt_optim_free(mt_optim_t opt) {
         return;
     }
     for (int i = 0; i < opt->n; i++) {
-        mt_free(opt->tensors[i].m);
-        mt_free(opt->tensors[i].v);
+        mt_device_free(opt->dev, opt->tensors[i].m);
+        mt_device_free(opt->dev, opt->tensors[i].v);
         free(opt->tensors[i].name);
     }
     free(opt->tensors);

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "runtime/device.h"   /* the device the state lives on and the steps run on */
 #include "runtime/flat_ops.h" /* the per-tensor updates, the sum of squares and the clipping coefficient */
 #include "runtime/mt_core.h"
 
@@ -41,11 +42,18 @@ typedef struct mt_optim *mt_optim_t;
  * hyper-parameter (betas outside [0,1), negative eps/weight decay/momentum) naming it. */
 mt_status_t mt_optim_init(const mt_optim_params_t *params, mt_optim_t *out);
 
+/* The device the optimizer's state lives on and its steps run on: every later mt_optim_add allocates the
+ * state there (through the device's allocator, zeroed on stream) and mt_optim_step queues each tensor's
+ * update on stream (runtime/device.h's mt_device_step: the same arithmetic element for element). The
+ * default is the CPU table with a NULL stream. Fails with MT_ERR_INVALID_ARG once a tensor is registered. */
+mt_status_t mt_optim_set_device(mt_optim_t opt, mt_device_table_t dev, void *stream);
+
 /* Registers one fp32 tensor (or the shard of one that this rank owns): n elements at param, its
  * gradient at grad. decay says whether weight decay applies (the caller passes true for 2-D
  * weights, false for biases, LayerNorm parameters and other 1-D tensors). The optimizer keeps the
  * pointers (the caller keeps the buffers alive and in place) and allocates its state for them
- * (AdamW: m and v; SGD with momentum: the momentum buffer) zeroed, under MT_MEM_OPTIMIZER.
+ * (AdamW: m and v; SGD with momentum: the momentum buffer) zeroed, under MT_MEM_OPTIMIZER, on the
+ * optimizer's device (param and grad are that device's memory).
  * name (copied) is for messages and checkpoints. Returns the tensor's index in *index (may be NULL). */
 mt_status_t mt_optim_add(mt_optim_t opt, const char *name, float *param, const float *grad, size_t n, bool decay,
                          int *index);
@@ -65,8 +73,9 @@ int64_t mt_optim_get_step(mt_optim_t opt);
 void mt_optim_set_step(mt_optim_t opt, int64_t t);
 
 /* Number of registered tensors, and the state of tensor i for checkpoints: m and v for AdamW
- * (v = NULL for SGD), m = momentum buffer for SGD (NULL when momentum = 0). Pointers are owned by
- * the optimizer and valid until mt_optim_free. Returns MT_ERR_INVALID_ARG for a bad index. */
+ * (v = NULL for SGD), m = momentum buffer for SGD (NULL when momentum = 0). Pointers are the
+ * optimizer's device memory, owned by the optimizer and valid until mt_optim_free. Returns
+ * MT_ERR_INVALID_ARG for a bad index. */
 int mt_optim_count(mt_optim_t opt);
 mt_status_t mt_optim_state(mt_optim_t opt, int i, const char **name, size_t *n, float **m, float **v);
 
