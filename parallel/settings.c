@@ -68,6 +68,8 @@ static mt_status_t read_optimizer(const mt_config_t *cfg, mt_settings_t *s) {
     l.total_steps = mt_config_int(cfg, "train.steps");
     s->lr = l;
     s->grad_clip = (float)mt_config_float(cfg, "optimizer.grad_clip");
+    int64_t eval = mt_config_int(cfg, "train.eval_batches");
+    s->eval_chunk = mt_config_int(cfg, "train.eval_every") <= 0 ? 0 : MT_MIN(eval, (int64_t)MT_SETTINGS_EVAL_CHUNK);
     return MT_OK;
 }
 

@@ -1,8 +1,9 @@
 /* The job's layout and numerics, read once: every parallel.*, precision.* and optimizer.* setting parsed
- * into typed fields by mt_settings_read from a loaded config (runtime/config.h has validated each key's
- * range and choices and the combinations, and derived parallel.dp for the world it was loaded for).
- * The training loop, the engine adapters, the planner and the commands take these fields; none of them
- * looks the keys up again. Strings point into the config and live as long as it does.
+ * (and the evaluation chunk the engines size their loss slots by) into typed fields by mt_settings_read
+ * from a loaded config (runtime/config.h has validated each key's range and choices and the combinations,
+ * and derived parallel.dp for the world it was loaded for). The training loop, the engine adapters, the
+ * planner and the commands take these fields; none of them looks the keys up again. Strings point into
+ * the config and live as long as it does.
  * SPDX-License-Identifier: MIT */
 #ifndef MT_SETTINGS_H
 #define MT_SETTINGS_H
@@ -58,7 +59,14 @@ typedef struct {
     mt_optim_params_t optim; /* optimizer.kind, beta1, beta2, eps, weight_decay, momentum */
     mt_lr_sched_t lr;        /* optimizer.schedule, lr, min_lr, warmup_steps; total_steps = train.steps */
     float grad_clip;         /* optimizer.grad_clip (0: no clipping) */
+    int64_t eval_chunk;      /* validation batches queued before one read of their losses: train.eval_batches
+                              * up to MT_SETTINGS_EVAL_CHUNK; 0 without evaluation (train.eval_every = 0) */
 } mt_settings_t;
+
+/* The most validation batches an engine queues before reading their losses (its loss slots). */
+#define MT_SETTINGS_EVAL_CHUNK 256
+/* The GPU engine's pipeline (train/job_cuda_mp.c) runs at most this many micro-batches per step. */
+#define MT_SETTINGS_GPU_MAX_PP_MICROBATCHES 2048
 
 /* Fills *out from cfg. MT_ERR_INVALID_ARG naming the key for a value the schema would not have let through
  * (a config built by hand without mt_config_load). */

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/job.h"
 #include "models/model_config.h"
 #include "parallel/settings.h"
 #include "plan/plan_impl.h"
@@ -93,7 +92,7 @@ mt_status_t mt_plan_job_from_config(const mt_config_t *cfg, mt_plan_job_t *out) 
     out->bucket_mb = set.par.bucket_mb;
     out->grad_clip = set.grad_clip;
     out->persist_threshold = set.par.persist_threshold;
-    out->eval_batches = mt_job_eval_chunk(cfg);
+    out->eval_batches = set.eval_chunk;
     out->tp_chunks = set.par.tp_comm_chunks;
     out->cpu_only = !strcmp(mt_config_str(cfg, "runtime.device"), "cpu");
     out->gpu_staged = !strcmp(mt_config_str(cfg, "runtime.gpu_comm"), "mpi");
@@ -160,9 +159,9 @@ static mt_status_t check_layout(const mt_plan_job_t *job, int world, const mt_pl
     if (model_parallel) { /* the 3-D path's own verdict (parallel3d.c) */
         MT_CHECK(plan_check_3d(job, world, l));
     }
-    if (job->gpu && l->pp > 1 && l->microbatches > MT_JOB_CUDA_MAX_PP_MICROBATCHES) {
+    if (job->gpu && l->pp > 1 && l->microbatches > MT_SETTINGS_GPU_MAX_PP_MICROBATCHES) {
         return mt_error(MT_ERR_INVALID_ARG, "the GPU engine's pipeline runs at most %d micro-batches a step",
-                        MT_JOB_CUDA_MAX_PP_MICROBATCHES);
+                        MT_SETTINGS_GPU_MAX_PP_MICROBATCHES);
     }
     if (job->gpu && l->engine == MT_PLAN_ALLREDUCE && l->dp > 1) {
         /* the GPU engine averages over dp by parallel.engine (it has no dp_reduce): the DDP layout's */

@@ -135,7 +135,7 @@ typedef struct {
     double bucket_mb;
     double grad_clip;          /* optimizer.grad_clip (engines with tp or pp > 1 need 0) */
     int64_t persist_threshold; /* parallel.zero_persist_threshold */
-    int64_t eval_batches;      /* the GPU engine's loss slots in batches: mt_job_eval_chunk (0: a step's only) */
+    int64_t eval_batches;      /* the GPU engine's loss slots in batches: mt_settings_t.eval_chunk (0: a step's only) */
     int tp_chunks;             /* parallel.tp_comm_chunks (0: 1); the GPU engine's buffers depend on it */
     /* Placement, for the shared-memory collectives' segments (mt_plan_stage_shm_bytes); the planner sets
      * them from the cluster, mt_plan_job_from_config to 0. */

@@ -34,13 +34,6 @@ void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out) {
     mt_model_config_keys(cfg, out); /* the one mapping: models/model_config.c */
 }
 
-int64_t mt_job_eval_chunk(const mt_config_t *cfg) {
-    if (mt_config_int(cfg, "train.eval_every") <= 0) {
-        return 0;
-    }
-    return MT_MIN(mt_config_int(cfg, "train.eval_batches"), (int64_t)MT_JOB_EVAL_CHUNK);
-}
-
 /* ---- the single-process engine ---------------------------------------------------------------- */
 
 typedef struct {

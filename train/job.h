@@ -156,7 +156,7 @@ typedef struct {
 } mt_job_engine_t;
 
 /* Validation batches an engine with eval_batch holds in flight: one wait per this many (train.eval_batches). */
-#define MT_JOB_EVAL_CHUNK 256
+#define MT_JOB_EVAL_CHUNK MT_SETTINGS_EVAL_CHUNK
 
 /* The engine of a single process: the model's own flat buffers, one optimizer over every parameter
  * (weight decay on 2-D weights), nothing to communicate. */
@@ -188,7 +188,7 @@ const mt_job_engine_t *mt_job_engine_cuda(void);
  * no, with a one-line note when GPUs were present); "cpu" -> no. Collective over comm: every rank gets
  * the same *use and status. note (note_len bytes) receives the note or "". */
 /* The GPU engine's pipeline runs at most this many micro-batches per step (train/job_cuda_mp.c). */
-#define MT_JOB_CUDA_MAX_PP_MICROBATCHES 2048
+#define MT_JOB_CUDA_MAX_PP_MICROBATCHES MT_SETTINGS_GPU_MAX_PP_MICROBATCHES
 
 mt_status_t mt_job_cuda_choose(const mt_config_t *cfg, MPI_Comm comm, bool *use, char *note, size_t note_len);
 
@@ -257,10 +257,6 @@ mt_status_t mt_job_ckpt_read_model(const char *path, mt_model_t *model, mt_confi
  * models/model_config.c, the one mapping (model.init is not looked at; the loop uses mt_model_config_from). */
 void mt_job_model_config(const mt_config_t *cfg, mt_model_config_t *out);
 
-/* Validation batches an evaluation queues before one read of their losses (eval_batch/eval_losses):
- * train.eval_batches up to MT_JOB_EVAL_CHUNK, 0 without evaluation (train.eval_every = 0). The GPU engine sizes
- * its loss slots by it and the planner counts them. */
-int64_t mt_job_eval_chunk(const mt_config_t *cfg);
 
 #ifdef __cplusplus
 }

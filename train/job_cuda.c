@@ -582,7 +582,7 @@ static mt_status_t ce_init(const mt_job_info_t *info, void **ctx) {
     e->numel = mt_gpt2_cuda_numel(e->g); /* the stage's parameters */
     e->cstream = (cudaStream_t)mt_gpt2_cuda_stream(e->g);
     /* a step's micro-batch losses, or an evaluation's (up to MT_JOB_EVAL_CHUNK batches read at once) */
-    e->loss_slots = e->ga * MT_MAX(1, mt_job_eval_chunk(info->cfg));
+    e->loss_slots = e->ga * MT_MAX(1, info->set->eval_chunk);
     size_t loss_bytes = (size_t)e->loss_slots * 4;
     MT_CHECK_GOTO(mt_dev_malloc((void **)&e->loss_dev, loss_bytes, MT_MEM_OTHER, "cuda engine losses", e->cstream), st,
                   fail);

@@ -28,6 +28,22 @@ static void defaults(void) {
     CHECK(s.lr.total_steps == mt_config_int(cfg, "train.steps"), "lr over train.steps");
     CHECK(s.grad_clip == (float)mt_config_float(cfg, "optimizer.grad_clip"), "grad_clip %g", (double)s.grad_clip);
     mt_config_free(cfg);
+    /* Evaluation's chunk: none without it, else train.eval_batches capped at the engines' loss slots. */
+    char *none[] = {"--train.eval_every=0", "--train.eval_batches=7"};
+    cfg = load(0, 2, none);
+    CHECK_OK(mt_settings_read(cfg, &s));
+    CHECK(s.eval_chunk == 0, "eval_chunk %lld without evaluation", (long long)s.eval_chunk);
+    mt_config_free(cfg);
+    char *few[] = {"--train.eval_every=2", "--train.eval_batches=7"};
+    char *many[] = {"--train.eval_every=2", "--train.eval_batches=100000"};
+    cfg = load(0, 2, few);
+    CHECK_OK(mt_settings_read(cfg, &s));
+    CHECK(s.eval_chunk == 7, "eval_chunk %lld for 7 batches", (long long)s.eval_chunk);
+    mt_config_free(cfg);
+    cfg = load(0, 2, many);
+    CHECK_OK(mt_settings_read(cfg, &s));
+    CHECK(s.eval_chunk == MT_SETTINGS_EVAL_CHUNK, "eval_chunk %lld for 100000 batches", (long long)s.eval_chunk);
+    mt_config_free(cfg);
 }
 
 static void overrides(void) {
