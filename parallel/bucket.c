@@ -168,14 +168,7 @@ mt_status_t eng_layout_finish(mt_engine_t e) {
 
 void *eng_dev_calloc(mt_engine_t e, size_t bytes, mt_mem_cat_t cat, const char *owner) {
     void *p = NULL;
-    if (mt_device_alloc(e->dev, &p, bytes, cat, owner, e->stream) != MT_OK) {
-        return NULL;
-    }
-    if (mt_device_zero(e->dev, p, bytes, e->stream) != MT_OK) {
-        mt_device_free(e->dev, p);
-        return NULL;
-    }
-    return p;
+    return mt_device_calloc(e->dev, &p, bytes, cat, owner, e->stream) == MT_OK ? p : NULL;
 }
 
 mt_status_t eng_sumsq_add(mt_engine_t e, const float *x, size_t n, double *acc) {

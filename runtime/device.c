@@ -149,6 +149,20 @@ void mt_device_free(mt_device_table_t d, void *ptr) {
     }
 }
 
+mt_status_t mt_device_calloc(mt_device_table_t d, void **ptr, size_t bytes, mt_mem_cat_t cat, const char *owner,
+                             void *stream) {
+    *ptr = NULL;
+    void *p = NULL;
+    MT_CHECK(d->alloc(&p, bytes, cat, owner, stream));
+    mt_status_t st = mt_device_zero(d, p, bytes, stream);
+    if (st != MT_OK) {
+        d->free(p);
+        return st;
+    }
+    *ptr = p;
+    return MT_OK;
+}
+
 mt_status_t mt_device_copy(mt_device_table_t d, void *dst, const void *src, size_t bytes, void *stream) {
     return bytes ? d->copy(dst, src, bytes, stream) : MT_OK;
 }

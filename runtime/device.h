@@ -46,6 +46,9 @@ bool mt_device_is_host(mt_device_table_t d);
 mt_status_t mt_device_alloc(mt_device_table_t d, void **ptr, size_t bytes, mt_mem_cat_t cat, const char *owner,
                             void *stream);
 void mt_device_free(mt_device_table_t d, void *ptr); /* NULL is a no-op */
+/* mt_device_alloc, then the block zeroed on stream; on failure nothing stays allocated and *ptr is NULL. */
+mt_status_t mt_device_calloc(mt_device_table_t d, void **ptr, size_t bytes, mt_mem_cat_t cat, const char *owner,
+                             void *stream);
 /* bytes from src to dst, either of them device or host memory (CUDA: pinned or pageable host memory, a
  * pageable source is read before the call returns). Regions must not overlap. */
 mt_status_t mt_device_copy(mt_device_table_t d, void *dst, const void *src, size_t bytes, void *stream);

@@ -81,14 +81,7 @@ mt_status_t mt_optim_set_device(mt_optim_t opt, mt_device_table_t dev, void *str
 /* n zeroed floats of optimizer state on the optimizer's device; NULL when out of memory. */
 static float *state_buffer(mt_optim_t opt, size_t n, const char *owner) {
     void *b = NULL;
-    if (mt_device_alloc(opt->dev, &b, n * sizeof(float), MT_MEM_OPTIMIZER, owner, opt->stream) != MT_OK) {
-        return NULL;
-    }
-    if (mt_device_zero(opt->dev, b, n * sizeof(float), opt->stream) != MT_OK) {
-        mt_device_free(opt->dev, b);
-        return NULL;
-    }
-    return b;
+    return mt_device_calloc(opt->dev, &b, n * sizeof(float), MT_MEM_OPTIMIZER, owner, opt->stream) == MT_OK ? b : NULL;
 }
 
 mt_status_t mt_optim_add(mt_optim_t opt, const char *name, float *param, const float *grad, size_t n, bool decay,

@@ -41,6 +41,14 @@ static void memory(mt_device_table_t d) {
     CHECK(z != NULL, "zero bytes: a valid block");
     mt_device_free(d, z);
     mt_device_free(d, NULL);
+    float *c = NULL;
+    CHECK_OK(mt_device_calloc(d, (void **)&c, N * sizeof(float), MT_MEM_OTHER, "test", NULL));
+    bool zeroed = c != NULL;
+    for (int i = 0; zeroed && i < N; i++) {
+        zeroed = c[i] == 0.0f;
+    }
+    CHECK(zeroed, "calloc: a zeroed block");
+    mt_device_free(d, c);
     mt_device_free(d, a);
     mt_device_free(d, b);
 }
