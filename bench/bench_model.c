@@ -4,9 +4,10 @@
  *   N = parameters that take part in matmuls (all but wpe and the padded vocabulary rows of wte; the tied
  *   wte counted once, as the output projection), L layers, H heads, Q head dim, T sequence length.
  * Usage: bench_model [-L 4] [-C 256] [-H 4] [-T 256] [-B 8] [-V 50257] [-n 5] [-s 2048] [-r none|block] [-a]
- *                    [-k head_chunks]
+ *                    [-k head_chunks] [-p fp32|bf16] [-m auto|openblas|onednn]
+ * -p bf16 computes as precision.compute = "bf16" (mt_model_set_compute) and the rate it is compared with is an
+ * n^3 product in bf16 by the same library (-m: runtime.matmul); fp32 compares with sgemm.
  * SPDX-License-Identifier: MIT */
-#include <cblas.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,14 +16,16 @@
 #include "models/layers/layers.h"
 #include "models/model.h"
 #include "runtime/alloc.h"
+#include "runtime/matmul.h"
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-/* Median GFLOP/s of n x n x n sgemm over reps runs (after one warm-up). */
-static double sgemm_gflops(int n, int reps) {
+/* Median GFLOP/s of n x n x n products in dt (runtime/matmul.h: f32 = OpenBLAS sgemm unless -m onednn; bf16 =
+ * the library that computes the model's bf16 products) over reps runs (after one warm-up). */
+static double sgemm_gflops(int n, int reps, mt_dtype_t dt) {
     float *a = malloc(sizeof(float) * n * n), *b = malloc(sizeof(float) * n * n), *c = malloc(sizeof(float) * n * n);
     for (size_t i = 0; i < (size_t)n * n; i++) {
         a[i] = (float)(i % 7) * 0.1f;
@@ -32,10 +35,10 @@ static double sgemm_gflops(int n, int reps) {
     reps = reps > 16 ? 16 : reps;
     for (int k = -1; k < reps; k++) {
         double t0 = mt_now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-        double dt = mt_now() - t0;
+        mt_gemm(false, false, n, n, n, a, n, b, n, 0.0f, c, n, dt);
+        double el = mt_now() - t0;
         if (k >= 0) {
-            r[k] = 2.0 * n * (double)n * n / dt / 1e9;
+            r[k] = 2.0 * n * (double)n * n / el / 1e9;
         }
     }
     qsort(r, (size_t)reps, sizeof(double), cmp_d);
@@ -51,8 +54,10 @@ int main(int argc, char **argv) {
     cfg.seq_len = 256;
     cfg.vocab_size = 50257;
     int B = 8, steps = 5, sg = 2048;
+    mt_dtype_t compute = MT_F32;
+    mt_matmul_lib_t matmul = MT_MATMUL_AUTO;
     int opt;
-    while ((opt = getopt(argc, argv, "L:C:H:T:B:V:n:s:r:ak:")) != -1) {
+    while ((opt = getopt(argc, argv, "L:C:H:T:B:V:n:s:r:ak:p:m:")) != -1) {
         switch (opt) {
         case 'L':
             cfg.n_layer = atoi(optarg);
@@ -87,10 +92,23 @@ int main(int argc, char **argv) {
         case 'k':
             cfg.head_chunks = atoi(optarg);
             break;
+        case 'p':
+            if (strcmp(optarg, "bf16") && strcmp(optarg, "fp32")) {
+                fprintf(stderr, "-p must be fp32 or bf16\n");
+                return 2;
+            }
+            compute = strcmp(optarg, "bf16") == 0 ? MT_BF16 : MT_F32;
+            break;
+        case 'm':
+            if (!mt_matmul_parse(optarg, &matmul)) {
+                fprintf(stderr, "-m must be auto, openblas or onednn\n");
+                return 2;
+            }
+            break;
         default:
             fprintf(stderr,
                     "usage: %s [-L layers] [-C channels] [-H heads] [-T seq] [-B batch] [-V vocab] "
-                    "[-n steps] [-s sgemm_n] [-r none|block] [-a] [-k head_chunks]\n",
+                    "[-n steps] [-s sgemm_n] [-r none|block] [-a] [-k head_chunks] [-p fp32|bf16] [-m auto|openblas|onednn]\n",
                     argv[0]);
             return 2;
         }
@@ -100,13 +118,22 @@ int main(int argc, char **argv) {
         return 2;
     }
     int T = cfg.seq_len;
-    double sgemm_before = sgemm_gflops(sg, 5);
+    if (mt_matmul_init(matmul) != MT_OK) {
+        fprintf(stderr, "%s\n", mt_last_error_msg());
+        return 2;
+    }
+    double sgemm_before = sgemm_gflops(sg, 5, compute);
     mt_model_t m;
     if (mt_model_init(&cfg, &m) != MT_OK || mt_model_alloc_params(m) != MT_OK || mt_model_alloc_grads(m) != MT_OK) {
         fprintf(stderr, "model: %s\n", mt_last_error_msg());
         return 1;
     }
     mt_model_init_weights(m);
+    if (mt_model_set_compute(m, (int)compute) != MT_OK) {
+        fprintf(stderr, "%s\n", mt_last_error_msg());
+        return 2;
+    }
+    printf("precision %s; matrix products: %s\n", compute == MT_BF16 ? "bf16" : "fp32", mt_matmul_describe());
     mt_acts_t a;
     if (mt_acts_init(m, B, T, &a) != MT_OK) {
         fprintf(stderr, "acts: %s\n", mt_last_error_msg());
@@ -141,7 +168,7 @@ int main(int argc, char **argv) {
     }
     qsort(times, (size_t)steps, sizeof(double), cmp_d);
     double med = times[steps / 2];
-    double sgemm_after = sgemm_gflops(sg, 5);
+    double sgemm_after = sgemm_gflops(sg, 5, compute);
     double sgemm = (sgemm_before + sgemm_after) / 2;
     double flops = mt_model_flops_per_token(m, T) * B * T;
     mt_mem_stats_t ms;
@@ -151,12 +178,12 @@ int main(int argc, char **argv) {
            cfg.n_layer, cfg.n_embd, cfg.n_head, T, B, cfg.vocab_size, mt_model_config(m)->padded_vocab,
            cfg.recompute == MT_RECOMPUTE_BLOCK ? "block" : "none", cfg.attn_recompute, cfg.head_chunks,
            mt_model_numel(m));
-    printf("sgemm %dx%dx%d: %.1f GFLOP/s before, %.1f after (mean %.1f)\n", sg, sg, sg, sgemm_before, sgemm_after,
-           sgemm);
+    printf("%s %dx%dx%d: %.1f GFLOP/s before, %.1f after (mean %.1f)\n", compute == MT_BF16 ? "bf16 product" : "sgemm",
+           sg, sg, sg, sgemm_before, sgemm_after, sgemm);
     printf("step (fwd+bwd): median %.1f ms, min %.1f ms over %d steps; loss %.4f\n", med * 1e3, times[0] * 1e3, steps,
            loss);
-    printf("model FLOPs/step %.3g (6N + 12LHQT per token) -> %.1f GFLOP/s = %.1f%% of sgemm\n", flops,
-           flops / med / 1e9, 100.0 * flops / med / 1e9 / sgemm);
+    printf("model FLOPs/step %.3g (6N + 12LHQT per token) -> %.1f GFLOP/s = %.1f%% of %s\n", flops,
+           flops / med / 1e9, 100.0 * flops / med / 1e9 / sgemm, compute == MT_BF16 ? "the bf16 product" : "sgemm");
     printf("activations peak %.1f MiB, params %.1f MiB, grads %.1f MiB\n", ms.peak[MT_MEM_ACTIVATIONS] / 1048576.0,
            ms.current[MT_MEM_PARAMS] / 1048576.0, ms.current[MT_MEM_GRADS] / 1048576.0);
     printf("%-16s %10s %8s %7s\n", "op", "ms/step", "calls", "share");

@@ -95,7 +95,7 @@ py_cmd() {
         --threads "$THREADS")
 }
 declare -A MTS PTS
-BLASLINE='' MESHLINE='' ATTN=''
+BLASLINE='' MESHLINE='' MMLINE='' ATTN=''
 for p in fp32 bf16; do
     echo "-- meshtrain $p"
     mt_cmd $p
@@ -107,6 +107,7 @@ for p in fp32 bf16; do
     [ -n "${MTS[$p]}" ] || die "no steady-state tok/s in meshtrain's summary line (log: $LOGS/meshtrain-$p.log)"
     [ -n "$BLASLINE" ] || BLASLINE=$(grep -m 1 '^matrix library:' "$LOGS/meshtrain-$p.log")
     [ -n "$MESHLINE" ] || MESHLINE=$(grep -m 1 '^mesh:' "$LOGS/meshtrain-$p.log")
+    [ -n "$MMLINE" ] || MMLINE=$(grep -m 1 '^matrix products:' "$LOGS/meshtrain-$p.log")
     echo "-- pytorch $p"
     py_cmd $p
     "${CMD[@]}" >"$LOGS/pytorch-$p.log" 2>&1 ||
@@ -123,6 +124,7 @@ LOAD1=$(cut -d ' ' -f 1-3 /proc/loadavg)
 echo
 echo "meshtrain: $BLASLINE"
 echo "meshtrain: $MESHLINE"
+echo "meshtrain: $MMLINE"
 echo "pytorch: GPT2LMHeadModel, attention $ATTN, torch.set_num_threads($THREADS);" \
     "bf16 = autocast around forward + loss, fp32 master weights"
 echo "tok/s: meshtrain's steady state (steps 2-$STEPS, from its summary line); PyTorch's 8*256 / median step time"
@@ -131,7 +133,11 @@ printf '%-10s %16s %14s  %s\n' precision "meshtrain tok/s" "pytorch tok/s" "rati
 for p in fp32 bf16; do
     ratio=$(awk -v a="${MTS[$p]}" -v b="${PTS[$p]}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
     note=
-    [ "$p" = bf16 ] && note="   (meshtrain on CPU: bf16 emulated: rounds to bf16, products computed in f32)"
+    # runtime.matmul = auto: bf16 products on oneDNN where the CPU has AMX/AVX512-BF16, else emulated
+    [ "$p" = bf16 ] && case "$MMLINE" in
+        *"bf16 oneDNN"* | *"bf16 brg"*) note="   (meshtrain: bf16 products on oneDNN, f32 accumulation)" ;;
+        *) note="   (meshtrain: bf16 emulated: rounds to bf16, products computed in f32)" ;;
+    esac
     printf '%-10s %16s %14s  %s%s\n' "$p" "${MTS[$p]}" "${PTS[$p]}" "$ratio" "$note"
 done
 echo

@@ -6,6 +6,7 @@
 
 #include "cmd.h"
 #include "runtime/blas.h"
+#include "runtime/matmul.h"
 #include "runtime/cpu.h"
 #include "runtime/rt.h"
 
@@ -52,6 +53,7 @@ int mt_cmd_version(int argc, char **argv) {
     printf("  NCCL:   no\n");
 #endif
     printf("  BLAS:   %s\n", mt_blas_describe());
+    printf("  matmul: %s\n", mt_matmul_describe());
     mt_cpu_t cpu;
     mt_cpu_detect(&cpu);
     char feat[400];

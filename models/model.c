@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/layers/layers.h"
 #include "models/model_impl.h"
 #include "runtime/alloc.h"
 #include "runtime/precision.h"
@@ -494,12 +495,14 @@ static void lp_swap_in(mt_model_t m, int module, bool grads) {
         }
         off += p->numel;
     }
+    mt_layers_set_product_dtype((int)dt); /* bf16: the products in bf16 where the CPU has them (layers.h) */
 }
 
 /* After the call: the engine's pointers back; backward's gradients rounded to dt (in fp16 they carry the
  * loss scale, so an overflow becomes inf here) and added to the engine's f32 gradients. */
 static void lp_swap_out(mt_model_t m, int module, bool grads) {
     mt_dtype_t dt = (mt_dtype_t)m->compute_dt;
+    mt_layers_set_product_dtype((int)MT_F32);
     for (int i = 0; i < m->n_params; i++) {
         mt_param_t *p = &m->params[i];
         if (!reads_param(p, module)) {

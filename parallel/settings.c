@@ -82,6 +82,10 @@ mt_status_t mt_settings_read(const mt_config_t *cfg, mt_settings_t *out) {
     }
     out->prec.init_scale = (float)mt_config_float(cfg, "precision.init_scale");
     out->prec.scale_window = mt_config_int(cfg, "precision.scale_window");
+    const char *matmul = mt_config_str(cfg, "runtime.matmul");
+    if (!mt_matmul_parse(matmul, &out->prec.matmul)) {
+        return bad_choice("runtime.matmul", matmul, "\"auto\", \"openblas\" or \"onednn\"");
+    }
     return read_optimizer(cfg, out);
 }
 

@@ -15,6 +15,7 @@
 #include "parallel/engine.h"
 #include "parallel/pipeline.h"
 #include "runtime/config.h"
+#include "runtime/matmul.h"
 #include "runtime/precision.h"
 
 #ifdef __cplusplus
@@ -51,6 +52,7 @@ typedef struct {
     mt_prec_t compute;    /* precision.compute */
     float init_scale;     /* precision.init_scale (fp16) */
     int64_t scale_window; /* precision.scale_window (fp16) */
+    mt_matmul_lib_t matmul; /* runtime.matmul: who computes the CPU's matrix products (runtime/matmul.h) */
 } mt_precision_settings_t;
 
 typedef struct {

@@ -5,6 +5,7 @@
 #include <float.h>
 
 #include "blas.h"
+#include "matmul.h"
 #include "config.h"
 
 #define I(k, d, lo, hi, h) {k, MT_CFG_INT, d, lo, hi, NULL, h}
@@ -93,6 +94,9 @@ static const mt_cfg_schema_t schema[] = {
     S("runtime.blas_core", "auto", MT_BLAS_CORE_CHOICES,
       "OpenBLAS kernel: auto = the best this CPU runs when OpenBLAS chose a weaker one and OPENBLAS_CORETYPE / "
       "OPENBLAS_L2_SIZE are unset; keep = OpenBLAS's choice; or a kernel by name (an error if the CPU cannot run it)"),
+    S("runtime.matmul", "auto", MT_MATMUL_CHOICES,
+      "CPU matrix products: auto = f32 on OpenBLAS, bf16 on oneDNN where the CPU has AMX or AVX512-BF16 (else "
+      "emulated); openblas = every product on OpenBLAS (bf16 emulated); onednn = every product on oneDNN"),
     S("runtime.nic", "none", "none|auto", "export the nearest NIC for NCCL"),
     S("runtime.device", "auto", "auto|cpu|cuda", "where to compute"),
     S("runtime.gpu_comm", "auto", "auto|nccl|mpi",

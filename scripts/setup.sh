@@ -7,7 +7,7 @@ MT_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MT_BUILD=${MT_BUILD:-$MT_ROOT/build}
 
 MT_PACKAGES=(build-essential cmake ninja-build pkg-config git openmpi-bin libopenmpi-dev hwloc libhwloc-dev
-             libopenblas-dev gnuplot-nox python3
+             libopenblas-dev libdnnl-dev gnuplot-nox python3
              slurm-wlm munge libpmix-dev iproute2 util-linux)  # the last line: the cluster tests (tests/cluster)
 
 mt_missing_packages() {

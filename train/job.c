@@ -17,6 +17,7 @@
 #include "models/model_config.h"
 #include "runtime/alloc.h"
 #include "runtime/blas.h"
+#include "runtime/matmul.h"
 #include "runtime/numerics.h"
 #include "runtime/watchdog.h"
 #include "runtime/rt.h"
@@ -391,6 +392,7 @@ static mt_status_t setup(job_t *j) {
     }
     MT_CHECK(mt_loss_scaler_init(&j->scaler, j->prec, j->set.prec.init_scale, j->set.prec.scale_window));
     MT_CHECK(mt_model_set_compute(j->model, (int)mt_prec_storage(j->prec)));
+    MT_CHECK(mt_matmul_init(j->set.prec.matmul)); /* the same on every rank: a refusal stops each one */
     info->seq_len = mt_model_config(j->model)->seq_len; /* the checkpoint's when model.init = llmc:PATH */
     if (info->dp_rank < 0 || info->dp_rank >= info->dp_size) {
         return mt_error(MT_ERR_INVALID_ARG, "data-parallel rank %d outside [0, %d)", info->dp_rank, info->dp_size);
@@ -460,6 +462,7 @@ static void print_header(job_t *j) {
     }
     if (!j->engine->peak_flops) { /* the CPU engine: its matrix products are OpenBLAS's */
         fprintf(j->out, "matrix library: %s\n", mt_blas_describe());
+        fprintf(j->out, "matrix products: %s\n", mt_matmul_describe());
     }
     double n = (double)j->n_params;
     fprintf(j->out,
@@ -741,6 +744,7 @@ mt_status_t mt_job_run(const mt_config_t *cfg, const mt_job_opts_t *opts_in, mt_
     mt_free(j.mb_buf);
     mt_acts_free(j.acts);
     mt_model_free(j.model);
+    mt_matmul_release();
     mt_job_sync_free(&j.sync);
     if (res) {
         *res = r; /* on failure: the steps that ran */

@@ -2,7 +2,7 @@
  * gelu.c, attention.c, embedding.c, residual.c, softmax_ce.c). Conventions (llm.c): row-major, a weight
  * is (OC, C) and out = inp @ W^T + b; N = B*T rows. Backward ACCUMULATES (+=) into every gradient it is
  * given (inputs and weights alike); a NULL gradient pointer skips that gradient. All pointers are host
- * memory; OpenMP inside, OpenBLAS sgemm for matrix products. Not reentrant across caller threads.
+ * memory; OpenMP inside, runtime/matmul.h's mt_gemm for matrix products. Not reentrant across caller threads.
  * SPDX-License-Identifier: MIT */
 #ifndef MT_LAYERS_H
 #define MT_LAYERS_H
@@ -23,6 +23,11 @@ void mt_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                         const float *w, int N, int C, int OC);
 /* dbias (OC) += sum over N rows of dout (N, ldo): the bias op's backward on its own. */
 void mt_bias_backward(float *dbias, const float *dout, int ldo, int N, int OC);
+/* The precision of the matmul products from now on (process-wide; an mt_dtype_t): MT_BF16 computes them in
+ * bf16 with f32 accumulation where runtime/matmul.h puts bf16 on oneDNN (the inputs rounded to bf16), any
+ * other value in f32. Returns the previous value. The model's compute-precision wrapper sets it around each
+ * module (mt_model_set_compute). */
+int mt_layers_set_product_dtype(int dt);
 
 /* ---- layernorm: layernorm.c ---- */
 /* out (N,C) = (inp - mean) * rstd * w + b, rstd = 1/sqrt(var + 1e-5) (biased var); mean, rstd (N) saved. */

@@ -1,10 +1,20 @@
-/* Linear layer (matmul + bias) on OpenBLAS sgemm. Weight layout (llm.c): w is (OC, C) row-major and
- * out = inp @ w^T + b, so a weight row is one output channel (what tensor parallelism splits).
+/* Linear layer (matmul + bias) on runtime/matmul.h's products (OpenBLAS sgemm; bf16 on oneDNN where the
+ * CPU multiplies bf16). Weight layout (llm.c): w is (OC, C) row-major and out = inp @ w^T + b, so a weight
+ * row is one output channel (what tensor parallelism splits).
  * SPDX-License-Identifier: MIT */
-#include <cblas.h>
 #include <string.h>
 
 #include "layers.h"
+#include "runtime/matmul.h"
+
+/* The precision of the products (mt_layers_set_product_dtype). */
+static mt_dtype_t product_dt = MT_F32;
+
+int mt_layers_set_product_dtype(int dt) {
+    int prev = (int)product_dt;
+    product_dt = dt == (int)MT_BF16 ? MT_BF16 : MT_F32;
+    return prev;
+}
 
 /* out[n, o] = sum_c inp[n, c] * w[o, c] + bias[o] */
 static void mt_matmul_forward_impl(float *out, int ldo, const float *inp, const float *w, const float *bias, int N,
@@ -15,7 +25,7 @@ static void mt_matmul_forward_impl(float *out, int ldo, const float *inp, const 
             memcpy(out + (size_t)n * ldo, bias, (size_t)OC * sizeof(float));
         }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, bias ? 1.0f : 0.0f, out, ldo);
+    mt_gemm(false, true, N, OC, C, inp, C, w, C, bias ? 1.0f : 0.0f, out, ldo, product_dt);
 }
 
 /* dbias[o] += sum_n dout[n, o]. Threads split the channels so the sum order per channel is fixed. */
@@ -42,10 +52,10 @@ void mt_bias_backward(float *dbias, const float *dout, int ldo, int N, int OC) {
 static void mt_matmul_backward_impl(float *dinp, float *dw, float *dbias, const float *dout, int ldo, const float *inp,
                                     const float *w, int N, int C, int OC) {
     if (dinp) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, ldo, w, C, 1.0f, dinp, C);
+        mt_gemm(false, false, N, C, OC, dout, ldo, w, C, 1.0f, dinp, C, product_dt);
     }
     if (dw) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, ldo, inp, C, 1.0f, dw, C);
+        mt_gemm(true, false, OC, C, N, dout, ldo, inp, C, 1.0f, dw, C, product_dt);
     }
     if (dbias) {
         mt_bias_backward(dbias, dout, ldo, N, OC);
