@@ -4,9 +4,10 @@
  *   N = parameters that take part in matmuls (all but wpe and the padded vocabulary rows of wte; the tied
  *   wte counted once, as the output projection), L layers, H heads, Q head dim, T sequence length.
  * Usage: bench_model [-L 4] [-C 256] [-H 4] [-T 256] [-B 8] [-V 50257] [-n 5] [-s 2048] [-r none|block] [-a]
- *                    [-k head_chunks] [-p fp32|bf16] [-m auto|openblas|onednn]
+ *                    [-k head_chunks] [-p fp32|bf16] [-m auto|openblas|onednn] [-i base|auto]
  * -p bf16 computes as precision.compute = "bf16" (mt_model_set_compute) and the rate it is compared with is an
- * n^3 product in bf16 by the same library (-m: runtime.matmul); fp32 compares with sgemm.
+ * n^3 product in bf16 by the same library (-m: runtime.matmul); fp32 compares with sgemm. -i base runs the
+ * baseline build of the kernels even where the AVX-512 one would (layers/kernel_isa.h).
  * SPDX-License-Identifier: MIT */
 #include <getopt.h>
 #include <stdio.h>
@@ -57,7 +58,7 @@ int main(int argc, char **argv) {
     mt_dtype_t compute = MT_F32;
     mt_matmul_lib_t matmul = MT_MATMUL_AUTO;
     int opt;
-    while ((opt = getopt(argc, argv, "L:C:H:T:B:V:n:s:r:ak:p:m:")) != -1) {
+    while ((opt = getopt(argc, argv, "L:C:H:T:B:V:n:s:r:ak:p:m:i:")) != -1) {
         switch (opt) {
         case 'L':
             cfg.n_layer = atoi(optarg);
@@ -99,6 +100,13 @@ int main(int argc, char **argv) {
             }
             compute = strcmp(optarg, "bf16") == 0 ? MT_BF16 : MT_F32;
             break;
+        case 'i':
+            if (strcmp(optarg, "base") && strcmp(optarg, "auto")) {
+                fprintf(stderr, "-i must be base or auto\n");
+                return 2;
+            }
+            mt_layers_set_isa(strcmp(optarg, "auto") == 0);
+            break;
         case 'm':
             if (!mt_matmul_parse(optarg, &matmul)) {
                 fprintf(stderr, "-m must be auto, openblas or onednn\n");
@@ -108,7 +116,7 @@ int main(int argc, char **argv) {
         default:
             fprintf(stderr,
                     "usage: %s [-L layers] [-C channels] [-H heads] [-T seq] [-B batch] [-V vocab] "
-                    "[-n steps] [-s sgemm_n] [-r none|block] [-a] [-k head_chunks] [-p fp32|bf16] [-m auto|openblas|onednn]\n",
+                    "[-n steps] [-s sgemm_n] [-r none|block] [-a] [-k head_chunks] [-p fp32|bf16] [-m auto|openblas|onednn] [-i base|auto]\n",
                     argv[0]);
             return 2;
         }
@@ -133,7 +141,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", mt_last_error_msg());
         return 2;
     }
-    printf("precision %s; matrix products: %s\n", compute == MT_BF16 ? "bf16" : "fp32", mt_matmul_describe());
+    printf("precision %s; matrix products: %s; kernels %s\n", compute == MT_BF16 ? "bf16" : "fp32",
+           mt_matmul_describe(), mt_layers_isa());
     mt_acts_t a;
     if (mt_acts_init(m, B, T, &a) != MT_OK) {
         fprintf(stderr, "acts: %s\n", mt_last_error_msg());

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cmd.h"
+#include "models/layers/layers.h"
 #include "runtime/blas.h"
 #include "runtime/matmul.h"
 #include "runtime/cpu.h"
@@ -54,6 +55,7 @@ int mt_cmd_version(int argc, char **argv) {
 #endif
     printf("  BLAS:   %s\n", mt_blas_describe());
     printf("  matmul: %s\n", mt_matmul_describe());
+    printf("  kernels: %s (runtime.cpu_kernels = auto)\n", mt_layers_isa());
     mt_cpu_t cpu;
     mt_cpu_detect(&cpu);
     char feat[400];

@@ -83,9 +83,14 @@ mt_status_t mt_settings_read(const mt_config_t *cfg, mt_settings_t *out) {
     out->prec.init_scale = (float)mt_config_float(cfg, "precision.init_scale");
     out->prec.scale_window = mt_config_int(cfg, "precision.scale_window");
     const char *matmul = mt_config_str(cfg, "runtime.matmul");
-    if (!mt_matmul_parse(matmul, &out->prec.matmul)) {
+    if (!mt_matmul_parse(matmul, &out->cpu.matmul)) {
         return bad_choice("runtime.matmul", matmul, "\"auto\", \"openblas\" or \"onednn\"");
     }
+    const char *kernels = mt_config_str(cfg, "runtime.cpu_kernels");
+    if (strcmp(kernels, "auto") && strcmp(kernels, "baseline")) {
+        return bad_choice("runtime.cpu_kernels", kernels, "\"auto\" or \"baseline\"");
+    }
+    out->cpu.baseline_kernels = strcmp(kernels, "baseline") == 0;
     return read_optimizer(cfg, out);
 }
 

@@ -52,12 +52,18 @@ typedef struct {
     mt_prec_t compute;    /* precision.compute */
     float init_scale;     /* precision.init_scale (fp16) */
     int64_t scale_window; /* precision.scale_window (fp16) */
-    mt_matmul_lib_t matmul; /* runtime.matmul: who computes the CPU's matrix products (runtime/matmul.h) */
 } mt_precision_settings_t;
+
+/* How the CPU computes (the process-wide choices the training job applies at set-up). */
+typedef struct {
+    mt_matmul_lib_t matmul; /* runtime.matmul: who computes the matrix products (runtime/matmul.h) */
+    bool baseline_kernels;  /* runtime.cpu_kernels = "baseline": not the AVX-512 build (models/layers/layers.h) */
+} mt_cpu_settings_t;
 
 typedef struct {
     mt_parallel_settings_t par;
     mt_precision_settings_t prec;
+    mt_cpu_settings_t cpu;
     mt_optim_params_t optim; /* optimizer.kind, beta1, beta2, eps, weight_decay, momentum */
     mt_lr_sched_t lr;        /* optimizer.schedule, lr, min_lr, warmup_steps; total_steps = train.steps */
     float grad_clip;         /* optimizer.grad_clip (0: no clipping) */

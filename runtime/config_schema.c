@@ -95,8 +95,12 @@ static const mt_cfg_schema_t schema[] = {
       "OpenBLAS kernel: auto = the best this CPU runs when OpenBLAS chose a weaker one and OPENBLAS_CORETYPE / "
       "OPENBLAS_L2_SIZE are unset; keep = OpenBLAS's choice; or a kernel by name (an error if the CPU cannot run it)"),
     S("runtime.matmul", "auto", MT_MATMUL_CHOICES,
-      "CPU matrix products: auto = f32 on OpenBLAS, bf16 on oneDNN where the CPU has AMX or AVX512-BF16 (else "
-      "emulated); openblas = every product on OpenBLAS (bf16 emulated); onednn = every product on oneDNN"),
+      "CPU matrix products: auto = on oneDNN where it has a native kernel (bf16 ones where the CPU has AMX or "
+      "AVX512-BF16, else emulated), else OpenBLAS; openblas = every product on OpenBLAS (bf16 emulated); onednn = "
+      "every product on oneDNN"),
+    S("runtime.cpu_kernels", "auto", "auto|baseline",
+      "CPU kernels (attention, layernorm, GELU, softmax): auto = the AVX-512 build where the CPU has it; baseline = "
+      "the x86-64 baseline build everywhere"),
     S("runtime.nic", "none", "none|auto", "export the nearest NIC for NCCL"),
     S("runtime.device", "auto", "auto|cpu|cuda", "where to compute"),
     S("runtime.gpu_comm", "auto", "auto|nccl|mpi",

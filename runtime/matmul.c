@@ -13,6 +13,7 @@
 #include "alloc.h"
 #include "cpu.h"
 #include "mt_build_config.h"
+#include "mt_core.h"
 
 #if MT_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
@@ -314,6 +315,44 @@ static bool onednn_gemm(bool ta, bool tb, int M, int N, int K, const float *A, i
     return ok;
 }
 
+static double onednn_bf16_rate(int n) {
+    prim_t *p = prim_get(false, false, n, n, n, n, n, n, false, true);
+    size_t nn = (size_t)n * (size_t)n;
+    uint16_t *a = malloc(nn * sizeof(uint16_t)), *b = malloc(nn * sizeof(uint16_t));
+    float *c = malloc(nn * sizeof(float));
+    void *tmp = p && p->pad_bytes ? malloc(p->pad_bytes) : NULL;
+    double best = 0.0;
+    if (p && a && b && c && (tmp || !p->pad_bytes)) {
+        for (size_t i = 0; i < nn; i++) {
+            a[i] = to_bf16(1.0f + (float)(i % 7) * 0.125f);
+            b[i] = to_bf16(1.0f + (float)(i % 5) * 0.25f);
+        }
+        bool ok = dnnl_memory_set_data_handle(p->a, a) == dnnl_success &&
+                  dnnl_memory_set_data_handle(p->b, b) == dnnl_success &&
+                  dnnl_memory_set_data_handle(p->c, c) == dnnl_success &&
+                  dnnl_memory_set_data_handle(p->pad, tmp) == dnnl_success;
+        dnnl_exec_arg_t args[4] = {
+            {DNNL_ARG_SRC, p->a}, {DNNL_ARG_WEIGHTS, p->b}, {DNNL_ARG_DST, p->c}, {DNNL_ARG_SCRATCHPAD, p->pad}};
+        double start = mt_now();
+        for (int rep = 0; ok && rep < 8 && (rep < 3 || mt_now() - start < 0.3); rep++) {
+            double t0 = mt_now();
+            ok = dnnl_primitive_execute(p->prim, stream, 4, args) == dnnl_success &&
+                 dnnl_stream_wait(stream) == dnnl_success;
+            double dt = mt_now() - t0;
+            if (ok && rep > 0 && dt > 0) { /* the first run warms the threads and caches */
+                best = fmax(best, 2.0 * n * (double)n * n / dt);
+            }
+        }
+        best = ok ? best : 0.0;
+    }
+    free(a);
+    free(b);
+    free(c);
+    free(tmp);
+    release(); /* the primitive's handles pointed at the buffers just freed */
+    return best;
+}
+
 static const char *onednn_version(void) {
     static char v[32];
     const dnnl_version_t *ver = dnnl_version();
@@ -348,12 +387,24 @@ void mt_gemm(bool ta, bool tb, int M, int N, int K, const float *A, int lda, con
     if (!chosen) {
         (void)mt_matmul_init(MT_MATMUL_AUTO);
     }
-    bool bf16 = dt == MT_BF16;
-    mt_matmul_lib_t lib = bf16 ? lib_bf16 : lib_f32;
-    if (lib == MT_MATMUL_ONEDNN && onednn_gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bf16)) {
-        return;
+    if (dt == MT_BF16 && lib_bf16 == MT_MATMUL_ONEDNN) {
+        if (onednn_gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, true)) {
+            return;
+        }
+    } else if (lib_f32 == MT_MATMUL_ONEDNN && onednn_gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, false)) {
+        return; /* f32, and the emulation's bf16 (an f32 product of the rounded values) */
     }
     sgemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
+double mt_matmul_bf16_rate(int n) {
+#if MT_HAVE_ONEDNN
+    if (mt_matmul_lib(MT_BF16) == MT_MATMUL_ONEDNN && n > 0) {
+        return onednn_bf16_rate(n);
+    }
+#endif
+    (void)n;
+    return 0.0;
 }
 
 void mt_matmul_release(void) {
@@ -438,28 +489,25 @@ mt_status_t mt_matmul_init(mt_matmul_lib_t request) {
 #if MT_HAVE_ONEDNN
     mt_cpu_t cpu;
     mt_cpu_detect(&cpu);
-    bool native = cpu.amx_bf16 || cpu.avx512_bf16;
     use_row512 = cpu.avx512f && cpu.avx512bw;
-    if (request == MT_MATMUL_AUTO && !native) {
-        snprintf(describe, sizeof(describe),
-                 "f32 and bf16 on OpenBLAS, bf16 emulated (auto: the CPU has neither AMX-BF16 nor AVX512-BF16)");
-        return MT_OK;
-    }
     const char *kb = onednn_kernel(true), *kf = onednn_kernel(false);
-    if (request == MT_MATMUL_AUTO && (!kb || strncmp(kb, "ref", 3) == 0)) {
-        snprintf(describe, sizeof(describe), "f32 and bf16 on OpenBLAS, bf16 emulated (auto: oneDNN has %s)",
-                 kb ? "only its reference bf16 code here" : "no bf16 product here");
-        return MT_OK;
-    }
-    if (!kb || !kf) {
+    if (request == MT_MATMUL_ONEDNN && (!kb || !kf)) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "runtime.matmul = \"onednn\": oneDNN cannot create a %s matrix product on this CPU; set "
                         "runtime.matmul = \"auto\" or \"openblas\"",
                         !kb ? "bf16" : "f32");
     }
-    lib_bf16 = MT_MATMUL_ONEDNN;
-    lib_f32 = request == MT_MATMUL_ONEDNN ? MT_MATMUL_ONEDNN : MT_MATMUL_OPENBLAS;
-    double eb = mt_matmul_selfcheck(MT_BF16), ef = lib_f32 == MT_MATMUL_ONEDNN ? mt_matmul_selfcheck(MT_F32) : 0.0;
+    /* auto: f32 on oneDNN wherever it has a native kernel (one OpenMP thread pool for the products and the
+     * kernels around them: with OpenBLAS's own pool beside OpenMP's the two fought for the cores and the fp32
+     * step took twice as long, docs/PERFORMANCE.md); bf16 on oneDNN only where the CPU multiplies bf16
+     * (elsewhere oneDNN's bf16 is slower than the emulation's f32 products). */
+    bool native_bf16 = (cpu.amx_bf16 || cpu.avx512_bf16) && kb && strncmp(kb, "ref", 3) != 0;
+    bool native_f32 = kf && strncmp(kf, "ref", 3) != 0;
+    lib_f32 = request == MT_MATMUL_ONEDNN || native_f32 ? MT_MATMUL_ONEDNN : MT_MATMUL_OPENBLAS;
+    lib_bf16 = request == MT_MATMUL_ONEDNN || native_bf16 ? MT_MATMUL_ONEDNN : MT_MATMUL_OPENBLAS;
+    double eb = lib_bf16 == MT_MATMUL_ONEDNN ? mt_matmul_selfcheck(MT_BF16) : 0.0;
+    double ef = lib_f32 == MT_MATMUL_ONEDNN ? mt_matmul_selfcheck(MT_F32) : 0.0;
+    release(); /* the checks' buffers: a job's first product allocates its own */
     if (!(eb <= SELFCHECK_TOL) || !(ef <= SELFCHECK_TOL)) {
         lib_f32 = lib_bf16 = MT_MATMUL_OPENBLAS;
         if (request == MT_MATMUL_ONEDNN) {
@@ -469,19 +517,29 @@ mt_status_t mt_matmul_init(mt_matmul_lib_t request) {
                             fmax(eb, ef));
         }
         snprintf(describe, sizeof(describe),
-                 "f32 and bf16 on OpenBLAS, bf16 emulated (auto: oneDNN's bf16 products are off a double reference "
-                 "by %.2g here)",
-                 eb);
+                 "f32 and bf16 on OpenBLAS, bf16 emulated (auto: oneDNN's products are off a double reference by "
+                 "%.2g here)",
+                 fmax(eb, ef));
         return MT_OK;
     }
+    char f32[128], b16[160];
     if (lib_f32 == MT_MATMUL_ONEDNN) {
-        snprintf(describe, sizeof(describe), "f32 %s %s, bf16 %s (onednn; products checked against a double reference)",
-                 onednn_version(), kf, kb);
+        snprintf(f32, sizeof(f32), "f32 %s %s", onednn_version(), kf);
     } else {
-        snprintf(describe, sizeof(describe),
-                 "f32 on OpenBLAS, bf16 %s %s (auto; products checked against a double reference)", onednn_version(),
-                 kb);
+        snprintf(f32, sizeof(f32), "f32 on OpenBLAS (oneDNN has %s)", kf ? "only its reference f32 code" : "none");
     }
+    if (lib_bf16 == MT_MATMUL_ONEDNN) {
+        if (lib_f32 == MT_MATMUL_ONEDNN) {
+            snprintf(b16, sizeof(b16), "bf16 %s", kb);
+        } else {
+            snprintf(b16, sizeof(b16), "bf16 %s %s", onednn_version(), kb);
+        }
+    } else {
+        snprintf(b16, sizeof(b16), "bf16 emulated on %s (%s)", lib_f32 == MT_MATMUL_ONEDNN ? "oneDNN" : "OpenBLAS",
+                 !(cpu.amx_bf16 || cpu.avx512_bf16) ? "the CPU has neither AMX-BF16 nor AVX512-BF16"
+                                                    : "oneDNN has no native bf16 kernel here");
+    }
+    snprintf(describe, sizeof(describe), "%s, %s (%s; products checked against a double reference)", f32, b16, how);
     return MT_OK;
 #else
     if (request == MT_MATMUL_ONEDNN) {

@@ -1,14 +1,14 @@
-/* The matrix products of the CPU models: which library computes them, and in which precision. f32
- * products go to OpenBLAS (runtime/blas.h: its kernel chosen at start-up); products the model computes
- * in bf16 (precision.compute = "bf16") go to oneDNN's matmul where the CPU multiplies bf16 natively
- * (AMX or AVX512-BF16): the inputs rounded to bf16 (nearest even), the products accumulated in f32, the
- * result f32, as on GPUs. Elsewhere, and with `runtime.matmul = "openblas"`, bf16 stays the emulation
- * of runtime/precision.h (weights and module outputs rounded to bf16 values, products in f32).
- * `runtime.matmul`: "auto" (the default: the above), "openblas" (every product on OpenBLAS), "onednn"
- * (every product on oneDNN, f32 too; an error in a build without it). Measured to choose: f32 products of
- * the GPT-2 shapes run at the same rate in both libraries on an AVX-512 Xeon (docs/PERFORMANCE.md), so
- * f32 stays on OpenBLAS and its numbers do not change; bf16 on AMX runs 5-9x the f32 rate.
- * oneDNN primitives are created once per shape and kept (a few dozen per model).
+/* The matrix products of the CPU models: which library computes them, and in which precision.
+ * `runtime.matmul = "auto"` (the default): f32 products on oneDNN's matmul primitive wherever oneDNN has a
+ * native (JIT) kernel for the CPU, so the products and the OpenMP kernels around them share one thread pool
+ * (OpenBLAS's own pool beside OpenMP's fought for the cores: the fp32 GPT-2 step ran twice as long,
+ * docs/PERFORMANCE.md); products the model computes in bf16 (precision.compute = "bf16") on oneDNN too where
+ * the CPU multiplies bf16 natively (AMX or AVX512-BF16): the inputs rounded to bf16 (nearest even), the
+ * products accumulated in f32, the result f32, as on GPUs. Elsewhere bf16 stays the emulation of
+ * runtime/precision.h (weights and module outputs rounded to bf16 values, f32 products), and without oneDNN
+ * everything is OpenBLAS sgemm. "openblas": every product on OpenBLAS (bf16 emulated). "onednn": every product
+ * on oneDNN, bf16 too whatever the CPU (an error in a build without it). oneDNN primitives are created once
+ * per shape and kept (a few dozen per model).
  * SPDX-License-Identifier: MIT */
 #ifndef MT_MATMUL_H
 #define MT_MATMUL_H
@@ -30,25 +30,33 @@ bool mt_matmul_parse(const char *s, mt_matmul_lib_t *out);
 /* Whether this build has oneDNN. */
 bool mt_matmul_have_onednn(void);
 
-/* Chooses the libraries for this process (runtime.matmul; every rank the same). auto: bf16 on oneDNN when
- * the build has it, the CPU has AMX-BF16 or AVX512-BF16, oneDNN picks a native kernel (not its reference
- * code) and a small product matches a double reference; else everything on OpenBLAS. onednn: both
- * precisions on oneDNN; MT_ERR_INVALID_ARG naming the fix when the build lacks it or its self-check
+/* Chooses the libraries for this process (runtime.matmul; every rank the same). auto: as above, each
+ * precision on oneDNN only where oneDNN picks a native kernel (not its reference code) and small products
+ * match a double reference, else everything on OpenBLAS. onednn: both precisions on oneDNN;
+ * MT_ERR_INVALID_ARG naming the fix when the build lacks it, it cannot make a product, or its self-check
  * fails. Called again, it chooses again (tests). Without a call, the first product chooses auto. */
 mt_status_t mt_matmul_init(mt_matmul_lib_t request);
-/* The library that computes products in dt (MT_F32 or MT_BF16; f16 and tf32 products are f32 ones). */
+/* The library that computes products in dt (MT_F32 or MT_BF16; f16 and tf32 products are f32 ones). For
+ * MT_BF16, MT_MATMUL_ONEDNN means real bf16 products; MT_MATMUL_OPENBLAS means the emulation, whose f32
+ * products run where mt_matmul_lib(MT_F32) says. */
 mt_matmul_lib_t mt_matmul_lib(mt_dtype_t dt);
-/* One line for start-up and `meshtrain version`: "f32 OpenBLAS, bf16 oneDNN 2.6.3 brg:avx512_core_amx_bf16
- * (auto)". */
+/* One line for start-up and `meshtrain version`: "f32 oneDNN 2.6.3 brg:avx512_core, bf16
+ * brg:avx512_core_amx_bf16 (auto; products checked against a double reference)". */
 const char *mt_matmul_describe(void);
 
 /* C = op(A) op(B) + beta C, row-major, op(X) = X^T when tX: A is (M, K) (ta: stored (K, M)), B (K, N) (tb:
  * stored (N, K)), leading dimensions lda, ldb, ldc in elements, beta 0 or 1, f32 in memory. dt = MT_BF16
- * with bf16 on oneDNN: A and B rounded to bf16, products accumulated in f32. Otherwise an f32 product
- * (OpenBLAS sgemm, or oneDNN with runtime.matmul = "onednn"). Should oneDNN fail at run time the product
+ * with bf16 on oneDNN: A and B rounded to bf16, products accumulated in f32. Otherwise an f32 product by
+ * mt_matmul_lib(MT_F32)'s library. Should oneDNN fail at run time the product
  * is computed by OpenBLAS and the failure reported once on stderr. */
 void mt_gemm(bool ta, bool tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb, float beta,
              float *C, int ldc, mt_dtype_t dt);
+
+/* FLOP/s of an n^3 product of bf16 inputs through the library that computes bf16 products, on values in
+ * [1, 2) (AMX runs zero-filled inputs ~2.4x faster, docs/PERFORMANCE.md), the best of up to 8 timed runs
+ * after a warm-up (at most ~0.3 s past the third); 0 when bf16 products are not on oneDNN or the run failed.
+ * Its buffers are the measurement's (malloc, not accounted as the job's memory) and are freed. For MFU. */
+double mt_matmul_bf16_rate(int n);
 
 /* Frees the bf16 input copies (accounted MT_MEM_OTHER, "bf16 product inputs": the largest product's two
  * inputs in bf16) and the kept primitives; the next product makes them again. The training job calls it

@@ -13,6 +13,7 @@
 
 #include "models/data/data.h"
 #include "models/grad_check.h"
+#include "models/layers/layers.h"
 #include "models/llmc.h"
 #include "models/model_config.h"
 #include "runtime/alloc.h"
@@ -392,7 +393,8 @@ static mt_status_t setup(job_t *j) {
     }
     MT_CHECK(mt_loss_scaler_init(&j->scaler, j->prec, j->set.prec.init_scale, j->set.prec.scale_window));
     MT_CHECK(mt_model_set_compute(j->model, (int)mt_prec_storage(j->prec)));
-    MT_CHECK(mt_matmul_init(j->set.prec.matmul)); /* the same on every rank: a refusal stops each one */
+    MT_CHECK(mt_matmul_init(j->set.cpu.matmul)); /* the same on every rank: a refusal stops each one */
+    mt_layers_set_isa(!j->set.cpu.baseline_kernels);
     info->seq_len = mt_model_config(j->model)->seq_len; /* the checkpoint's when model.init = llmc:PATH */
     if (info->dp_rank < 0 || info->dp_rank >= info->dp_size) {
         return mt_error(MT_ERR_INVALID_ARG, "data-parallel rank %d outside [0, %d)", info->dp_rank, info->dp_size);
@@ -463,6 +465,7 @@ static void print_header(job_t *j) {
     if (!j->engine->peak_flops) { /* the CPU engine: its matrix products are OpenBLAS's */
         fprintf(j->out, "matrix library: %s\n", mt_blas_describe());
         fprintf(j->out, "matrix products: %s\n", mt_matmul_describe());
+        fprintf(j->out, "cpu kernels: %s\n", mt_layers_isa());
     }
     double n = (double)j->n_params;
     fprintf(j->out,

@@ -15,6 +15,7 @@
 
 #include "train/job_impl.h"
 #include "runtime/blas.h"
+#include "runtime/matmul.h"
 #include "runtime/cpu.h"
 #include "runtime/rt.h"
 
@@ -30,6 +31,7 @@ struct job_metrics {
     char path[1024], rank_path[1040];
     double peak_flops;  /* the job's peak FLOP/s, 0 = unknown */
     double sgemm_flops; /* CPUs: the job's cores at the measured sgemm rate, 0 = not measured */
+    bool bf16_products; /* CPUs: the products run in bf16 (oneDNN): peak and ratio are a bf16 product's */
     char peak_src[512];
     char sgemm_src[320]; /* CPUs: where the sgemm rate came from ("" = not measured) */
     char cache_path[1024]; /* rank 0: the sgemm cache file the peak came from or went to ("" = none) */
@@ -57,7 +59,7 @@ static double sgemm_measure(int n) {
         double start = mt_now();
         for (int rep = 0; rep < 12 && (rep < 3 || mt_now() - start < 0.3); rep++) {
             double t0 = mt_now();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+            mt_gemm(false, false, n, n, n, a, n, b, n, 0.0f, c, n, MT_F32); /* the library the job's products use */
             double dt = mt_now() - t0;
             if (rep > 0 && dt > 0) { /* the first call warms the thread pool and caches */
                 best = MT_MAX(best, 2.0 * n * (double)n * n / dt);
@@ -90,7 +92,7 @@ static double sgemm_per_core(int threads, char *src, size_t src_len, char *cache
         }
         /* the kernel is part of the key: a rate measured with another kernel says nothing about this one */
         snprintf(path, sizeof(path), "%s/sgemm-%s-%ldcpu-%dt-%s.txt", dir, host, ncpu, threads,
-                 openblas_get_corename());
+                 mt_matmul_lib(MT_F32) == MT_MATMUL_ONEDNN ? "oneDNN" : openblas_get_corename());
         snprintf(cache_out, cache_len, "%s", path);
     }
     if (use_cache) {
@@ -124,8 +126,8 @@ static double sgemm_per_core(int threads, char *src, size_t src_len, char *cache
         mkdir(dir, 0755);
         FILE *f = fopen(tmp, "w");
         if (f &&
-            fprintf(f, "%.3f\n# sgemm 1024^3 GFLOP/s per core with %d OpenBLAS threads (%s) on %s\n", rate / 1e9,
-                    threads, mt_blas_short(), host) > 0 &&
+            fprintf(f, "%.3f\n# sgemm 1024^3 GFLOP/s per core with %d threads (%s) on %s\n", rate / 1e9, threads,
+                    mt_matmul_lib(MT_F32) == MT_MATMUL_ONEDNN ? "oneDNN" : mt_blas_short(), host) > 0 &&
             fclose(f) == 0 && rename(tmp, path) == 0) {
             snprintf(src, src_len, "%.1f GFLOP/s per core (sgemm measured now, cached in %s)", rate / 1e9, path);
         } else {
@@ -163,6 +165,7 @@ static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
     }
     int threads = openblas_get_num_threads();
     threads = threads > 0 ? threads : 1;
+    m->bf16_products = j->prec == MT_PREC_BF16 && mt_matmul_lib(MT_BF16) == MT_MATMUL_ONEDNN;
     /* rank 0 measures: [0] the vector peak of one core, [1] the sgemm rate per core (0: not measured) */
     double per_core[2] = {0.0, 0.0};
     if (j->rank == 0) {
@@ -178,6 +181,20 @@ static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
             snprintf(m->peak_src, sizeof(m->peak_src), "f32 %s %.1f GFLOP/s per core (FMA chains, measured now)",
                      mt_cpu_vector_isa(&cpu), per_core[0] / 1e9);
             per_core[1] = sgemm_per_core(threads, sg, sizeof(m->sgemm_src), m->cache_path, sizeof(m->cache_path));
+            if (m->bf16_products) {
+                /* The products run in bf16 on the matrix units, beyond the f32 vector peak: the peak of such a
+                 * job is the rate of a large bf16 product, as on GPUs (a measured product in the job's
+                 * precision), and the ratio beside MFU is to that same product. */
+                double f32 = per_core[0], rate = mt_matmul_bf16_rate(2048) / threads;
+                per_core[0] = per_core[1] = MT_MAX(rate, f32);
+                snprintf(m->peak_src, sizeof(m->peak_src),
+                         "bf16 products (%s): 2048^3 bf16 product %.1f GFLOP/s per core (measured now; the f32 "
+                         "%s vector peak is %.1f)",
+                         mt_matmul_describe(), rate / 1e9, mt_cpu_vector_isa(&cpu), f32 / 1e9);
+                snprintf(sg, sizeof(m->sgemm_src), "%.1f GFLOP/s per core (bf16 product, measured now)",
+                         per_core[1] / 1e9);
+                m->cache_path[0] = '\0';
+            }
         }
         if (per_core[0] <= 0) {
             snprintf(m->peak_src, sizeof(m->peak_src), "vector peak measurement failed");
@@ -210,7 +227,8 @@ static mt_status_t job_peak(job_t *j, job_metrics_t *m) {
     snprintf(more, sizeof(more), " x %.0f core%s = %.1f GFLOP/s", cores, cores == 1 ? "" : "s", m->peak_flops / 1e9);
     if (m->sgemm_flops > 0) { /* the ratio to a large product is printed next to MFU */
         size_t l = strlen(more);
-        snprintf(more + l, sizeof(more) - l, "; sgemm %.1f GFLOP/s = %s", m->sgemm_flops / 1e9, m->sgemm_src);
+        snprintf(more + l, sizeof(more) - l, "; %s %.1f GFLOP/s = %s", m->bf16_products ? "bf16 product" : "sgemm",
+                 m->sgemm_flops / 1e9, m->sgemm_src);
     }
     size_t l = strlen(m->peak_src);
     snprintf(m->peak_src + l, sizeof(m->peak_src) - l, "%s", more);
@@ -538,7 +556,7 @@ mt_status_t mt_job_metrics_finish(job_metrics_t *m, job_t *j, mt_job_result_t *r
             fprintf(o, ", MFU %.2f%%", 100.0 * res->mfu);
         }
         if (of_sgemm > 0) {
-            fprintf(o, " (%.1f%% of sgemm)", 100.0 * of_sgemm);
+            fprintf(o, " (%.1f%% of %s)", 100.0 * of_sgemm, m->bf16_products ? "the bf16 product" : "sgemm");
         }
     }
     if (ran > 0) {

@@ -9,12 +9,21 @@
 #include <string.h>
 
 #include "fastmath.h"
+#include "kernel_isa.h"
 #include "layers.h"
 
+MT_KPROTO(void, mt_attention_forward_impl,
+          (float *out, float *att, float *lse, const float *qkv, int B, int T, int C, int NH, float *scratch));
+MT_KPROTO(void, mt_attention_backward_impl,
+          (float *dqkv, const float *dout, const float *qkv, const float *att, const float *lse, int B, int T, int C,
+           int NH, float *scratch));
+
+#ifdef MT_KERNEL_DISPATCH
 size_t mt_attention_scratch_floats(int T) {
     int nt = omp_get_max_threads();
     return 2 * (size_t)T * (size_t)(nt > 1 ? nt : 1); /* two rows of T per thread */
 }
+#endif
 
 static inline float dot(const float *a, const float *b, int n) {
     float s = 0.0f;
@@ -34,8 +43,8 @@ static inline void axpy(float *y, float a, const float *x, int n) {
 
 /* Per (b, h, t): S_s = scale q_t.k_s for s <= t; P = softmax(S); out_t = sum_s P_s v_s.
  * Rows are independent: threads split (b, h, t). The causal half above the diagonal is never computed. */
-static void mt_attention_forward_impl(float *out, float *att, float *lse, const float *qkv, int B, int T, int C, int NH,
-                                      float *scratch) {
+void MT_KNAME(mt_attention_forward_impl)(float *out, float *att, float *lse, const float *qkv, int B, int T, int C,
+                                         int NH, float *scratch) {
     int hs = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(3) schedule(static)
@@ -81,8 +90,8 @@ static void mt_attention_forward_impl(float *out, float *att, float *lse, const 
  *   dV_s += P_s dO_t;  dP_s = dO_t.v_s;  dS_s = P_s (dP_s - sum_s' P_s' dP_s');
  *   dQ_t += scale sum_s dS_s k_s;  dK_s += scale dS_s q_t.
  * dK and dV of a position collect from many rows, so threads split (b, h) only. */
-static void mt_attention_backward_impl(float *dqkv, const float *dout, const float *qkv, const float *att,
-                                       const float *lse, int B, int T, int C, int NH, float *scratch) {
+void MT_KNAME(mt_attention_backward_impl)(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                          const float *lse, int B, int T, int C, int NH, float *scratch) {
     int hs = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(2) schedule(static)
@@ -120,16 +129,18 @@ static void mt_attention_backward_impl(float *dqkv, const float *dout, const flo
     }
 }
 
+#ifdef MT_KERNEL_DISPATCH
 void mt_attention_forward(float *out, float *att, float *lse, const float *qkv, int B, int T, int C, int NH,
                           float *scratch) {
     double t0 = mt_layers_prof_begin();
-    mt_attention_forward_impl(out, att, lse, qkv, B, T, C, NH, scratch);
+    MT_KCALL(mt_attention_forward_impl, (out, att, lse, qkv, B, T, C, NH, scratch));
     mt_layers_prof_end(MT_OP_ATTENTION_FWD, t0);
 }
 
 void mt_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *lse, int B,
                            int T, int C, int NH, float *scratch) {
     double t0 = mt_layers_prof_begin();
-    mt_attention_backward_impl(dqkv, dout, qkv, att, lse, B, T, C, NH, scratch);
+    MT_KCALL(mt_attention_backward_impl, (dqkv, dout, qkv, att, lse, B, T, C, NH, scratch));
     mt_layers_prof_end(MT_OP_ATTENTION_BWD, t0);
 }
+#endif

@@ -3,7 +3,11 @@
 #include <math.h>
 
 #include "fastmath.h"
+#include "kernel_isa.h"
 #include "layers.h"
+
+MT_KPROTO(void, mt_gelu_forward_impl, (float *out, const float *inp, size_t n));
+MT_KPROTO(void, mt_gelu_backward_impl, (float *dinp, const float *inp, const float *dout, size_t n));
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
@@ -13,7 +17,7 @@ static inline float fast_tanh(float u) {
     return 1.0f - 2.0f / (mt_fast_expf(2.0f * u) + 1.0f);
 }
 
-static void mt_gelu_forward_impl(float *out, const float *inp, size_t n) {
+void MT_KNAME(mt_gelu_forward_impl)(float *out, const float *inp, size_t n) {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -22,7 +26,7 @@ static void mt_gelu_forward_impl(float *out, const float *inp, size_t n) {
 }
 
 /* d/dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) K (1 + 3*0.044715 x^2), u = K (x + 0.044715 x^3) */
-static void mt_gelu_backward_impl(float *dinp, const float *inp, const float *dout, size_t n) {
+void MT_KNAME(mt_gelu_backward_impl)(float *dinp, const float *inp, const float *dout, size_t n) {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -32,14 +36,16 @@ static void mt_gelu_backward_impl(float *dinp, const float *inp, const float *do
     }
 }
 
+#ifdef MT_KERNEL_DISPATCH
 void mt_gelu_forward(float *out, const float *inp, size_t n) {
     double t0 = mt_layers_prof_begin();
-    mt_gelu_forward_impl(out, inp, n);
+    MT_KCALL(mt_gelu_forward_impl, (out, inp, n));
     mt_layers_prof_end(MT_OP_GELU_FWD, t0);
 }
 
 void mt_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     double t0 = mt_layers_prof_begin();
-    mt_gelu_backward_impl(dinp, inp, dout, n);
+    MT_KCALL(mt_gelu_backward_impl, (dinp, inp, dout, n));
     mt_layers_prof_end(MT_OP_GELU_BWD, t0);
 }
+#endif

@@ -2,13 +2,20 @@
  * SPDX-License-Identifier: MIT */
 #include <math.h>
 
+#include "kernel_isa.h"
 #include "layers.h"
+
+MT_KPROTO(void, mt_layernorm_forward_impl,
+          (float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, int N, int C));
+MT_KPROTO(void, mt_layernorm_backward_impl,
+          (float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w, const float *mean,
+           const float *rstd, int N, int C));
 
 #define LN_EPS 1e-5
 
 /* mean = sum x / C; var = sum (x-mean)^2 / C; rstd = 1/sqrt(var+eps); out = (x-mean)*rstd*w + b */
-static void mt_layernorm_forward_impl(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                                      const float *b, int N, int C) {
+void MT_KNAME(mt_layernorm_forward_impl)(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                         const float *b, int N, int C) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
@@ -35,8 +42,8 @@ static void mt_layernorm_forward_impl(float *out, float *mean, float *rstd, cons
 /* With xhat = (x-mean)*rstd and g = dout*w:
  *   dx = rstd * (g - mean(g) - xhat * mean(g*xhat));   dw += sum_n dout*xhat;   db += sum_n dout.
  * Rows in parallel for dx; channels in parallel for dw/db (fixed summation order, deterministic). */
-static void mt_layernorm_backward_impl(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                                       const float *w, const float *mean, const float *rstd, int N, int C) {
+void MT_KNAME(mt_layernorm_backward_impl)(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                                          const float *w, const float *mean, const float *rstd, int N, int C) {
     if (dinp) {
 #pragma omp parallel for schedule(static)
         for (int n = 0; n < N; n++) {
@@ -84,16 +91,18 @@ static void mt_layernorm_backward_impl(float *dinp, float *dw, float *db, const 
     }
 }
 
+#ifdef MT_KERNEL_DISPATCH
 void mt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, int N,
                           int C) {
     double t0 = mt_layers_prof_begin();
-    mt_layernorm_forward_impl(out, mean, rstd, inp, w, b, N, C);
+    MT_KCALL(mt_layernorm_forward_impl, (out, mean, rstd, inp, w, b, N, C));
     mt_layers_prof_end(MT_OP_LAYERNORM_FWD, t0);
 }
 
 void mt_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
                            const float *mean, const float *rstd, int N, int C) {
     double t0 = mt_layers_prof_begin();
-    mt_layernorm_backward_impl(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    MT_KCALL(mt_layernorm_backward_impl, (dinp, dw, db, dout, inp, w, mean, rstd, N, C));
     mt_layers_prof_end(MT_OP_LAYERNORM_BWD, t0);
 }
+#endif

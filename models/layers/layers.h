@@ -29,6 +29,14 @@ void mt_bias_backward(float *dbias, const float *dout, int ldo, int N, int OC);
  * module (mt_model_set_compute). */
 int mt_layers_set_product_dtype(int dt);
 
+/* ---- which build of the kernels runs: isa.c ---- */
+/* attention, layernorm, GELU, residual and softmax + cross-entropy are compiled twice (kernel_isa.h): for
+ * x86-64's baseline and, on x86-64, for AVX-512. "avx512" where the CPU executes it, else "baseline". */
+const char *mt_layers_isa(void);
+/* false: the baseline kernels from now on, even where AVX-512 runs (tests, benchmarks); true: back to the
+ * default. Returns whether the AVX-512 kernels run after the call. */
+bool mt_layers_set_isa(bool allow_avx512);
+
 /* ---- layernorm: layernorm.c ---- */
 /* out (N,C) = (inp - mean) * rstd * w + b, rstd = 1/sqrt(var + 1e-5) (biased var); mean, rstd (N) saved. */
 void mt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, int N,

@@ -5,11 +5,19 @@
 #include <string.h>
 
 #include "fastmath.h"
+#include "kernel_isa.h"
 #include "layers.h"
 
+MT_KPROTO(int, mt_softmax_ce_forward_impl,
+          (float *losses, float *lse, float *mean_loss, const float *logits, const int32_t *targets, int N, int V,
+           int Vp));
+MT_KPROTO(void, mt_softmax_ce_backward_impl,
+          (float *dlogits, const float *logits, const float *lse, const int32_t *targets, int N, int V, int Vp,
+           float scale));
+
 /* lse = max + log sum_v exp(l_v - max);  loss = lse - l_target. */
-static int mt_softmax_ce_forward_impl(float *losses, float *lse, float *mean_loss, const float *logits,
-                                      const int32_t *targets, int N, int V, int Vp) {
+int MT_KNAME(mt_softmax_ce_forward_impl)(float *losses, float *lse, float *mean_loss, const float *logits,
+                                         const int32_t *targets, int N, int V, int Vp) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *l = logits + (size_t)n * Vp;
@@ -30,6 +38,7 @@ static int mt_softmax_ce_forward_impl(float *losses, float *lse, float *mean_los
     return mt_softmax_ce_mean(mean_loss, losses, targets, (size_t)N);
 }
 
+#ifdef MT_KERNEL_DISPATCH
 int mt_softmax_ce_mean(float *mean_loss, const float *losses, const int32_t *targets, size_t N) {
     /* summed in row order, so the loss is bit-identical whatever the thread count */
     double total = 0.0;
@@ -43,10 +52,11 @@ int mt_softmax_ce_mean(float *mean_loss, const float *losses, const int32_t *tar
     *mean_loss = n_valid > 0 ? (float)(total / n_valid) : 0.0f;
     return n_valid;
 }
+#endif
 
 /* dl_v = scale * (exp(l_v - lse) - [v == target]) */
-static void mt_softmax_ce_backward_impl(float *dlogits, const float *logits, const float *lse, const int32_t *targets,
-                                        int N, int V, int Vp, float scale) {
+void MT_KNAME(mt_softmax_ce_backward_impl)(float *dlogits, const float *logits, const float *lse,
+                                           const int32_t *targets, int N, int V, int Vp, float scale) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *l = logits + (size_t)n * Vp;
@@ -67,10 +77,11 @@ static void mt_softmax_ce_backward_impl(float *dlogits, const float *logits, con
     }
 }
 
+#ifdef MT_KERNEL_DISPATCH
 int mt_softmax_ce_forward(float *losses, float *lse, float *mean_loss, const float *logits, const int32_t *targets,
                           int N, int V, int Vp) {
     double t0 = mt_layers_prof_begin();
-    int r = mt_softmax_ce_forward_impl(losses, lse, mean_loss, logits, targets, N, V, Vp);
+    int r = MT_KCALL(mt_softmax_ce_forward_impl, (losses, lse, mean_loss, logits, targets, N, V, Vp));
     mt_layers_prof_end(MT_OP_SOFTMAX_CE_FWD, t0);
     return r;
 }
@@ -78,6 +89,7 @@ int mt_softmax_ce_forward(float *losses, float *lse, float *mean_loss, const flo
 void mt_softmax_ce_backward(float *dlogits, const float *logits, const float *lse, const int32_t *targets, int N, int V,
                             int Vp, float scale) {
     double t0 = mt_layers_prof_begin();
-    mt_softmax_ce_backward_impl(dlogits, logits, lse, targets, N, V, Vp, scale);
+    MT_KCALL(mt_softmax_ce_backward_impl, (dlogits, logits, lse, targets, N, V, Vp, scale));
     mt_layers_prof_end(MT_OP_SOFTMAX_CE_BWD, t0);
 }
+#endif

@@ -13,9 +13,10 @@ layout again and compares:
     many values were still bit-identical, so the report never claims more than it checked;
   - the communication bytes: equal everywhere (they are counts).
 OpenBLAS runs its Haswell kernel (AVX2 + FMA; OPENBLAS_CORETYPE), one thread, so the products do not depend on
-which kernel the library would pick for the CPU, and every product runs on OpenBLAS (runtime.matmul =
-"openblas": bf16 emulated, not oneDNN's bf16 where the CPU has it); a CPU without AVX2 and FMA skips (exit 77,
-"skipped").
+which kernel the library would pick for the CPU, every product runs on OpenBLAS (runtime.matmul = "openblas":
+bf16 emulated, not oneDNN's bf16 where the CPU has it) and the model's kernels are their baseline build
+(runtime.cpu_kernels = "baseline", not the AVX-512 one, whose sums run in other lanes); a CPU without AVX2 and FMA
+skips (exit 77, "skipped").
 
 usage: before.py record MESHTRAIN LAYOUTS OUT.tsv [MPIEXEC [FLAGS...]]
        before.py check  MESHTRAIN LAYOUTS RECORD.tsv NAME [MPIEXEC [FLAGS...]]
@@ -33,7 +34,7 @@ import tempfile
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "launch", "configs", "demo.toml")
 BASE = ["--train.steps=4", "--train.eval_every=2", "--train.eval_batches=2", "--train.log_every=1",
         "--optimizer.warmup_steps=1", "--checkpoint.every=0", "--profile.trace=", "--profile.memory=",
-        "--runtime.bind=none", "--runtime.matmul=openblas"]
+        "--runtime.bind=none", "--runtime.matmul=openblas", "--runtime.cpu_kernels=baseline"]
 KERNEL = "Haswell"
 TOL = 1e-5
 SKIP = 77

@@ -193,7 +193,14 @@ static void automatic(void) {
     mt_cpu_detect(&cpu);
     bool native = cpu.amx_bf16 || cpu.avx512_bf16;
     printf("runtime.matmul = auto: %s\n", mt_matmul_describe());
-    CHECK(mt_matmul_lib(MT_F32) == MT_MATMUL_OPENBLAS, "auto keeps f32 products on OpenBLAS");
+    if (mt_matmul_have_onednn()) {
+        CHECK(mt_matmul_lib(MT_F32) == MT_MATMUL_ONEDNN || strstr(mt_matmul_describe(), "reference f32"),
+              "auto puts f32 products on oneDNN where it has a native kernel: %s", mt_matmul_describe());
+    } else {
+        CHECK(mt_matmul_lib(MT_F32) == MT_MATMUL_OPENBLAS, "without oneDNN f32 products are OpenBLAS's");
+    }
+    double ef = worst_of(MT_F32, false);
+    CHECK(ef <= 1e-6, "auto's f32 products to float accuracy: %g", ef);
     if (mt_matmul_have_onednn() && native) {
         CHECK(mt_matmul_lib(MT_BF16) == MT_MATMUL_ONEDNN, "a CPU with bf16 instructions gets oneDNN's bf16: %s",
               mt_matmul_describe());
