@@ -7,7 +7,8 @@
  * products accumulated in f32, the result f32, as on GPUs. Elsewhere bf16 stays the emulation of
  * runtime/precision.h (weights and module outputs rounded to bf16 values, f32 products), and without oneDNN
  * everything is OpenBLAS sgemm. "openblas": every product on OpenBLAS (bf16 emulated). "onednn": every product
- * on oneDNN, bf16 too whatever the CPU (an error in a build without it). oneDNN primitives are created once
+ * on oneDNN, bf16 ones as bf16 products wherever oneDNN can make one at all (oneDNN 2.6 cannot below AVX-512:
+ * there bf16 is emulated on its f32 products); an error in a build without it. oneDNN primitives are created once
  * per shape and kept (a few dozen per model).
  * SPDX-License-Identifier: MIT */
 #ifndef MT_MATMUL_H
@@ -32,8 +33,8 @@ bool mt_matmul_have_onednn(void);
 
 /* Chooses the libraries for this process (runtime.matmul; every rank the same). auto: as above, each
  * precision on oneDNN only where oneDNN picks a native kernel (not its reference code) and small products
- * match a double reference, else everything on OpenBLAS. onednn: both precisions on oneDNN;
- * MT_ERR_INVALID_ARG naming the fix when the build lacks it, it cannot make a product, or its self-check
+ * match a double reference, else everything on OpenBLAS. onednn: both precisions on oneDNN (bf16 as above);
+ * MT_ERR_INVALID_ARG naming the fix when the build lacks it, it cannot make an f32 product, or its self-check
  * fails. Called again, it chooses again (tests). Without a call, the first product chooses auto. */
 mt_status_t mt_matmul_init(mt_matmul_lib_t request);
 /* The library that computes products in dt (MT_F32 or MT_BF16; f16 and tf32 products are f32 ones). For
