@@ -244,11 +244,15 @@ __attribute__((target("avx512f,avx512bw"))) static void convert_row512(uint16_t 
 }
 #endif
 
+#ifdef MT_HAVE_ROW512
 static bool use_row512;
+#endif
 
 /* rows x cols of src (leading dimension ld) into dst, compacted (leading dimension cols). */
 static void convert(uint16_t *dst, const float *src, int rows, int cols, int ld) {
+#ifdef MT_HAVE_ROW512
     bool wide = use_row512;
+#endif
 #pragma omp parallel for schedule(static) if ((size_t)rows * (size_t)cols > 32768)
     for (int r = 0; r < rows; r++) {
         const float *s = src + (size_t)r * (size_t)ld;
@@ -489,7 +493,9 @@ mt_status_t mt_matmul_init(mt_matmul_lib_t request) {
 #if MT_HAVE_ONEDNN
     mt_cpu_t cpu;
     mt_cpu_detect(&cpu);
+#ifdef MT_HAVE_ROW512
     use_row512 = cpu.avx512f && cpu.avx512bw;
+#endif
     const char *kb = onednn_kernel(true), *kf = onednn_kernel(false);
     if (request == MT_MATMUL_ONEDNN && !kf) {
         return mt_error(MT_ERR_INVALID_ARG,
