@@ -54,7 +54,7 @@ void mt_gemm(bool ta, bool tb, int M, int N, int K, const float *A, int lda, con
              float *C, int ldc, mt_dtype_t dt);
 
 /* FLOP/s of an n^3 product of bf16 inputs through the library that computes bf16 products, on values in
- * [1, 2) (AMX runs zero-filled inputs ~2.4x faster, docs/PERFORMANCE.md), the best of up to 8 timed runs
+ * [1, 2) (AMX's rate depends on the data, docs/PERFORMANCE.md: bench_gemm), the best of up to 8 timed runs
  * after a warm-up (at most ~0.3 s past the third); 0 when bf16 products are not on oneDNN or the run failed.
  * Its buffers are the measurement's (malloc, not accounted as the job's memory) and are freed. For MFU. */
 double mt_matmul_bf16_rate(int n);
