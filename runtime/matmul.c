@@ -216,19 +216,10 @@ static prim_t *prim_get(bool ta, bool tb, int M, int N, int K, int lda, int ldb,
     return &cache[slot];
 }
 
-/* Round to nearest even; a NaN stays a (quiet) NaN (runtime/tensor.c's mt_f32_to_bf16, without branches so
- * the conversion loop vectorises). */
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);
-}
-
 static void convert_row(uint16_t *d, const float *s, int n) {
 #pragma omp simd
     for (int c = 0; c < n; c++) {
-        d[c] = to_bf16(s[c]);
+        d[c] = mt_bf16_round(s[c]);
     }
 }
 
@@ -239,7 +230,7 @@ static void convert_row(uint16_t *d, const float *s, int n) {
 __attribute__((target("avx512f,avx512bw"))) static void convert_row512(uint16_t *d, const float *s, int n) {
 #pragma omp simd
     for (int c = 0; c < n; c++) {
-        d[c] = to_bf16(s[c]);
+        d[c] = mt_bf16_round(s[c]);
     }
 }
 #endif
@@ -328,8 +319,8 @@ static double onednn_bf16_rate(int n) {
     double best = 0.0;
     if (p && a && b && c && (tmp || !p->pad_bytes)) {
         for (size_t i = 0; i < nn; i++) {
-            a[i] = to_bf16(1.0f + (float)(i % 7) * 0.125f);
-            b[i] = to_bf16(1.0f + (float)(i % 5) * 0.25f);
+            a[i] = mt_bf16_round(1.0f + (float)(i % 7) * 0.125f);
+            b[i] = mt_bf16_round(1.0f + (float)(i % 5) * 0.25f);
         }
         bool ok = dnnl_memory_set_data_handle(p->a, a) == dnnl_success &&
                   dnnl_memory_set_data_handle(p->b, b) == dnnl_success &&

@@ -29,18 +29,15 @@ mt_dtype_t mt_prec_storage(mt_prec_t p) {
     return p == MT_PREC_BF16 ? MT_BF16 : p == MT_PREC_FP16 ? MT_F16 : MT_F32;
 }
 
-/* x rounded to bf16 in place, as mt_f32_to_bf16 then back (nearest even; a NaN stays a quiet NaN), written
- * without branches so it vectorises, and threaded over large arrays; returns the non-finite results. */
+/* x rounded to bf16 in place (mt_bf16_round, branch-free so it vectorises), threaded over large arrays;
+ * returns the non-finite results. */
 static size_t round_bf16(float *x, size_t n) {
     size_t bad = 0;
 #pragma omp parallel for simd schedule(static) reduction(+ : bad) if (n > 65536)
     for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &x[i], sizeof(u));
-        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-        r = (u & 0x7fffffffu) > 0x7f800000u ? (u & 0xffff0000u) | 0x00400000u : r;
+        uint32_t r = (uint32_t)mt_bf16_round(x[i]) << 16;
         bad += (r & 0x7f800000u) == 0x7f800000u;
-        memcpy(&x[i], &r, sizeof(r));
+        x[i] = mt_bits_f32(r);
     }
     return bad;
 }

@@ -102,12 +102,7 @@ void mt_tensor_free(mt_tensor_t *t) {
 }
 
 uint16_t mt_f32_to_bf16(float f) {
-    uint32_t u = mt_f32_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    }
-    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
-    return (uint16_t)(u >> 16);
+    return mt_bf16_round(f);
 }
 
 float mt_bf16_to_f32(uint16_t h) {

@@ -66,6 +66,14 @@ static inline float mt_bits_f32(uint32_t u) {
     return f;
 }
 
+/* f32 to bf16, round to nearest even, a NaN kept as a quiet NaN: written without branches so the loops that
+ * call it vectorise (the CPU bf16 products' input pass, mt_prec_round); mt_f32_to_bf16 is this. */
+static inline uint16_t mt_bf16_round(float f) {
+    uint32_t u = mt_f32_bits(f);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);
+}
+
 /* Round-to-nearest-even conversions (NaN stays NaN, overflow to inf for f16). */
 uint16_t mt_f32_to_bf16(float f);
 float mt_bf16_to_f32(uint16_t h);
