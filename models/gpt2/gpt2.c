@@ -85,7 +85,8 @@ static size_t chunk_floats(const mt_model_config_t *c, size_t rows) {
 static int gpt2_workspace(const mt_model_config_t *c, size_t rows, int tt, bool head, size_t *floats) {
     int n = 0;
     floats[n++] = 10 * rows * c->n_embd;             /* dr2 (N,C), dA (N,C), dfg (N,4C), dfc (N,4C) */
-    floats[n++] = mt_attention_scratch_floats(tt); /* per-thread rows: grows with the OpenMP thread count */
+    /* per thread: grows with the OpenMP thread count */
+    floats[n++] = mt_attention_scratch_floats(tt, c->n_embd / c->n_head);
     if (c->recompute == MT_RECOMPUTE_BLOCK) {
         mt_gpt2_geom_t geo;
         geom(c, (int)rows, 1, &geo);
@@ -123,7 +124,8 @@ static mt_status_t gpt2_ensure_workspace(mt_model_t m, int B, int T, bool head) 
         MT_CHECK(mt_model_realloc_scratch(&g->logits, chunk_floats(&m->cfg, N), "gpt2 logits chunk"));
         g->logit_rows = N;
     }
-    size_t af = mt_attention_scratch_floats(g->T); /* re-checked: the thread count may have grown since */
+    /* re-checked: the thread count may have grown since */
+    size_t af = mt_attention_scratch_floats(g->T, m->cfg.n_embd / m->cfg.n_head);
     if (af > g->attn_floats) {
         MT_CHECK(mt_model_realloc_scratch(&g->attn_scratch, af, "attention scratch"));
         g->attn_floats = af;

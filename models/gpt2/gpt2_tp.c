@@ -94,7 +94,7 @@ static size_t ws_floats(const mt_model_config_t *c, const tp_impl_t *g, size_t N
  * planner sizes activations with it through mt_model_act_mem). */
 static int tp_workspace_floats(mt_model_t m, int B, int T, bool head, size_t *floats) {
     floats[0] = ws_floats(&m->cfg, m->impl, (size_t)B * T, head);
-    floats[1] = mt_attention_scratch_floats(T);
+    floats[1] = mt_attention_scratch_floats(T, m->cfg.n_embd / m->cfg.n_head);
     return 2;
 }
 
@@ -112,7 +112,8 @@ static mt_status_t tp_ensure_workspace(mt_model_t m, int B, int T, bool head) {
         size_t rows = N > g->rows ? N : g->rows;
         int tt = T > g->T ? T : g->T;
         MT_CHECK(mt_model_realloc_scratch(&g->ws, ws_floats(&m->cfg, g, rows, wh), "gpt2 tp workspace"));
-        MT_CHECK(mt_model_realloc_scratch(&g->attn_scratch, mt_attention_scratch_floats(tt), "attention scratch"));
+        size_t af = mt_attention_scratch_floats(tt, m->cfg.n_embd / m->cfg.n_head);
+        MT_CHECK(mt_model_realloc_scratch(&g->attn_scratch, af, "attention scratch"));
         g->rows = rows;
         g->T = tt;
         g->ws_head = wh;

@@ -379,7 +379,7 @@ static void test_attention(void) {
     for (size_t ci = 0; ci < MT_ARRAY_LEN(cases); ci++) {
         int B = cases[ci][0], T = cases[ci][1], C = cases[ci][2], NH = cases[ci][3];
         size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
-        float *scratch = malloc(mt_attention_scratch_floats(T) * 4);
+        float *scratch = malloc(mt_attention_scratch_floats(T, C / NH) * 4);
         for (int k = 0; k < 3; k++) {
             int dt = dts[k];
             double tol = tol_dt(dt, false);
@@ -439,7 +439,7 @@ static void attn_tc_case(int B, int T, int C, int NH, int dt, bool misalign) {
     int hs = C / NH;
     double tol = dt == MT_CU_BF16 ? 1.5e-2 : 2.5e-3, tol_lse = 2e-3, tol_bwd = tol;
     char what[96];
-    float *scratch = malloc(mt_attention_scratch_floats(T) * 4);
+    float *scratch = malloc(mt_attention_scratch_floats(T, C / NH) * 4);
     float *qkv = hrand(nqkv, 1.5f, dt), *out = malloc(nout * 4), *lse = malloc(nl * 4), *att = malloc(nl * T * 4);
     mt_attention_forward(out, att, lse, qkv, B, T, C, NH, scratch);
     float *dy = hrand(nout, 1, dt), *dq0 = hrand(nqkv, 1, dt), *dq = hcopy(dq0, nqkv);
@@ -552,7 +552,7 @@ static void test_attention_knob(void) {
           "knob off: bf16 hs=64 on CUDA cores");
     enum { B = 1, T = 40, C = 128, NH = 2 };
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
-    float *scratch = malloc(mt_attention_scratch_floats(T) * 4);
+    float *scratch = malloc(mt_attention_scratch_floats(T, C / NH) * 4);
     float *qkv = hrand(nqkv, 1.5f, MT_CU_BF16), *out = malloc(nout * 4), *lse = malloc(nl * 4);
     float *att = malloc(nl * T * 4);
     mt_attention_forward(out, att, lse, qkv, B, T, C, NH, scratch);

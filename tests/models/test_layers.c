@@ -256,14 +256,16 @@ static double att_loss(void *p) {
     mt_attention_ref(c->out, c->qkv, c->B, c->T, c->C, c->NH);
     return dot(c->out, c->proj, (size_t)c->B * c->T * c->C);
 }
-static void test_attention(void) {
-    att_ctx c = {.B = 2, .T = 5, .C = 8, .NH = 2};
+/* The blocked kernels' edges: T not a multiple of the 4-row tile or of the 32-key block, head sizes below, at and
+ * between the vector chunks (4: padded to 16; 20: one full and one padded vector; 64: four-vector chunks). */
+static void test_attention_shape(int B, int T, int C, int NH) {
+    att_ctx c = {.B = B, .T = T, .C = C, .NH = NH};
     size_t NC = (size_t)c.B * c.T * c.C;
     c.qkv = drand_arr(3 * NC, 1.5);
     c.proj = drand_arr(NC, 1);
     c.out = malloc(NC * sizeof(double));
     float *qkv = to_f(c.qkv, 3 * NC), *dout = to_f(c.proj, NC);
-    float *scratch = malloc(mt_attention_scratch_floats(c.T) * sizeof(float));
+    float *scratch = malloc(mt_attention_scratch_floats(c.T, c.C / c.NH) * sizeof(float));
     float *att = malloc((size_t)c.B * c.NH * c.T * c.T * sizeof(float));
     float *lse = malloc((size_t)c.B * c.NH * c.T * sizeof(float));
     float *out1 = malloc(NC * sizeof(float)), *out2 = malloc(NC * sizeof(float));
@@ -289,6 +291,12 @@ static void test_attention(void) {
     check_grad("attention dqkv (recompute)", c.qkv, 3 * NC, d2, att_loss, &c);
     free(c.qkv), free(c.proj), free(c.out), free(qkv), free(dout), free(scratch), free(att), free(lse);
     free(out1), free(out2), free(d1), free(d2);
+}
+
+static void test_attention(void) {
+    test_attention_shape(2, 5, 8, 2);
+    test_attention_shape(1, 37, 40, 2);
+    test_attention_shape(1, 9, 64, 1);
 }
 
 /* ---- softmax + cross-entropy, ignore index, padded vocabulary ---- */

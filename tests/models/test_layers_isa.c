@@ -58,7 +58,7 @@ static void run(outs_t *o) {
     mt_layernorm_backward(o->dln_x, o->dln_w, o->dln_b, dy, x, w, o->mean, o->rstd, N, C);
 
     float *qkv = randn((size_t)N * 3 * C, 6, 2.0f), *datt = randn(n, 7, 1.0f);
-    float *scratch = malloc(mt_attention_scratch_floats(T) * 4);
+    float *scratch = malloc(mt_attention_scratch_floats(T, C / NH) * 4);
     float *att = malloc((size_t)B * NH * T * T * 4);
     o->att_out = malloc(n * 4);
     o->att_lse = malloc((size_t)B * NH * T * 4);
