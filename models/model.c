@@ -473,6 +473,17 @@ static mt_status_t lp_ensure(mt_model_t m) {
     return MT_OK;
 }
 
+/* n floats set to 0, threaded over large arrays (the gradient staging of a whole embedding is megabytes). */
+static void zero_floats(float *x, size_t n) {
+    enum { PIECE = 1 << 16 };
+    size_t pieces = (n + PIECE - 1) / PIECE;
+#pragma omp parallel for schedule(static) if (pieces > 1)
+    for (size_t k = 0; k < pieces; k++) {
+        size_t lo = k * PIECE, len = n - lo < PIECE ? n - lo : PIECE;
+        memset(x + lo, 0, len * sizeof(float));
+    }
+}
+
 /* Before module's call (after the engine's pre hook bound p->data, p->grad): points the parameters it
  * reads at their rounded copies and, for backward, the gradients at zeroed staging. */
 static void lp_swap_in(mt_model_t m, int module, bool grads) {
@@ -484,12 +495,11 @@ static void lp_swap_in(mt_model_t m, int module, bool grads) {
             continue;
         }
         float *w = m->lp_w + off;
-        memcpy(w, p->data, p->numel * sizeof(float));
-        mt_prec_round(w, p->numel, dt);
+        mt_prec_round_copy(w, p->data, p->numel, dt);
         m->lp_saved[2 * i] = p->data;
         p->data = w;
         if (grads) {
-            memset(m->lp_g + off, 0, p->numel * sizeof(float));
+            zero_floats(m->lp_g + off, p->numel);
             m->lp_saved[2 * i + 1] = p->grad;
             p->grad = m->lp_g + off;
         }
@@ -510,12 +520,8 @@ static void lp_swap_out(mt_model_t m, int module, bool grads) {
         }
         p->data = m->lp_saved[2 * i];
         if (grads) {
-            float *g = p->grad, *dst = m->lp_saved[2 * i + 1];
-            size_t n = p->numel;
-            mt_prec_round(g, n, dt);
-            for (size_t k = 0; k < n; k++) {
-                dst[k] += g[k];
-            }
+            float *dst = m->lp_saved[2 * i + 1];
+            mt_prec_round_add(dst, p->grad, p->numel, dt);
             p->grad = dst;
         }
     }

@@ -57,6 +57,41 @@ size_t mt_prec_round(float *x, size_t n, mt_dtype_t dt) {
     return bad;
 }
 
+static inline float round_dt(float x, mt_dtype_t dt) {
+    if (dt == MT_BF16) {
+        return mt_bits_f32((uint32_t)mt_bf16_round(x) << 16);
+    }
+    return dt == MT_F16 ? mt_f16_to_f32(mt_f32_to_f16(x)) : x;
+}
+
+void mt_prec_round_copy(float *dst, const float *src, size_t n, mt_dtype_t dt) {
+    if (dt == MT_BF16) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+        for (size_t i = 0; i < n; i++) {
+            dst[i] = round_dt(src[i], MT_BF16);
+        }
+        return;
+    }
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        dst[i] = round_dt(src[i], dt);
+    }
+}
+
+void mt_prec_round_add(float *dst, const float *g, size_t n, mt_dtype_t dt) {
+    if (dt == MT_BF16) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+        for (size_t i = 0; i < n; i++) {
+            dst[i] += round_dt(g[i], MT_BF16);
+        }
+        return;
+    }
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        dst[i] += round_dt(g[i], dt);
+    }
+}
+
 size_t mt_prec_count_nonfinite(const float *x, size_t n) {
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) {

@@ -33,6 +33,13 @@ mt_dtype_t mt_prec_storage(mt_prec_t p);
  * how many of the results are not finite. This is the CPU emulation of storing a tensor in dt. */
 size_t mt_prec_round(float *x, size_t n, mt_dtype_t dt);
 
+/* dst[i] = src[i] rounded to dt as mt_prec_round does (a copy for f32), in one pass, threaded over large arrays. */
+void mt_prec_round_copy(float *dst, const float *src, size_t n, mt_dtype_t dt);
+
+/* dst[i] += g[i] rounded to dt (in f32), in one pass, threaded over large arrays; g is left unchanged. The same
+ * bits as mt_prec_round(g) followed by the sum. */
+void mt_prec_round_add(float *dst, const float *g, size_t n, mt_dtype_t dt);
+
 /* Number of non-finite values among n floats. */
 size_t mt_prec_count_nonfinite(const float *x, size_t n);
 

@@ -63,6 +63,38 @@ static void rounding(void) {
     free(want);
 }
 
+/* mt_prec_round_copy and mt_prec_round_add (the compute wrapper's one-pass weight copy and gradient sum) give the
+ * bits of mt_prec_round followed by the copy or the sum, in every dtype, above and below the threading size. */
+static void round_copy_add(void) {
+    static const mt_dtype_t dts[] = {MT_F32, MT_BF16, MT_F16};
+    static const size_t sizes[] = {1000, 300000};
+    for (int k = 0; k < 3; k++) {
+        for (int z = 0; z < 2; z++) {
+            size_t n = sizes[z];
+            float *src = malloc(n * 4), *ref = malloc(n * 4), *got = malloc(n * 4), *acc = malloc(n * 4);
+            float *acc_ref = malloc(n * 4);
+            uint32_t s = 7u + (uint32_t)k;
+            for (size_t i = 0; i < n; i++) {
+                s = s * 1664525u + 1013904223u;
+                src[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * (i % 11 == 3 ? 1e6f : 3.0f);
+                acc[i] = acc_ref[i] = (float)(i % 13) * 0.37f;
+            }
+            memcpy(ref, src, n * 4);
+            mt_prec_round(ref, n, dts[k]);
+            mt_prec_round_copy(got, src, n, dts[k]);
+            CHECK(memcmp(got, ref, n * 4) == 0, "round_copy in %s of %zu floats: the bits of mt_prec_round",
+                  mt_dtype_name(dts[k]), n);
+            for (size_t i = 0; i < n; i++) {
+                acc_ref[i] += ref[i];
+            }
+            mt_prec_round_add(acc, src, n, dts[k]);
+            CHECK(memcmp(acc, acc_ref, n * 4) == 0, "round_add in %s of %zu floats: the bits of round, then add",
+                  mt_dtype_name(dts[k]), n);
+            free(src), free(ref), free(got), free(acc), free(acc_ref);
+        }
+    }
+}
+
 /* Values with bits below bf16's 8-bit mantissa, so rounding them shows. */
 static void fill(float *x, size_t n, uint32_t seed) {
     for (size_t i = 0; i < n; i++) {
@@ -227,6 +259,7 @@ static void automatic(void) {
 int main(void) {
     parse();
     rounding();
+    round_copy_add();
     openblas();
     onednn();
     automatic();
