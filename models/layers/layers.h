@@ -64,7 +64,7 @@ void mt_embedding_backward(float *dwte, float *dwpe, const float *dout, const in
  * causal) V per head. Saved: att (B,NH,T,T) probabilities (zero above the diagonal) when keep_probs, else
  * lse (B,NH,T) per-row log-sum-exp of the scaled scores, from which backward recomputes the probabilities.
  * scratch: mt_attention_scratch_floats(T, C / NH) floats (per thread: the head's packed keys and values and one
- * tile's scores, about (2 Tp + 5 T) hs floats; size it after setting the thread count). */
+ * tile's scores, about (2 Tp + 4 T) hs floats; size it after setting the thread count). */
 size_t mt_attention_scratch_floats(int T, int hs);
 void mt_attention_forward(float *out, float *att, float *lse, const float *qkv, int B, int T, int C, int NH,
                           float *scratch);
