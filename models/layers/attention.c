@@ -52,16 +52,18 @@ static inline size_t up(size_t n, size_t m) {
 }
 
 /* One thread's scratch, carved in 64-byte multiples: K^T and V^T (hs x Tp), K, V (forward) and the dK, dV
- * accumulators (T x hsp each), the tile's scores / probabilities and dP / dS (QT x Tp), its packed query and
- * output-gradient rows (QT x hsp). Both builds carve the same layout, so one size serves either. */
+ * accumulators (T x hsp each; V at least QT rows: backward's dQ tile goes there), the tile's scores / probabilities and
+ * dP / dS (QT x Tp), its packed query and output-gradient rows (QT x hsp). Both builds carve the same layout, so one
+ * size serves either. */
 typedef struct {
     float *kt, *vt, *kr, *vr, *dk, *dv, *s, *dp, *qp, *op;
 } attn_ws_t;
 
 static size_t attn_ws(float *base, int T, int hs, attn_ws_t *w) {
     size_t Tp = up((size_t)T, KPAD), hsp = up((size_t)hs, DPAD), at = 0;
-    size_t sizes[10] = {(size_t)hs * Tp, (size_t)hs * Tp, (size_t)T * hsp, (size_t)T * hsp, (size_t)T * hsp,
-                        (size_t)T * hsp, QT * Tp,         QT * Tp,         QT * hsp,        QT * hsp};
+    size_t sizes[10] = {(size_t)hs * Tp, (size_t)hs * Tp, (size_t)T * hsp, (size_t)(T > QT ? T : QT) * hsp,
+                        (size_t)T * hsp, (size_t)T * hsp, QT * Tp,         QT * Tp,
+                        QT * hsp,        QT * hsp};
     float **slot[10] = {&w->kt, &w->vt, &w->kr, &w->vr, &w->dk, &w->dv, &w->s, &w->dp, &w->qp, &w->op};
     for (int i = 0; i < 10; i++) {
         if (base) {

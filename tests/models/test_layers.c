@@ -297,6 +297,7 @@ static void test_attention(void) {
     test_attention_shape(2, 5, 8, 2);
     test_attention_shape(1, 37, 40, 2);
     test_attention_shape(1, 9, 64, 1);
+    test_attention_shape(2, 2, 12, 3); /* T below the tile's rows */
 }
 
 /* ---- softmax + cross-entropy, ignore index, padded vocabulary ---- */
