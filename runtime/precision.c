@@ -42,26 +42,27 @@ static size_t round_bf16(float *x, size_t n) {
     return bad;
 }
 
+/* x rounded to dt (f32: unchanged). */
+static inline float round_dt(float x, mt_dtype_t dt) {
+    if (dt == MT_BF16) {
+        return mt_bits_f32((uint32_t)mt_bf16_round(x) << 16);
+    }
+    return dt == MT_F16 ? mt_f16_to_f32(mt_f32_to_f16(x)) : x;
+}
+
 size_t mt_prec_round(float *x, size_t n, mt_dtype_t dt) {
     size_t bad = 0;
     if (dt == MT_BF16) {
         bad = round_bf16(x, n);
     } else if (dt == MT_F16) {
         for (size_t i = 0; i < n; i++) {
-            x[i] = mt_f16_to_f32(mt_f32_to_f16(x[i]));
+            x[i] = round_dt(x[i], MT_F16);
             bad += !isfinite(x[i]);
         }
     } else {
         bad = mt_prec_count_nonfinite(x, n);
     }
     return bad;
-}
-
-static inline float round_dt(float x, mt_dtype_t dt) {
-    if (dt == MT_BF16) {
-        return mt_bits_f32((uint32_t)mt_bf16_round(x) << 16);
-    }
-    return dt == MT_F16 ? mt_f16_to_f32(mt_f32_to_f16(x)) : x;
 }
 
 void mt_prec_round_copy(float *dst, const float *src, size_t n, mt_dtype_t dt) {
