@@ -30,15 +30,16 @@ struct mt_par3d {
     mt_engine_t engine;
     mt_optim_t opt;
     mt_pipeline_t pl;
-    float *gbuf; /* built-in dp all-reduce: the stage's gradients packed */
+    mt_device_table_t dev; /* p.device, or the CPU table */
+    float *gbuf;           /* built-in dp all-reduce: the stage's gradients packed */
     size_t gbuf_n;
     int64_t n_steps;  /* steps run */
     double grad_norm; /* of the last step, before clipping */
     bool skipped;     /* the last step's update was skipped (non-finite) */
     float *flat;      /* engine mode, dp rank 0: whole parameters for gathers, valid at flat_step */
     int64_t flat_step;
-    bool sp_each_pass; /* sequence parallelism with ZeRO-2/3: grads_ready runs after every backward pass */
-    int *sp_pass;      /* then per module: the passes of this step grads_ready has seen */
+    bool sp_each_pass;             /* sequence parallelism with ZeRO-2/3: grads_ready runs after every backward pass */
+    int *sp_pass;                  /* then per module: the passes of this step grads_ready has seen */
     int64_t tp_bytes0;             /* the tp handle's byte count at the step's start */
     double dp_bytes, scalar_bytes; /* this step: the built-in dp all-reduce; loss and norm scalars */
 };
@@ -171,6 +172,13 @@ mt_status_t mt_par3d_setup(MPI_Comm world, mt_model_config_t *mc, const mt_par3d
     MT_MPI_CHECK(MPI_Comm_size(world, &wsize));
     MT_MPI_CHECK(MPI_Comm_rank(world, &wrank));
     MT_CHECK(mt_par3d_check(p, wsize, mc));
+    if (p->device && !mt_device_is_host(p->device)) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "parallel3d: device %s: tensor and pipeline parallelism run on the CPU table or another "
+                        "host-memory device for now (the model computes on host memory); run the GPU job with "
+                        "runtime.device = \"cuda\", which uses train/job_cuda.c",
+                        mt_device_name(p->device));
+    }
     struct mt_par3d *p3 = calloc(1, sizeof(*p3));
     if (!p3) {
         return mt_error(MT_ERR_OOM, "parallel3d: out of memory");
@@ -179,6 +187,7 @@ mt_status_t mt_par3d_setup(MPI_Comm world, mt_model_config_t *mc, const mt_par3d
     p3->p = *p;
     p3->rank = wrank;
     p3->flat_step = -1;
+    p3->dev = p->device ? p->device : mt_device_cpu();
     if (p->mesh) {
         p3->mesh = (mt_mesh_t *)p->mesh;
         if (mt_mesh_world(p3->mesh) != wsize || mt_mesh_axis_size(p3->mesh, MT_AXIS_TP) != p->tp ||
@@ -197,6 +206,7 @@ mt_status_t mt_par3d_setup(MPI_Comm world, mt_model_config_t *mc, const mt_par3d
     mt_mesh_coords(p3->mesh, wrank, p3->coords);
     MT_CHECK_GOTO(make_comms(p3, world), st, fail);
     MT_CHECK_GOTO(mt_tp_init(p3->comm[MT_AXIS_TP], &p3->tp), st, fail);
+    MT_CHECK_GOTO(mt_tp_set_device(p3->tp, p3->dev, p->stream), st, fail); /* refuses a non-host table */
     mt_tp_model_config(p3->tp, p->sequence_parallel, mc);
     *out = p3;
     return MT_OK;
@@ -250,6 +260,8 @@ mt_status_t mt_par3d_attach(mt_par3d_t p3, mt_model_t model) {
         ep.persist_threshold = p->persist_threshold;
         ep.optim = p->optim;
         ep.param_flags = p->tp > 1 || p->pp > 1 ? p3->flags : NULL; /* the stage's parameters, the norm's share */
+        ep.device = p3->dev;
+        ep.stream = p->stream;
         MT_CHECK(mt_engine_init(p3->model, p3->comm[MT_AXIS_DP], &ep, &p3->engine));
     }
     mt_pipeline_params_t pp = MT_PIPELINE_PARAMS_INIT;
@@ -259,6 +271,8 @@ mt_status_t mt_par3d_attach(mt_par3d_t p3, mt_model_t model) {
     pp.seq_len = p->seq_len;
     pp.stage_layers = p->stage_layers;
     pp.timeout_s = p->timeout_s;
+    pp.device = p3->dev;
+    pp.stream = p->stream;
     if (p->sequence_parallel && p->tp > 1) {
         pp.grads_ready = sp_grads_ready;
         pp.grads_ready_arg = p3;
@@ -274,6 +288,7 @@ mt_status_t mt_par3d_attach(mt_par3d_t p3, mt_model_t model) {
     if (!p3->engine) {
         MT_CHECK(mt_pipeline_alloc_params(p3->pl));
         MT_CHECK(mt_optim_init(&p->optim, &p3->opt));
+        MT_CHECK(mt_optim_set_device(p3->opt, p3->dev, p->stream));
         int np = mt_model_n_params(p3->model);
         for (int i = 0; i < np; i++) {
             mt_param_t *q = mt_model_param(p3->model, i);
@@ -283,11 +298,8 @@ mt_status_t mt_par3d_attach(mt_par3d_t p3, mt_model_t model) {
             }
         }
         if (p3->p.dp > 1) {
-            p3->gbuf = mt_alloc(p3->gbuf_n * sizeof(float), MT_MEM_COMM, "parallel3d dp gradients");
-            if (!p3->gbuf) {
-                return mt_error(MT_ERR_OOM, "parallel3d: cannot allocate %zu bytes for the dp all-reduce",
-                                p3->gbuf_n * sizeof(float));
-            }
+            MT_CHECK(mt_device_alloc(p3->dev, (void **)&p3->gbuf, p3->gbuf_n * sizeof(float), MT_MEM_COMM,
+                                     "parallel3d dp gradients", p->stream));
         }
     }
     MT_INFO(MT_LOG_PAR, "parallel3d rank %d: tp %d/%d dp %d/%d pp %d/%d, %s", p3->rank, p3->coords[MT_AXIS_TP], p->tp,
@@ -326,8 +338,8 @@ void mt_par3d_free(mt_par3d_t p3) {
         mt_model_free(p3->model);
     }
     mt_tp_free(p3->tp);
-    mt_free(p3->gbuf);
-    mt_free(p3->flat);
+    mt_device_free(p3->dev, p3->gbuf);
+    mt_device_free(p3->dev, p3->flat);
     free(p3->flags);
     free(p3->sp_pass);
     mt_comm_free(p3->emb);
@@ -371,7 +383,7 @@ static mt_status_t dp_allreduce(mt_par3d_t p3) {
     for (int i = 0; i < np; i++) {
         const mt_param_t *q = mt_model_param(p3->model, i);
         if (mt_pipeline_needs_param(p3->pl, i)) {
-            memcpy(p3->gbuf + off, q->grad, q->numel * sizeof(float));
+            MT_CHECK(mt_device_copy(p3->dev, p3->gbuf + off, q->grad, q->numel * sizeof(float), p3->p.stream));
             off += q->numel;
         }
     }
@@ -383,7 +395,7 @@ static mt_status_t dp_allreduce(mt_par3d_t p3) {
     for (int i = 0; i < np; i++) {
         mt_param_t *q = mt_model_param(p3->model, i);
         if (mt_pipeline_needs_param(p3->pl, i)) {
-            memcpy(q->grad, p3->gbuf + off, q->numel * sizeof(float));
+            MT_CHECK(mt_device_copy(p3->dev, q->grad, p3->gbuf + off, q->numel * sizeof(float), p3->p.stream));
             off += q->numel;
         }
     }
@@ -401,8 +413,7 @@ mt_status_t mt_par3d_zero_grads(mt_par3d_t p3) {
     if (p3->engine) {
         return mt_engine_zero_grads(p3->engine);
     }
-    mt_model_zero_grads(p3->model);
-    return MT_OK;
+    return mt_pipeline_zero_grads(p3->pl);
 }
 
 mt_status_t mt_par3d_finish_grads(mt_par3d_t p3) {
@@ -416,9 +427,8 @@ mt_status_t mt_par3d_reduce_loss(mt_par3d_t p3, double *loss) {
     mt_work_t w_ = NULL;
     if (p3->p.dp > 1) {
         p3->scalar_bytes += allreduce_bytes(sizeof(double), p3->p.dp);
-        MT_CHECK(mt_mp_wait(mt_coll_all_reduce(p3->comm[MT_AXIS_DP], loss, loss, 1, MT_COLL_F64, MT_REDOP_AVG, NULL,
-                                               &w_),
-                            &w_, -1.0));
+        MT_CHECK(mt_mp_wait(
+            mt_coll_all_reduce(p3->comm[MT_AXIS_DP], loss, loss, 1, MT_COLL_F64, MT_REDOP_AVG, NULL, &w_), &w_, -1.0));
     }
     return MT_OK;
 }
@@ -432,7 +442,9 @@ mt_status_t mt_par3d_grad_sumsq(mt_par3d_t p3, double *total) {
         for (int i = 0; i < np; i++) {
             if (p3->flags[i] & MT_ENGINE_PARAM_NORM) {
                 const mt_param_t *q = mt_model_param(p3->model, i);
-                s += mt_clip_sumsq(q->grad, q->numel);
+                double qs = 0.0;
+                MT_CHECK(mt_device_sumsq(p3->dev, &qs, NULL, q->grad, q->numel, p3->p.stream));
+                s += qs;
             }
         }
     }
@@ -543,10 +555,8 @@ mt_status_t mt_par3d_gather_param(mt_par3d_t p3, int i, float *out) {
     if (p3->engine && p3->flat_step != p3->n_steps) {
         /* Collective over dp: the engine assembles its parameters on dp rank 0 once per step. */
         if (!p3->flat && p3->coords[MT_AXIS_DP] == 0) {
-            p3->flat = mt_alloc(mt_model_numel(p3->model) * sizeof(float), MT_MEM_COMM, "parallel3d gather");
-            if (!p3->flat) {
-                return mt_error(MT_ERR_OOM, "parallel3d: cannot allocate the parameter gather");
-            }
+            MT_CHECK(mt_device_alloc(p3->dev, (void **)&p3->flat, mt_model_numel(p3->model) * sizeof(float),
+                                     MT_MEM_COMM, "parallel3d gather", p3->p.stream));
         }
         MT_CHECK(mt_engine_gather_params(p3->engine, 0, p3->flat));
         p3->flat_step = p3->n_steps;
@@ -572,10 +582,8 @@ mt_status_t mt_par3d_gather_param(mt_par3d_t p3, int i, float *out) {
     }
     float *buf = out;
     if (owner && !(stage == 0 && tpr == 0)) {
-        buf = mt_alloc(n * sizeof(float), MT_MEM_COMM, "parallel3d gather");
-        if (!buf) {
-            return mt_error(MT_ERR_OOM, "parallel3d: cannot allocate the gather of %s", q->name);
-        }
+        MT_CHECK(
+            mt_device_alloc(p3->dev, (void **)&buf, n * sizeof(float), MT_MEM_COMM, "parallel3d gather", p3->p.stream));
     }
     mt_status_t st = MT_OK;
     if (owner) {
@@ -594,7 +602,7 @@ mt_status_t mt_par3d_gather_param(mt_par3d_t p3, int i, float *out) {
         mt_work_free(w);
     }
     if (buf != out) {
-        mt_free(buf);
+        mt_device_free(p3->dev, buf);
     }
     return st;
 }

@@ -45,11 +45,17 @@ typedef struct {
     int zero_stage;               /* with MT_ENGINE_ZERO */
     double bucket_mb;             /* engine gradient buckets (MiB) */
     mt_optim_params_t optim;
-    float grad_clip;     /* clip to this global gradient norm (optimizer.grad_clip); 0 = off */
-    bool skip_nonfinite; /* train.on_nan = "skip": a non-finite loss or norm skips the update (else an error) */
-    double timeout_s;    /* communicator timeout; <= 0: MESHTRAIN_COLL_TIMEOUT */
+    float grad_clip;            /* clip to this global gradient norm (optimizer.grad_clip); 0 = off */
+    bool skip_nonfinite;        /* train.on_nan = "skip": a non-finite loss or norm skips the update (else an error) */
+    double timeout_s;           /* communicator timeout; <= 0: MESHTRAIN_COLL_TIMEOUT */
     int64_t persist_threshold;  /* ZeRO-3: parameters with fewer elements stay whole */
     const struct mt_mesh *mesh; /* borrowed, tp x pp x dp over world; NULL: built from tp, pp, dp and order */
+    /* The device table every part's storage and element-wise work runs on (runtime/device.h): the engine's,
+     * the pipeline's (stage storage, messages), the tp handle's buffers, the built-in all-reduce's buffer,
+     * its optimizer and the norm's sums of squares; and its stream. NULL: the CPU table. Only devices whose
+     * memory the host reads are accepted today (the model computes on host memory). */
+    mt_device_table_t device;
+    void *stream;
 } mt_par3d_params_t;
 
 #define MT_PAR3D_PARAMS_INIT                                                                                           \
@@ -58,7 +64,7 @@ typedef struct {
         .microbatches = 1, .micro_batch = 1, .seq_len = 1, .stage_layers = NULL, .sequence_parallel = false,           \
         .dp_mode = MT_P3D_ALLREDUCE, .engine_kind = MT_ENGINE_DDP, .zero_stage = 1, .bucket_mb = 25.0,                 \
         .optim = MT_OPTIM_PARAMS_INIT, .grad_clip = 0.0f, .skip_nonfinite = false, .timeout_s = 0.0,                   \
-        .persist_threshold = 0, .mesh = NULL                                                                           \
+        .persist_threshold = 0, .mesh = NULL, .device = NULL, .stream = NULL                                           \
     }
 
 /* Checks a combination before anything is allocated; pure arithmetic, so every rank reaches the same

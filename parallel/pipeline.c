@@ -253,6 +253,17 @@ static mt_status_t check_agreement(struct mt_pipeline *pl) {
     return MT_OK;
 }
 
+/* One neighbour message buffer (payload and tag) on the pipeline's device. */
+static mt_status_t msg_alloc(mt_pipeline_t pl, float **buf, size_t bytes, const char *owner) {
+    mt_status_t st = mt_device_alloc(pl->dev, (void **)buf, bytes, MT_MEM_COMM, owner, pl->p.stream);
+    if (st != MT_OK) {
+        char inner[512]; /* the callee's message: mt_error reuses its buffer */
+        snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
+        return mt_error(st, "pipeline: cannot allocate the %zu-byte message buffer %s: %s", bytes, owner, inner);
+    }
+    return MT_OK;
+}
+
 mt_status_t mt_pipeline_init(mt_model_t model, mt_comm_t pp_comm, mt_comm_t emb_comm, const mt_pipeline_params_t *p,
                              mt_pipeline_t *out) {
     *out = NULL;
@@ -271,6 +282,13 @@ mt_status_t mt_pipeline_init(mt_model_t model, mt_comm_t pp_comm, mt_comm_t emb_
         return mt_error(MT_ERR_INVALID_ARG, "pipeline: unknown schedule %d (parallel.schedule: gpipe | 1f1b)",
                         (int)p->schedule);
     }
+    if (p->device && !mt_device_is_host(p->device)) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "pipeline: device %s: a stage runs on the CPU table or another host-memory device for now "
+                        "(the model computes on host memory); run the GPU job with runtime.device = \"cuda\", which "
+                        "uses train/job_cuda.c",
+                        mt_device_name(p->device));
+    }
     struct mt_pipeline *pl = calloc(1, sizeof(*pl));
     if (!pl) {
         return mt_error(MT_ERR_OOM, "pipeline: out of memory");
@@ -278,6 +296,7 @@ mt_status_t mt_pipeline_init(mt_model_t model, mt_comm_t pp_comm, mt_comm_t emb_
     mt_status_t st = MT_OK;
     pl->model = model;
     pl->p = *p;
+    pl->dev = p->device ? p->device : mt_device_cpu();
     pl->pp_comm = pp_comm;
     pl->emb_comm = emb_comm;
     pl->n_stages = pp_comm ? mt_comm_size(pp_comm) : 1;
@@ -317,20 +336,12 @@ mt_status_t mt_pipeline_init(mt_model_t model, mt_comm_t pp_comm, mt_comm_t emb_
     pl->msg_floats = mt_model_act_floats(model, p->micro_batch, p->seq_len) + 1;
     size_t bytes = pl->msg_floats * sizeof(float);
     if (pl->stage < pl->n_stages - 1) {
-        pl->act_send = mt_alloc(bytes, MT_MEM_COMM, "pipeline act send");
-        pl->grad_recv = mt_alloc(bytes, MT_MEM_COMM, "pipeline grad recv");
-        if (!pl->act_send || !pl->grad_recv) {
-            st = mt_error(MT_ERR_OOM, "pipeline: cannot allocate message buffers (2 x %zu bytes)", bytes);
-            goto fail;
-        }
+        MT_CHECK_GOTO(msg_alloc(pl, &pl->act_send, bytes, "pipeline act send"), st, fail);
+        MT_CHECK_GOTO(msg_alloc(pl, &pl->grad_recv, bytes, "pipeline grad recv"), st, fail);
     }
     if (pl->stage > 0) {
-        pl->act_recv = mt_alloc(bytes, MT_MEM_COMM, "pipeline act recv");
-        pl->grad_send = mt_alloc(bytes, MT_MEM_COMM, "pipeline grad send");
-        if (!pl->act_recv || !pl->grad_send) {
-            st = mt_error(MT_ERR_OOM, "pipeline: cannot allocate message buffers (2 x %zu bytes)", bytes);
-            goto fail;
-        }
+        MT_CHECK_GOTO(msg_alloc(pl, &pl->act_recv, bytes, "pipeline act recv"), st, fail);
+        MT_CHECK_GOTO(msg_alloc(pl, &pl->grad_send, bytes, "pipeline grad send"), st, fail);
     }
     mt_model_get_hooks(model, &pl->inner);
     mt_model_hooks_t hk = {hook_pre_forward, hook_post_forward, hook_pre_backward, hook_post_backward, pl};
@@ -369,12 +380,12 @@ void mt_pipeline_free(mt_pipeline_t pl) {
             }
         }
     }
-    mt_free(pl->params_flat);
-    mt_free(pl->grads_flat);
-    mt_free(pl->act_send);
-    mt_free(pl->act_recv);
-    mt_free(pl->grad_send);
-    mt_free(pl->grad_recv);
+    mt_device_free(pl->dev, pl->params_flat);
+    mt_device_free(pl->dev, pl->grads_flat);
+    mt_device_free(pl->dev, pl->act_send);
+    mt_device_free(pl->dev, pl->act_recv);
+    mt_device_free(pl->dev, pl->grad_send);
+    mt_device_free(pl->dev, pl->grad_recv);
     free(pl->acts);
     free(pl->busy);
     free(pl->bounds);
@@ -411,12 +422,21 @@ mt_status_t mt_pipeline_alloc_params(mt_pipeline_t pl) {
             total += mt_model_param(pl->model, i)->numel;
         }
     }
-    pl->params_flat = mt_alloc(total * sizeof(float), MT_MEM_PARAMS, "pipeline stage params");
-    pl->grads_flat = mt_calloc(total * sizeof(float), MT_MEM_GRADS, "pipeline stage grads");
-    if (!pl->params_flat || !pl->grads_flat) {
-        return mt_error(MT_ERR_OOM, "pipeline: cannot allocate stage %d's parameters and gradients (2 x %zu bytes)",
-                        pl->stage, total * sizeof(float));
+    mt_status_t st = mt_device_alloc(pl->dev, (void **)&pl->params_flat, total * sizeof(float), MT_MEM_PARAMS,
+                                     "pipeline stage params", pl->p.stream);
+    if (st == MT_OK) {
+        st = mt_device_calloc(pl->dev, (void **)&pl->grads_flat, total * sizeof(float), MT_MEM_GRADS,
+                              "pipeline stage grads", pl->p.stream);
     }
+    if (st != MT_OK) {
+        char inner[512]; /* the callee's message: mt_error reuses its buffer */
+        snprintf(inner, sizeof(inner), "%s", mt_last_error_msg());
+        mt_device_free(pl->dev, pl->params_flat);
+        pl->params_flat = NULL;
+        return mt_error(st, "pipeline: cannot allocate stage %d's parameters and gradients (2 x %zu bytes): %s",
+                        pl->stage, total * sizeof(float), inner);
+    }
+    pl->flat_floats = total;
     size_t off = 0;
     for (int i = 0; i < np; i++) {
         if (!pl->needs[i]) {
@@ -429,6 +449,14 @@ mt_status_t mt_pipeline_alloc_params(mt_pipeline_t pl) {
         off += q->numel;
     }
     return MT_OK;
+}
+
+mt_status_t mt_pipeline_zero_grads(mt_pipeline_t pl) {
+    if (!pl->grads_flat) {
+        mt_model_zero_grads(pl->model);
+        return MT_OK;
+    }
+    return mt_device_zero(pl->dev, pl->grads_flat, pl->flat_floats * sizeof(float), pl->p.stream);
 }
 
 /* Every step starts with all activation slots free, also after a step that failed half-way. */
@@ -581,9 +609,9 @@ mt_status_t mt_pipeline_grad_sumsq(mt_pipeline_t pl, double *total) {
         if (!pl->owns[i] || !q->grad) {
             continue;
         }
-        for (size_t k = 0; k < q->numel; k++) {
-            s += (double)q->grad[k] * (double)q->grad[k];
-        }
+        double qs = 0.0;
+        MT_CHECK(mt_device_sumsq(pl->dev, &qs, NULL, q->grad, q->numel, pl->p.stream));
+        s += qs;
     }
     if (pl->pp_comm && pl->n_stages > 1) {
         MT_CHECK(mt_mp_wait(mt_coll_all_reduce(pl->pp_comm, &s, &s, 1, MT_COLL_F64, MT_REDOP_SUM, NULL, &w_), &w_,
@@ -604,7 +632,8 @@ mt_status_t mt_pipeline_gather_param(mt_pipeline_t pl, int i, int root, float *o
     }
     if (owner == root) {
         if (pl->stage == root) {
-            memcpy(out, q->data, q->numel * sizeof(float));
+            MT_CHECK(mt_device_copy(pl->dev, out, q->data, q->numel * sizeof(float), pl->p.stream));
+            return mt_device_wait(pl->dev, pl->p.stream);
         }
         return MT_OK;
     }

@@ -12,6 +12,7 @@
 
 #include "collectives/coll.h"
 #include "models/model.h"
+#include "runtime/device.h"
 #include "runtime/mt_core.h"
 
 #ifdef __cplusplus
@@ -56,13 +57,19 @@ typedef struct {
     /* Call grads_ready after every backward pass instead of the last only: for engines that take each
      * pass's gradients away into fresh buffers (ZeRO-2/3 reduce-scatter per micro-batch). */
     bool grads_ready_each_pass;
+    /* The device table the stage's own memory lives on and its element-wise work runs on (runtime/device.h):
+     * the parameter and gradient storage of mt_pipeline_alloc_params, the neighbour message buffers and their
+     * tags, gradient zeroing and the norm's sums of squares; and its stream. NULL: the CPU table. Only devices
+     * whose memory the host reads (mt_device_is_host) are accepted today: the model computes on host memory. */
+    mt_device_table_t device;
+    void *stream;
 } mt_pipeline_params_t;
 
 #define MT_PIPELINE_PARAMS_INIT                                                                                        \
     {                                                                                                                  \
         .size = sizeof(mt_pipeline_params_t), .schedule = MT_PP_1F1B, .microbatches = 1, .micro_batch = 1,             \
         .seq_len = 1, .stage_layers = NULL, .timeout_s = 0.0, .grads_ready = NULL, .grads_ready_arg = NULL,            \
-        .grads_ready_each_pass = false                                                                                 \
+        .grads_ready_each_pass = false, .device = NULL, .stream = NULL                                                 \
     }
 
 typedef struct mt_pipeline *mt_pipeline_t;
@@ -98,6 +105,10 @@ bool mt_pipeline_owns_param(mt_pipeline_t pl, int i);
  * global element indices, so they equal the single-process model's). Parameters of other stages stay
  * unbound. For a stage not composed with a data-parallel engine that binds storage itself. */
 mt_status_t mt_pipeline_alloc_params(mt_pipeline_t pl);
+
+/* Zeroes the gradients of the stage's parameters: the storage of mt_pipeline_alloc_params through the
+ * pipeline's device table, else every bound p->grad (mt_model_zero_grads). */
+mt_status_t mt_pipeline_zero_grads(mt_pipeline_t pl);
 
 /* One step's forward and backward over the m micro-batches with the configured schedule.
  *   tokens  (m*B, T) int32: this step's sequences, micro-batch k = rows [k*B, (k+1)*B). Read on the

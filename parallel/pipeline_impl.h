@@ -10,12 +10,14 @@ struct mt_pipeline {
     mt_model_t model;
     mt_comm_t pp_comm, emb_comm; /* borrowed; pp_comm NULL for a single stage */
     mt_pipeline_params_t p;
+    mt_device_table_t dev; /* p.device, or the CPU table */
     int stage, n_stages;
     int lo, hi, n_modules; /* this stage runs modules [lo, hi) of n_modules */
     int *bounds;           /* n_stages + 1 */
     bool *needs, *owns;    /* per parameter */
     /* Storage allocated by mt_pipeline_alloc_params (NULL when someone else binds). */
     float *params_flat, *grads_flat;
+    size_t flat_floats; /* floats in each */
     /* Activation pool: n_acts objects, micro-batch k uses slot k % n_acts; busy[slot] = micro-batch
      * whose activations the slot holds, or -1. */
     mt_acts_t *acts;

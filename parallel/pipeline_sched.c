@@ -46,10 +46,11 @@ static mt_status_t exchange(mt_pipeline_t pl, msg_t send, msg_t recv) {
     size_t n = pl->msg_floats;
     double t0 = mt_now();
     if (send.buf) {
-        send.buf[n - 1] = tag_of(&send);
+        float tag = tag_of(&send);
+        MT_CHECK(mt_device_copy(pl->dev, send.buf + n - 1, &tag, sizeof(float), pl->p.stream));
     }
     if (recv.buf) {
-        recv.buf[n - 1] = 0.0f;
+        MT_CHECK(mt_device_zero(pl->dev, recv.buf + n - 1, sizeof(float), pl->p.stream));
     }
     mt_work_t w = NULL;
     MT_CHECK(mt_coll_group_start(pl->pp_comm));
@@ -84,7 +85,9 @@ static mt_status_t exchange(mt_pipeline_t pl, msg_t send, msg_t recv) {
     }
     if (recv.buf) {
         pl->stats.n_recvs++;
-        float want = tag_of(&recv), got = recv.buf[n - 1];
+        float want = tag_of(&recv), got = 0.0f;
+        MT_CHECK(mt_device_copy(pl->dev, &got, recv.buf + n - 1, sizeof(float), pl->p.stream));
+        MT_CHECK(mt_device_wait(pl->dev, pl->p.stream));
         if (got != want) {
             return mt_error(MT_ERR_INTERNAL,
                             "pipeline stage %d: expected the %s of micro-batch %d from stage %d but the message is "

@@ -20,6 +20,8 @@ struct mt_tp {
     int rank, size;
     mt_tp_ops_t ops;
     mt_tp_counts_t counts;
+    mt_device_table_t dev; /* mt_tp_set_device's, or the CPU table */
+    void *stream;
 };
 
 /* The seam's collectives over count floats per rank: all-reduce (sum or max, in place: send == recv),
@@ -91,12 +93,26 @@ mt_status_t mt_tp_init(mt_comm_t tp_comm, mt_tp_t *out) {
     tp->ops.all_gather = seam_all_gather;
     tp->ops.reduce_scatter_sum = seam_reduce_scatter;
     tp->ops.all_reduce_max = seam_all_reduce_max;
+    tp->dev = mt_device_cpu();
     *out = tp;
     return MT_OK;
 }
 
 void mt_tp_free(mt_tp_t tp) {
     free(tp);
+}
+
+mt_status_t mt_tp_set_device(mt_tp_t tp, mt_device_table_t dev, void *stream) {
+    dev = dev ? dev : mt_device_cpu();
+    if (!mt_device_is_host(dev)) {
+        return mt_error(MT_ERR_INVALID_ARG,
+                        "tp: device %s: tensor parallelism runs on the CPU table or another host-memory device for "
+                        "now (the model computes on host memory)",
+                        mt_device_name(dev));
+    }
+    tp->dev = dev;
+    tp->stream = stream;
+    return MT_OK;
 }
 
 int mt_tp_rank(mt_tp_t tp) {
@@ -124,46 +140,55 @@ void mt_tp_reset_counts(mt_tp_t tp) {
 }
 
 /* Copies the gradients of the replicated parameters (tp_dim < 0, with a gradient) among [first, n) into
- * buf back to back (to_buf) or out of it; returns their total number of floats (buf may be NULL to count). */
-static size_t pack_replicated(mt_model_t m, int first, int n, float *buf, bool to_buf) {
+ * buf back to back (to_buf) or out of it, through the device table; *total: their number of floats (buf
+ * may be NULL to count). */
+static mt_status_t pack_replicated(mt_tp_t tp, mt_model_t m, int first, int n, float *buf, bool to_buf, size_t *total) {
     size_t off = 0;
     for (int i = first; i < n; i++) {
         const mt_param_t *p = mt_model_param(m, i);
         if (p->tp_dim < 0 && p->grad) {
-            if (buf && to_buf) {
-                memcpy(buf + off, p->grad, p->numel * sizeof(float));
-            } else if (buf) {
-                memcpy(p->grad, buf + off, p->numel * sizeof(float));
+            size_t bytes = p->numel * sizeof(float);
+            if (buf) {
+                MT_CHECK(mt_device_copy(tp->dev, to_buf ? (void *)(buf + off) : (void *)p->grad,
+                                        to_buf ? (const void *)p->grad : (const void *)(buf + off), bytes, tp->stream));
             }
             off += p->numel;
         }
     }
-    return off;
+    *total = off;
+    return MT_OK;
 }
 
 /* Sums the gradients of the replicated parameters in [first, first + count) over tp, packed in one buffer. */
 static mt_status_t sync_replicated(mt_tp_t tp, mt_model_t m, int first, int count) {
     mt_work_t w_ = NULL;
     int n = first + count;
-    size_t total = pack_replicated(m, first, n, NULL, false);
+    size_t total = 0;
+    MT_CHECK(pack_replicated(tp, m, first, n, NULL, false, &total));
     if (total == 0) {
         return MT_OK;
     }
-    float *buf = mt_alloc(total * sizeof(float), MT_MEM_COMM, "tp grad sync");
-    if (!buf) {
-        return mt_error(MT_ERR_OOM, "tp: cannot allocate %zu bytes to sum replicated gradients", total * 4);
-    }
-    pack_replicated(m, first, n, buf, true);
-    double t0 = mt_now();
+    float *buf = NULL;
     mt_status_t st =
-        mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, total, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_, -1.0);
-    tp->counts.grad_sync++;
-    tp->counts.bytes += bus_bytes(total, tp->size, 2);
-    tp->counts.seconds += mt_now() - t0;
-    if (st == MT_OK) {
-        pack_replicated(m, first, n, buf, false);
+        mt_device_alloc(tp->dev, (void **)&buf, total * sizeof(float), MT_MEM_COMM, "tp grad sync", tp->stream);
+    if (st != MT_OK) {
+        return st; /* the table's message names the owner and the bytes */
     }
-    mt_free(buf);
+    st = pack_replicated(tp, m, first, n, buf, true, &total);
+    double t0 = mt_now();
+    if (st == MT_OK) {
+        st = mt_mp_wait(mt_coll_all_reduce(tp->comm, buf, buf, total, MT_COLL_F32, MT_REDOP_SUM, NULL, &w_), &w_, -1.0);
+        tp->counts.grad_sync++;
+        tp->counts.bytes += bus_bytes(total, tp->size, 2);
+        tp->counts.seconds += mt_now() - t0;
+    }
+    if (st == MT_OK) {
+        st = pack_replicated(tp, m, first, n, buf, false, &total);
+    }
+    if (st == MT_OK) {
+        st = mt_device_wait(tp->dev, tp->stream); /* the buffer is read before it is freed */
+    }
+    mt_device_free(tp->dev, buf);
     return st;
 }
 
@@ -194,14 +219,16 @@ mt_status_t mt_tp_gather_param(mt_tp_t tp, mt_model_t m, int i, float *out) {
 mt_status_t mt_tp_gather_shard(mt_tp_t tp, const mt_param_t *p, const float *local, float *out) {
     mt_work_t w_ = NULL;
     if (p->tp_dim < 0 || tp->size == 1) {
-        memcpy(out, local, p->numel * sizeof(float));
-        return MT_OK;
+        MT_CHECK(mt_device_copy(tp->dev, out, local, p->numel * sizeof(float), tp->stream));
+        return mt_device_wait(tp->dev, tp->stream);
     }
-    float *all = mt_alloc(p->numel * (size_t)tp->size * sizeof(float), MT_MEM_COMM, "tp gather");
-    if (!all) {
-        return mt_error(MT_ERR_OOM, "tp: cannot allocate the gather of %s", p->name);
+    float *all = NULL;
+    mt_status_t st = mt_device_alloc(tp->dev, (void **)&all, p->numel * (size_t)tp->size * sizeof(float), MT_MEM_COMM,
+                                     "tp gather", tp->stream);
+    if (st != MT_OK) {
+        return st;
     }
-    mt_status_t st = mt_mp_wait(mt_coll_all_gather(tp->comm, local, all, p->numel, MT_COLL_F32, NULL, &w_), &w_, -1.0);
+    st = mt_mp_wait(mt_coll_all_gather(tp->comm, local, all, p->numel, MT_COLL_F32, NULL, &w_), &w_, -1.0);
     if (st == MT_OK) {
         int64_t r0 = p->shape[0], c0 = p->shape[1], gcols = p->global_shape[1];
         for (int r = 0; r < tp->size; r++) {
@@ -222,6 +249,6 @@ mt_status_t mt_tp_gather_shard(mt_tp_t tp, const mt_param_t *p, const float *loc
             }
         }
     }
-    mt_free(all);
+    mt_device_free(tp->dev, all);
     return st;
 }

@@ -12,6 +12,7 @@
 
 #include "collectives/coll.h"
 #include "models/model.h"
+#include "runtime/device.h"
 #include "runtime/mt_core.h"
 
 #ifdef __cplusplus
@@ -36,6 +37,12 @@ typedef struct {
  * naming the operation. Errors: MT_ERR_OOM. */
 mt_status_t mt_tp_init(mt_comm_t tp_comm, mt_tp_t *out);
 void mt_tp_free(mt_tp_t tp);
+
+/* The device table (and stream) the gradient sync's packed buffer and the gathers' receive buffer live on,
+ * and their copies run on (runtime/device.h); the CPU table until set. The seam itself works on the model's
+ * activations in host memory (mt_tp_ops_t). Only devices whose memory the host reads are accepted today
+ * (MT_ERR_INVALID_ARG naming the device otherwise). */
+mt_status_t mt_tp_set_device(mt_tp_t tp, mt_device_table_t dev, void *stream);
 
 int mt_tp_rank(mt_tp_t tp);
 int mt_tp_size(mt_tp_t tp);
