@@ -1,6 +1,7 @@
-/* Private parts of the device GPT-2 trainer shared by models/cuda/gpt2_cuda.c (set-up, forward, backward) and
- * models/cuda/gpt2_cuda_step.c (the optimizer step, gradient statistics, profiling, the state engines and
- * checkpoints read and set): the trainer's struct, the flat layout's parameter indices and the launch macros.
+/* Private parts of the device GPT-2 trainer shared by models/cuda/gpt2_cuda.c (set-up), gpt2_cuda_pass.c (forward
+ * and backward), gpt2_cuda_tp.c (the tensor-parallel region boundaries) and gpt2_cuda_step.c (the optimizer step,
+ * gradient statistics, profiling, the state engines and checkpoints read and set): the trainer's struct, the flat
+ * layout's parameter indices and the launch macros.
  * SPDX-License-Identifier: MIT */
 #ifndef MT_GPT2_CUDA_IMPL_H
 #define MT_GPT2_CUDA_IMPL_H
@@ -189,5 +190,21 @@ mt_status_t gpt2_cuda_prof_mark(mt_gpt2_cuda_t g, int cat);
 /* gpt2_cuda.c: whole f32 weights (numel floats in the host layout; NULL: each parameter's host data) into the
  * compute copy and the slice's master weights; the gradients zeroed. */
 mt_status_t gpt2_cuda_upload_weights(mt_gpt2_cuda_t g, const float *flat);
+
+/* gpt2_cuda_tp.c: tensor parallelism's region boundaries, each collective in the compute stream's order (see
+ * there). f and g: the group's sum of part (in place; sequence parallelism: this rank's R rows of it at rows),
+ * synchronously or on tp_stream (rejoined by gpt2_cuda_tp_rejoin / _join); the sequence-parallel gather of every
+ * rank's rows into full; the row- and column-parallel products with their collectives (params.tp_chunks). */
+mt_status_t gpt2_cuda_tp_reduce(mt_gpt2_cuda_t g, void *part, void *rows, void **out);
+mt_status_t gpt2_cuda_tp_rejoin(mt_gpt2_cuda_t g);
+mt_status_t gpt2_cuda_tp_reduce_async(mt_gpt2_cuda_t g, void *part, void *rows, void **out);
+mt_status_t gpt2_cuda_tp_join(mt_gpt2_cuda_t g);
+mt_status_t gpt2_cuda_tp_gather(mt_gpt2_cuda_t g, const void *rows, void *full);
+mt_status_t gpt2_cuda_rowpar_forward(mt_gpt2_cuda_t g, const void *inp, int Cin, const void *w, const void *bias,
+                                     void **x);
+mt_status_t gpt2_cuda_colpar_forward(mt_gpt2_cuda_t g, void *full, void *out, int ldo, void *gelu_pre, const void *w,
+                                     const void *bias, int OC);
+mt_status_t gpt2_cuda_rowpar_backward(mt_gpt2_cuda_t g, void *dinp, const void *inp, int Cin, const void *w, float *dw,
+                                      float *db);
 
 #endif /* MT_GPT2_CUDA_IMPL_H */
