@@ -52,13 +52,7 @@ static mt_status_t check_params(mt_model_t model, mt_comm_t dp, const mt_engine_
         return mt_error(MT_ERR_INVALID_ARG, "parallel.zero_persist_threshold = %lld: must be >= 0",
                         (long long)p->persist_threshold);
     }
-    if (p->device && !mt_device_is_host(p->device)) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "engine: device %s: the engine runs on the CPU table or another host-memory device for now "
-                        "(models hand it host memory); run the GPU job with runtime.device = \"cuda\", which uses "
-                        "train/job_cuda.c",
-                        mt_device_name(p->device));
-    }
+    MT_CHECK(mt_device_require_host(p->device, "engine"));
     if (p->param_flags && p->kind == MT_ENGINE_DP) {
         return mt_error(MT_ERR_INVALID_ARG,
                         "parallel.engine = \"dp\" lays out the whole model on every rank: it takes no per-parameter "

@@ -172,13 +172,7 @@ mt_status_t mt_par3d_setup(MPI_Comm world, mt_model_config_t *mc, const mt_par3d
     MT_MPI_CHECK(MPI_Comm_size(world, &wsize));
     MT_MPI_CHECK(MPI_Comm_rank(world, &wrank));
     MT_CHECK(mt_par3d_check(p, wsize, mc));
-    if (p->device && !mt_device_is_host(p->device)) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "parallel3d: device %s: tensor and pipeline parallelism run on the CPU table or another "
-                        "host-memory device for now (the model computes on host memory); run the GPU job with "
-                        "runtime.device = \"cuda\", which uses train/job_cuda.c",
-                        mt_device_name(p->device));
-    }
+    MT_CHECK(mt_device_require_host(p->device, "parallel3d"));
     struct mt_par3d *p3 = calloc(1, sizeof(*p3));
     if (!p3) {
         return mt_error(MT_ERR_OOM, "parallel3d: out of memory");

@@ -282,13 +282,7 @@ mt_status_t mt_pipeline_init(mt_model_t model, mt_comm_t pp_comm, mt_comm_t emb_
         return mt_error(MT_ERR_INVALID_ARG, "pipeline: unknown schedule %d (parallel.schedule: gpipe | 1f1b)",
                         (int)p->schedule);
     }
-    if (p->device && !mt_device_is_host(p->device)) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "pipeline: device %s: a stage runs on the CPU table or another host-memory device for now "
-                        "(the model computes on host memory); run the GPU job with runtime.device = \"cuda\", which "
-                        "uses train/job_cuda.c",
-                        mt_device_name(p->device));
-    }
+    MT_CHECK(mt_device_require_host(p->device, "pipeline"));
     struct mt_pipeline *pl = calloc(1, sizeof(*pl));
     if (!pl) {
         return mt_error(MT_ERR_OOM, "pipeline: out of memory");

@@ -103,13 +103,8 @@ void mt_tp_free(mt_tp_t tp) {
 }
 
 mt_status_t mt_tp_set_device(mt_tp_t tp, mt_device_table_t dev, void *stream) {
+    MT_CHECK(mt_device_require_host(dev, "tp"));
     dev = dev ? dev : mt_device_cpu();
-    if (!mt_device_is_host(dev)) {
-        return mt_error(MT_ERR_INVALID_ARG,
-                        "tp: device %s: tensor parallelism runs on the CPU table or another host-memory device for "
-                        "now (the model computes on host memory)",
-                        mt_device_name(dev));
-    }
     tp->dev = dev;
     tp->stream = stream;
     return MT_OK;

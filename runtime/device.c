@@ -138,6 +138,16 @@ bool mt_device_is_host(mt_device_table_t d) {
     return d->host;
 }
 
+mt_status_t mt_device_require_host(mt_device_table_t d, const char *who) {
+    if (!d || d->host) {
+        return MT_OK;
+    }
+    return mt_error(MT_ERR_INVALID_ARG,
+                    "%s: device %s: only the CPU table or another host-memory device for now (the model computes on "
+                    "host memory); run the GPU job with runtime.device = \"cuda\", which uses train/job_cuda.c",
+                    who, d->name);
+}
+
 mt_status_t mt_device_alloc(mt_device_table_t d, void **ptr, size_t bytes, mt_mem_cat_t cat, const char *owner,
                             void *stream) {
     return d->alloc(ptr, bytes, cat, owner, stream);

@@ -37,6 +37,9 @@ mt_device_table_t mt_device_cpu(void);
 const char *mt_device_name(mt_device_table_t d);
 /* True when the device's memory is host memory the caller may read directly (the CPU table). */
 bool mt_device_is_host(mt_device_table_t d);
+/* MT_OK for NULL (the CPU table) or a host-memory device; else MT_ERR_INVALID_ARG naming who and the device:
+ * the parallel stack takes only host-memory tables until the models compute on device memory (issue 38). */
+mt_status_t mt_device_require_host(mt_device_table_t d, const char *who);
 
 /* ---- memory and order ---------------------------------------------------------------------------------- */
 
